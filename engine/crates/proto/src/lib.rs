@@ -1,0 +1,43 @@
+//! Wire formats shared by the Peregrine engine and its clients.
+//!
+//! - [`mgmt`]: the management gRPC API (generated from `proto/mgmt.proto`).
+//! - [`data`]: data-plane messages (generated from `proto/data.proto`).
+//! - [`frame`]: the versioned, length-checked framing around data messages.
+//! - [`oclass`]: object classes and 128-bit object ids.
+
+pub mod frame;
+pub mod oclass;
+
+pub mod mgmt {
+    tonic::include_proto!("peregrine.mgmt.v1");
+}
+
+pub mod data {
+    tonic::include_proto!("peregrine.data.v1");
+}
+
+pub use oclass::{ObjectClass, ObjectId, Redundancy};
+
+/// Default control (management gRPC) port of an engine.
+pub const DEFAULT_CONTROL_PORT: u16 = 10001;
+/// Values at least this large go to the NVMe tier; smaller ones stay in the SCM tier.
+pub const DATA_THRESHOLD: usize = 4096;
+/// Epoch meaning "the latest committed version".
+pub const EPOCH_LATEST: u64 = u64::MAX;
+
+/// Parse a 16-byte UUID from the wire, naming the field on error.
+pub fn uuid_from_bytes(field: &str, b: &[u8]) -> Result<uuid::Uuid, String> {
+    uuid::Uuid::from_slice(b).map_err(|_| format!("{field}: expected a 16-byte UUID, got {} bytes", b.len()))
+}
+
+/// Short text for a negative errno-style code, as the C ABI's strerror gives.
+pub fn strerror(code: i32) -> String {
+    match -code {
+        0 => "success".into(),
+        e if e == CSUM_ERRNO => "checksum mismatch: stored data is corrupt".into(),
+        e => std::io::Error::from_raw_os_error(e).to_string(),
+    }
+}
+
+/// errno used for checksum mismatches (EILSEQ, "illegal byte sequence").
+pub const CSUM_ERRNO: i32 = libc::EILSEQ;
