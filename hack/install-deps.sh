@@ -3,7 +3,7 @@
 # Idempotent: packages already present are skipped without touching the network.
 set -euo pipefail
 
-PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio clang)
+PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,0 +1,39 @@
+# Peregrine entry points. Every target installs what it needs first.
+SHELL := /bin/bash
+CARGO ?= cargo
+ENGINE := engine
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: all deps build test test-engine lint fmt bench quickstart clean
+
+all: build
+
+deps:
+	@bash hack/install-deps.sh
+
+build: deps
+	cd $(ENGINE) && $(CARGO) build --release --workspace
+
+## test: lint, then unit and integration tests (real engine processes on file-backed NVMe).
+test: deps lint test-engine
+
+test-engine:
+	cd $(ENGINE) && $(CARGO) build --workspace --bins && $(CARGO) test --workspace --no-fail-fast
+
+lint: deps
+	cd $(ENGINE) && $(CARGO) fmt --all -- --check
+	cd $(ENGINE) && $(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	cd $(ENGINE) && $(CARGO) fmt --all
+
+## bench: Peregrine next to fio on the same kind of device file; prints a table, writes bench/results/latest.json.
+bench: deps
+	bash bench/run.sh
+
+## quickstart: three engines on emulated NVMe, a pool, a container, 100 MiB written and read back.
+quickstart: deps build
+	bash hack/quickstart.sh
+
+clean:
+	cd $(ENGINE) && $(CARGO) clean

@@ -1,0 +1,259 @@
+//! The engine's YAML configuration, in the spirit of `daos_server.yml`.
+//!
+//! Parsing is strict: unknown keys and impossible values are rejected at
+//! start with a message naming the key, so a typo never silently falls back
+//! to a default.
+
+use serde::Deserialize;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// System name; every engine of one system shares it.
+    #[serde(default = "default_name")]
+    pub name: String,
+    pub rank: u32,
+    #[serde(default = "default_fault_domain")]
+    pub fault_domain: String,
+    /// Address the engine binds and advertises to clients and peers.
+    #[serde(default = "default_listen")]
+    pub listen_addr: IpAddr,
+    #[serde(default = "default_control_port")]
+    pub control_port: u16,
+    #[serde(default = "default_data_port")]
+    pub data_port: u16,
+    #[serde(default = "default_targets")]
+    pub targets: u32,
+    #[serde(default = "default_hugepages")]
+    pub hugepages: bool,
+    pub scm: ScmConfig,
+    pub bdev: BdevConfig,
+    /// Control addresses of the management-service replicas; the first one
+    /// hosts the service until Raft replication lands.
+    #[serde(default)]
+    pub mgmt_svc_replicas: Vec<String>,
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    #[serde(default)]
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScmConfig {
+    pub class: String,
+    pub size: Size,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "class", rename_all = "lowercase", deny_unknown_fields)]
+pub enum BdevConfig {
+    /// A file of a given size: emulated NVMe.
+    File { path: PathBuf, size: Size },
+    /// A kernel block device: a loop device or an NVMe namespace.
+    Kdev { device: PathBuf },
+}
+
+/// A byte count written as `4GiB`, `512MiB`, `4G`, `100M` or `4096`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Size(n)),
+            Raw::S(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parse a size with an optional binary unit (K, M, G, T with or without `iB`/`B`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?} (use K, M, G, T)")),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(format!("invalid size {s:?}"));
+    }
+    Ok((n * (1u64 << shift) as f64) as u64)
+}
+
+fn default_name() -> String {
+    "peregrine".into()
+}
+fn default_fault_domain() -> String {
+    "/".into()
+}
+fn default_listen() -> IpAddr {
+    IpAddr::from([127, 0, 0, 1])
+}
+fn default_control_port() -> u16 {
+    peregrine_proto::DEFAULT_CONTROL_PORT
+}
+fn default_data_port() -> u16 {
+    10101
+}
+fn default_targets() -> u32 {
+    1
+}
+fn default_hugepages() -> bool {
+    true
+}
+fn default_log_level() -> String {
+    "info".into()
+}
+
+/// Smallest device that holds a superblock, the WAL and some data per target.
+pub const MIN_BDEV_BYTES: u64 = 64 << 20;
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let cfg: Config = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() || self.name.len() > 64 || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(format!("name: {:?} must be 1-64 characters of [A-Za-z0-9_-]", self.name));
+        }
+        if self.targets == 0 || self.targets > 64 {
+            return Err(format!("targets: {} is out of range 1..=64", self.targets));
+        }
+        if self.control_port == 0 || self.data_port == 0 {
+            return Err("control_port/data_port: port 0 is not allowed".into());
+        }
+        if self.control_port == self.data_port {
+            return Err(format!("data_port: {} is the same as control_port", self.data_port));
+        }
+        if self.scm.class != "ram" {
+            return Err(format!("scm.class: {:?} is not supported (use ram)", self.scm.class));
+        }
+        if self.scm.size.0 < (16 << 20) * self.targets as u64 {
+            return Err(format!("scm.size: {} bytes is too small (need at least 16 MiB per target)", self.scm.size.0));
+        }
+        match &self.bdev {
+            BdevConfig::File { path, size } => {
+                if path.as_os_str().is_empty() {
+                    return Err("bdev.path: must not be empty".into());
+                }
+                if size.0 < MIN_BDEV_BYTES * self.targets as u64 {
+                    return Err(format!(
+                        "bdev.size: {} bytes is too small for {} targets (need at least {} MiB per target)",
+                        size.0,
+                        self.targets,
+                        MIN_BDEV_BYTES >> 20
+                    ));
+                }
+            }
+            BdevConfig::Kdev { device } => {
+                if !device.starts_with("/dev/") {
+                    return Err(format!("bdev.device: {} is not a device path under /dev", device.display()));
+                }
+            }
+        }
+        for r in &self.mgmt_svc_replicas {
+            if r.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {
+                return Err(format!("mgmt_svc_replicas: {r:?} is not host:port"));
+            }
+        }
+        if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
+            return Err(format!("log_level: {:?} is not one of error, warn, info, debug, trace", self.log_level));
+        }
+        Ok(())
+    }
+
+    pub fn control_addr(&self) -> String {
+        format!("{}:{}", self.listen_addr, self.control_port)
+    }
+    pub fn data_addr(&self) -> String {
+        format!("{}:{}", self.listen_addr, self.data_port)
+    }
+
+    /// The management service this engine reports to (itself when first in the list or none given).
+    pub fn mgmt_leader(&self) -> String {
+        self.mgmt_svc_replicas.first().cloned().unwrap_or_else(|| self.control_addr())
+    }
+
+    /// Whether this engine hosts the management service.
+    pub fn hosts_mgmt(&self) -> bool {
+        let me = self.control_addr();
+        let leader = self.mgmt_leader();
+        leader == me || (self.mgmt_svc_replicas.is_empty())
+            || leader.rsplit_once(':').map(|(h, p)| (h == "localhost" || h == "0.0.0.0") && p == self.control_port.to_string()).unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "
+name: tank
+rank: 1
+targets: 2
+scm: {class: ram, size: 1GiB}
+bdev: {class: file, path: /tmp/nvme.img, size: 4GiB}
+mgmt_svc_replicas: [\"127.0.0.1:10001\"]
+";
+
+    #[test]
+    fn parses_good_config() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.rank, 1);
+        assert_eq!(c.scm.size.0, 1 << 30);
+        assert!(matches!(c.bdev, BdevConfig::File { ref size, .. } if size.0 == 4 << 30));
+        assert!(!c.hosts_mgmt());
+        assert_eq!(c.control_port, 10001);
+    }
+
+    #[test]
+    fn rejects_with_the_key_named() {
+        let cases = [
+            (GOOD.replace("targets: 2", "targets: 2\ntargetz: 3"), "targetz"),
+            (GOOD.replace("targets: 2", "targets: 0"), "targets"),
+            (GOOD.replace("size: 4GiB", "size: 4XB"), "4XB"),
+            (GOOD.replace("size: 4GiB", "size: 1MiB"), "bdev.size"),
+            (GOOD.replace("class: ram", "class: pmem"), "scm.class"),
+            (GOOD.replace("class: file", "class: tape"), "tape"),
+            (GOOD.replace("rank: 1", "rank: -1"), "rank"),
+            (GOOD.replace("\"127.0.0.1:10001\"", "\"nohost\""), "mgmt_svc_replicas"),
+            (format!("{GOOD}log_level: loud\n"), "log_level"),
+        ];
+        for (text, key) in cases {
+            let err = Config::parse(&text).unwrap_err();
+            assert!(err.contains(key), "error {err:?} does not name {key}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("100M").unwrap(), 100 << 20);
+        assert!(parse_size("12XB").is_err());
+        assert!(parse_size("").is_err());
+    }
+}
