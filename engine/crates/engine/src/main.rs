@@ -1,1 +1,156 @@
-fn main() {}
+//! `peregrine-engine --config engine.yaml`
+
+use clap::Parser;
+use peregrine_engine::config::Config;
+use peregrine_engine::control::EngineService;
+use peregrine_engine::ms::MgmtService;
+use peregrine_engine::node::Node;
+use peregrine_proto::mgmt::engine_server::EngineServer;
+use peregrine_proto::mgmt::mgmt_client::MgmtClient;
+use peregrine_proto::mgmt::mgmt_server::MgmtServer;
+use peregrine_proto::mgmt::JoinReq;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "peregrine-engine", version, about = "Peregrine storage engine")]
+struct Args {
+    /// Engine configuration (YAML).
+    #[arg(long, short)]
+    config: PathBuf,
+}
+
+/// How often an engine reports to the management service.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+
+fn init_logging(cfg: &Config) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{},h2=warn,tower=warn,hyper=warn", cfg.log_level)));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match &cfg.log_file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("log_file {}: {e}", path.display()))?;
+            builder.with_ansi(false).with_writer(Arc::new(file)).init();
+        }
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
+/// Register with the management service and keep heartbeating.
+async fn join_loop(node: Arc<Node>) {
+    let leader = node.cfg.mgmt_leader();
+    let mut client: Option<MgmtClient<tonic::transport::Channel>> = None;
+    let mut warned = false;
+    loop {
+        if client.is_none() {
+            if let Ok(ep) = tonic::transport::Endpoint::from_shared(format!("http://{leader}")) {
+                if let Ok(ch) = ep.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5)).connect().await {
+                    client = Some(MgmtClient::new(ch));
+                }
+            }
+        }
+        if let Some(c) = client.as_mut() {
+            let req = JoinReq {
+                rank: node.cfg.rank,
+                uuid: node.uuid().to_string(),
+                control_addr: node.cfg.control_addr(),
+                data_addr: node.cfg.data_addr(),
+                fault_domain: node.cfg.fault_domain.clone(),
+                targets: node.cfg.targets,
+                system: node.cfg.name.clone(),
+                state: node.state().into(),
+            };
+            match c.join(req).await {
+                Ok(_) => warned = false,
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!("join management service at {leader}: {}", e.message());
+                        warned = true;
+                    }
+                    if e.code() == tonic::Code::Unavailable {
+                        client = None;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(HEARTBEAT_EVERY).await;
+    }
+}
+
+async fn run(node: Arc<Node>) -> Result<(), String> {
+    let cfg = node.cfg.clone();
+    let data = tokio::net::TcpListener::bind((cfg.listen_addr, cfg.data_port))
+        .await
+        .map_err(|e| format!("data_port {}: bind {}: {e}", cfg.data_port, cfg.data_addr()))?;
+    let control = tokio::net::TcpListener::bind((cfg.listen_addr, cfg.control_port))
+        .await
+        .map_err(|e| format!("control_port {}: bind {}: {e}", cfg.control_port, cfg.control_addr()))?;
+
+    let mut router = tonic::transport::Server::builder().add_service(EngineServer::new(EngineService { node: node.clone() }));
+    if cfg.hosts_mgmt() {
+        let ms = MgmtService::new(node.clone())?;
+        router = router.add_service(MgmtServer::new(ms));
+        tracing::info!("management service on {}", cfg.control_addr());
+    }
+    tokio::spawn(peregrine_engine::dataplane::serve(node.clone(), data));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(control);
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+        tracing::info!("shutting down");
+    };
+    tokio::spawn(join_loop(node.clone()));
+    tracing::info!(
+        "rank {} {} (control {}, data {}, {} targets)",
+        cfg.rank,
+        node.state(),
+        cfg.control_addr(),
+        cfg.data_addr(),
+        cfg.targets
+    );
+    println!("peregrine-engine: rank {} {}", cfg.rank, node.state());
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| format!("control service: {e}"))
+}
+
+fn main() {
+    let args = Args::parse();
+    let cfg = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("peregrine-engine: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = init_logging(&cfg) {
+        eprintln!("peregrine-engine: {e}");
+        std::process::exit(1);
+    }
+    let node = match Node::start(cfg) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("peregrine-engine: {e}");
+            tracing::error!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    let result = rt.block_on(run(node.clone()));
+    node.shutdown();
+    if let Err(e) = result {
+        eprintln!("peregrine-engine: {e}");
+        tracing::error!("{e}");
+        std::process::exit(1);
+    }
+}

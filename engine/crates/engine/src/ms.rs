@@ -1,0 +1,802 @@
+//! The management service (MS): system map, pools and containers.
+//!
+//! It runs in the engine named first in `mgmt_svc_replicas`. Its state is
+//! one small serialized record, stored durably through that engine's
+//! storage (A/B slots with sequence numbers, see `peregrine_vos`) after
+//! every change and before the change is acknowledged. Before that engine is
+//! formatted the state lives in memory only (it holds nothing but the
+//! members that joined). Raft replication will later replace the single
+//! host without changing the API.
+
+use crate::node::Node;
+use peregrine_proto::mgmt::engine_client::EngineClient;
+use peregrine_proto::mgmt::mgmt_server::Mgmt;
+use peregrine_proto::mgmt::*;
+use peregrine_proto::ObjectClass;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::Mutex;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+/// An engine that has not sent a heartbeat for this long is reported stopped.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(6);
+/// Share of a pool's total size given to the SCM tier when none is given.
+pub const DEFAULT_TIER_RATIO: f64 = 0.06;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct MemberRec {
+    rank: u32,
+    uuid: String,
+    control_addr: String,
+    data_addr: String,
+    fault_domain: String,
+    targets: u32,
+    state: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct ContRec {
+    uuid: Uuid,
+    label: String,
+    kind: String,
+    oclass: String,
+    dir_oclass: String,
+    chunk_size: u64,
+    rf: u32,
+    checksum: String,
+    props: BTreeMap<String, String>,
+    snapshots: Vec<Snapshot>,
+    create_epoch: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct PoolRec {
+    uuid: Uuid,
+    label: String,
+    ranks: Vec<u32>,
+    /// Targets per rank at creation, in rank order.
+    targets: Vec<u32>,
+    scm_per_target: u64,
+    nvme_per_target: u64,
+    props: BTreeMap<String, String>,
+    map_version: u64,
+    conts: BTreeMap<Uuid, ContRec>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct MsState {
+    system: String,
+    map_version: u64,
+    members: BTreeMap<u32, MemberRec>,
+    pools: BTreeMap<Uuid, PoolRec>,
+}
+
+pub struct MgmtService {
+    node: Arc<Node>,
+    state: Mutex<MsState>,
+    /// Last heartbeat per rank (not persisted: liveness is re-learned).
+    heartbeats: parking_lot::Mutex<HashMap<u32, Instant>>,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+}
+
+/// An epoch at least as large as any update acknowledged before now
+/// (epochs are HLC values: nanoseconds with a 16-bit logical counter).
+fn epoch_now() -> u64 {
+    let ns = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    ns | 0xFFFF
+}
+
+fn validate_label(what: &str, label: &str) -> Result<(), Status> {
+    if label.is_empty() || label.len() > 127 {
+        return Err(Status::invalid_argument(format!("{what} label {label:?}: must be 1-127 characters")));
+    }
+    if Uuid::parse_str(label).is_ok() {
+        return Err(Status::invalid_argument(format!("{what} label {label:?}: must not be a UUID")));
+    }
+    if !label.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) {
+        return Err(Status::invalid_argument(format!("{what} label {label:?}: only [A-Za-z0-9-_.:] allowed")));
+    }
+    Ok(())
+}
+
+fn props_map(p: &BTreeMap<String, String>) -> HashMap<String, String> {
+    p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+const POOL_PROPS: &[&str] = &["rf", "reclaim", "acl", "scrub"];
+
+fn validate_pool_props(props: &HashMap<String, String>) -> Result<(), Status> {
+    for (k, v) in props {
+        if !POOL_PROPS.contains(&k.as_str()) && !k.starts_with("user.") {
+            return Err(Status::invalid_argument(format!("pool property {k:?}: unknown (known: {}, or user.*)", POOL_PROPS.join(", "))));
+        }
+        if k == "rf" && !matches!(v.parse::<u32>(), Ok(0..=4)) {
+            return Err(Status::invalid_argument(format!("pool property rf={v:?}: must be 0-4")));
+        }
+        if k == "reclaim" && !["delete", "retain", "lazy", "time", "disabled"].contains(&v.as_str()) {
+            return Err(Status::invalid_argument(format!("pool property reclaim={v:?}: must be delete, retain, lazy, time or disabled")));
+        }
+    }
+    Ok(())
+}
+
+const CONT_PROPS: &[&str] = &["oclass", "dir_oclass", "rf", "checksum", "acl", "label"];
+
+async fn engine_client(addr: &str) -> Result<EngineClient<Channel>, Status> {
+    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| Status::internal(format!("engine address {addr:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(120));
+    let ch = ep.connect().await.map_err(|e| Status::unavailable(format!("engine at {addr}: {e}")))?;
+    Ok(EngineClient::new(ch))
+}
+
+impl MgmtService {
+    pub fn new(node: Arc<Node>) -> Result<Arc<Self>, String> {
+        let mut state = MsState { system: node.cfg.name.clone(), ..Default::default() };
+        if let Ok(st) = node.storage() {
+            if let Some(blob) = st.mgmt_load().map_err(|e| format!("load management state: {e}"))? {
+                state = bincode::deserialize(&blob).map_err(|e| format!("management state is undecodable: {e}"))?;
+                tracing::info!("management service: loaded {} members, {} pools", state.members.len(), state.pools.len());
+            }
+        }
+        Ok(Arc::new(MgmtService { node, state: Mutex::new(state), heartbeats: Default::default() }))
+    }
+
+    /// Make the state durable. Called with the state lock held, before replying.
+    fn persist(&self, state: &MsState) -> Result<(), Status> {
+        match self.node.storage() {
+            Ok(st) => {
+                let blob = bincode::serialize(state).map_err(|e| Status::internal(format!("encode management state: {e}")))?;
+                st.mgmt_store(&blob).map_err(|e| Status::internal(format!("persist management state: {e}")))
+            }
+            // Before format there is nowhere durable; only membership exists then.
+            Err(_) if state.pools.is_empty() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn alive(&self, rank: u32) -> bool {
+        self.heartbeats.lock().get(&rank).is_some_and(|t| t.elapsed() < HEARTBEAT_TIMEOUT)
+    }
+
+    fn member_state(&self, m: &MemberRec) -> String {
+        if self.alive(m.rank) {
+            if m.state == "ready" {
+                "joined".into()
+            } else {
+                m.state.clone()
+            }
+        } else {
+            "stopped".into()
+        }
+    }
+
+    fn find_pool<'a>(state: &'a MsState, id: &str) -> Result<&'a PoolRec, Status> {
+        if let Ok(u) = Uuid::parse_str(id) {
+            if let Some(p) = state.pools.get(&u) {
+                return Ok(p);
+            }
+        }
+        state
+            .pools
+            .values()
+            .find(|p| p.label == id)
+            .ok_or_else(|| Status::not_found(format!("pool {id:?}: no such pool")))
+    }
+
+    fn find_cont<'a>(pool: &'a PoolRec, id: &str) -> Result<&'a ContRec, Status> {
+        if let Ok(u) = Uuid::parse_str(id) {
+            if let Some(c) = pool.conts.get(&u) {
+                return Ok(c);
+            }
+        }
+        pool.conts
+            .values()
+            .find(|c| c.label == id)
+            .ok_or_else(|| Status::not_found(format!("container {id:?} in pool {:?}: no such container", pool.label)))
+    }
+
+    fn member_addr(state: &MsState, rank: u32) -> Result<String, Status> {
+        state
+            .members
+            .get(&rank)
+            .map(|m| m.control_addr.clone())
+            .ok_or_else(|| Status::not_found(format!("rank {rank}: not a member of the system")))
+    }
+
+    async fn pool_space(&self, state: &MsState, pool: &PoolRec) -> (Vec<Tier>, HashMap<Uuid, u64>, u32) {
+        let (mut scm_t, mut scm_f, mut nv_t, mut nv_f) = (0, 0, 0, 0);
+        let mut used: HashMap<Uuid, u64> = HashMap::new();
+        let mut down = 0;
+        for (i, &rank) in pool.ranks.iter().enumerate() {
+            let targets = pool.targets.get(i).copied().unwrap_or(1);
+            let reply = match (self.alive(rank), Self::member_addr(state, rank)) {
+                (true, Ok(addr)) => match engine_client(&addr).await {
+                    Ok(mut c) => c.pool_shard_query(PoolShardQueryReq { pool_uuid: pool.uuid.to_string() }).await.ok(),
+                    Err(_) => None,
+                },
+                _ => None,
+            };
+            match reply {
+                Some(r) => {
+                    let r = r.into_inner();
+                    scm_t += r.scm_total;
+                    scm_f += r.scm_free;
+                    nv_t += r.nvme_total;
+                    nv_f += r.nvme_free;
+                    for (k, v) in r.cont_used {
+                        if let Ok(u) = Uuid::parse_str(&k) {
+                            *used.entry(u).or_default() += v;
+                        }
+                    }
+                }
+                None => {
+                    // A stopped engine still holds its reservation; its free space is unknown.
+                    down += targets;
+                    scm_t += pool.scm_per_target * targets as u64;
+                    nv_t += pool.nvme_per_target * targets as u64;
+                }
+            }
+        }
+        let tiers = vec![
+            Tier { name: "scm".into(), total: scm_t, free: scm_f },
+            Tier { name: "nvme".into(), total: nv_t, free: nv_f },
+        ];
+        (tiers, used, down)
+    }
+
+    async fn pool_info(&self, state: &MsState, pool: &PoolRec) -> PoolInfo {
+        let (tiers, _, down) = self.pool_space(state, pool).await;
+        PoolInfo {
+            uuid: pool.uuid.to_string(),
+            label: pool.label.clone(),
+            state: if down > 0 { "degraded".into() } else { "ready".into() },
+            map_version: pool.map_version,
+            ranks: pool.ranks.clone(),
+            total_targets: pool.targets.iter().sum(),
+            disabled_targets: down,
+            tiers,
+            props: props_map(&pool.props),
+            containers: pool.conts.len() as u32,
+        }
+    }
+
+    fn cont_info(pool: &PoolRec, c: &ContRec, used: u64) -> ContInfo {
+        ContInfo {
+            uuid: c.uuid.to_string(),
+            label: c.label.clone(),
+            pool_uuid: pool.uuid.to_string(),
+            r#type: c.kind.clone(),
+            oclass: c.oclass.clone(),
+            dir_oclass: c.dir_oclass.clone(),
+            chunk_size: c.chunk_size,
+            redundancy_factor: c.rf,
+            checksum: c.checksum.clone(),
+            props: props_map(&c.props),
+            used_bytes: used,
+            snapshots: c.snapshots.len() as u32,
+            create_epoch: c.create_epoch,
+        }
+    }
+
+    /// Call `f` on the Engine service of every rank of a pool; fails on the first error.
+    async fn on_ranks<F, Fut>(&self, state: &MsState, ranks: &[u32], skip_down: bool, f: F) -> Result<(), Status>
+    where
+        F: Fn(EngineClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), Status>>,
+    {
+        for &rank in ranks {
+            if skip_down && !self.alive(rank) {
+                tracing::warn!("rank {rank} is stopped; skipping it");
+                continue;
+            }
+            let addr = Self::member_addr(state, rank)?;
+            let c = engine_client(&addr).await.map_err(|e| Status::unavailable(format!("rank {rank}: {}", e.message())))?;
+            f(c).await.map_err(|e| Status::new(e.code(), format!("rank {rank}: {}", e.message())))?;
+        }
+        Ok(())
+    }
+
+    async fn push_snapshots(&self, state: &MsState, pool: &PoolRec, cont: &ContRec) -> Result<(), Status> {
+        let epochs: Vec<u64> = cont.snapshots.iter().map(|s| s.epoch).collect();
+        let (p, c) = (pool.uuid.to_string(), cont.uuid.to_string());
+        self.on_ranks(state, &pool.ranks, true, |mut cl| {
+            let req = ContShardSnapshotsReq { pool_uuid: p.clone(), cont_uuid: c.clone(), epochs: epochs.clone() };
+            async move { cl.cont_shard_snapshots(req).await.map(|_| ()) }
+        })
+        .await
+    }
+}
+
+/// Resolve a container's properties, filling defaults and checking them
+/// against each other and the pool.
+fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<ContRec, Status> {
+    let kind = if req.r#type.is_empty() { "POSIX".to_string() } else { req.r#type.to_ascii_uppercase() };
+    if kind != "POSIX" {
+        return Err(Status::invalid_argument(format!("container type {:?}: only POSIX is supported", req.r#type)));
+    }
+    let parse_class = |field: &str, v: &str, dflt: &str| -> Result<ObjectClass, Status> {
+        let v = if v.is_empty() { dflt } else { v };
+        v.parse::<ObjectClass>().map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+    };
+    let oclass = parse_class("oclass", &req.oclass, "SX")?;
+    let dir_oclass = parse_class("dir_oclass", &req.dir_oclass, "S1")?;
+    for c in [oclass, dir_oclass] {
+        if c.group_size() as usize > engines {
+            return Err(Status::invalid_argument(format!(
+                "object class {c} needs {} engines, pool {:?} has {engines}",
+                c.group_size(),
+                pool.label
+            )));
+        }
+        if c.fault_tolerance() < req.redundancy_factor {
+            return Err(Status::invalid_argument(format!(
+                "object class {c} tolerates {} engine failures, below the container's redundancy factor {}",
+                c.fault_tolerance(),
+                req.redundancy_factor
+            )));
+        }
+    }
+    if let Some(prf) = pool.props.get("rf").and_then(|v| v.parse::<u32>().ok()) {
+        if req.redundancy_factor > prf {
+            return Err(Status::invalid_argument(format!(
+                "redundancy factor {} exceeds the pool's ({prf})",
+                req.redundancy_factor
+            )));
+        }
+    }
+    let chunk_size = if req.chunk_size == 0 { 1 << 20 } else { req.chunk_size };
+    if chunk_size < 4096 || chunk_size > (64 << 20) || !chunk_size.is_power_of_two() {
+        return Err(Status::invalid_argument(format!("chunk_size {chunk_size}: must be a power of two from 4 KiB to 64 MiB")));
+    }
+    let checksum = if req.checksum.is_empty() { "crc32c".to_string() } else { req.checksum.to_ascii_lowercase() };
+    if checksum != "crc32c" && checksum != "off" {
+        return Err(Status::invalid_argument(format!("checksum {:?}: must be crc32c or off", req.checksum)));
+    }
+    Ok(ContRec {
+        uuid: Uuid::new_v4(),
+        label: req.label.clone(),
+        kind,
+        oclass: oclass.name().into(),
+        dir_oclass: dir_oclass.name().into(),
+        chunk_size,
+        rf: req.redundancy_factor,
+        checksum,
+        props: req.props.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        snapshots: vec![],
+        create_epoch: epoch_now(),
+    })
+}
+
+#[tonic::async_trait]
+impl Mgmt for Arc<MgmtService> {
+    async fn system_query(&self, _: Request<SystemQueryReq>) -> Result<Response<SystemQueryResp>, Status> {
+        let s = self.state.lock().await;
+        Ok(Response::new(SystemQueryResp {
+            system: s.system.clone(),
+            leader_rank: self.node.cfg.rank,
+            map_version: s.map_version,
+            members: s
+                .members
+                .values()
+                .map(|m| Member {
+                    rank: m.rank,
+                    uuid: m.uuid.clone(),
+                    control_addr: m.control_addr.clone(),
+                    data_addr: m.data_addr.clone(),
+                    state: self.member_state(m),
+                    fault_domain: m.fault_domain.clone(),
+                    targets: m.targets,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn storage_scan(&self, _: Request<StorageScanReq>) -> Result<Response<StorageScanResp>, Status> {
+        let members: Vec<MemberRec> = self.state.lock().await.members.values().cloned().collect();
+        let mut ranks = vec![];
+        for m in members {
+            let mut rs = match engine_client(&m.control_addr).await {
+                Ok(mut c) => match c.local_scan(Empty {}).await {
+                    Ok(r) => r.into_inner(),
+                    Err(e) => RankStorage { rank: m.rank, state: "unreachable".into(), message: e.message().into(), ..Default::default() },
+                },
+                Err(e) => RankStorage { rank: m.rank, state: "unreachable".into(), message: e.message().into(), ..Default::default() },
+            };
+            rs.rank = m.rank;
+            ranks.push(rs);
+        }
+        Ok(Response::new(StorageScanResp { ranks }))
+    }
+
+    async fn storage_format(&self, req: Request<StorageFormatReq>) -> Result<Response<StorageFormatResp>, Status> {
+        let force = req.into_inner().force;
+        let members: Vec<MemberRec> = self.state.lock().await.members.values().cloned().collect();
+        if members.is_empty() {
+            return Err(Status::failed_precondition("no engines have joined the system yet"));
+        }
+        let mut ranks = vec![];
+        let mut failures = vec![];
+        for m in members {
+            if !self.alive(m.rank) {
+                failures.push(format!("rank {}: engine is stopped", m.rank));
+                continue;
+            }
+            let res = async {
+                let mut c = engine_client(&m.control_addr).await?;
+                c.local_format(StorageFormatReq { force }).await.map(|r| r.into_inner())
+            }
+            .await;
+            match res {
+                Ok(rs) => {
+                    ranks.push(rs);
+                    if let Some(mm) = self.state.lock().await.members.get_mut(&m.rank) {
+                        mm.state = "ready".into();
+                    }
+                }
+                Err(e) => failures.push(e.message().to_string()),
+            }
+        }
+        // The MS host may just have become durable: write what it holds.
+        {
+            let s = self.state.lock().await;
+            self.persist(&s)?;
+        }
+        if !failures.is_empty() {
+            return Err(Status::failed_precondition(format!("storage format: {}", failures.join("; "))));
+        }
+        Ok(Response::new(StorageFormatResp { ranks }))
+    }
+
+    async fn join(&self, req: Request<JoinReq>) -> Result<Response<JoinResp>, Status> {
+        let j = req.into_inner();
+        let mut s = self.state.lock().await;
+        if !j.system.is_empty() && j.system != s.system {
+            return Err(Status::permission_denied(format!(
+                "rank {} belongs to system {:?}, this is {:?}",
+                j.rank, j.system, s.system
+            )));
+        }
+        let changed = match s.members.get(&j.rank) {
+            Some(m) => m.control_addr != j.control_addr || m.data_addr != j.data_addr || m.uuid != j.uuid || m.state != j.state || m.targets != j.targets,
+            None => true,
+        };
+        if changed {
+            s.members.insert(
+                j.rank,
+                MemberRec {
+                    rank: j.rank,
+                    uuid: j.uuid,
+                    control_addr: j.control_addr,
+                    data_addr: j.data_addr,
+                    fault_domain: j.fault_domain,
+                    targets: j.targets,
+                    state: j.state,
+                },
+            );
+            s.map_version += 1;
+            self.persist(&s)?;
+        }
+        self.heartbeats.lock().insert(j.rank, Instant::now());
+        Ok(Response::new(JoinResp { map_version: s.map_version }))
+    }
+
+    async fn pool_create(&self, req: Request<PoolCreateReq>) -> Result<Response<PoolInfo>, Status> {
+        let r = req.into_inner();
+        validate_label("pool", &r.label)?;
+        validate_pool_props(&r.props)?;
+        let mut s = self.state.lock().await;
+        if let Some(existing) = s.pools.values().find(|p| p.label == r.label) {
+            return Err(Status::already_exists(format!("pool {:?} already exists ({})", r.label, existing.uuid)));
+        }
+        let ranks: Vec<u32> = if r.ranks.is_empty() {
+            s.members.values().filter(|m| self.alive(m.rank) && m.state == "ready").map(|m| m.rank).collect()
+        } else {
+            let mut v = r.ranks.clone();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        if ranks.is_empty() {
+            return Err(Status::failed_precondition("no ready engines: format storage first (`peregrine storage format`)"));
+        }
+        let mut targets = vec![];
+        for &rank in &ranks {
+            let m = s.members.get(&rank).ok_or_else(|| Status::not_found(format!("rank {rank}: not a member of the system")))?;
+            if !self.alive(rank) || m.state != "ready" {
+                return Err(Status::failed_precondition(format!("rank {rank} is not ready ({})", self.member_state(m))));
+            }
+            targets.push(m.targets);
+        }
+        let (scm, nvme) = if r.total_size > 0 {
+            if r.scm_size > 0 || r.nvme_size > 0 {
+                return Err(Status::invalid_argument("give either total_size or scm_size/nvme_size, not both"));
+            }
+            let ratio = if r.tier_ratio == 0.0 { DEFAULT_TIER_RATIO } else { r.tier_ratio };
+            if !(ratio > 0.0 && ratio < 1.0) {
+                return Err(Status::invalid_argument(format!("tier_ratio {ratio}: must be between 0 and 1")));
+            }
+            let scm = (r.total_size as f64 * ratio) as u64;
+            (scm, r.total_size - scm)
+        } else {
+            (r.scm_size, r.nvme_size)
+        };
+        let ntargets: u64 = targets.iter().map(|&t| t as u64).sum();
+        let (scm_pt, nvme_pt) = (scm / ntargets, nvme / ntargets);
+        if scm_pt < (1 << 20) || nvme_pt < (1 << 20) {
+            return Err(Status::invalid_argument(format!(
+                "pool {:?}: size too small (scm {scm} B, nvme {nvme} B over {ntargets} targets; need at least 1 MiB per target per tier)",
+                r.label
+            )));
+        }
+        let uuid = Uuid::new_v4();
+        let mut done = vec![];
+        for &rank in &ranks {
+            let addr = Self::member_addr(&s, rank)?;
+            let res = async {
+                let mut c = engine_client(&addr).await?;
+                c.pool_shard_create(PoolShardCreateReq { pool_uuid: uuid.to_string(), scm_per_target: scm_pt, nvme_per_target: nvme_pt })
+                    .await
+                    .map(|_| ())
+            }
+            .await;
+            if let Err(e) = res {
+                for &d in &done {
+                    if let Ok(addr) = Self::member_addr(&s, d) {
+                        if let Ok(mut c) = engine_client(&addr).await {
+                            let _ = c.pool_shard_destroy(PoolShardDestroyReq { pool_uuid: uuid.to_string() }).await;
+                        }
+                    }
+                }
+                return Err(Status::new(e.code(), format!("pool create {:?}: rank {rank}: {}", r.label, e.message())));
+            }
+            done.push(rank);
+        }
+        let rec = PoolRec {
+            uuid,
+            label: r.label.clone(),
+            ranks,
+            targets,
+            scm_per_target: scm_pt,
+            nvme_per_target: nvme_pt,
+            props: r.props.into_iter().collect(),
+            map_version: 1,
+            conts: BTreeMap::new(),
+        };
+        s.pools.insert(uuid, rec.clone());
+        self.persist(&s)?;
+        tracing::info!("created pool {} ({uuid})", rec.label);
+        Ok(Response::new(self.pool_info(&s, &rec).await))
+    }
+
+    async fn pool_list(&self, _: Request<PoolListReq>) -> Result<Response<PoolListResp>, Status> {
+        let s = self.state.lock().await;
+        let mut pools = vec![];
+        for p in s.pools.values() {
+            pools.push(self.pool_info(&s, p).await);
+        }
+        Ok(Response::new(PoolListResp { pools }))
+    }
+
+    async fn pool_query(&self, req: Request<PoolQueryReq>) -> Result<Response<PoolInfo>, Status> {
+        let s = self.state.lock().await;
+        let p = Self::find_pool(&s, &req.into_inner().id)?;
+        Ok(Response::new(self.pool_info(&s, p).await))
+    }
+
+    async fn pool_destroy(&self, req: Request<PoolDestroyReq>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        let mut s = self.state.lock().await;
+        let p = Self::find_pool(&s, &r.id)?.clone();
+        if !p.conts.is_empty() && !r.force {
+            let names: Vec<&str> = p.conts.values().map(|c| c.label.as_str()).collect();
+            return Err(Status::failed_precondition(format!(
+                "pool {:?} still has {} container(s) ({}); destroy them or use --force",
+                p.label,
+                names.len(),
+                names.join(", ")
+            )));
+        }
+        let id = p.uuid.to_string();
+        self.on_ranks(&s, &p.ranks, r.force, |mut c| {
+            let req = PoolShardDestroyReq { pool_uuid: id.clone() };
+            async move { c.pool_shard_destroy(req).await.map(|_| ()) }
+        })
+        .await?;
+        s.pools.remove(&p.uuid);
+        self.persist(&s)?;
+        tracing::info!("destroyed pool {} ({})", p.label, p.uuid);
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn pool_set_prop(&self, req: Request<PoolSetPropReq>) -> Result<Response<PoolInfo>, Status> {
+        let r = req.into_inner();
+        validate_pool_props(&r.props)?;
+        let mut s = self.state.lock().await;
+        let uuid = Self::find_pool(&s, &r.id)?.uuid;
+        let p = s.pools.get_mut(&uuid).unwrap();
+        p.props.extend(r.props);
+        let p = p.clone();
+        self.persist(&s)?;
+        Ok(Response::new(self.pool_info(&s, &p).await))
+    }
+
+    async fn pool_connect(&self, req: Request<PoolConnectReq>) -> Result<Response<PoolMap>, Status> {
+        let s = self.state.lock().await;
+        let p = Self::find_pool(&s, &req.into_inner().id)?;
+        let mut targets = vec![];
+        for (i, &rank) in p.ranks.iter().enumerate() {
+            let m = s.members.get(&rank);
+            for index in 0..p.targets.get(i).copied().unwrap_or(1) {
+                targets.push(PoolTarget {
+                    rank,
+                    index,
+                    data_addr: m.map(|m| m.data_addr.clone()).unwrap_or_default(),
+                    fault_domain: m.map(|m| m.fault_domain.clone()).unwrap_or_default(),
+                    up: self.alive(rank),
+                });
+            }
+        }
+        Ok(Response::new(PoolMap { uuid: p.uuid.to_string(), label: p.label.clone(), version: p.map_version, targets }))
+    }
+
+    async fn cont_create(&self, req: Request<ContCreateReq>) -> Result<Response<ContInfo>, Status> {
+        let r = req.into_inner();
+        validate_label("container", &r.label)?;
+        let mut s = self.state.lock().await;
+        let puuid = Self::find_pool(&s, &r.pool)?.uuid;
+        let pool = &s.pools[&puuid];
+        if let Some(c) = pool.conts.values().find(|c| c.label == r.label) {
+            return Err(Status::already_exists(format!("container {:?} already exists in pool {:?} ({})", r.label, pool.label, c.uuid)));
+        }
+        let rec = cont_record(&r, pool, pool.ranks.len())?;
+        let pool = s.pools.get_mut(&puuid).unwrap();
+        pool.conts.insert(rec.uuid, rec.clone());
+        let info = MgmtService::cont_info(pool, &rec, 0);
+        self.persist(&s)?;
+        tracing::info!("created container {} ({}) in pool {puuid}", rec.label, rec.uuid);
+        Ok(Response::new(info))
+    }
+
+    async fn cont_list(&self, req: Request<ContListReq>) -> Result<Response<ContListResp>, Status> {
+        let s = self.state.lock().await;
+        let p = Self::find_pool(&s, &req.into_inner().pool)?;
+        let (_, used, _) = self.pool_space(&s, p).await;
+        let containers = p.conts.values().map(|c| MgmtService::cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0))).collect();
+        Ok(Response::new(ContListResp { containers }))
+    }
+
+    async fn cont_query(&self, req: Request<ContQueryReq>) -> Result<Response<ContInfo>, Status> {
+        let r = req.into_inner();
+        let s = self.state.lock().await;
+        let p = Self::find_pool(&s, &r.pool)?;
+        let c = Self::find_cont(p, &r.id)?;
+        let (_, used, _) = self.pool_space(&s, p).await;
+        Ok(Response::new(MgmtService::cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0))))
+    }
+
+    async fn cont_destroy(&self, req: Request<ContDestroyReq>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        let mut s = self.state.lock().await;
+        let p = Self::find_pool(&s, &r.pool)?.clone();
+        let c = Self::find_cont(&p, &r.id)?.clone();
+        let (pid, cid) = (p.uuid.to_string(), c.uuid.to_string());
+        self.on_ranks(&s, &p.ranks, r.force, |mut cl| {
+            let req = ContShardDestroyReq { pool_uuid: pid.clone(), cont_uuid: cid.clone() };
+            async move { cl.cont_shard_destroy(req).await.map(|_| ()) }
+        })
+        .await?;
+        s.pools.get_mut(&p.uuid).unwrap().conts.remove(&c.uuid);
+        self.persist(&s)?;
+        tracing::info!("destroyed container {} ({}) in pool {}", c.label, c.uuid, p.label);
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn cont_set_prop(&self, req: Request<ContSetPropReq>) -> Result<Response<ContInfo>, Status> {
+        let r = req.into_inner();
+        let mut s = self.state.lock().await;
+        let p = Self::find_pool(&s, &r.pool)?.clone();
+        let mut c = Self::find_cont(&p, &r.id)?.clone();
+        for (k, v) in &r.props {
+            match k.as_str() {
+                "checksum" => {
+                    let v = v.to_ascii_lowercase();
+                    if v != "crc32c" && v != "off" {
+                        return Err(Status::invalid_argument(format!("checksum {v:?}: must be crc32c or off")));
+                    }
+                    c.checksum = v;
+                }
+                "oclass" | "dir_oclass" => {
+                    let class = v.parse::<ObjectClass>().map_err(|e| Status::invalid_argument(format!("{k}: {e}")))?;
+                    if class.group_size() as usize > p.ranks.len() {
+                        return Err(Status::invalid_argument(format!("{k}: object class {class} needs {} engines, pool has {}", class.group_size(), p.ranks.len())));
+                    }
+                    if k == "oclass" {
+                        c.oclass = class.name().into();
+                    } else {
+                        c.dir_oclass = class.name().into();
+                    }
+                }
+                "label" => {
+                    validate_label("container", v)?;
+                    if p.conts.values().any(|o| o.label == *v && o.uuid != c.uuid) {
+                        return Err(Status::already_exists(format!("container {v:?} already exists in pool {:?}", p.label)));
+                    }
+                    c.label = v.clone();
+                }
+                "rf" | "chunk_size" | "type" => {
+                    return Err(Status::invalid_argument(format!("container property {k} cannot change after creation")));
+                }
+                _ if k.starts_with("user.") || k == "acl" => {
+                    c.props.insert(k.clone(), v.clone());
+                }
+                _ => {
+                    return Err(Status::invalid_argument(format!(
+                        "container property {k:?}: unknown (settable: {}, or user.*)",
+                        CONT_PROPS.join(", ")
+                    )))
+                }
+            }
+        }
+        s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c.clone());
+        self.persist(&s)?;
+        Ok(Response::new(MgmtService::cont_info(&p, &c, 0)))
+    }
+
+    async fn snap_create(&self, req: Request<SnapCreateReq>) -> Result<Response<Snapshot>, Status> {
+        let r = req.into_inner();
+        let mut s = self.state.lock().await;
+        let p = Self::find_pool(&s, &r.pool)?.clone();
+        let mut c = Self::find_cont(&p, &r.cont)?.clone();
+        if !r.name.is_empty() && c.snapshots.iter().any(|x| x.name == r.name) {
+            return Err(Status::already_exists(format!("snapshot {:?} already exists in container {:?}", r.name, c.label)));
+        }
+        let snap = Snapshot { epoch: epoch_now(), name: r.name, created_unix: now_unix() };
+        c.snapshots.push(snap.clone());
+        // Engines must keep the epoch before the snapshot is reported taken.
+        self.push_snapshots(&s, &p, &c).await?;
+        s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c);
+        self.persist(&s)?;
+        Ok(Response::new(snap))
+    }
+
+    async fn snap_list(&self, req: Request<SnapListReq>) -> Result<Response<SnapListResp>, Status> {
+        let r = req.into_inner();
+        let s = self.state.lock().await;
+        let p = Self::find_pool(&s, &r.pool)?;
+        let c = Self::find_cont(p, &r.cont)?;
+        Ok(Response::new(SnapListResp { snapshots: c.snapshots.clone() }))
+    }
+
+    async fn snap_destroy(&self, req: Request<SnapDestroyReq>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        let mut s = self.state.lock().await;
+        let p = Self::find_pool(&s, &r.pool)?.clone();
+        let mut c = Self::find_cont(&p, &r.cont)?.clone();
+        let before = c.snapshots.len();
+        c.snapshots.retain(|x| !((r.epoch != 0 && x.epoch == r.epoch) || (!r.name.is_empty() && x.name == r.name)));
+        if c.snapshots.len() == before {
+            return Err(Status::not_found(format!(
+                "container {:?}: no snapshot {}",
+                c.label,
+                if r.name.is_empty() { format!("at epoch {}", r.epoch) } else { format!("named {:?}", r.name) }
+            )));
+        }
+        s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c.clone());
+        self.persist(&s)?;
+        // Aggregation may now reclaim what only the snapshot kept; a stopped engine learns it later.
+        if let Err(e) = self.push_snapshots(&s, &p, &c).await {
+            tracing::warn!("snapshot list of container {} not pushed everywhere: {}", c.label, e.message());
+        }
+        Ok(Response::new(Empty {}))
+    }
+}
+
