@@ -1,0 +1,116 @@
+# shellcheck shell=bash
+# Helpers to run local Peregrine engines on sparse device files; sourced by
+# hack/quickstart.sh and bench/run.sh. Engine i is rank i, control port 10001+i,
+# data port 10101+i; rank 0 hosts the management service.
+#
+# The caller sets: PEREGRINE (the CLI), ENGINE (the engine binary), WORK (a temp dir).
+# Engine pids accumulate in ENGINE_PIDS; call engines_stop from an EXIT trap.
+
+ENGINE_PIDS=()
+
+# engines_start COUNT DEVICE_SIZE TARGETS SCM_SIZE
+engines_start() {
+  local count=$1 dev_size=$2 targets=$3 scm_size=$4 rank
+  for ((rank = 0; rank < count; rank++)); do
+    # A sparse file: the engine's emulated NVMe device, allocated as it is written.
+    truncate -s "$dev_size" "$WORK/nvme$rank.img"
+    cat >"$WORK/engine$rank.yaml" <<EOF
+name: peregrine
+rank: $rank
+fault_domain: /host$rank
+listen_addr: 127.0.0.1
+control_port: $((10001 + rank))
+data_port: $((10101 + rank))
+targets: $targets
+hugepages: true
+scm: {class: ram, size: $scm_size}
+bdev: {class: file, path: $WORK/nvme$rank.img, size: $dev_size}
+mgmt_svc_replicas: ["127.0.0.1:10001"]
+log_level: info
+log_file: $WORK/engine$rank.log
+EOF
+    "$ENGINE" --config "$WORK/engine$rank.yaml" >>"$WORK/engine$rank.out" 2>&1 &
+    ENGINE_PIDS+=($!)
+  done
+}
+
+# SIGTERM every engine, wait up to 10 s each, then SIGKILL the stragglers.
+engines_stop() {
+  local pid
+  for pid in "${ENGINE_PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${ENGINE_PIDS[@]}"; do
+    for _ in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "engine pid $pid ignored SIGTERM for 10s; killing it" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+  done
+  ENGINE_PIDS=()
+}
+
+# Last lines of every engine log, for failure reports.
+engines_dump_logs() {
+  local f
+  for f in "$WORK"/engine*.log "$WORK"/engine*.out; do
+    [[ -s "$f" ]] || continue
+    echo "--- $f" >&2
+    tail -n 15 "$f" >&2
+  done
+}
+
+# Pretty JSON puts one `"key": value` per line, so counting matching lines is
+# enough here and spares the scripts a jq or python dependency.
+# json_count PATTERN CMD...
+json_count() {
+  local pattern=$1
+  shift
+  "$@" 2>/dev/null | grep -c -- "$pattern" || true
+}
+
+# wait_until SECS WHAT CMD...: poll CMD every 0.5 s; fail naming WHAT on timeout
+# or as soon as an engine dies (no point waiting for a dead process).
+wait_until() {
+  local secs=$1 what=$2 deadline pid
+  shift 2
+  deadline=$((SECONDS + secs))
+  until "$@"; do
+    for pid in "${ENGINE_PIDS[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        echo "an engine (pid $pid) exited while waiting for $what" >&2
+        return 1
+      fi
+    done
+    if ((SECONDS >= deadline)); then
+      echo "timed out after ${secs}s waiting for $what" >&2
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# engines_joined COUNT: all engines are in the system map (any state).
+engines_joined() { (($(json_count '"control_addr"' "$PEREGRINE" --json system query) >= $1)); }
+# engines_ready COUNT: all engines are formatted and serving.
+engines_ready() { (($(json_count '"state": "ready"' "$PEREGRINE" --json storage scan) >= $1)); }
+
+# engines_up COUNT: wait for COUNT engines to join, format them, wait until ready.
+engines_up() {
+  local count=$1
+  wait_until 60 "$count engine(s) to join the management service" engines_joined "$count"
+  "$PEREGRINE" storage format >/dev/null
+  wait_until 60 "$count engine(s) to be ready after format" engines_ready "$count"
+}
+
+# Refuse to start over somebody else's engines: our format would act on theirs.
+engines_check_ports_free() {
+  if "$PEREGRINE" --mgmt 127.0.0.1:10001 --timeout 2 system query >/dev/null 2>&1; then
+    echo "a management service already answers on 127.0.0.1:10001; stop it first" >&2
+    return 1
+  fi
+}
