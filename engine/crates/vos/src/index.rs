@@ -1,0 +1,978 @@
+//! The in-RAM index of one target (the "VOS trees"):
+//! pool -> container -> (oid, shard) -> dkey -> akey -> versions.
+//!
+//! Every change reaches the index only through [`TargetIndex::apply`] of a
+//! [`WalOp`] that is already durable in the WAL; replay calls the same
+//! function, so the live index and the replayed one cannot diverge.
+//!
+//! Visibility: a version at epoch `e` is visible to a read at epoch `r` when
+//! `e <= r` and no punch `p` on the object, dkey or akey has `e <= p <= r`
+//! (a punch hides versions at its own epoch too). For arrays, later epochs win
+//! per byte; between extents of equal epoch the later write wins.
+
+use crate::superblock::BLOCK;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+use uuid::Uuid;
+
+/// SCM charged per stored record (version or punch) on top of its key and inline bytes.
+pub(crate) const REC_OVERHEAD: u64 = 64;
+/// Device extents carry one CRC32C per this many bytes of value.
+pub(crate) const CSUM_CHUNK: u64 = 32 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Kind {
+    Single,
+    Array,
+}
+
+/// A run of blocks in the target's data region holding one value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DevExtent {
+    pub block: u64,
+    pub nblocks: u64,
+    /// CRC32C of each `CSUM_CHUNK` of the value (the last chunk may be short).
+    pub csums: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Payload {
+    Inline(Vec<u8>),
+    Device(DevExtent),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Version {
+    pub epoch: u64,
+    /// ARRAY: byte offset of the extent; SINGLE: 0.
+    pub offset: u64,
+    pub len: u64,
+    /// The client's CRC32C of the value, when it sent one.
+    pub crc: Option<u32>,
+    pub payload: Payload,
+    /// SCM charged for this record (kept so removal refunds exactly).
+    pub scm: u64,
+}
+
+impl Version {
+    fn nvme(&self) -> u64 {
+        match &self.payload {
+            Payload::Device(d) => d.nblocks * BLOCK,
+            Payload::Inline(_) => 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Tomb {
+    pub epoch: u64,
+    pub scm: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AkeyTree {
+    pub singles: BTreeMap<u64, Version>,
+    /// Sorted by epoch; equal epochs in write order.
+    pub extents: Vec<Version>,
+    pub punches: Vec<Tomb>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DkeyTree {
+    pub akeys: BTreeMap<Vec<u8>, AkeyTree>,
+    pub punches: Vec<Tomb>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ObjTree {
+    pub dkeys: BTreeMap<Vec<u8>, DkeyTree>,
+    pub punches: Vec<Tomb>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub(crate) struct ObjKey {
+    pub hi: u64,
+    pub lo: u64,
+    pub shard: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ContTree {
+    pub objs: BTreeMap<ObjKey, ObjTree>,
+    /// Snapshot epochs aggregation keeps readable (sorted).
+    pub snapshots: Vec<u64>,
+    pub scm_used: u64,
+    pub nvme_used: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PoolTree {
+    pub scm_total: u64,
+    pub nvme_total: u64,
+    pub conts: BTreeMap<Uuid, ContTree>,
+}
+
+impl PoolTree {
+    pub(crate) fn scm_used(&self) -> u64 {
+        self.conts.values().map(|c| c.scm_used).sum()
+    }
+    pub(crate) fn nvme_used(&self) -> u64 {
+        self.conts.values().map(|c| c.nvme_used).sum()
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TargetIndex {
+    pub pools: BTreeMap<Uuid, PoolTree>,
+}
+
+/// One value of an update as logged: where its bytes are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NewValue {
+    pub akey: Vec<u8>,
+    pub kind: Kind,
+    pub offset: u64,
+    pub len: u64,
+    pub crc: Option<u32>,
+    pub payload: Payload,
+}
+
+/// A logged change of a target's state. Replay re-applies these in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum WalOp {
+    PoolCreate {
+        pool: Uuid,
+        scm: u64,
+        nvme: u64,
+    },
+    PoolDestroy {
+        pool: Uuid,
+    },
+    ContDestroy {
+        pool: Uuid,
+        cont: Uuid,
+    },
+    SetSnapshots {
+        pool: Uuid,
+        cont: Uuid,
+        epochs: Vec<u64>,
+    },
+    Update {
+        pool: Uuid,
+        cont: Uuid,
+        obj: ObjKey,
+        dkey: Vec<u8>,
+        epoch: u64,
+        values: Vec<NewValue>,
+    },
+    Punch {
+        pool: Uuid,
+        cont: Uuid,
+        obj: ObjKey,
+        dkey: Vec<u8>,
+        akeys: Vec<Vec<u8>>,
+        epoch: u64,
+    },
+    /// Deterministic given the state, so replay recomputes the same removals.
+    Aggregate {
+        pool: Uuid,
+    },
+}
+
+/// SCM charged for one stored value.
+pub(crate) fn value_scm(dkey: &[u8], akey: &[u8], inline_len: u64) -> u64 {
+    REC_OVERHEAD + dkey.len() as u64 + akey.len() as u64 + inline_len
+}
+
+/// Space given back by a removal; device runs to return to the allocator.
+#[derive(Default)]
+pub(crate) struct Released {
+    pub scm: u64,
+    pub nvme: u64,
+    pub runs: Vec<(u64, u64)>,
+}
+
+impl Released {
+    fn version(&mut self, v: &Version) {
+        self.scm += v.scm;
+        self.nvme += v.nvme();
+        if let Payload::Device(d) = &v.payload {
+            self.runs.push((d.block, d.nblocks));
+        }
+    }
+    fn tomb(&mut self, t: &Tomb) {
+        self.scm += t.scm;
+    }
+    fn akey(&mut self, a: &AkeyTree) {
+        a.singles.values().for_each(|v| self.version(v));
+        a.extents.iter().for_each(|v| self.version(v));
+        a.punches.iter().for_each(|t| self.tomb(t));
+    }
+    fn cont(&mut self, c: &ContTree) {
+        for o in c.objs.values() {
+            o.punches.iter().for_each(|t| self.tomb(t));
+            for d in o.dkeys.values() {
+                d.punches.iter().for_each(|t| self.tomb(t));
+                d.akeys.values().for_each(|a| self.akey(a));
+            }
+        }
+    }
+}
+
+/// Newest punch at or below `r`.
+fn level_floor(p: &[Tomb], r: u64) -> Option<u64> {
+    p.iter().map(|t| t.epoch).filter(|&e| e <= r).max()
+}
+
+/// Sorted, disjoint half-open intervals already covered by newer extents.
+#[derive(Default)]
+struct Covered(Vec<(u64, u64)>);
+
+impl Covered {
+    /// Parts of `[s, e)` not yet covered.
+    fn gaps(&self, s: u64, e: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut cur = s;
+        for &(cs, ce) in &self.0 {
+            if ce <= cur {
+                continue;
+            }
+            if cs >= e {
+                break;
+            }
+            if cs > cur {
+                out.push((cur, cs.min(e)));
+            }
+            cur = cur.max(ce);
+            if cur >= e {
+                break;
+            }
+        }
+        if cur < e {
+            out.push((cur, e));
+        }
+        out
+    }
+    fn add(&mut self, s: u64, e: u64) {
+        if s >= e {
+            return;
+        }
+        let mut ns = s;
+        let mut ne = e;
+        self.0.retain(|&(cs, ce)| {
+            if ce < ns || cs > ne {
+                true
+            } else {
+                ns = ns.min(cs);
+                ne = ne.max(ce);
+                false
+            }
+        });
+        let pos = self.0.partition_point(|&(cs, _)| cs < ns);
+        self.0.insert(pos, (ns, ne));
+    }
+}
+
+/// Where fetched bytes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Src {
+    Inline(Vec<u8>),
+    Dev {
+        ext: DevExtent,
+        value_len: u64,
+        value_off: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seg {
+    pub out_off: u64,
+    pub len: u64,
+    pub src: Src,
+}
+
+/// What a fetch of one iod returns, before the device reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub status: i32,
+    pub len: u64,
+    pub size: u64,
+    pub has_crc: bool,
+    pub segs: Vec<Seg>,
+}
+
+impl AkeyTree {
+    fn visible_single(&self, floor: Option<u64>, r: u64) -> Option<&Version> {
+        let (&e, v) = self.singles.range(..=r).next_back()?;
+        (Some(e) > floor).then_some(v)
+    }
+    /// Extents visible at `r` (oldest first): epochs in `(floor, r]`.
+    fn visible_extents(&self, floor: Option<u64>, r: u64) -> &[Version] {
+        let lo = self.extents.partition_point(|x| Some(x.epoch) <= floor);
+        let hi = self.extents.partition_point(|x| x.epoch <= r);
+        &self.extents[lo..hi.max(lo)]
+    }
+    fn array_size(&self, floor: Option<u64>, r: u64) -> u64 {
+        self.visible_extents(floor, r)
+            .iter()
+            .filter(|x| x.len > 0)
+            .map(|x| x.offset + x.len)
+            .max()
+            .unwrap_or(0)
+    }
+    fn exists(&self, floor: Option<u64>, r: u64) -> bool {
+        self.visible_single(floor, r).is_some() || !self.visible_extents(floor, r).is_empty()
+    }
+    fn min_epoch(&self) -> Option<u64> {
+        let s = self.singles.keys().next().copied();
+        let x = self.extents.first().map(|x| x.epoch);
+        s.into_iter().chain(x).min()
+    }
+}
+
+fn dkey_exists(d: &DkeyTree, obj_floor: Option<u64>, r: u64) -> bool {
+    let df = obj_floor.max(level_floor(&d.punches, r));
+    d.akeys
+        .values()
+        .any(|a| a.exists(df.max(level_floor(&a.punches, r)), r))
+}
+
+/// Keys of `map` strictly after `anchor` for which `visible` holds: up to
+/// `max`, and whether the listing is complete.
+fn list_keys<'a, V: 'a>(
+    map: &'a BTreeMap<Vec<u8>, V>,
+    anchor: &[u8],
+    max: usize,
+    visible: impl Fn(&V) -> bool,
+) -> (Vec<Vec<u8>>, bool) {
+    let start = if anchor.is_empty() {
+        Bound::Unbounded
+    } else {
+        Bound::Excluded(anchor.to_vec())
+    };
+    let mut keys = Vec::new();
+    for (k, v) in map.range((start, Bound::Unbounded)) {
+        if visible(v) {
+            if keys.len() == max {
+                return (keys, false);
+            }
+            keys.push(k.clone());
+        }
+    }
+    (keys, true)
+}
+
+impl TargetIndex {
+    pub(crate) fn cont(&self, pool: &Uuid, cont: &Uuid) -> Option<&ContTree> {
+        self.pools.get(pool)?.conts.get(cont)
+    }
+
+    /// The akey at `r` with its effective punch floor.
+    fn akey_at(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        akey: &[u8],
+        r: u64,
+    ) -> Option<(&AkeyTree, Option<u64>)> {
+        let o = self.cont(pool, cont)?.objs.get(obj)?;
+        let d = o.dkeys.get(dkey)?;
+        let a = d.akeys.get(akey)?;
+        let floor = level_floor(&o.punches, r)
+            .max(level_floor(&d.punches, r))
+            .max(level_floor(&a.punches, r));
+        Some((a, floor))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn plan_fetch(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        akey: &[u8],
+        kind: Kind,
+        offset: u64,
+        len: u64,
+        r: u64,
+    ) -> Plan {
+        let found = self.akey_at(pool, cont, obj, dkey, akey, r);
+        match kind {
+            Kind::Single => match found.and_then(|(a, f)| a.visible_single(f, r)) {
+                None => Plan {
+                    status: -libc::ENOENT,
+                    len: 0,
+                    size: 0,
+                    has_crc: false,
+                    segs: vec![],
+                },
+                Some(v) => Plan {
+                    status: 0,
+                    len: v.len,
+                    size: v.len,
+                    has_crc: v.crc.is_some(),
+                    segs: vec![Seg {
+                        out_off: 0,
+                        len: v.len,
+                        src: src_of(v, 0, v.len),
+                    }],
+                },
+            },
+            Kind::Array => {
+                let mut plan = Plan {
+                    status: 0,
+                    len,
+                    size: 0,
+                    has_crc: false,
+                    segs: vec![],
+                };
+                let Some((a, f)) = found else { return plan };
+                plan.size = a.array_size(f, r);
+                let end = offset.saturating_add(len);
+                let mut cov = Covered::default();
+                let mut all_crc = true;
+                for x in a.visible_extents(f, r).iter().rev() {
+                    let (s, e) = (x.offset.max(offset), (x.offset + x.len).min(end));
+                    if s >= e {
+                        continue;
+                    }
+                    for (gs, ge) in cov.gaps(s, e) {
+                        all_crc &= x.crc.is_some();
+                        plan.segs.push(Seg {
+                            out_off: gs - offset,
+                            len: ge - gs,
+                            src: src_of(x, gs - x.offset, ge - gs),
+                        });
+                        cov.add(gs, ge);
+                    }
+                }
+                plan.has_crc = all_crc && !plan.segs.is_empty();
+                plan
+            }
+        }
+    }
+
+    /// Array size (or single value size) of an akey at `r`; 0 if absent.
+    pub(crate) fn query_size(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        akey: &[u8],
+        r: u64,
+    ) -> u64 {
+        match self.akey_at(pool, cont, obj, dkey, akey, r) {
+            None => 0,
+            Some((a, f)) => {
+                let arr = a.array_size(f, r);
+                if arr > 0 {
+                    arr
+                } else {
+                    a.visible_single(f, r).map_or(0, |v| v.len)
+                }
+            }
+        }
+    }
+
+    /// List dkeys (`dkey` empty) or the akeys of `dkey` visible at `r`, strictly after `anchor`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn list(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        anchor: &[u8],
+        max: usize,
+        r: u64,
+    ) -> (Vec<Vec<u8>>, bool) {
+        let Some(o) = self.cont(pool, cont).and_then(|c| c.objs.get(obj)) else {
+            return (vec![], true);
+        };
+        let of = level_floor(&o.punches, r);
+        if dkey.is_empty() {
+            return list_keys(&o.dkeys, anchor, max, |d| dkey_exists(d, of, r));
+        }
+        let Some(d) = o.dkeys.get(dkey) else {
+            return (vec![], true);
+        };
+        let df = of.max(level_floor(&d.punches, r));
+        list_keys(&d.akeys, anchor, max, |a| {
+            a.exists(df.max(level_floor(&a.punches, r)), r)
+        })
+    }
+
+    /// Apply one durable change. Device runs it frees go to `rel.runs`; the
+    /// caller returns them to the allocator only now, after durability.
+    pub(crate) fn apply(&mut self, op: WalOp, rel: &mut Released) {
+        match op {
+            WalOp::PoolCreate { pool, scm, nvme } => {
+                self.pools.entry(pool).or_insert(PoolTree {
+                    scm_total: scm,
+                    nvme_total: nvme,
+                    conts: BTreeMap::new(),
+                });
+            }
+            WalOp::PoolDestroy { pool } => {
+                if let Some(p) = self.pools.remove(&pool) {
+                    p.conts.values().for_each(|c| rel.cont(c));
+                }
+            }
+            WalOp::ContDestroy { pool, cont } => {
+                if let Some(c) = self
+                    .pools
+                    .get_mut(&pool)
+                    .and_then(|p| p.conts.remove(&cont))
+                {
+                    rel.cont(&c);
+                }
+            }
+            WalOp::SetSnapshots {
+                pool,
+                cont,
+                mut epochs,
+            } => {
+                if let Some(p) = self.pools.get_mut(&pool) {
+                    epochs.sort_unstable();
+                    epochs.dedup();
+                    p.conts.entry(cont).or_default().snapshots = epochs;
+                }
+            }
+            WalOp::Update {
+                pool,
+                cont,
+                obj,
+                dkey,
+                epoch,
+                values,
+            } => {
+                let Some(p) = self.pools.get_mut(&pool) else {
+                    return;
+                };
+                let c = p.conts.entry(cont).or_default();
+                let d = c
+                    .objs
+                    .entry(obj)
+                    .or_default()
+                    .dkeys
+                    .entry(dkey.clone())
+                    .or_default();
+                let mut add = Released::default();
+                let mut old = Released::default();
+                for nv in values {
+                    let inline = match &nv.payload {
+                        Payload::Inline(b) => b.len() as u64,
+                        Payload::Device(_) => 0,
+                    };
+                    let v = Version {
+                        epoch,
+                        offset: nv.offset,
+                        len: nv.len,
+                        crc: nv.crc,
+                        scm: value_scm(&dkey, &nv.akey, inline),
+                        payload: nv.payload,
+                    };
+                    add.version(&v);
+                    let a = d.akeys.entry(nv.akey).or_default();
+                    match nv.kind {
+                        Kind::Single => {
+                            // Same epoch: the new value replaces the old one in place.
+                            if let Some(prev) = a.singles.insert(epoch, v) {
+                                old.version(&prev);
+                            }
+                        }
+                        Kind::Array => {
+                            let pos = a.extents.partition_point(|x| x.epoch <= epoch);
+                            a.extents.insert(pos, v);
+                        }
+                    }
+                }
+                c.scm_used = c.scm_used + add.scm - old.scm;
+                c.nvme_used = c.nvme_used + add.nvme - old.nvme;
+                rel.scm += old.scm;
+                rel.nvme += old.nvme;
+                rel.runs.extend(old.runs);
+            }
+            WalOp::Punch {
+                pool,
+                cont,
+                obj,
+                dkey,
+                akeys,
+                epoch,
+            } => {
+                let Some(c) = self
+                    .pools
+                    .get_mut(&pool)
+                    .and_then(|p| p.conts.get_mut(&cont))
+                else {
+                    return;
+                };
+                let Some(o) = c.objs.get_mut(&obj) else {
+                    return;
+                };
+                let mut charged = 0;
+                if dkey.is_empty() {
+                    o.punches.push(Tomb {
+                        epoch,
+                        scm: REC_OVERHEAD,
+                    });
+                    charged += REC_OVERHEAD;
+                } else if let Some(d) = o.dkeys.get_mut(&dkey) {
+                    if akeys.is_empty() {
+                        let scm = REC_OVERHEAD + dkey.len() as u64;
+                        d.punches.push(Tomb { epoch, scm });
+                        charged += scm;
+                    } else {
+                        for ak in akeys {
+                            if let Some(a) = d.akeys.get_mut(&ak) {
+                                let scm = value_scm(&dkey, &ak, 0);
+                                a.punches.push(Tomb { epoch, scm });
+                                charged += scm;
+                            }
+                        }
+                    }
+                }
+                c.scm_used += charged;
+            }
+            WalOp::Aggregate { pool } => {
+                if let Some(p) = self.pools.get_mut(&pool) {
+                    for c in p.conts.values_mut() {
+                        aggregate_cont(c, rel);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every device run the index references (to rebuild the allocator).
+    pub(crate) fn device_runs(&self) -> Vec<(u64, u64)> {
+        let mut rel = Released::default();
+        for p in self.pools.values() {
+            p.conts.values().for_each(|c| rel.cont(c));
+        }
+        rel.runs
+    }
+
+    /// Recompute every container's usage from its records (after replay).
+    pub(crate) fn recount(&mut self) {
+        for p in self.pools.values_mut() {
+            for c in p.conts.values_mut() {
+                let mut rel = Released::default();
+                rel.cont(c);
+                c.scm_used = rel.scm;
+                c.nvme_used = rel.nvme;
+            }
+        }
+    }
+}
+
+fn src_of(v: &Version, value_off: u64, len: u64) -> Src {
+    match &v.payload {
+        Payload::Inline(b) => {
+            Src::Inline(b[value_off as usize..(value_off + len) as usize].to_vec())
+        }
+        Payload::Device(ext) => Src::Dev {
+            ext: ext.clone(),
+            value_len: v.len,
+            value_off,
+        },
+    }
+}
+
+/// Drop what no read at the latest epoch or at a snapshot can see.
+fn aggregate_cont(c: &mut ContTree, rel: &mut Released) {
+    let mut reads = c.snapshots.clone();
+    reads.push(u64::MAX);
+    let mut gone = Released::default();
+    c.objs.retain(|_, o| {
+        let ObjTree {
+            dkeys,
+            punches: opunch,
+        } = o;
+        dkeys.retain(|_, d| {
+            let DkeyTree {
+                akeys,
+                punches: dpunch,
+            } = d;
+            akeys.retain(|_, a| {
+                let floors: Vec<Option<u64>> = reads
+                    .iter()
+                    .map(|&r| {
+                        level_floor(opunch, r)
+                            .max(level_floor(dpunch, r))
+                            .max(level_floor(&a.punches, r))
+                    })
+                    .collect();
+                let mut keep_single = BTreeSet::new();
+                let mut keep_ext = vec![false; a.extents.len()];
+                for (&r, &f) in reads.iter().zip(&floors) {
+                    if let Some(v) = a.visible_single(f, r) {
+                        keep_single.insert(v.epoch);
+                    }
+                    let lo = a.extents.partition_point(|x| Some(x.epoch) <= f);
+                    let hi = a.extents.partition_point(|x| x.epoch <= r).max(lo);
+                    let mut cov = Covered::default();
+                    for j in (lo..hi).rev() {
+                        let x = &a.extents[j];
+                        let gaps = cov.gaps(x.offset, x.offset + x.len);
+                        if !gaps.is_empty() {
+                            keep_ext[j] = true;
+                            gaps.into_iter().for_each(|(s, e)| cov.add(s, e));
+                        }
+                    }
+                }
+                a.singles.retain(|e, v| {
+                    let keep = keep_single.contains(e);
+                    if !keep {
+                        gone.version(v);
+                    }
+                    keep
+                });
+                let mut keep_it = keep_ext.into_iter();
+                a.extents.retain(|v| {
+                    let keep = keep_it.next().unwrap_or(true);
+                    if !keep {
+                        gone.version(v);
+                    }
+                    keep
+                });
+                // A punch with nothing left at or below it hides nothing.
+                let min = a.min_epoch();
+                a.punches.retain(|t| {
+                    let keep = min.is_some_and(|m| m <= t.epoch);
+                    if !keep {
+                        gone.tomb(t);
+                    }
+                    keep
+                });
+                !(a.singles.is_empty() && a.extents.is_empty() && a.punches.is_empty())
+            });
+            let min = akeys.values().filter_map(|a| a.min_epoch()).min();
+            dpunch.retain(|t| {
+                let keep = min.is_some_and(|m| m <= t.epoch);
+                if !keep {
+                    gone.tomb(t);
+                }
+                keep
+            });
+            !(akeys.is_empty() && dpunch.is_empty())
+        });
+        let min = dkeys
+            .values()
+            .flat_map(|d| d.akeys.values())
+            .filter_map(|a| a.min_epoch())
+            .min();
+        opunch.retain(|t| {
+            let keep = min.is_some_and(|m| m <= t.epoch);
+            if !keep {
+                gone.tomb(t);
+            }
+            keep
+        });
+        !(dkeys.is_empty() && opunch.is_empty())
+    });
+    c.scm_used -= gone.scm;
+    c.nvme_used -= gone.nvme;
+    rel.scm += gone.scm;
+    rel.nvme += gone.nvme;
+    rel.runs.extend(gone.runs);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inline(b: &[u8]) -> Payload {
+        Payload::Inline(b.to_vec())
+    }
+
+    fn setup() -> (TargetIndex, Uuid, Uuid, ObjKey) {
+        let mut ix = TargetIndex::default();
+        let pool = Uuid::new_v4();
+        ix.apply(
+            WalOp::PoolCreate {
+                pool,
+                scm: 1 << 20,
+                nvme: 1 << 20,
+            },
+            &mut Released::default(),
+        );
+        (
+            ix,
+            pool,
+            Uuid::new_v4(),
+            ObjKey {
+                hi: 1,
+                lo: 2,
+                shard: 0,
+            },
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        ix: &mut TargetIndex,
+        pool: Uuid,
+        cont: Uuid,
+        obj: ObjKey,
+        epoch: u64,
+        kind: Kind,
+        off: u64,
+        b: &[u8],
+    ) {
+        ix.apply(
+            WalOp::Update {
+                pool,
+                cont,
+                obj,
+                dkey: b"d".to_vec(),
+                epoch,
+                values: vec![NewValue {
+                    akey: b"a".to_vec(),
+                    kind,
+                    offset: off,
+                    len: b.len() as u64,
+                    crc: None,
+                    payload: inline(b),
+                }],
+            },
+            &mut Released::default(),
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        ix: &TargetIndex,
+        pool: Uuid,
+        cont: Uuid,
+        obj: ObjKey,
+        kind: Kind,
+        off: u64,
+        len: u64,
+        r: u64,
+    ) -> (i32, Vec<u8>, u64) {
+        let p = ix.plan_fetch(&pool, &cont, &obj, b"d", b"a", kind, off, len, r);
+        let mut out = vec![0u8; p.len as usize];
+        for s in p.segs {
+            let Src::Inline(b) = s.src else { panic!() };
+            out[s.out_off as usize..(s.out_off + s.len) as usize].copy_from_slice(&b);
+        }
+        (p.status, out, p.size)
+    }
+
+    #[test]
+    fn array_overlaps_epochs_and_aggregation() {
+        let (mut ix, pool, cont, obj) = setup();
+        put(&mut ix, pool, cont, obj, 10, Kind::Array, 0, b"aaaaaaaa");
+        put(&mut ix, pool, cont, obj, 20, Kind::Array, 2, b"bb");
+        put(&mut ix, pool, cont, obj, 30, Kind::Array, 12, b"cc");
+        assert_eq!(
+            read(&ix, pool, cont, obj, Kind::Array, 0, 14, u64::MAX),
+            (0, b"aabbaaaa\0\0\0\0cc".to_vec(), 14)
+        );
+        assert_eq!(
+            read(&ix, pool, cont, obj, Kind::Array, 1, 4, 15),
+            (0, b"aaaa".to_vec(), 8)
+        );
+        // Fully cover the first extent; with a snapshot at 15 it must stay.
+        put(&mut ix, pool, cont, obj, 40, Kind::Array, 0, b"dddddddd");
+        ix.apply(
+            WalOp::SetSnapshots {
+                pool,
+                cont,
+                epochs: vec![15],
+            },
+            &mut Released::default(),
+        );
+        let mut rel = Released::default();
+        ix.apply(WalOp::Aggregate { pool }, &mut rel);
+        let a =
+            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        assert_eq!(
+            a.extents.iter().map(|x| x.epoch).collect::<Vec<_>>(),
+            vec![10, 30, 40]
+        );
+        assert!(rel.scm > 0);
+        assert_eq!(
+            read(&ix, pool, cont, obj, Kind::Array, 0, 8, 15).1,
+            b"aaaaaaaa"
+        );
+        ix.apply(
+            WalOp::SetSnapshots {
+                pool,
+                cont,
+                epochs: vec![],
+            },
+            &mut Released::default(),
+        );
+        ix.apply(WalOp::Aggregate { pool }, &mut Released::default());
+        let a =
+            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        assert_eq!(
+            a.extents.iter().map(|x| x.epoch).collect::<Vec<_>>(),
+            vec![30, 40]
+        );
+    }
+
+    #[test]
+    fn punch_hides_and_aggregation_drops_everything() {
+        let (mut ix, pool, cont, obj) = setup();
+        put(&mut ix, pool, cont, obj, 10, Kind::Single, 0, b"v1");
+        put(&mut ix, pool, cont, obj, 20, Kind::Single, 0, b"v2");
+        ix.apply(
+            WalOp::Punch {
+                pool,
+                cont,
+                obj,
+                dkey: b"d".to_vec(),
+                akeys: vec![],
+                epoch: 30,
+            },
+            &mut Released::default(),
+        );
+        assert_eq!(read(&ix, pool, cont, obj, Kind::Single, 0, 0, 25).1, b"v2");
+        assert_eq!(
+            read(&ix, pool, cont, obj, Kind::Single, 0, 0, 30).0,
+            -libc::ENOENT
+        );
+        assert_eq!(
+            ix.list(&pool, &cont, &obj, b"", b"", 10, 25).0,
+            vec![b"d".to_vec()]
+        );
+        assert!(ix.list(&pool, &cont, &obj, b"", b"", 10, 30).0.is_empty());
+        put(&mut ix, pool, cont, obj, 40, Kind::Single, 0, b"v3");
+        assert_eq!(
+            read(&ix, pool, cont, obj, Kind::Single, 0, 0, u64::MAX).1,
+            b"v3"
+        );
+        ix.apply(WalOp::Aggregate { pool }, &mut Released::default());
+        let c = ix.cont(&pool, &cont).unwrap();
+        let d = &c.objs[&obj].dkeys[&b"d".to_vec()];
+        assert!(d.punches.is_empty(), "punch with nothing below is dropped");
+        assert_eq!(d.akeys[&b"a".to_vec()].singles.len(), 1);
+        let used = c.scm_used;
+        ix.recount();
+        assert_eq!(
+            ix.cont(&pool, &cont).unwrap().scm_used,
+            used,
+            "incremental usage equals recount"
+        );
+    }
+
+    #[test]
+    fn covered_intervals() {
+        let mut c = Covered::default();
+        c.add(10, 20);
+        c.add(30, 40);
+        assert_eq!(c.gaps(0, 50), vec![(0, 10), (20, 30), (40, 50)]);
+        c.add(15, 35);
+        assert_eq!(c.0, vec![(10, 40)]);
+        assert!(c.gaps(12, 38).is_empty());
+    }
+}

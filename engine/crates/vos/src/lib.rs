@@ -1,0 +1,453 @@
+//! Peregrine VOS: the versioned object store of one engine.
+//!
+//! # Layout
+//! One device (a file or a kernel block device) holds, at fixed 1 MiB-aligned
+//! offsets recorded in the superblock ([`Superblock`]):
+//! the superblock at offset 0, two slots for the management-service blob, and
+//! one region per target. A target region is `WAL | checkpoint 0 | checkpoint 1 | data`.
+//! Each target is a thread that owns its region, its RAM index
+//! (pool -> container -> object shard -> dkey -> akey -> versions), its block
+//! allocator, its own O_DIRECT file descriptor, io_uring ring and registered
+//! 2 MiB buffers (hugepages when available). Values of at least
+//! [`peregrine_proto::DATA_THRESHOLD`] bytes go to data blocks, always to
+//! freshly allocated ones (copy-on-write), with one CRC32C per 32 KiB chunk;
+//! smaller values and all metadata live in the index.
+//!
+//! # Crash consistency
+//! The index changes only by applying a logged operation, and an operation is
+//! applied only after it is durable. A target drains its queue, writes the data
+//! of every queued update to blocks no durable state references, appends ONE
+//! WAL record for the batch (header and payload CRC, device uuid, sequence
+//! number), issues ONE fdatasync, and only then applies the batch to the index
+//! and acknowledges it. So an acknowledged update has its data and its record
+//! on stable storage. A batch torn by a crash fails its CRC or sequence check
+//! and is dropped whole: nothing of it was acknowledged. Should the device
+//! persist a record but not the data before it (power loss before the fsync
+//! returned), only the last record can be affected; replay verifies the data
+//! checksums of the last record and drops it if they fail.
+//!
+//! When the WAL passes half full, the target serializes its index to the
+//! inactive checkpoint slot (stamped with the last applied sequence), fsyncs,
+//! and restarts the WAL at its beginning with the next sequence number. Replay
+//! takes the newest valid checkpoint and then the WAL records numbered exactly
+//! after it: records of an older generation or another format (device uuid)
+//! stop the scan. Block allocation is never logged: it is rebuilt from the
+//! index, so blocks of an update that never became durable are simply free
+//! again, and blocks freed by a punch, container destroy or aggregation return
+//! to the allocator only when the operation freeing them is durable (they are
+//! released by `apply`), so a live value is never overwritten.
+//!
+//! # Semantics chosen where the protocol leaves room
+//! - A punch at epoch `p` hides versions at epochs `<= p` for reads at `>= p`.
+//! - Fetch of a SINGLE akey with no visible value: that iod's `status` is
+//!   `-ENOENT`, `len` 0, nothing in the bulk.
+//! - Fetch of an ARRAY iod always returns exactly `len` bytes (zeros in holes),
+//!   even when the akey does not exist: then `status` 0 and `size` 0.
+//! - `QuerySize` returns the array size, or the single value's size for a
+//!   single-value akey, or 0 when nothing is visible.
+//! - `FetchedValue.crc` is always the CRC32C of the bytes returned; `has_crc` is
+//!   true when every extent contributing bytes was stored with a client CRC.
+//! - Listing: keys strictly after `anchor`, ascending byte order, at most `max`
+//!   (0 means 1000); the reply's anchor is the last key returned.
+//! - Punches are not charged against the pool quota (so a full pool can always be
+//!   punched and aggregated), though their records count in the used bytes.
+//! - Updates at epoch `u64::MAX` are rejected (that epoch means "latest" for reads).
+//! - `pool_destroy` of an absent pool succeeds (idempotent, for retries);
+//!   `pool_create` of an existing pool succeeds for the same sizes and fails
+//!   with EEXIST for other sizes; `pool_space` of an absent pool is ENOENT.
+//! - Containers need no creation: the first update creates them on a target;
+//!   `cont_destroy` of an absent container succeeds.
+//!
+//! # Threads and replies
+//! [`Storage::submit`] returns a `std::sync::mpsc::Receiver` that receives
+//! exactly one [`Reply`]; call `recv()` from a blocking context
+//! (`tokio::task::spawn_blocking`). Control calls (`pool_create`, ...) block
+//! until every target has answered.
+
+mod alloc;
+mod bufpool;
+mod device;
+mod error;
+mod index;
+mod mgmt;
+mod superblock;
+mod target;
+mod wal;
+
+pub use error::{Errno, StorageError};
+pub use superblock::{format, scan, ScanState, Superblock};
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+use peregrine_proto::data;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use target::{Ctl, CtlOut, Msg, Target};
+use uuid::Uuid;
+
+/// Kind of block device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BdevClass {
+    /// A regular file, created or extended to `size` at format (emulated NVMe).
+    File,
+    /// A kernel block device (loop device, NVMe namespace); its size is read from it.
+    Kdev,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BdevSpec {
+    pub class: BdevClass,
+    pub path: PathBuf,
+    /// File: bytes to create/extend to. Kdev: ignored.
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageOptions {
+    pub bdev: BdevSpec,
+    /// RAM budget for metadata and small values, split evenly over targets.
+    pub scm_bytes: u64,
+    pub targets: u32,
+    pub hugepages: bool,
+}
+
+/// One data-plane request; the target comes from its `Address.target`.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// The update and its bulk (values concatenated in iod order).
+    Update(data::UpdateReq, Vec<u8>),
+    Fetch(data::FetchReq),
+    Punch(data::PunchReq),
+    List(data::ListReq),
+    QuerySize(data::QuerySizeReq),
+}
+
+/// A response and its bulk (fetched values concatenated in iod order), or an errno.
+pub type Reply = Result<(data::Response, Vec<u8>), Errno>;
+
+/// Space of a pool, summed over the engine's targets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolSpace {
+    pub scm_total: u64,
+    pub scm_free: u64,
+    pub nvme_total: u64,
+    pub nvme_free: u64,
+    /// Bytes used per container (scm records + nvme blocks).
+    pub cont_used: HashMap<Uuid, u64>,
+}
+
+/// Counters of one target, for tests and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetStats {
+    /// Sequence number of the last durable WAL record.
+    pub seq: u64,
+    /// Bytes of WAL in use since the last checkpoint.
+    pub wal_tail: u64,
+    /// Checkpoints written since open.
+    pub checkpoints: u64,
+    /// Free blocks of the target's data region.
+    pub free_blocks: u64,
+}
+
+/// An open device with its running target threads.
+pub struct Storage {
+    sb: Superblock,
+    senders: Vec<Sender<Msg>>,
+    threads: Vec<JoinHandle<()>>,
+    mgmt: Mutex<mgmt::MgmtSlots>,
+}
+
+fn request_addr(req: &Request) -> Option<&data::Address> {
+    match req {
+        Request::Update(r, _) => r.addr.as_ref(),
+        Request::Fetch(r) => r.addr.as_ref(),
+        Request::Punch(r) => r.addr.as_ref(),
+        Request::List(r) => r.addr.as_ref(),
+        Request::QuerySize(r) => r.addr.as_ref(),
+    }
+}
+
+impl Storage {
+    /// Open a formatted device: replay every target's checkpoint and WAL and
+    /// start `opts.targets` target threads.
+    pub fn open(opts: &StorageOptions) -> Result<Storage, StorageError> {
+        let name = opts.bdev.path.display().to_string();
+        let sb = match scan(&opts.bdev)? {
+            ScanState::Formatted(sb) => sb,
+            ScanState::Unformatted => {
+                return Err(StorageError::NotFound(format!(
+                    "device {name} is not formatted"
+                )))
+            }
+            ScanState::Foreign(what) => {
+                return Err(StorageError::Refused(format!(
+                    "device {name} is not a Peregrine device: it holds {what}"
+                )))
+            }
+        };
+        if opts.targets != sb.targets {
+            return Err(StorageError::Invalid(format!(
+                "targets: options ask for {} but device {name} was formatted for {}",
+                opts.targets, sb.targets
+            )));
+        }
+        let mut f = superblock::open_rw(&opts.bdev.path)?;
+        let size = superblock::device_size(&mut f, &opts.bdev.path)?;
+        if size < sb.device_bytes {
+            return Err(StorageError::Invalid(format!(
+                "device {name}: {size} bytes, but it was formatted with {} bytes",
+                sb.device_bytes
+            )));
+        }
+        let scm_budget = opts.scm_bytes / sb.targets as u64;
+        let mut senders = Vec::new();
+        let mut threads = Vec::new();
+        let mut ready = Vec::new();
+        for t in 0..sb.targets {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let (rtx, rrx) = mpsc::channel();
+            let (sb2, path, huge) = (sb.clone(), opts.bdev.path.clone(), opts.hugepages);
+            let h = std::thread::Builder::new()
+                .name(format!("vos-target-{t}"))
+                .spawn(
+                    move || match Target::open(sb2, &path, huge, t, scm_budget) {
+                        Ok(target) => {
+                            let _ = rtx.send(Ok(()));
+                            target.run(rx);
+                        }
+                        Err(e) => {
+                            let _ = rtx.send(Err(e));
+                        }
+                    },
+                )
+                .map_err(|e| StorageError::io(format!("target {t}: spawn thread"), e))?;
+            senders.push(tx);
+            threads.push(h);
+            ready.push(rrx);
+        }
+        let mut storage = Storage {
+            mgmt: Mutex::new(mgmt::MgmtSlots::new(f, sb.clone())),
+            sb,
+            senders,
+            threads,
+        };
+        for (t, r) in ready.into_iter().enumerate() {
+            let res = r.recv().unwrap_or_else(|_| {
+                Err(StorageError::Shutdown(format!(
+                    "target {t}: thread died while opening"
+                )))
+            });
+            if let Err(e) = res {
+                storage.stop();
+                return Err(e);
+            }
+        }
+        tracing::info!(device = %name, targets = storage.sb.targets, "storage open");
+        Ok(storage)
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    pub fn targets(&self) -> u32 {
+        self.sb.targets
+    }
+
+    /// Queue one data-plane request on its target. The receiver gets exactly
+    /// one reply, once the request is done (an update: once durable).
+    pub fn submit(&self, req: Request) -> mpsc::Receiver<Reply> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let n = self.senders.len() as u32;
+        let target = match request_addr(&req) {
+            None => Err(Errno::inval("request: missing address")),
+            Some(a) if a.target >= n => Err(Errno::inval(format!(
+                "request: target {} out of range (this engine has {n} targets)",
+                a.target
+            ))),
+            Some(a) => Ok(a.target as usize),
+        };
+        match target {
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+            Ok(t) => {
+                if let Err(crossbeam_channel::SendError(Msg::Data(_, tx))) =
+                    self.senders[t].send(Msg::Data(req, tx))
+                {
+                    let _ = tx.send(Err(Errno::new(
+                        -libc::ESHUTDOWN,
+                        format!("target {t}: stopped"),
+                    )));
+                }
+            }
+        }
+        rx
+    }
+
+    fn ctl(&self, t: usize, c: Ctl) -> Result<CtlOut, StorageError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let gone = || StorageError::Shutdown(format!("target {t}: stopped"));
+        self.senders[t].send(Msg::Ctl(c, tx)).map_err(|_| gone())?;
+        rx.recv().map_err(|_| gone())?
+    }
+
+    fn ctl_all(&self, mk: impl Fn() -> Ctl) -> Result<Vec<CtlOut>, StorageError> {
+        (0..self.senders.len()).map(|t| self.ctl(t, mk())).collect()
+    }
+
+    /// Reserve `scm_per_target` / `nvme_per_target` bytes on every target,
+    /// durably. Idempotent for the same uuid and sizes; all or nothing.
+    pub fn pool_create(
+        &self,
+        pool: Uuid,
+        scm_per_target: u64,
+        nvme_per_target: u64,
+    ) -> Result<(), StorageError> {
+        let mut created = Vec::new();
+        for t in 0..self.senders.len() {
+            let c = Ctl::PoolCreate {
+                pool,
+                scm: scm_per_target,
+                nvme: nvme_per_target,
+            };
+            match self.ctl(t, c) {
+                Ok(CtlOut::Created(true)) => created.push(t),
+                Ok(_) => {}
+                Err(e) => {
+                    for t in created {
+                        let _ = self.ctl(t, Ctl::PoolDestroy { pool });
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop the pool and everything in it on every target. Idempotent: a pool
+    /// that is not (or no longer) here is not an error, so the management
+    /// service can retry a destroy that failed half-way.
+    pub fn pool_destroy(&self, pool: Uuid) -> Result<(), StorageError> {
+        self.ctl_all(|| Ctl::PoolDestroy { pool }).map(|_| ())
+    }
+
+    pub fn pool_space(&self, pool: Uuid) -> Result<PoolSpace, StorageError> {
+        let mut sum = PoolSpace::default();
+        for out in self.ctl_all(|| Ctl::PoolSpace { pool })? {
+            if let CtlOut::Space(s) = out {
+                sum.scm_total += s.scm_total;
+                sum.scm_free += s.scm_free;
+                sum.nvme_total += s.nvme_total;
+                sum.nvme_free += s.nvme_free;
+                for (c, u) in s.cont_used {
+                    *sum.cont_used.entry(c).or_default() += u;
+                }
+            }
+        }
+        Ok(sum)
+    }
+
+    pub fn pools(&self) -> Vec<Uuid> {
+        match self.ctl(0, Ctl::Pools) {
+            Ok(CtlOut::Pools(p)) => p,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Drop all data of a container on every target; its space returns to the pool.
+    pub fn cont_destroy(&self, pool: Uuid, cont: Uuid) -> Result<(), StorageError> {
+        self.ctl_all(|| Ctl::ContDestroy { pool, cont }).map(|_| ())
+    }
+
+    /// Epochs of the container's snapshots: aggregation keeps them readable.
+    pub fn set_snapshots(
+        &self,
+        pool: Uuid,
+        cont: Uuid,
+        epochs: Vec<u64>,
+    ) -> Result<(), StorageError> {
+        self.ctl_all(|| Ctl::SetSnapshots {
+            pool,
+            cont,
+            epochs: epochs.clone(),
+        })
+        .map(|_| ())
+    }
+
+    /// Reclaim versions no read at the latest epoch or a snapshot can see; bytes reclaimed.
+    pub fn aggregate(&self, pool: Uuid) -> Result<u64, StorageError> {
+        Ok(self
+            .ctl_all(|| Ctl::Aggregate { pool })?
+            .into_iter()
+            .map(|o| if let CtlOut::Reclaimed(n) = o { n } else { 0 })
+            .sum())
+    }
+
+    /// (nvme total, nvme unreserved, scm total, scm unreserved) over all targets.
+    pub fn device_space(&self) -> (u64, u64, u64, u64) {
+        let mut s = [0u64; 4];
+        for t in 0..self.senders.len() {
+            if let Ok(CtlOut::Device(d)) = self.ctl(t, Ctl::DeviceSpace) {
+                for i in 0..4 {
+                    s[i] += d[i];
+                }
+            }
+        }
+        (s[0], s[1], s[2], s[3])
+    }
+
+    /// The newest durable management blob, if any was stored.
+    pub fn mgmt_load(&self) -> Result<Option<Vec<u8>>, StorageError> {
+        self.mgmt.lock().load()
+    }
+
+    /// Store the management blob atomically and durably.
+    pub fn mgmt_store(&self, blob: &[u8]) -> Result<(), StorageError> {
+        self.mgmt.lock().store(blob)
+    }
+
+    /// Per-target counters (diagnostics).
+    pub fn target_stats(&self) -> Vec<TargetStats> {
+        (0..self.senders.len())
+            .map(|t| match self.ctl(t, Ctl::Stats) {
+                Ok(CtlOut::Stats(s)) => s,
+                _ => TargetStats::default(),
+            })
+            .collect()
+    }
+
+    /// Stop the target threads WITHOUT their closing checkpoint, leaving the
+    /// device as a crash after the last acknowledged update would (tests).
+    #[doc(hidden)]
+    pub fn abandon(mut self) {
+        for s in &self.senders {
+            let _ = s.send(Msg::Halt);
+        }
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    fn stop(&mut self) {
+        for s in &self.senders {
+            let _ = s.send(Msg::Stop);
+        }
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    /// Stop the target threads (each writes a checkpoint first).
+    pub fn close(mut self) {
+        self.stop();
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

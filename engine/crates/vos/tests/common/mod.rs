@@ -1,0 +1,282 @@
+//! Helpers shared by the integration tests: a formatted device in a temp dir
+//! and thin wrappers building data-plane requests.
+#![allow(dead_code)]
+
+use peregrine_proto::data::{
+    self, response::Body, Address, FetchedValue, Iod, ObjectId, ValueKind,
+};
+use peregrine_vos::*;
+use std::path::Path;
+use uuid::Uuid;
+
+pub const MIB: u64 = 1 << 20;
+
+pub fn options(path: &Path, mib: u64, targets: u32) -> StorageOptions {
+    StorageOptions {
+        bdev: BdevSpec {
+            class: BdevClass::File,
+            path: path.to_path_buf(),
+            size: mib * MIB,
+        },
+        scm_bytes: 64 * MIB,
+        targets,
+        hugepages: false,
+    }
+}
+
+/// A freshly formatted device file in its own temp dir.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub opts: StorageOptions,
+}
+
+pub fn env(mib: u64, targets: u32) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(&dir.path().join("nvme0.img"), mib, targets);
+    format(&opts, "test", 0, false).unwrap();
+    Env { dir, opts }
+}
+
+#[derive(Clone, Copy)]
+pub struct Obj {
+    pub pool: Uuid,
+    pub cont: Uuid,
+    pub hi: u64,
+    pub lo: u64,
+    pub target: u32,
+}
+
+impl Obj {
+    pub fn new(pool: Uuid, cont: Uuid, lo: u64, target: u32) -> Obj {
+        Obj {
+            pool,
+            cont,
+            hi: 1 << 56,
+            lo,
+            target,
+        }
+    }
+    pub fn addr(&self) -> Option<Address> {
+        Some(Address {
+            pool: self.pool.as_bytes().to_vec(),
+            cont: self.cont.as_bytes().to_vec(),
+            oid: Some(ObjectId {
+                hi: self.hi,
+                lo: self.lo,
+            }),
+            shard: 0,
+            target: self.target,
+            map_version: 1,
+        })
+    }
+}
+
+pub fn wait(st: &Storage, req: Request) -> Reply {
+    st.submit(req).recv().expect("one reply per request")
+}
+
+pub fn single(akey: &str, v: &[u8]) -> (Iod, Vec<u8>) {
+    (
+        Iod {
+            akey: akey.as_bytes().to_vec(),
+            kind: ValueKind::Single as i32,
+            len: v.len() as u64,
+            crc: peregrine_isal::crc32c(v),
+            has_crc: true,
+            ..Default::default()
+        },
+        v.to_vec(),
+    )
+}
+
+pub fn extent(akey: &str, offset: u64, v: &[u8]) -> (Iod, Vec<u8>) {
+    (
+        Iod {
+            akey: akey.as_bytes().to_vec(),
+            kind: ValueKind::Array as i32,
+            offset,
+            len: v.len() as u64,
+            crc: peregrine_isal::crc32c(v),
+            has_crc: true,
+        },
+        v.to_vec(),
+    )
+}
+
+pub fn update(
+    st: &Storage,
+    o: &Obj,
+    epoch: u64,
+    dkey: &str,
+    vals: Vec<(Iod, Vec<u8>)>,
+) -> Result<(), Errno> {
+    let mut bulk = Vec::new();
+    let mut iods = Vec::new();
+    for (i, v) in vals {
+        iods.push(i);
+        bulk.extend_from_slice(&v);
+    }
+    let req = data::UpdateReq {
+        addr: o.addr(),
+        epoch,
+        dkey: dkey.as_bytes().to_vec(),
+        iods,
+    };
+    wait(st, Request::Update(req, bulk)).map(|_| ())
+}
+
+pub fn fetch_iods(
+    st: &Storage,
+    o: &Obj,
+    epoch: u64,
+    dkey: &str,
+    iods: Vec<Iod>,
+) -> Result<Vec<(FetchedValue, Vec<u8>)>, Errno> {
+    let req = data::FetchReq {
+        addr: o.addr(),
+        epoch,
+        dkey: dkey.as_bytes().to_vec(),
+        iods,
+    };
+    let (resp, bulk) = wait(st, Request::Fetch(req))?;
+    let Some(Body::Fetch(f)) = resp.body else {
+        panic!("fetch reply without body")
+    };
+    let mut pos = 0;
+    Ok(f.values
+        .into_iter()
+        .map(|v| {
+            let b = bulk[pos..pos + v.len as usize].to_vec();
+            pos += v.len as usize;
+            if v.status == 0 {
+                assert_eq!(
+                    v.crc,
+                    peregrine_isal::crc32c(&b),
+                    "returned crc covers the returned bytes"
+                );
+            }
+            (v, b)
+        })
+        .collect())
+}
+
+/// Fetch one single value: Ok(bytes) or Err(status).
+pub fn get_single(
+    st: &Storage,
+    o: &Obj,
+    epoch: u64,
+    dkey: &str,
+    akey: &str,
+) -> Result<Vec<u8>, i32> {
+    let iod = Iod {
+        akey: akey.as_bytes().to_vec(),
+        kind: ValueKind::Single as i32,
+        ..Default::default()
+    };
+    let (v, b) = fetch_iods(st, o, epoch, dkey, vec![iod]).unwrap().remove(0);
+    if v.status != 0 {
+        return Err(v.status);
+    }
+    assert_eq!(v.size, b.len() as u64);
+    Ok(b)
+}
+
+/// Fetch `len` bytes of an array at `offset`: Ok((bytes, size)) or Err(status).
+pub fn get_array(
+    st: &Storage,
+    o: &Obj,
+    epoch: u64,
+    dkey: &str,
+    akey: &str,
+    offset: u64,
+    len: u64,
+) -> Result<(Vec<u8>, u64), i32> {
+    let iod = Iod {
+        akey: akey.as_bytes().to_vec(),
+        kind: ValueKind::Array as i32,
+        offset,
+        len,
+        ..Default::default()
+    };
+    let (v, b) = fetch_iods(st, o, epoch, dkey, vec![iod]).unwrap().remove(0);
+    if v.status != 0 {
+        return Err(v.status);
+    }
+    assert_eq!(b.len() as u64, len);
+    Ok((b, v.size))
+}
+
+pub fn punch(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akeys: &[&str]) -> Result<(), Errno> {
+    let req = data::PunchReq {
+        addr: o.addr(),
+        epoch,
+        dkey: dkey.as_bytes().to_vec(),
+        akeys: akeys.iter().map(|a| a.as_bytes().to_vec()).collect(),
+    };
+    wait(st, Request::Punch(req)).map(|_| ())
+}
+
+/// One list call: (keys, anchor, done).
+pub fn list(
+    st: &Storage,
+    o: &Obj,
+    epoch: u64,
+    dkey: &str,
+    anchor: &[u8],
+    max: u32,
+) -> (Vec<Vec<u8>>, Vec<u8>, bool) {
+    let req = data::ListReq {
+        addr: o.addr(),
+        epoch,
+        dkey: dkey.as_bytes().to_vec(),
+        anchor: anchor.to_vec(),
+        max,
+    };
+    let (resp, _) = wait(st, Request::List(req)).unwrap();
+    let Some(Body::List(l)) = resp.body else {
+        panic!("list reply without body")
+    };
+    (l.keys, l.anchor, l.done)
+}
+
+/// Every key, following anchors.
+pub fn list_all(st: &Storage, o: &Obj, epoch: u64, dkey: &str, max: u32) -> Vec<Vec<u8>> {
+    let mut all = Vec::new();
+    let mut anchor = Vec::new();
+    loop {
+        let (keys, a, done) = list(st, o, epoch, dkey, &anchor, max);
+        assert!(keys.len() <= max as usize);
+        all.extend(keys);
+        anchor = a;
+        if done {
+            return all;
+        }
+    }
+}
+
+pub fn query_size(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akey: &str) -> u64 {
+    let req = data::QuerySizeReq {
+        addr: o.addr(),
+        epoch,
+        dkey: dkey.as_bytes().to_vec(),
+        akey: akey.as_bytes().to_vec(),
+    };
+    let (resp, _) = wait(st, Request::QuerySize(req)).unwrap();
+    let Some(Body::Size(s)) = resp.body else {
+        panic!("query size reply without body")
+    };
+    s.size
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -1,0 +1,689 @@
+//! Integration tests of the store on real device files.
+
+mod common;
+
+use common::*;
+use peregrine_proto::data::{self, Iod, ValueKind};
+use peregrine_vos::*;
+use std::os::unix::fs::FileExt;
+use uuid::Uuid;
+
+const LATEST: u64 = u64::MAX;
+
+fn open_with_pool(e: &Env, nvme: u64) -> (Storage, Uuid, Uuid) {
+    let st = Storage::open(&e.opts).unwrap();
+    let pool = Uuid::new_v4();
+    st.pool_create(pool, 8 * MIB, nvme).unwrap();
+    (st, pool, Uuid::new_v4())
+}
+
+#[test]
+fn single_and_array_round_trips() {
+    let e = env(64, 2);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 7, 1);
+    let small = pattern(1, 100);
+    let large = pattern(2, 70_000); // three 32 KiB checksum chunks, not block aligned
+    update(
+        &st,
+        &o,
+        10,
+        "d",
+        vec![single("s", &small), single("l", &large)],
+    )
+    .unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "s").unwrap(), small);
+    assert_eq!(get_single(&st, &o, LATEST, "d", "l").unwrap(), large);
+    assert_eq!(
+        get_single(&st, &o, 9, "d", "s"),
+        Err(-libc::ENOENT),
+        "before its epoch"
+    );
+    assert_eq!(get_single(&st, &o, LATEST, "d", "nope"), Err(-libc::ENOENT));
+
+    // A new version replaces the whole value; the old one stays readable at its epoch.
+    let small2 = pattern(3, 10);
+    update(&st, &o, 20, "d", vec![single("s", &small2)]).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "s").unwrap(), small2);
+    assert_eq!(get_single(&st, &o, 15, "d", "s").unwrap(), small);
+
+    // Arrays: unaligned offsets, overlaps, holes, small and large extents.
+    let a = pattern(4, 10_000);
+    let b = pattern(5, 300);
+    let c = pattern(6, 5000);
+    update(&st, &o, 10, "d", vec![extent("arr", 1000, &a)]).unwrap();
+    update(&st, &o, 11, "d", vec![extent("arr", 4097, &b)]).unwrap();
+    update(&st, &o, 12, "d", vec![extent("arr", 20_000, &c)]).unwrap();
+    let mut want = vec![0u8; 25_000];
+    want[1000..11_000].copy_from_slice(&a);
+    want[4097..4397].copy_from_slice(&b);
+    want[20_000..25_000].copy_from_slice(&c);
+    let (got, size) = get_array(&st, &o, LATEST, "d", "arr", 0, 25_000).unwrap();
+    assert_eq!(size, 25_000);
+    assert!(
+        got == want,
+        "array assembled per byte from the newest extent"
+    );
+    // A sub-range inside one large extent and across the hole.
+    let (got, _) = get_array(&st, &o, LATEST, "d", "arr", 10_990, 9020).unwrap();
+    assert_eq!(got, want[10_990..20_010]);
+    // Read past the end: zeros, size unchanged.
+    let (got, size) = get_array(&st, &o, LATEST, "d", "arr", 24_000, 2000).unwrap();
+    assert_eq!(
+        (&got[..1000], &got[1000..], size),
+        (&want[24_000..], &[0u8; 1000][..], 25_000)
+    );
+    // Snapshot-style read at an older epoch.
+    let (got, size) = get_array(&st, &o, 10, "d", "arr", 0, 11_000).unwrap();
+    assert_eq!((&got[1000..], size), (&a[..], 11_000));
+    assert_eq!(query_size(&st, &o, LATEST, "d", "arr"), 25_000);
+    assert_eq!(query_size(&st, &o, 11, "d", "arr"), 11_000);
+    assert_eq!(query_size(&st, &o, LATEST, "d", "l"), 70_000);
+    // A missing array reads as zeros with size 0.
+    assert_eq!(
+        get_array(&st, &o, LATEST, "d", "none", 5, 10).unwrap(),
+        (vec![0u8; 10], 0)
+    );
+
+    // Several iods in one fetch: bulk in iod order.
+    let iods = vec![
+        Iod {
+            akey: b"s".to_vec(),
+            kind: ValueKind::Single as i32,
+            ..Default::default()
+        },
+        Iod {
+            akey: b"arr".to_vec(),
+            kind: ValueKind::Array as i32,
+            offset: 4097,
+            len: 300,
+            ..Default::default()
+        },
+        Iod {
+            akey: b"zz".to_vec(),
+            kind: ValueKind::Single as i32,
+            ..Default::default()
+        },
+    ];
+    let vals = fetch_iods(&st, &o, LATEST, "d", iods).unwrap();
+    assert_eq!(vals[0].1, small2);
+    assert_eq!(vals[1].1, b);
+    assert!(vals[1].0.has_crc);
+    assert_eq!(vals[2].0.status, -libc::ENOENT);
+
+    // Everything survives a clean close and reopen.
+    st.close();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "l").unwrap(), large);
+    assert_eq!(
+        get_array(&st, &o, LATEST, "d", "arr", 0, 25_000).unwrap().0,
+        want
+    );
+}
+
+#[test]
+fn punches_and_listing_with_anchors() {
+    let e = env(64, 1);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    // 1500 dkeys, in batches of updates sent concurrently (exercises group commit).
+    let rxs: Vec<_> = (0..1500)
+        .map(|i| {
+            let (iod, v) = single("a", format!("v{i}").as_bytes());
+            let req = data::UpdateReq {
+                addr: o.addr(),
+                epoch: 10,
+                dkey: format!("k{i:05}").into_bytes(),
+                iods: vec![iod],
+            };
+            st.submit(Request::Update(req, v))
+        })
+        .collect();
+    for rx in rxs {
+        rx.recv().unwrap().unwrap();
+    }
+    let keys = list_all(&st, &o, LATEST, "", 97);
+    assert_eq!(keys.len(), 1500);
+    assert!(keys.windows(2).all(|w| w[0] < w[1]), "ordered");
+    assert_eq!(keys[0], b"k00000");
+    let (first, anchor, done) = list(&st, &o, LATEST, "", b"", 10);
+    assert_eq!((first.len(), done), (10, false));
+    let (next, _, _) = list(&st, &o, LATEST, "", &anchor, 1);
+    assert_eq!(next, vec![b"k00010".to_vec()], "strictly after the anchor");
+    assert!(
+        list(&st, &o, 5, "", b"", 10).0.is_empty(),
+        "nothing before epoch 10"
+    );
+
+    // Punch one dkey, one akey, then the whole object.
+    update(&st, &o, 11, "k00001", vec![single("b", b"bee")]).unwrap();
+    punch(&st, &o, 20, "k00000", &[]).unwrap();
+    punch(&st, &o, 20, "k00001", &["a"]).unwrap();
+    assert_eq!(list_all(&st, &o, LATEST, "", 1000).len(), 1499);
+    assert_eq!(
+        list_all(&st, &o, 19, "", 1000).len(),
+        1500,
+        "punch invisible before its epoch"
+    );
+    assert_eq!(list_all(&st, &o, LATEST, "k00001", 10), vec![b"b".to_vec()]);
+    assert_eq!(
+        get_single(&st, &o, LATEST, "k00001", "a"),
+        Err(-libc::ENOENT)
+    );
+    assert_eq!(get_single(&st, &o, 19, "k00001", "a").unwrap(), b"v1");
+    assert_eq!(
+        get_single(&st, &o, LATEST, "k00000", "a"),
+        Err(-libc::ENOENT)
+    );
+    // Rewrite after punch becomes visible again.
+    update(&st, &o, 30, "k00000", vec![single("a", b"again")]).unwrap();
+    assert_eq!(
+        get_single(&st, &o, LATEST, "k00000", "a").unwrap(),
+        b"again"
+    );
+    punch(&st, &o, 40, "", &[]).unwrap();
+    assert!(list_all(&st, &o, LATEST, "", 1000).is_empty());
+    assert_eq!(list_all(&st, &o, 35, "", 1000).len(), 1500);
+    // Aggregation with no snapshots drops everything under the object punch.
+    let reclaimed = st.aggregate(pool).unwrap();
+    assert!(reclaimed > 1500 * 64, "reclaimed {reclaimed}");
+    assert!(
+        list_all(&st, &o, 35, "", 1000).is_empty(),
+        "old versions gone after aggregation"
+    );
+    let space = st.pool_space(pool).unwrap();
+    assert_eq!(
+        space.scm_free, space.scm_total,
+        "all scm returned: {space:?}"
+    );
+}
+
+#[test]
+fn replay_and_checkpoints_after_wal_wraps() {
+    let e = env(40, 1); // 32 MiB target region: 4 MiB WAL
+    let (st, pool, cont) = open_with_pool(&e, 8 * MIB);
+    let o = Obj::new(pool, cont, 3, 0);
+    // ~3000 one-block WAL records (12 MiB of WAL) force several checkpoints.
+    for i in 0..3000u64 {
+        let v = pattern(i, 50 + (i as usize % 700));
+        let mut vals = vec![single("s", &v)];
+        if i % 50 == 0 {
+            vals.push(extent("big", i * 10, &pattern(i, 5000)));
+        }
+        update(&st, &o, 100 + i, &format!("k{}", i % 400), vals).unwrap();
+    }
+    punch(&st, &o, 5000, "k7", &[]).unwrap();
+    let stats = st.target_stats();
+    assert!(stats[0].checkpoints >= 3, "{stats:?}");
+    assert!(
+        stats[0].wal_tail > 0,
+        "records after the last checkpoint: {stats:?}"
+    );
+    let snapshot = |st: &Storage| -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        for k in list_all(st, &o, LATEST, "", 1000) {
+            let k = String::from_utf8(k).unwrap();
+            out.push((
+                k.clone().into_bytes(),
+                get_single(st, &o, LATEST, &k, "s").unwrap(),
+            ));
+        }
+        out.push((
+            b"big".to_vec(),
+            get_array(st, &o, LATEST, "k0", "big", 0, 200_000)
+                .unwrap()
+                .0,
+        ));
+        out
+    };
+    let before = snapshot(&st);
+    let space = st.pool_space(pool).unwrap();
+    assert_eq!(before.len(), 400, "399 dkeys (one punched) + the array");
+    st.abandon(); // no closing checkpoint: replay has to use checkpoint + WAL
+    let st = Storage::open(&e.opts).unwrap();
+    assert!(
+        snapshot(&st) == before,
+        "replayed state equals the state before"
+    );
+    assert_eq!(st.pool_space(pool).unwrap(), space);
+    assert_eq!(
+        get_single(&st, &o, 150, "k10", "s").unwrap(),
+        pattern(10, 60),
+        "old versions replayed too"
+    );
+    // And it keeps working after replay (allocator rebuilt from the index).
+    update(&st, &o, 9000, "k1", vec![single("s", &pattern(9, 9000))]).unwrap();
+    assert_eq!(
+        get_single(&st, &o, LATEST, "k1", "s").unwrap(),
+        pattern(9, 9000)
+    );
+    assert_eq!(
+        get_array(&st, &o, LATEST, "k0", "big", 0, 200_000)
+            .unwrap()
+            .0,
+        before[399].1
+    );
+}
+
+#[test]
+fn enospc_and_space_reuse_after_punch_and_aggregation() {
+    let e = env(64, 2);
+    let st = Storage::open(&e.opts).unwrap();
+    let (nvme_total, nvme_unres, scm_total, _) = st.device_space();
+    assert_eq!(nvme_total, nvme_unres);
+    assert_eq!(scm_total, 64 * MIB);
+    // Too big for the device: named tier, need and free.
+    let err = st.pool_create(Uuid::new_v4(), MIB, nvme_total).unwrap_err();
+    assert_eq!(err.errno(), -libc::ENOSPC);
+    assert!(
+        err.to_string().contains("tier nvme") && err.to_string().contains("need"),
+        "{err}"
+    );
+    assert!(st.pools().is_empty(), "failed create leaves nothing");
+
+    let pool = Uuid::new_v4();
+    st.pool_create(pool, 64 * 1024, MIB).unwrap();
+    st.pool_create(pool, 64 * 1024, MIB).unwrap(); // idempotent
+    assert_eq!(
+        st.pool_create(pool, 64 * 1024, 2 * MIB)
+            .unwrap_err()
+            .errno(),
+        -libc::EEXIST
+    );
+    let cont = Uuid::new_v4();
+    let o = Obj::new(pool, cont, 1, 1);
+    let v = pattern(1, 64 * 1024);
+    let mut n = 0;
+    let err = loop {
+        match update(&st, &o, 10 + n, &format!("k{n}"), vec![single("a", &v)]) {
+            Ok(()) => n += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(n, 16, "1 MiB of 64 KiB values");
+    assert_eq!(err.code, -libc::ENOSPC);
+    assert!(
+        err.msg.contains(&pool.to_string())
+            && err.msg.contains("nvme")
+            && err.msg.contains("need 65536"),
+        "{}",
+        err.msg
+    );
+    assert_eq!(
+        get_single(&st, &o, LATEST, &format!("k{n}"), "a"),
+        Err(-libc::ENOENT),
+        "failed update stored nothing"
+    );
+    let space = st.pool_space(pool).unwrap();
+    assert_eq!(
+        space.nvme_free, MIB,
+        "target 0 untouched, target 1 full: {space:?}"
+    );
+    assert!(space.cont_used[&cont] >= 16 * 64 * 1024);
+
+    // Punch all, aggregate: the blocks and scm come back and are reused.
+    for i in 0..n {
+        punch(&st, &o, 1000, &format!("k{i}"), &[]).unwrap();
+    }
+    let reclaimed = st.aggregate(pool).unwrap();
+    // Targets also aggregate on their own above 80% nvme use, so part of the
+    // space may already be back; what matters is that all of it is.
+    assert!(reclaimed > 0, "{reclaimed}");
+    let space = st.pool_space(pool).unwrap();
+    assert_eq!(
+        (space.nvme_free, space.scm_free),
+        (2 * MIB, 2 * 64 * 1024),
+        "{space:?}"
+    );
+    for i in 0..16 {
+        update(&st, &o, 2000 + i, &format!("n{i}"), vec![single("a", &v)]).unwrap();
+    }
+    assert_eq!(get_single(&st, &o, LATEST, "n15", "a").unwrap(), v);
+
+    // scm tier: small values exhaust the 64 KiB metadata budget.
+    let o2 = Obj::new(pool, cont, 2, 0);
+    let small = pattern(2, 1000);
+    let err = (0..1000)
+        .find_map(|i| update(&st, &o2, 10, &format!("s{i}"), vec![single("a", &small)]).err())
+        .unwrap();
+    assert!(
+        err.code == -libc::ENOSPC && err.msg.contains("tier scm"),
+        "{}",
+        err.msg
+    );
+
+    // Container destroy gives everything back.
+    st.cont_destroy(pool, cont).unwrap();
+    let space = st.pool_space(pool).unwrap();
+    assert_eq!((space.nvme_free, space.scm_free), (2 * MIB, 2 * 64 * 1024));
+    assert!(space.cont_used.is_empty());
+    assert_eq!(get_single(&st, &o, LATEST, "n15", "a"), Err(-libc::ENOENT));
+    st.pool_destroy(pool).unwrap();
+    assert_eq!(st.device_space().1, nvme_total);
+    st.pool_destroy(pool).unwrap(); // idempotent
+    assert!(st.pools().is_empty());
+}
+
+#[test]
+fn snapshots_survive_aggregation() {
+    let e = env(64, 1);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    for ep in 1..=10u64 {
+        update(
+            &st,
+            &o,
+            ep * 10,
+            "d",
+            vec![
+                single("s", &pattern(ep, 5000)),
+                extent("a", 0, &pattern(ep, 8192)),
+            ],
+        )
+        .unwrap();
+    }
+    st.set_snapshots(pool, cont, vec![35, 75]).unwrap();
+    let reclaimed = st.aggregate(pool).unwrap();
+    assert!(reclaimed >= 6 * 8192, "{reclaimed}");
+    assert_eq!(get_single(&st, &o, 35, "d", "s").unwrap(), pattern(3, 5000));
+    assert_eq!(get_single(&st, &o, 75, "d", "s").unwrap(), pattern(7, 5000));
+    assert_eq!(
+        get_single(&st, &o, LATEST, "d", "s").unwrap(),
+        pattern(10, 5000)
+    );
+    assert_eq!(
+        get_array(&st, &o, 35, "d", "a", 0, 8192).unwrap().0,
+        pattern(3, 8192)
+    );
+    assert_eq!(
+        get_single(&st, &o, 55, "d", "s").unwrap(),
+        pattern(3, 5000),
+        "epoch 50 aggregated away"
+    );
+    assert_eq!(st.aggregate(pool).unwrap(), 0, "nothing more to reclaim");
+    st.close();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(get_single(&st, &o, 75, "d", "s").unwrap(), pattern(7, 5000));
+}
+
+#[test]
+fn checksums_on_update_and_device_corruption() {
+    let e = env(64, 1);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    let (mut iod, v) = single("a", &pattern(1, 100));
+    iod.crc ^= 1;
+    let err = update(&st, &o, 10, "d", vec![(iod, v)]).unwrap_err();
+    assert_eq!(err.code, -peregrine_proto::CSUM_ERRNO);
+    assert!(err.msg.contains("checksum"), "{}", err.msg);
+    assert_eq!(
+        get_single(&st, &o, LATEST, "d", "a"),
+        Err(-libc::ENOENT),
+        "nothing stored"
+    );
+
+    // A recognizable large value; find it in the device file and flip one byte.
+    let mut marker = b"PEREGRINE-CORRUPTION-MARKER-".to_vec();
+    marker.extend(pattern(99, 80_000 - marker.len()));
+    update(
+        &st,
+        &o,
+        10,
+        "d",
+        vec![single("big", &marker), extent("arr", 0, &marker)],
+    )
+    .unwrap();
+    update(&st, &o, 10, "d2", vec![single("ok", &pattern(5, 9000))]).unwrap();
+    st.close();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&e.opts.bdev.path)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut found = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for off in (0..len).step_by(1 << 20) {
+        f.read_exact_at(&mut buf, off).unwrap();
+        // Data blocks start block-aligned with the value's first bytes.
+        for b in (0..buf.len()).step_by(4096) {
+            if buf[b..].starts_with(&marker[..64]) {
+                found.push(off + b as u64);
+            }
+        }
+    }
+    assert_eq!(found.len(), 2, "both copies on the device");
+    for at in &found {
+        let pos = at + 40_000; // inside the second 32 KiB chunk
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, pos).unwrap();
+        f.write_all_at(&[byte[0] ^ 0x20], pos).unwrap();
+    }
+    f.sync_all().unwrap();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(
+        get_single(&st, &o, LATEST, "d", "big"),
+        Err(-peregrine_proto::CSUM_ERRNO)
+    );
+    assert_eq!(
+        get_array(&st, &o, LATEST, "d", "arr", 35_000, 10),
+        Err(-peregrine_proto::CSUM_ERRNO)
+    );
+    // Chunks that are intact still read, and other values are unaffected.
+    assert_eq!(
+        get_array(&st, &o, LATEST, "d", "arr", 100, 1000).unwrap().0,
+        marker[100..1100]
+    );
+    assert_eq!(
+        get_single(&st, &o, LATEST, "d2", "ok").unwrap(),
+        pattern(5, 9000)
+    );
+}
+
+#[test]
+fn format_refuses_foreign_and_formatted_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dev.img");
+    let opts = options(&path, 32, 1);
+    assert_eq!(scan(&opts.bdev).unwrap(), ScanState::Unformatted);
+    let err = Storage::open(&opts).err().unwrap();
+    assert!(err.to_string().contains("not formatted"), "{err}");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(32 * MIB).unwrap();
+    f.write_all_at(&[0x53, 0xEF], 1080).unwrap();
+    let err = format(&opts, "s", 0, false).unwrap_err();
+    assert!(err.to_string().contains("ext4"), "{err}");
+    f.write_all_at(&[0, 0], 1080).unwrap();
+    f.write_all_at(b"XFSB", 0).unwrap();
+    assert!(matches!(scan(&opts.bdev).unwrap(), ScanState::Foreign(w) if w.contains("xfs")));
+    f.write_all_at(&[0; 4], 0).unwrap();
+    f.write_all_at(&[1], 30_000).unwrap();
+    let err = format(&opts, "s", 0, false).unwrap_err();
+    assert!(
+        err.to_string().contains("non-zero data at offset 30000"),
+        "{err}"
+    );
+    let sb = format(&opts, "sys", 4, true).unwrap();
+    assert_eq!(
+        (sb.system.as_str(), sb.rank, sb.targets, sb.device_bytes),
+        ("sys", 4, 1, 32 * MIB)
+    );
+    assert_eq!(scan(&opts.bdev).unwrap(), ScanState::Formatted(sb.clone()));
+    let err = format(&opts, "sys", 4, false).unwrap_err();
+    assert!(err.to_string().contains("already formatted"), "{err}");
+    let mut two = opts.clone();
+    two.targets = 2;
+    let err = Storage::open(&two).err().unwrap();
+    assert!(err.to_string().contains("targets"), "{err}");
+
+    // A forced reformat forgets the old store entirely.
+    let st = Storage::open(&opts).unwrap();
+    let pool = Uuid::new_v4();
+    st.pool_create(pool, MIB, MIB).unwrap();
+    st.mgmt_store(b"old").unwrap();
+    st.close();
+    let sb2 = format(&opts, "sys", 4, true).unwrap();
+    assert_ne!(sb2.device_uuid, sb.device_uuid);
+    let st = Storage::open(&opts).unwrap();
+    assert!(st.pools().is_empty());
+    assert_eq!(st.mgmt_load().unwrap(), None);
+}
+
+#[test]
+fn mgmt_blob_is_atomic_and_durable() {
+    let e = env(32, 1);
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(st.mgmt_load().unwrap(), None);
+    st.mgmt_store(b"first").unwrap();
+    let big = pattern(7, 900_000);
+    st.mgmt_store(&big).unwrap();
+    assert_eq!(st.mgmt_load().unwrap().unwrap(), big);
+    assert!(st.mgmt_store(&vec![0u8; 3 << 20]).is_err(), "too large");
+    st.close();
+    // Tear the newest slot: the previous blob must come back.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&e.opts.bdev.path)
+        .unwrap();
+    let st = Storage::open(&e.opts).unwrap();
+    let sb = st.superblock().clone();
+    st.close();
+    f.write_all_at(b"garbage", sb.mgmt_offset + sb.mgmt_slot_bytes + 4096 + 10)
+        .unwrap();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(st.mgmt_load().unwrap().unwrap(), b"first");
+    st.mgmt_store(b"third").unwrap();
+    st.close();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(st.mgmt_load().unwrap().unwrap(), b"third");
+}
+
+#[test]
+fn malformed_requests_get_errnos() {
+    let e = env(32, 2);
+    let (st, pool, cont) = open_with_pool(&e, MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    let expect = |r: Reply, code: i32, words: &str| {
+        let err = r.unwrap_err();
+        assert_eq!(err.code, code, "{}", err.msg);
+        assert!(err.msg.contains(words), "{:?} lacks {words:?}", err.msg);
+    };
+    let (iod, v) = single("a", b"value");
+    let upd = |addr, bulk: Vec<u8>| {
+        Request::Update(
+            data::UpdateReq {
+                addr,
+                epoch: 1,
+                dkey: b"d".to_vec(),
+                iods: vec![iod.clone()],
+            },
+            bulk,
+        )
+    };
+    expect(
+        wait(&st, upd(None, v.clone())),
+        -libc::EINVAL,
+        "missing address",
+    );
+    let mut a = o.addr().unwrap();
+    a.target = 7;
+    expect(
+        wait(&st, upd(Some(a), v.clone())),
+        -libc::EINVAL,
+        "target 7",
+    );
+    let mut a = o.addr().unwrap();
+    a.pool = vec![1, 2, 3];
+    expect(wait(&st, upd(Some(a), v.clone())), -libc::EINVAL, "pool");
+    let other = Uuid::new_v4();
+    let mut a = o.addr().unwrap();
+    a.pool = other.as_bytes().to_vec();
+    expect(
+        wait(&st, upd(Some(a), v.clone())),
+        -libc::ENOENT,
+        &other.to_string(),
+    );
+    expect(
+        wait(&st, upd(o.addr(), b"va".to_vec())),
+        -libc::EINVAL,
+        "shorter",
+    );
+    let mut a = o.addr().unwrap();
+    a.oid = None;
+    let req = data::FetchReq {
+        addr: Some(a),
+        epoch: LATEST,
+        dkey: b"d".to_vec(),
+        iods: vec![],
+    };
+    expect(wait(&st, Request::Fetch(req)), -libc::EINVAL, "object id");
+    let bad_kind = Iod {
+        akey: b"a".to_vec(),
+        kind: 9,
+        ..Default::default()
+    };
+    let req = data::FetchReq {
+        addr: o.addr(),
+        epoch: LATEST,
+        dkey: b"d".to_vec(),
+        iods: vec![bad_kind],
+    };
+    expect(wait(&st, Request::Fetch(req)), -libc::EINVAL, "kind");
+    // The store still works.
+    wait(&st, upd(o.addr(), v.clone())).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "a").unwrap(), b"value");
+    assert_eq!(st.pool_space(other).unwrap_err().errno(), -libc::ENOENT);
+}
+
+#[test]
+fn storage_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Storage>();
+}
+
+#[test]
+fn torn_last_wal_batch_is_dropped_whole() {
+    let e = env(32, 1);
+    let (st, pool, cont) = open_with_pool(&e, MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    update(&st, &o, 10, "kept", vec![single("a", b"durable")]).unwrap();
+    // One batch whose WAL record spans two blocks.
+    update(
+        &st,
+        &o,
+        20,
+        "torn",
+        vec![
+            single("a", &pattern(1, 3000)),
+            single("b", &pattern(2, 3000)),
+        ],
+    )
+    .unwrap();
+    let stats = st.target_stats()[0];
+    let sb = st.superblock().clone();
+    st.abandon();
+    // Damage the second block of the last record, as a torn write would.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&e.opts.bdev.path)
+        .unwrap();
+    f.write_all_at(&[0xAA; 100], sb.target_offset + stats.wal_tail - 4096 + 10)
+        .unwrap();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(
+        get_single(&st, &o, LATEST, "kept", "a").unwrap(),
+        b"durable"
+    );
+    assert_eq!(get_single(&st, &o, LATEST, "torn", "a"), Err(-libc::ENOENT));
+    assert_eq!(get_single(&st, &o, LATEST, "torn", "b"), Err(-libc::ENOENT));
+    assert_eq!(st.target_stats()[0].seq, stats.seq - 1);
+    // The log continues where the valid prefix ended.
+    update(&st, &o, 30, "after", vec![single("a", b"x")]).unwrap();
+    st.abandon();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "after", "a").unwrap(), b"x");
+    assert_eq!(
+        get_single(&st, &o, LATEST, "kept", "a").unwrap(),
+        b"durable"
+    );
+}
