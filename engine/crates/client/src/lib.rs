@@ -1,1 +1,40 @@
+//! Peregrine client library.
+//!
+//! Connects to a Peregrine system (management gRPC + data-plane frames),
+//! places objects on targets ([`placement`]), keeps redundancy
+//! (replication, Reed-Solomon erasure coding from ISA-L), checks data end
+//! to end with CRC32C, and exposes all of it to Rust ([`Client`], [`Pool`],
+//! [`Container`], [`Object`]) and to C (`include/peregrine.h`, [`capi`]).
+//!
+//! ```no_run
+//! use peregrine::{Client, ObjectClass, ObjectId};
+//! let client = Client::connect("127.0.0.1:10001")?;
+//! let pool = client.pool_connect("tank")?;
+//! let cont = pool.cont_open("data")?;
+//! let obj = cont.object(ObjectId::new(ObjectClass::Rp2G1, 0, 1))?;
+//! obj.update_single(b"dkey", b"akey", b"value")?;
+//! assert_eq!(obj.fetch_single(b"dkey", b"akey")?.as_deref(), Some(&b"value"[..]));
+//! # Ok::<(), peregrine::Error>(())
+//! ```
+//!
+//! Layout decisions (EC cells and the size companion akey, read order,
+//! degraded reads) are documented in [`object`].
 
+pub mod capi;
+pub mod error;
+pub mod hlc;
+pub mod mgmt;
+pub mod object;
+pub mod placement;
+#[doc(hidden)]
+pub mod testkit;
+pub mod transport;
+
+pub use error::{Error, Result};
+pub use mgmt::Mgmt;
+pub use object::{Client, Container, Object, ObjectAt, Pool};
+pub use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
+pub use transport::{TcpConfig, TcpTransport, Transport};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! Blocking wrapper over the management gRPC client.
+//!
+//! The C ABI, the FUSE daemon and the CLI are synchronous, so the wrapper
+//! owns a one-worker tokio runtime and blocks on each call. One worker (not
+//! a current-thread runtime) keeps tonic's background connection task
+//! running between calls and lets several threads call at once.
+
+use crate::error::{Error, Result};
+use peregrine_proto::mgmt::mgmt_client::MgmtClient;
+use peregrine_proto::mgmt::*;
+use std::collections::HashMap;
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+/// Timeout for establishing the management connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Timeout of one management call (pool create formats shards, so generous).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub struct Mgmt {
+    rt: tokio::runtime::Runtime,
+    client: MgmtClient<Channel>,
+    addr: String,
+}
+
+/// gRPC status -> negative errno, keeping the server's message.
+pub fn status_to_error(addr: &str, what: &str, s: tonic::Status) -> Error {
+    use tonic::Code::*;
+    let code = match s.code() {
+        NotFound => libc::ENOENT,
+        AlreadyExists => libc::EEXIST,
+        InvalidArgument | OutOfRange => libc::EINVAL,
+        FailedPrecondition => libc::EBUSY,
+        ResourceExhausted => libc::ENOSPC,
+        PermissionDenied | Unauthenticated => libc::EACCES,
+        Unimplemented => libc::ENOSYS,
+        DeadlineExceeded => libc::ETIMEDOUT,
+        Unavailable => libc::EHOSTUNREACH,
+        Cancelled | Aborted => libc::ECANCELED,
+        _ => libc::EIO,
+    };
+    let msg = if s.message().is_empty() {
+        format!("{:?}", s.code())
+    } else {
+        s.message().to_string()
+    };
+    Error::new(-code, format!("management service {addr}: {what}: {msg}"))
+}
+
+macro_rules! rpcs {
+    ($($(#[$m:meta])* $name:ident($req:ty) -> $resp:ty;)*) => {
+        $(
+            $(#[$m])*
+            pub fn $name(&self, req: $req) -> Result<$resp> {
+                let mut c = self.client.clone();
+                let fut = async move {
+                    let mut r = tonic::Request::new(req);
+                    r.set_timeout(CALL_TIMEOUT);
+                    c.$name(r).await
+                };
+                self.rt
+                    .block_on(fut)
+                    .map(|r| r.into_inner())
+                    .map_err(|s| status_to_error(&self.addr, stringify!($name), s))
+            }
+        )*
+    };
+}
+
+impl Mgmt {
+    /// Connect to the management service at `addr` ("host:port" or a URL).
+    pub fn connect(addr: &str) -> Result<Mgmt> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("prg-mgmt")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io(format!("cannot start the management runtime: {e}")))?;
+        let url = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let ep = Endpoint::from_shared(url.clone())
+            .map_err(|e| Error::inval(format!("management address {addr:?}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let chan = rt.block_on(async {
+            match tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), ep.connect()).await
+            {
+                Ok(r) => r.map_err(|e| {
+                    let mut src: &dyn std::error::Error = &e;
+                    let mut msg = e.to_string();
+                    while let Some(s) = src.source() {
+                        msg = format!("{msg}: {s}");
+                        src = s;
+                    }
+                    Error::new(
+                        -libc::EHOSTUNREACH,
+                        format!("management service {addr}: {msg}"),
+                    )
+                }),
+                Err(_) => Err(Error::new(
+                    -libc::ETIMEDOUT,
+                    format!(
+                        "management service {addr}: connect timed out after {CONNECT_TIMEOUT:?}"
+                    ),
+                )),
+            }
+        })?;
+        Ok(Mgmt {
+            rt,
+            client: MgmtClient::new(chan),
+            addr: addr.to_string(),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    rpcs! {
+        system_query(SystemQueryReq) -> SystemQueryResp;
+        storage_scan(StorageScanReq) -> StorageScanResp;
+        storage_format(StorageFormatReq) -> StorageFormatResp;
+        pool_create(PoolCreateReq) -> PoolInfo;
+        pool_list(PoolListReq) -> PoolListResp;
+        pool_query(PoolQueryReq) -> PoolInfo;
+        pool_destroy(PoolDestroyReq) -> Empty;
+        pool_set_prop(PoolSetPropReq) -> PoolInfo;
+        /// The pool map (targets in placement order) of a pool.
+        pool_connect(PoolConnectReq) -> PoolMap;
+        cont_create(ContCreateReq) -> ContInfo;
+        cont_list(ContListReq) -> ContListResp;
+        cont_query(ContQueryReq) -> ContInfo;
+        cont_destroy(ContDestroyReq) -> Empty;
+        cont_set_prop(ContSetPropReq) -> ContInfo;
+        snap_create(SnapCreateReq) -> Snapshot;
+        snap_list(SnapListReq) -> SnapListResp;
+        snap_destroy(SnapDestroyReq) -> Empty;
+    }
+
+    /// Convenience: query a pool by label or UUID.
+    pub fn pool(&self, id: &str) -> Result<PoolInfo> {
+        self.pool_query(PoolQueryReq { id: id.into() })
+    }
+
+    /// Convenience: create a container with default properties.
+    pub fn cont_create_simple(
+        &self,
+        pool: &str,
+        label: &str,
+        oclass: &str,
+        checksum: &str,
+    ) -> Result<ContInfo> {
+        self.cont_create(ContCreateReq {
+            pool: pool.into(),
+            label: label.into(),
+            r#type: "POSIX".into(),
+            oclass: oclass.into(),
+            checksum: checksum.into(),
+            props: HashMap::new(),
+            ..Default::default()
+        })
+    }
+}

@@ -1,0 +1,1359 @@
+//! Pools, containers and objects: the I/O path of the client library.
+//!
+//! Layout rules (the contract between every client of a container):
+//! - **Striping** (`S1`, `S2`, `S4`, `SX`): a dkey's group has one shard,
+//!   which holds every value of the dkey.
+//! - **Replication** (`RP_*`): every shard of the dkey's group holds a full
+//!   copy. Updates go to all shards in parallel and are acknowledged when
+//!   all succeed; reads use one replica (spread by hash of oid and dkey) and
+//!   fall back to the next on any error (degraded read).
+//! - **Erasure coding** (`EC_kPp`, cell [`EC_CELL_SIZE`]): array byte `o` is
+//!   in cell `c = o / cell`, stripe `s = c / k`, stored on data shard
+//!   `c % k` at shard offset `s * cell + o % cell`; parity shard `j` holds
+//!   stripe `s`'s parity cell `j` at `s * cell`. Writes always write whole
+//!   stripes (all `k + p` cells; partial stripes are read, merged and
+//!   re-encoded). The logical array size is kept in a companion ARRAY akey
+//!   `"\0prg.size\0" + akey` ([`EC_SIZE_PREFIX`]) replicated on all `k + p`
+//!   shards: each write also stores one zero byte at `end - 1`, so the
+//!   engine's own "highest byte + 1" *is* the logical size; it only grows,
+//!   needs no read-modify-write and cannot race. Listing hides these akeys.
+//!   SINGLE values of EC objects are replicated to all `k + p` shards.
+//! - **Checksums** (container property `checksum = crc32c`): every value
+//!   goes out with its CRC32C (`has_crc`) and every fetched value carrying a
+//!   CRC is verified; a mismatch counts as a failed shard, so the read moves
+//!   on to another replica or reconstructs from parity, and fails with
+//!   `-EILSEQ` naming the object and dkey only when nothing good is left.
+//! - **Epochs**: each update (each piece of a large one) takes a fresh epoch
+//!   from the process's hybrid logical clock; reads are at
+//!   [`EPOCH_LATEST`] unless made through [`Object::at`].
+//! - **Pool map**: a target marked down is not contacted; writes skip down
+//!   shards while a group keeps its redundancy (at most `fault_tolerance`
+//!   down). An engine answering `-ESTALE` makes the client refresh the map
+//!   from the management service and retry once.
+
+use crate::error::{fmt_key, Error, Result};
+use crate::hlc;
+use crate::mgmt::Mgmt;
+use crate::placement::{self, Group, PoolMap, ShardLoc};
+use crate::transport::{TcpTransport, Transport};
+use parking_lot::{Mutex, RwLock};
+use peregrine_isal::{crc32c, crc32c_append, ReedSolomon};
+use peregrine_proto::data::{
+    self, response::Body, FetchReq, Iod, ListReq, PunchReq, QuerySizeReq, UpdateReq, ValueKind,
+};
+use peregrine_proto::frame::Opcode;
+use peregrine_proto::mgmt::{ContInfo, ContQueryReq, PoolConnectReq, SnapCreateReq};
+use peregrine_proto::oclass::EC_CELL_SIZE;
+use peregrine_proto::{ObjectClass, ObjectId, Redundancy, CSUM_ERRNO, EPOCH_LATEST};
+use prost::Message;
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, OnceLock};
+use uuid::Uuid;
+
+/// Prefix of the companion akey holding an EC array's logical size.
+pub const EC_SIZE_PREFIX: &[u8] = b"\0prg.size\0";
+/// Largest bulk of one request to one shard for striped/replicated arrays.
+pub const MAX_IO: usize = 8 << 20;
+/// Stripes per request round for EC arrays.
+pub const EC_BATCH_STRIPES: u64 = 32;
+/// Keys per list request.
+pub const LIST_BATCH: u32 = 1024;
+/// Locks serializing this process's EC writes per stripe.
+const STRIPE_LOCKS: usize = 256;
+/// Most shard requests run at once by one operation.
+const MAX_PARALLEL: usize = 32;
+
+struct ClientInner {
+    mgmt: Mgmt,
+    transport: Arc<dyn Transport>,
+}
+
+/// A connection to a Peregrine system: the management service plus the
+/// data-plane transport. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl Client {
+    /// Connect to the management service at `mgmt_addr` ("host:port").
+    pub fn connect(mgmt_addr: &str) -> Result<Client> {
+        Self::connect_with(mgmt_addr, Arc::new(TcpTransport::default()))
+    }
+
+    /// Like [`Client::connect`] with a chosen data-plane transport.
+    pub fn connect_with(mgmt_addr: &str, transport: Arc<dyn Transport>) -> Result<Client> {
+        let mgmt = Mgmt::connect(mgmt_addr)?;
+        Ok(Client {
+            inner: Arc::new(ClientInner { mgmt, transport }),
+        })
+    }
+
+    /// The blocking management API, for admin calls.
+    pub fn mgmt(&self) -> &Mgmt {
+        &self.inner.mgmt
+    }
+
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.transport
+    }
+
+    /// Connect to a pool by label or UUID: fetch its map.
+    pub fn pool_connect(&self, id: &str) -> Result<Pool> {
+        let m = self
+            .mgmt()
+            .pool_connect(PoolConnectReq { id: id.into() })
+            .map_err(|e| e.context(format!("pool {id:?}")))?;
+        let map = PoolMap::from_proto(m)?;
+        Ok(Pool {
+            inner: Arc::new(PoolInner {
+                client: self.clone(),
+                id: id.to_string(),
+                map: RwLock::new(Arc::new(map)),
+            }),
+        })
+    }
+}
+
+struct PoolInner {
+    client: Client,
+    id: String,
+    map: RwLock<Arc<PoolMap>>,
+}
+
+/// A connected pool. Cheap to clone.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+impl Pool {
+    pub fn uuid(&self) -> Uuid {
+        self.map().uuid
+    }
+    pub fn label(&self) -> String {
+        self.map().label.clone()
+    }
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+    /// The current pool map.
+    pub fn map(&self) -> Arc<PoolMap> {
+        self.inner.map.read().clone()
+    }
+
+    /// Fetch the pool map again; keeps the newer of the two versions.
+    pub fn refresh(&self) -> Result<Arc<PoolMap>> {
+        let m = self.client().mgmt().pool_connect(PoolConnectReq {
+            id: self.inner.id.clone(),
+        })?;
+        let new = Arc::new(PoolMap::from_proto(m)?);
+        let mut cur = self.inner.map.write();
+        if new.version >= cur.version {
+            *cur = new;
+        }
+        Ok(cur.clone())
+    }
+
+    /// Open a container by label or UUID.
+    pub fn cont_open(&self, id: &str) -> Result<Container> {
+        let info = self
+            .client()
+            .mgmt()
+            .cont_query(ContQueryReq {
+                pool: self.uuid().to_string(),
+                id: id.into(),
+            })
+            .map_err(|e| e.context(format!("container {id:?} of pool {:?}", self.map().name())))?;
+        let uuid = Uuid::parse_str(&info.uuid).map_err(|e| {
+            Error::new(
+                -libc::EPROTO,
+                format!("container {id:?}: bad uuid {:?}: {e}", info.uuid),
+            )
+        })?;
+        let csum = match info.checksum.to_ascii_lowercase().as_str() {
+            "crc32c" => true,
+            "off" | "none" | "" => false,
+            other => {
+                return Err(Error::new(
+                    -libc::ENOTSUP,
+                    format!("container {id:?}: unsupported checksum type {other:?}"),
+                ))
+            }
+        };
+        Ok(Container {
+            inner: Arc::new(ContInner {
+                pool: self.clone(),
+                info,
+                uuid,
+                csum,
+            }),
+        })
+    }
+}
+
+struct ContInner {
+    pool: Pool,
+    info: ContInfo,
+    uuid: Uuid,
+    csum: bool,
+}
+
+/// An open container. Cheap to clone.
+#[derive(Clone)]
+pub struct Container {
+    inner: Arc<ContInner>,
+}
+
+impl Container {
+    pub fn uuid(&self) -> Uuid {
+        self.inner.uuid
+    }
+    pub fn label(&self) -> &str {
+        &self.inner.info.label
+    }
+    /// Properties as returned by ContQuery when the container was opened.
+    pub fn info(&self) -> &ContInfo {
+        &self.inner.info
+    }
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+    /// Whether end-to-end CRC32C checksums are on.
+    pub fn checksum(&self) -> bool {
+        self.inner.csum
+    }
+
+    /// Open object `oid`; its class comes from the id's top byte.
+    pub fn object(&self, oid: ObjectId) -> Result<Object> {
+        let class = oid
+            .class()
+            .map_err(|e| Error::inval(format!("object {oid}: {e}")))?;
+        placement::check_class(class, &self.pool().map())?;
+        let rs = match class.redundancy() {
+            Redundancy::ErasureCode { data, parity } => {
+                Some(rs_codec(data as usize, parity as usize))
+            }
+            _ => None,
+        };
+        Ok(Object {
+            cont: self.clone(),
+            oid,
+            class,
+            rs,
+        })
+    }
+
+    /// Create a snapshot; returns its epoch (readable through [`Object::at`]).
+    pub fn snapshot(&self, name: &str) -> Result<u64> {
+        let s = self.pool().client().mgmt().snap_create(SnapCreateReq {
+            pool: self.pool().uuid().to_string(),
+            cont: self.uuid().to_string(),
+            name: name.into(),
+        })?;
+        hlc::observe(s.epoch);
+        Ok(s.epoch)
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("mgmt", &self.mgmt().addr())
+            .finish()
+    }
+}
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.map();
+        f.debug_struct("Pool")
+            .field("label", &m.label)
+            .field("uuid", &m.uuid)
+            .field("map_version", &m.version)
+            .finish()
+    }
+}
+impl std::fmt::Debug for Container {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Container")
+            .field("label", &self.label())
+            .field("uuid", &self.uuid())
+            .field("checksum", &self.checksum())
+            .finish()
+    }
+}
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Object")
+            .field("oid", &self.oid.to_string())
+            .field("class", &self.class)
+            .finish()
+    }
+}
+
+/// Reed-Solomon codecs are shared per (k, p): building one inverts matrices.
+fn rs_codec(k: usize, p: usize) -> Arc<ReedSolomon> {
+    type Codecs = Mutex<HashMap<(usize, usize), Arc<ReedSolomon>>>;
+    static CODECS: OnceLock<Codecs> = OnceLock::new();
+    CODECS
+        .get_or_init(Default::default)
+        .lock()
+        .entry((k, p))
+        .or_insert_with(|| Arc::new(ReedSolomon::new(k, p)))
+        .clone()
+}
+
+/// Run `f` over `items` in parallel (scoped threads, at most
+/// [`MAX_PARALLEL`] at once; the first item runs on the calling thread).
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for wave in items.chunks(MAX_PARALLEL) {
+        std::thread::scope(|s| {
+            let f = &f;
+            let handles: Vec<_> = wave[1..].iter().map(|it| s.spawn(move || f(it))).collect();
+            out.push(f(&wave[0]));
+            for h in handles {
+                out.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            }
+        });
+    }
+    out
+}
+
+/// Several failed attempts at one read, as one error: `-EILSEQ` if any
+/// attempt found corrupt data (the caller cares that data is bad, not that
+/// another replica was also down), else the last attempt's code.
+fn combine(what: &str, mut errs: Vec<Error>) -> Error {
+    if errs.len() == 1 {
+        return errs.pop().unwrap().context(what);
+    }
+    let code = if errs.iter().any(|e| e.code == -CSUM_ERRNO) {
+        -CSUM_ERRNO
+    } else {
+        errs.last().map(|e| e.code).unwrap_or(-libc::EIO)
+    };
+    let list: Vec<String> = errs.into_iter().map(|e| e.msg).collect();
+    Error::new(
+        code,
+        format!("{what}: no readable copy: {}", list.join("; ")),
+    )
+}
+
+/// One value as fetched from one shard, its checksum already verified.
+struct Fetched {
+    /// 0, or a negative errno (`-EILSEQ` also when the CRC did not match).
+    status: i32,
+    data: Vec<u8>,
+}
+
+/// An open object. Cheap to clone.
+#[derive(Clone)]
+pub struct Object {
+    cont: Container,
+    oid: ObjectId,
+    class: ObjectClass,
+    rs: Option<Arc<ReedSolomon>>,
+}
+
+/// A read-only view of an object at one epoch (a snapshot's, or latest).
+pub struct ObjectAt<'a> {
+    obj: &'a Object,
+    epoch: u64,
+}
+
+impl Object {
+    pub fn id(&self) -> ObjectId {
+        self.oid
+    }
+    pub fn class(&self) -> ObjectClass {
+        self.class
+    }
+    pub fn container(&self) -> &Container {
+        &self.cont
+    }
+
+    /// Reads at `epoch` (e.g. a snapshot's); [`EPOCH_LATEST`] is the latest.
+    pub fn at(&self, epoch: u64) -> ObjectAt<'_> {
+        ObjectAt { obj: self, epoch }
+    }
+
+    // ---- public API: updates ----
+
+    /// Replace SINGLE value `akey` of `dkey`.
+    pub fn update_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
+        check_keys(dkey, Some(akey))?;
+        if value.len() > peregrine_proto::frame::MAX_BULK as usize {
+            return Err(Error::inval(format!(
+                "{}: single value of {} bytes is too large",
+                self.what(dkey),
+                value.len()
+            )));
+        }
+        self.with_map(|map| {
+            let g = self.group(map, dkey)?;
+            let epoch = hlc::now();
+            let iod = self.iod(akey, ValueKind::Single, 0, &[value]);
+            self.write_shards(map, &[g], |loc| {
+                self.update_shard(map, loc, epoch, dkey, vec![iod.clone()], &[value])
+            })
+        })
+        .map_err(|e| e.context(self.what(dkey)))
+    }
+
+    /// Write `data` at byte `offset` of ARRAY value `akey` of `dkey`.
+    pub fn update_array(&self, dkey: &[u8], akey: &[u8], offset: u64, data: &[u8]) -> Result<()> {
+        check_keys(dkey, Some(akey))?;
+        check_range(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let r = if self.rs.is_some() {
+            self.ec_update(dkey, akey, offset, data)
+        } else {
+            let mut done = 0usize;
+            for piece in data.chunks(MAX_IO) {
+                let off = offset + done as u64;
+                self.with_map(|map| {
+                    let g = self.group(map, dkey)?;
+                    let epoch = hlc::now();
+                    let iod = self.iod(akey, ValueKind::Array, off, &[piece]);
+                    self.write_shards(map, &[g], |loc| {
+                        self.update_shard(map, loc, epoch, dkey, vec![iod.clone()], &[piece])
+                    })
+                })?;
+                done += piece.len();
+            }
+            Ok(())
+        };
+        r.map_err(|e| e.context(self.what(dkey)))
+    }
+
+    /// Punch the whole object (every shard of every group).
+    pub fn punch(&self) -> Result<()> {
+        self.with_map(|map| {
+            let groups = (0..placement::num_groups(self.class, map))
+                .map(|g| placement::group_layout(map, self.oid, self.class, g))
+                .collect::<Result<Vec<_>>>()?;
+            let epoch = hlc::now();
+            self.write_shards(map, &groups, |loc| {
+                self.punch_shard(map, loc, epoch, b"", &[])
+            })
+        })
+        .map_err(|e| e.context(format!("object {}", self.oid)))
+    }
+
+    /// Punch `dkey` and everything under it.
+    pub fn punch_dkey(&self, dkey: &[u8]) -> Result<()> {
+        check_keys(dkey, None)?;
+        self.with_map(|map| {
+            let g = self.group(map, dkey)?;
+            let epoch = hlc::now();
+            self.write_shards(map, &[g], |loc| {
+                self.punch_shard(map, loc, epoch, dkey, &[])
+            })
+        })
+        .map_err(|e| e.context(self.what(dkey)))
+    }
+
+    /// Punch some akeys of `dkey`.
+    pub fn punch_akeys(&self, dkey: &[u8], akeys: &[&[u8]]) -> Result<()> {
+        check_keys(dkey, None)?;
+        if akeys.is_empty() {
+            return Ok(());
+        }
+        for a in akeys {
+            check_keys(dkey, Some(a))?;
+        }
+        let mut all: Vec<Vec<u8>> = akeys.iter().map(|a| a.to_vec()).collect();
+        if self.rs.is_some() {
+            all.extend(akeys.iter().map(|a| size_akey(a)));
+        }
+        self.with_map(|map| {
+            let g = self.group(map, dkey)?;
+            let epoch = hlc::now();
+            self.write_shards(map, &[g], |loc| {
+                self.punch_shard(map, loc, epoch, dkey, &all)
+            })
+        })
+        .map_err(|e| e.context(self.what(dkey)))
+    }
+
+    // ---- public API: reads at the latest epoch ----
+
+    /// The SINGLE value `akey` of `dkey`, `None` if it does not exist.
+    pub fn fetch_single(&self, dkey: &[u8], akey: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.at(EPOCH_LATEST).fetch_single(dkey, akey)
+    }
+    /// Exactly `len` bytes at `offset` of ARRAY `akey` (holes read as zeros).
+    pub fn fetch_array(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        self.at(EPOCH_LATEST).fetch_array(dkey, akey, offset, len)
+    }
+    /// Like [`Object::fetch_array`] into a caller's buffer.
+    pub fn fetch_array_into(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        self.at(EPOCH_LATEST)
+            .fetch_array_into(dkey, akey, offset, buf)
+    }
+    /// Size of ARRAY `akey`: highest byte written + 1 (0 if absent).
+    pub fn array_size(&self, dkey: &[u8], akey: &[u8]) -> Result<u64> {
+        self.at(EPOCH_LATEST).array_size(dkey, akey)
+    }
+    /// All dkeys, sorted.
+    pub fn list_dkeys(&self) -> Result<Vec<Vec<u8>>> {
+        self.at(EPOCH_LATEST).list_dkeys()
+    }
+    /// The akeys of `dkey`, sorted.
+    pub fn list_akeys(&self, dkey: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.at(EPOCH_LATEST).list_akeys(dkey)
+    }
+
+    // ---- internals ----
+
+    fn what(&self, dkey: &[u8]) -> String {
+        format!("object {} dkey {}", self.oid, fmt_key(dkey))
+    }
+
+    fn gs(&self) -> u32 {
+        self.class.group_size()
+    }
+
+    fn kp(&self) -> (usize, usize) {
+        let rs = self.rs.as_ref().expect("EC object");
+        (rs.data_cells(), rs.parity_cells())
+    }
+
+    /// Run `f` with the current pool map; on `-ESTALE` refresh it and retry once.
+    fn with_map<T>(&self, mut f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
+        let pool = self.cont.pool();
+        match f(&pool.map()) {
+            Err(e) if e.code == -libc::ESTALE => {
+                let map = pool
+                    .refresh()
+                    .map_err(|r| r.context(format!("refreshing the pool map after: {e}")))?;
+                f(&map)
+            }
+            r => r,
+        }
+    }
+
+    pub(crate) fn group(&self, map: &PoolMap, dkey: &[u8]) -> Result<Group> {
+        placement::place(map, self.oid, self.class, dkey)
+    }
+
+    fn iod(&self, akey: &[u8], kind: ValueKind, offset: u64, parts: &[&[u8]]) -> Iod {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let csum = self.cont.checksum();
+        let crc = if csum {
+            parts.iter().fold(0, |c, p| crc32c_append(c, p))
+        } else {
+            0
+        };
+        Iod {
+            akey: akey.to_vec(),
+            kind: kind as i32,
+            offset,
+            len: len as u64,
+            crc,
+            has_crc: csum,
+        }
+    }
+
+    fn address(&self, map: &PoolMap, loc: &ShardLoc) -> data::Address {
+        let t = &map.targets[loc.target];
+        data::Address {
+            pool: map.uuid.as_bytes().to_vec(),
+            cont: self.cont.uuid().as_bytes().to_vec(),
+            oid: Some(data::ObjectId {
+                hi: self.oid.hi,
+                lo: self.oid.lo,
+            }),
+            shard: loc.shard,
+            target: t.index,
+            map_version: map.version,
+        }
+    }
+
+    fn where_(&self, map: &PoolMap, loc: &ShardLoc) -> String {
+        let t = &map.targets[loc.target];
+        format!("pool {:?} rank {} ({})", map.name(), t.rank, t.addr)
+    }
+
+    /// One request to one shard; a non-zero status becomes an error.
+    fn call(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        op: Opcode,
+        msg: &impl Message,
+        bulk: &[&[u8]],
+    ) -> Result<(Option<Body>, Vec<u8>)> {
+        let t = &map.targets[loc.target];
+        let at = || self.where_(map, loc);
+        if !t.up {
+            return Err(Error::new(
+                -libc::EHOSTDOWN,
+                format!(
+                    "{}: target {} is down in pool map version {}",
+                    at(),
+                    t.index,
+                    map.version
+                ),
+            ));
+        }
+        let reply = self
+            .cont
+            .pool()
+            .client()
+            .transport()
+            .call(&t.addr, op, &msg.encode_to_vec(), bulk)
+            .map_err(|e| e.context(at()))?;
+        let resp = data::Response::decode(reply.msg.as_slice()).map_err(|e| {
+            Error::new(
+                -libc::EPROTO,
+                format!("{}: undecodable response: {e}", at()),
+            )
+        })?;
+        let st = resp.status.unwrap_or_default();
+        if st.code != 0 {
+            let code = if st.code < 0 { st.code } else { -libc::EIO };
+            let m = if st.message.is_empty() {
+                peregrine_proto::strerror(code)
+            } else {
+                st.message
+            };
+            return Err(Error::new(
+                code,
+                format!("{}: shard {}: {m}", at(), loc.shard),
+            ));
+        }
+        Ok((resp.body, reply.bulk))
+    }
+
+    fn update_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        iods: Vec<Iod>,
+        bulk: &[&[u8]],
+    ) -> Result<()> {
+        let req = UpdateReq {
+            addr: Some(self.address(map, loc)),
+            epoch,
+            dkey: dkey.to_vec(),
+            iods,
+        };
+        self.call(map, loc, Opcode::Update, &req, bulk).map(|_| ())
+    }
+
+    fn punch_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        akeys: &[Vec<u8>],
+    ) -> Result<()> {
+        let req = PunchReq {
+            addr: Some(self.address(map, loc)),
+            epoch,
+            dkey: dkey.to_vec(),
+            akeys: akeys.to_vec(),
+        };
+        self.call(map, loc, Opcode::Punch, &req, &[]).map(|_| ())
+    }
+
+    fn fetch_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        iods: Vec<Iod>,
+    ) -> Result<Vec<Fetched>> {
+        let n = iods.len();
+        let req = FetchReq {
+            addr: Some(self.address(map, loc)),
+            epoch,
+            dkey: dkey.to_vec(),
+            iods,
+        };
+        let (body, mut bulk) = self.call(map, loc, Opcode::Fetch, &req, &[])?;
+        let bad = |m: String| Error::new(-libc::EPROTO, format!("{}: {m}", self.where_(map, loc)));
+        let values = match body {
+            Some(Body::Fetch(f)) => f.values,
+            _ => return Err(bad("fetch reply without values".into())),
+        };
+        if values.len() != n {
+            return Err(bad(format!(
+                "fetch reply has {} values for {n} iods",
+                values.len()
+            )));
+        }
+        let total: u64 = values.iter().map(|v| v.len).sum();
+        if total != bulk.len() as u64 {
+            return Err(bad(format!(
+                "fetch reply announces {total} bytes, bulk has {}",
+                bulk.len()
+            )));
+        }
+        let csum = self.cont.checksum();
+        let mut out = Vec::with_capacity(n);
+        let mut off = 0usize;
+        for v in &values {
+            let data = if n == 1 {
+                std::mem::take(&mut bulk)
+            } else {
+                let d = bulk[off..off + v.len as usize].to_vec();
+                off += v.len as usize;
+                d
+            };
+            let mut status = v.status;
+            // Verify what arrived: catches corruption on the wire or in
+            // buffers, which the engine's own check of stored data cannot.
+            if status == 0 && csum && v.has_crc && crc32c(&data) != v.crc {
+                status = -CSUM_ERRNO;
+            }
+            out.push(Fetched { status, data });
+        }
+        Ok(out)
+    }
+
+    /// `len` bytes of ARRAY `akey` at `offset` of one shard, holes as zeros.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fetch_extent(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let iod = Iod {
+            akey: akey.to_vec(),
+            kind: ValueKind::Array as i32,
+            offset,
+            len: len as u64,
+            crc: 0,
+            has_crc: false,
+        };
+        let v = self
+            .fetch_shard(map, loc, epoch, dkey, vec![iod])?
+            .pop()
+            .expect("one value");
+        match v.status {
+            0 => {
+                let mut d = v.data;
+                d.resize(len, 0);
+                Ok(d)
+            }
+            e if e == -libc::ENOENT => Ok(vec![0; len]),
+            e => Err(self.value_error(map, loc, akey, e)),
+        }
+    }
+
+    fn value_error(&self, map: &PoolMap, loc: &ShardLoc, akey: &[u8], code: i32) -> Error {
+        Error::new(
+            code,
+            format!(
+                "{}: shard {} akey {}: {}",
+                self.where_(map, loc),
+                loc.shard,
+                fmt_key(akey),
+                peregrine_proto::strerror(code)
+            ),
+        )
+    }
+
+    fn size_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+    ) -> Result<u64> {
+        let req = QuerySizeReq {
+            addr: Some(self.address(map, loc)),
+            epoch,
+            dkey: dkey.to_vec(),
+            akey: akey.to_vec(),
+        };
+        match self.call(map, loc, Opcode::QuerySize, &req, &[]) {
+            Ok((Some(Body::Size(s)), _)) => Ok(s.size),
+            Ok(_) => Err(Error::new(
+                -libc::EPROTO,
+                format!("{}: size reply without a size", self.where_(map, loc)),
+            )),
+            Err(e) if e.code == -libc::ENOENT => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn list_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut keys = Vec::new();
+        let mut anchor = Vec::new();
+        loop {
+            let req = ListReq {
+                addr: Some(self.address(map, loc)),
+                epoch,
+                dkey: dkey.to_vec(),
+                anchor: anchor.clone(),
+                max: LIST_BATCH,
+            };
+            let l = match self.call(map, loc, Opcode::List, &req, &[]) {
+                Ok((Some(Body::List(l)), _)) => l,
+                Ok(_) => {
+                    return Err(Error::new(
+                        -libc::EPROTO,
+                        format!("{}: list reply without keys", self.where_(map, loc)),
+                    ))
+                }
+                Err(e) if e.code == -libc::ENOENT => return Ok(keys),
+                Err(e) => return Err(e),
+            };
+            let progress = !l.keys.is_empty() || l.anchor != anchor;
+            keys.extend(l.keys);
+            if l.done {
+                return Ok(keys);
+            }
+            if !progress {
+                return Err(Error::new(
+                    -libc::EPROTO,
+                    format!("{}: listing made no progress", self.where_(map, loc)),
+                ));
+            }
+            anchor = l.anchor;
+        }
+    }
+
+    /// Apply `f` to every shard of `groups` in parallel. Shards on down
+    /// targets are skipped while their group keeps redundancy; any failure
+    /// of a reachable shard fails the whole write.
+    fn write_shards(
+        &self,
+        map: &PoolMap,
+        groups: &[Group],
+        f: impl Fn(&ShardLoc) -> Result<()> + Sync,
+    ) -> Result<()> {
+        let ft = self.class.fault_tolerance() as usize;
+        let mut live = Vec::new();
+        for g in groups {
+            let down: Vec<&ShardLoc> = g
+                .shards
+                .iter()
+                .filter(|l| !map.targets[l.target].up)
+                .collect();
+            if down.len() > ft {
+                let which: Vec<String> = down
+                    .iter()
+                    .map(|l| format!("rank {}", map.targets[l.target].rank))
+                    .collect();
+                return Err(Error::new(
+                    -libc::EHOSTDOWN,
+                    format!("pool {:?}: group {} has {} shards on down targets ({}), class {} tolerates {ft}", map.name(), g.group, down.len(), which.join(", "), self.class),
+                ));
+            }
+            live.extend(
+                g.shards
+                    .iter()
+                    .filter(|l| map.targets[l.target].up)
+                    .copied(),
+            );
+        }
+        par_map(&live, f)
+            .into_iter()
+            .collect::<Result<Vec<()>>>()
+            .map(|_| ())
+    }
+
+    /// The group's shards in read order: rotation by hash so reads spread
+    /// over replicas, up targets first.
+    fn read_order(&self, map: &PoolMap, g: &Group, dkey: &[u8]) -> Vec<ShardLoc> {
+        let n = g.shards.len();
+        let start = (placement::mix64(placement::hash_dkey(self.oid, dkey)) % n as u64) as usize;
+        let mut order: Vec<ShardLoc> = (0..n).map(|i| g.shards[(start + i) % n]).collect();
+        order.sort_by_key(|l| !map.targets[l.target].up); // stable: keeps rotation
+        order
+    }
+
+    /// Try `f` on each shard in turn until one succeeds.
+    fn try_each<T>(
+        &self,
+        order: &[ShardLoc],
+        what: &str,
+        mut f: impl FnMut(&ShardLoc) -> Result<T>,
+    ) -> Result<T> {
+        let mut errs = Vec::new();
+        for loc in order {
+            match f(loc) {
+                Ok(v) => return Ok(v),
+                Err(e) if e.code == -libc::ESTALE => return Err(e),
+                Err(e) => errs.push(e),
+            }
+        }
+        Err(combine(what, errs))
+    }
+
+    // ---- erasure coding ----
+
+    fn ec_update(&self, dkey: &[u8], akey: &[u8], offset: u64, data: &[u8]) -> Result<()> {
+        let (k, _) = self.kp();
+        let stripe = k as u64 * EC_CELL_SIZE;
+        let end = offset + data.len() as u64;
+        let (first, last) = (offset / stripe, (end - 1) / stripe);
+        let mut s = first;
+        while s <= last {
+            let s_end = (s + EC_BATCH_STRIPES).min(last + 1);
+            self.with_map(|map| self.ec_update_batch(map, dkey, akey, offset, data, s, s_end))?;
+            s = s_end;
+        }
+        Ok(())
+    }
+
+    /// Write stripes `s0..s1` of a write of `data` at `offset`.
+    #[allow(clippy::too_many_arguments)]
+    fn ec_update_batch(
+        &self,
+        map: &PoolMap,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        data: &[u8],
+        s0: u64,
+        s1: u64,
+    ) -> Result<()> {
+        let _locks = self.lock_stripes(dkey, akey, s0, s1);
+        let (k, _) = self.kp();
+        let rs = self.rs.as_ref().unwrap();
+        let cell = EC_CELL_SIZE as usize;
+        let stripe = (k * cell) as u64;
+        let end = offset + data.len() as u64;
+        let g = self.group(map, dkey)?;
+        let mut stripes: Vec<Cow<[u8]>> = Vec::with_capacity((s1 - s0) as usize);
+        for s in s0..s1 {
+            let (lo, hi) = (s * stripe, (s + 1) * stripe);
+            if offset <= lo && end >= hi {
+                stripes.push(Cow::Borrowed(
+                    &data[(lo - offset) as usize..(hi - offset) as usize],
+                ));
+            } else {
+                // Partial stripe: merge into what is there (read degraded if needed).
+                let mut buf = self
+                    .ec_read_stripe(map, &g, EPOCH_LATEST, dkey, akey, s, &[])?
+                    .concat();
+                let (a, b) = (offset.max(lo), end.min(hi));
+                buf[(a - lo) as usize..(b - lo) as usize]
+                    .copy_from_slice(&data[(a - offset) as usize..(b - offset) as usize]);
+                stripes.push(Cow::Owned(buf));
+            }
+        }
+        let parity: Vec<Vec<Vec<u8>>> = stripes
+            .iter()
+            .map(|st| {
+                let cells: Vec<&[u8]> = st.chunks(cell).collect();
+                rs.encode(&cells).map_err(|e| Error::io(e.to_string()))
+            })
+            .collect::<Result<_>>()?;
+        let logical_end = end.min(s1 * stripe);
+        let zero = [0u8; 1];
+        let size_iod = self.iod(
+            &size_akey(akey),
+            ValueKind::Array,
+            logical_end - 1,
+            &[&zero],
+        );
+        let epoch = hlc::now();
+        let gs = self.gs();
+        self.write_shards(map, std::slice::from_ref(&g), |loc| {
+            let j = (loc.shard - g.group * gs) as usize;
+            let mut parts: Vec<&[u8]> = (0..stripes.len())
+                .map(|i| {
+                    if j < k {
+                        &stripes[i][j * cell..(j + 1) * cell]
+                    } else {
+                        &parity[i][j - k][..]
+                    }
+                })
+                .collect();
+            let iods = vec![
+                self.iod(akey, ValueKind::Array, s0 * cell as u64, &parts),
+                size_iod.clone(),
+            ];
+            parts.push(&zero);
+            self.update_shard(map, loc, epoch, dkey, iods, &parts)
+        })
+    }
+
+    /// Serialize this process's writes to the same stripes: a partial-stripe
+    /// write is read-merge-write, and two of them interleaving would lose
+    /// one's bytes (also a full-stripe write racing a merge). Striped locks
+    /// by hash of (container, object, dkey, akey, stripe), taken in index
+    /// order so batches cannot deadlock. Writers in other processes are not
+    /// covered (documented limitation, as the engine does not arbitrate).
+    fn lock_stripes(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        s0: u64,
+        s1: u64,
+    ) -> Vec<parking_lot::MutexGuard<'static, ()>> {
+        static LOCKS: OnceLock<Vec<Mutex<()>>> = OnceLock::new();
+        let locks = LOCKS.get_or_init(|| (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect());
+        let base = placement::mix64(
+            placement::hash_dkey(self.oid, dkey)
+                ^ placement::hash_dkey(
+                    ObjectId {
+                        hi: self.cont.uuid().as_u64_pair().0,
+                        lo: self.cont.uuid().as_u64_pair().1,
+                    },
+                    akey,
+                ),
+        );
+        let mut idx: Vec<usize> = (s0..s1)
+            .map(|s| (placement::mix64(base ^ s) % STRIPE_LOCKS as u64) as usize)
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| locks[i].lock()).collect()
+    }
+
+    /// The `k` data cells of stripe `s`, reconstructed from parity when data
+    /// shards fail. Shards listed in `bad` (group indexes) are not asked.
+    #[allow(clippy::too_many_arguments)]
+    fn ec_read_stripe(
+        &self,
+        map: &PoolMap,
+        g: &Group,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        s: u64,
+        bad: &[usize],
+    ) -> Result<Vec<Vec<u8>>> {
+        let (k, p) = self.kp();
+        let cell = EC_CELL_SIZE as usize;
+        let mut cells: Vec<Option<Vec<u8>>> = vec![None; k + p];
+        let mut errs = Vec::new();
+        let mut fetch = |idx: Vec<usize>, cells: &mut Vec<Option<Vec<u8>>>| {
+            let res = par_map(&idx, |&i| {
+                self.fetch_extent(map, &g.shards[i], epoch, dkey, akey, s * cell as u64, cell)
+            });
+            for (i, r) in idx.into_iter().zip(res) {
+                match r {
+                    Ok(d) => cells[i] = Some(d),
+                    Err(e) => errs.push(e),
+                }
+            }
+        };
+        fetch((0..k).filter(|i| !bad.contains(i)).collect(), &mut cells);
+        if cells[..k].iter().all(|c| c.is_some()) {
+            return Ok(cells.into_iter().take(k).map(|c| c.unwrap()).collect());
+        }
+        fetch(
+            (k..k + p).filter(|i| !bad.contains(i)).collect(),
+            &mut cells,
+        );
+        let present = cells.iter().filter(|c| c.is_some()).count();
+        if present < k {
+            let what = format!(
+                "{}: stripe {s} of akey {}: {present} of {} cells readable, need {k}",
+                self.what(dkey),
+                fmt_key(akey),
+                k + p
+            );
+            return Err(combine(&what, errs));
+        }
+        self.rs
+            .as_ref()
+            .unwrap()
+            .reconstruct(&mut cells)
+            .map_err(|e| Error::io(format!("{}: {e}", self.what(dkey))))?;
+        Ok(cells.into_iter().take(k).map(|c| c.unwrap()).collect())
+    }
+
+    /// Read `buf.len()` bytes at `start` (at most [`EC_BATCH_STRIPES`] stripes).
+    #[allow(clippy::too_many_arguments)]
+    fn ec_fetch_piece(
+        &self,
+        map: &PoolMap,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        start: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        struct Seg {
+            shard_off: u64,
+            len: usize,
+            dst: usize,
+            stripe: u64,
+        }
+        let (k, _) = self.kp();
+        let cell = EC_CELL_SIZE;
+        let g = self.group(map, dkey)?;
+        let end = start + buf.len() as u64;
+        let mut segs: Vec<Vec<Seg>> = (0..k).map(|_| Vec::new()).collect();
+        let mut o = start;
+        while o < end {
+            let (c, within) = (o / cell, o % cell);
+            let l = (cell - within).min(end - o);
+            segs[(c % k as u64) as usize].push(Seg {
+                shard_off: (c / k as u64) * cell + within,
+                len: l as usize,
+                dst: (o - start) as usize,
+                stripe: c / k as u64,
+            });
+            o += l;
+        }
+        // One contiguous extent per data shard: its cells in consecutive
+        // stripes are adjacent in shard space.
+        let jobs: Vec<usize> = (0..k).filter(|&j| !segs[j].is_empty()).collect();
+        let res = par_map(&jobs, |&j| {
+            let first = segs[j][0].shard_off;
+            let len: usize = segs[j].iter().map(|s| s.len).sum();
+            self.fetch_extent(map, &g.shards[j], epoch, dkey, akey, first, len)
+        });
+        let mut bad = Vec::new();
+        let mut errs = Vec::new();
+        for (j, r) in jobs.into_iter().zip(res) {
+            match r {
+                Ok(d) => {
+                    let first = segs[j][0].shard_off;
+                    for s in &segs[j] {
+                        let from = (s.shard_off - first) as usize;
+                        buf[s.dst..s.dst + s.len].copy_from_slice(&d[from..from + s.len]);
+                    }
+                }
+                Err(e) if e.code == -libc::ESTALE => return Err(e),
+                Err(e) => {
+                    bad.push(j);
+                    errs.push(e);
+                }
+            }
+        }
+        if bad.is_empty() {
+            return Ok(());
+        }
+        // Degraded: rebuild the failed shards' part of each touched stripe.
+        let stripes: BTreeSet<u64> = bad
+            .iter()
+            .flat_map(|&j| segs[j].iter().map(|s| s.stripe))
+            .collect();
+        for s in stripes {
+            let cells = self
+                .ec_read_stripe(map, &g, epoch, dkey, akey, s, &bad)
+                .map_err(|e| {
+                    errs.push(e);
+                    combine(&self.what(dkey), std::mem::take(&mut errs))
+                })?;
+            for &j in &bad {
+                for sg in segs[j].iter().filter(|sg| sg.stripe == s) {
+                    let from = (sg.shard_off - s * cell) as usize;
+                    buf[sg.dst..sg.dst + sg.len].copy_from_slice(&cells[j][from..from + sg.len]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ObjectAt<'_> {
+    /// The SINGLE value `akey` of `dkey`, `None` if it does not exist.
+    pub fn fetch_single(&self, dkey: &[u8], akey: &[u8]) -> Result<Option<Vec<u8>>> {
+        check_keys(dkey, Some(akey))?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        o.with_map(|map| {
+            let g = o.group(map, dkey)?;
+            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                let iod = Iod {
+                    akey: akey.to_vec(),
+                    kind: ValueKind::Single as i32,
+                    offset: 0,
+                    len: 0,
+                    crc: 0,
+                    has_crc: false,
+                };
+                let v = o
+                    .fetch_shard(map, loc, self.epoch, dkey, vec![iod])?
+                    .pop()
+                    .expect("one value");
+                match v.status {
+                    0 => Ok(Some(v.data)),
+                    e if e == -libc::ENOENT => Ok(None),
+                    e => Err(o.value_error(map, loc, akey, e)),
+                }
+            })
+        })
+    }
+
+    /// Exactly `len` bytes at `offset` of ARRAY `akey` (holes read as zeros).
+    pub fn fetch_array(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.fetch_array_into(dkey, akey, offset, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Like [`ObjectAt::fetch_array`] into a caller's buffer.
+    pub fn fetch_array_into(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        check_keys(dkey, Some(akey))?;
+        check_range(offset, buf.len())?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        if o.rs.is_some() {
+            let (k, _) = o.kp();
+            let stripe = k as u64 * EC_CELL_SIZE;
+            let batch = stripe * EC_BATCH_STRIPES;
+            let mut done = 0usize;
+            while done < buf.len() {
+                let pos = offset + done as u64;
+                let piece_end = ((pos / batch + 1) * batch).min(offset + buf.len() as u64);
+                let n = (piece_end - pos) as usize;
+                o.with_map(|map| {
+                    o.ec_fetch_piece(map, self.epoch, dkey, akey, pos, &mut buf[done..done + n])
+                })
+                .map_err(|e| {
+                    if e.msg.starts_with(&what) {
+                        e
+                    } else {
+                        e.context(&what)
+                    }
+                })?;
+                done += n;
+            }
+            return Ok(());
+        }
+        for (i, piece) in buf.chunks_mut(MAX_IO).enumerate() {
+            let off = offset + (i * MAX_IO) as u64;
+            let d = o.with_map(|map| {
+                let g = o.group(map, dkey)?;
+                o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                    o.fetch_extent(map, loc, self.epoch, dkey, akey, off, piece.len())
+                })
+            })?;
+            piece.copy_from_slice(&d);
+        }
+        Ok(())
+    }
+
+    /// Size of ARRAY `akey`: highest byte written + 1 (0 if absent).
+    pub fn array_size(&self, dkey: &[u8], akey: &[u8]) -> Result<u64> {
+        check_keys(dkey, Some(akey))?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        let key = if o.rs.is_some() {
+            size_akey(akey)
+        } else {
+            akey.to_vec()
+        };
+        o.with_map(|map| {
+            let g = o.group(map, dkey)?;
+            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                o.size_shard(map, loc, self.epoch, dkey, &key)
+            })
+        })
+    }
+
+    /// All dkeys, sorted and de-duplicated over the object's groups.
+    pub fn list_dkeys(&self) -> Result<Vec<Vec<u8>>> {
+        let o = self.obj;
+        let what = format!("object {}", o.oid);
+        o.with_map(|map| {
+            let groups: Vec<u32> = (0..placement::num_groups(o.class, map)).collect();
+            let lists = par_map(&groups, |&gi| {
+                let g = placement::group_layout(map, o.oid, o.class, gi)?;
+                // Any shard of the group has every dkey of the group.
+                let order = o.read_order(map, &g, &gi.to_le_bytes());
+                o.try_each(&order, &what, |loc| o.list_shard(map, loc, self.epoch, b""))
+            });
+            let mut all = BTreeSet::new();
+            for l in lists {
+                all.extend(l?);
+            }
+            Ok(all.into_iter().collect())
+        })
+    }
+
+    /// The akeys of `dkey`, sorted (EC size companions hidden).
+    pub fn list_akeys(&self, dkey: &[u8]) -> Result<Vec<Vec<u8>>> {
+        check_keys(dkey, None)?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        let keys = o.with_map(|map| {
+            let g = o.group(map, dkey)?;
+            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                o.list_shard(map, loc, self.epoch, dkey)
+            })
+        })?;
+        let mut keys: Vec<Vec<u8>> = keys
+            .into_iter()
+            .filter(|k| o.rs.is_none() || !k.starts_with(EC_SIZE_PREFIX))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+}
+
+/// The companion akey holding an EC array's logical size.
+pub fn size_akey(akey: &[u8]) -> Vec<u8> {
+    [EC_SIZE_PREFIX, akey].concat()
+}
+
+fn check_keys(dkey: &[u8], akey: Option<&[u8]>) -> Result<()> {
+    if dkey.is_empty() {
+        return Err(Error::inval(
+            "empty dkey (an empty dkey means \"whole object\" on the wire)",
+        ));
+    }
+    if akey.is_some_and(|a| a.is_empty()) {
+        return Err(Error::inval(format!("dkey {}: empty akey", fmt_key(dkey))));
+    }
+    Ok(())
+}
+
+fn check_range(offset: u64, len: usize) -> Result<()> {
+    if offset.checked_add(len as u64).is_none() {
+        return Err(Error::inval(format!(
+            "extent at {offset} of {len} bytes overflows"
+        )));
+    }
+    Ok(())
+}
