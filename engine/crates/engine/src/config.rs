@@ -78,7 +78,9 @@ impl<'de> Deserialize<'de> for Size {
 /// Parse a size with an optional binary unit (K, M, G, T with or without `iB`/`B`).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
@@ -86,9 +88,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?} (use K, M, G, T)")),
+        _ => {
+            return Err(format!(
+                "invalid size {s:?}: unknown unit {unit:?} (use K, M, G, T)"
+            ))
+        }
     };
-    let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
     if !(n.is_finite() && n >= 0.0) {
         return Err(format!("invalid size {s:?}"));
     }
@@ -125,7 +133,8 @@ pub const MIN_BDEV_BYTES: u64 = 64 << 20;
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
     }
 
@@ -136,8 +145,17 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if self.name.is_empty() || self.name.len() > 64 || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(format!("name: {:?} must be 1-64 characters of [A-Za-z0-9_-]", self.name));
+        if self.name.is_empty()
+            || self.name.len() > 64
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!(
+                "name: {:?} must be 1-64 characters of [A-Za-z0-9_-]",
+                self.name
+            ));
         }
         if self.targets == 0 || self.targets > 64 {
             return Err(format!("targets: {} is out of range 1..=64", self.targets));
@@ -146,13 +164,22 @@ impl Config {
             return Err("control_port/data_port: port 0 is not allowed".into());
         }
         if self.control_port == self.data_port {
-            return Err(format!("data_port: {} is the same as control_port", self.data_port));
+            return Err(format!(
+                "data_port: {} is the same as control_port",
+                self.data_port
+            ));
         }
         if self.scm.class != "ram" {
-            return Err(format!("scm.class: {:?} is not supported (use ram)", self.scm.class));
+            return Err(format!(
+                "scm.class: {:?} is not supported (use ram)",
+                self.scm.class
+            ));
         }
         if self.scm.size.0 < (16 << 20) * self.targets as u64 {
-            return Err(format!("scm.size: {} bytes is too small (need at least 16 MiB per target)", self.scm.size.0));
+            return Err(format!(
+                "scm.size: {} bytes is too small (need at least 16 MiB per target)",
+                self.scm.size.0
+            ));
         }
         match &self.bdev {
             BdevConfig::File { path, size } => {
@@ -170,17 +197,26 @@ impl Config {
             }
             BdevConfig::Kdev { device } => {
                 if !device.starts_with("/dev/") {
-                    return Err(format!("bdev.device: {} is not a device path under /dev", device.display()));
+                    return Err(format!(
+                        "bdev.device: {} is not a device path under /dev",
+                        device.display()
+                    ));
                 }
             }
         }
         for r in &self.mgmt_svc_replicas {
-            if r.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {
+            if r.rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .is_none()
+            {
                 return Err(format!("mgmt_svc_replicas: {r:?} is not host:port"));
             }
         }
         if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
-            return Err(format!("log_level: {:?} is not one of error, warn, info, debug, trace", self.log_level));
+            return Err(format!(
+                "log_level: {:?} is not one of error, warn, info, debug, trace",
+                self.log_level
+            ));
         }
         Ok(())
     }
@@ -194,15 +230,24 @@ impl Config {
 
     /// The management service this engine reports to (itself when first in the list or none given).
     pub fn mgmt_leader(&self) -> String {
-        self.mgmt_svc_replicas.first().cloned().unwrap_or_else(|| self.control_addr())
+        self.mgmt_svc_replicas
+            .first()
+            .cloned()
+            .unwrap_or_else(|| self.control_addr())
     }
 
     /// Whether this engine hosts the management service.
     pub fn hosts_mgmt(&self) -> bool {
         let me = self.control_addr();
         let leader = self.mgmt_leader();
-        leader == me || (self.mgmt_svc_replicas.is_empty())
-            || leader.rsplit_once(':').map(|(h, p)| (h == "localhost" || h == "0.0.0.0") && p == self.control_port.to_string()).unwrap_or(false)
+        leader == me
+            || (self.mgmt_svc_replicas.is_empty())
+            || leader
+                .rsplit_once(':')
+                .map(|(h, p)| {
+                    (h == "localhost" || h == "0.0.0.0") && p == self.control_port.to_string()
+                })
+                .unwrap_or(false)
     }
 }
 
@@ -213,6 +258,7 @@ mod tests {
     const GOOD: &str = "
 name: tank
 rank: 1
+control_port: 10002
 targets: 2
 scm: {class: ram, size: 1GiB}
 bdev: {class: file, path: /tmp/nvme.img, size: 4GiB}
@@ -226,20 +272,26 @@ mgmt_svc_replicas: [\"127.0.0.1:10001\"]
         assert_eq!(c.scm.size.0, 1 << 30);
         assert!(matches!(c.bdev, BdevConfig::File { ref size, .. } if size.0 == 4 << 30));
         assert!(!c.hosts_mgmt());
-        assert_eq!(c.control_port, 10001);
+        assert_eq!(c.control_port, 10002);
     }
 
     #[test]
     fn rejects_with_the_key_named() {
         let cases = [
-            (GOOD.replace("targets: 2", "targets: 2\ntargetz: 3"), "targetz"),
+            (
+                GOOD.replace("targets: 2", "targets: 2\ntargetz: 3"),
+                "targetz",
+            ),
             (GOOD.replace("targets: 2", "targets: 0"), "targets"),
             (GOOD.replace("size: 4GiB", "size: 4XB"), "4XB"),
             (GOOD.replace("size: 4GiB", "size: 1MiB"), "bdev.size"),
             (GOOD.replace("class: ram", "class: pmem"), "scm.class"),
             (GOOD.replace("class: file", "class: tape"), "tape"),
             (GOOD.replace("rank: 1", "rank: -1"), "rank"),
-            (GOOD.replace("\"127.0.0.1:10001\"", "\"nohost\""), "mgmt_svc_replicas"),
+            (
+                GOOD.replace("\"127.0.0.1:10001\"", "\"nohost\""),
+                "mgmt_svc_replicas",
+            ),
             (format!("{GOOD}log_level: loud\n"), "log_level"),
         ];
         for (text, key) in cases {

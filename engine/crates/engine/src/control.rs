@@ -13,7 +13,8 @@ pub struct EngineService {
 }
 
 pub fn parse_uuid(field: &str, s: &str) -> Result<Uuid, Status> {
-    Uuid::parse_str(s).map_err(|_| Status::invalid_argument(format!("{field}: {s:?} is not a UUID")))
+    Uuid::parse_str(s)
+        .map_err(|_| Status::invalid_argument(format!("{field}: {s:?} is not a UUID")))
 }
 
 /// Map a storage error to a gRPC status by its errno.
@@ -30,8 +31,12 @@ pub fn storage_status(e: peregrine_vos::StorageError) -> Status {
 }
 
 /// Run blocking storage work off the async reactor.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Status> + Send + 'static) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("storage task failed: {e}")))?
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("storage task failed: {e}")))?
 }
 
 #[tonic::async_trait]
@@ -41,28 +46,44 @@ impl Engine for EngineService {
         Ok(Response::new(blocking(move || Ok(node.scan())).await?))
     }
 
-    async fn local_format(&self, req: Request<StorageFormatReq>) -> Result<Response<RankStorage>, Status> {
+    async fn local_format(
+        &self,
+        req: Request<StorageFormatReq>,
+    ) -> Result<Response<RankStorage>, Status> {
         let node = self.node.clone();
         let force = req.into_inner().force;
         Ok(Response::new(blocking(move || node.format(force)).await?))
     }
 
-    async fn pool_shard_create(&self, req: Request<PoolShardCreateReq>) -> Result<Response<Empty>, Status> {
+    async fn pool_shard_create(
+        &self,
+        req: Request<PoolShardCreateReq>,
+    ) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let pool = parse_uuid("pool_uuid", &r.pool_uuid)?;
         let st = self.node.storage()?;
-        blocking(move || st.pool_create(pool, r.scm_per_target, r.nvme_per_target).map_err(storage_status)).await?;
+        blocking(move || {
+            st.pool_create(pool, r.scm_per_target, r.nvme_per_target)
+                .map_err(storage_status)
+        })
+        .await?;
         Ok(Response::new(Empty {}))
     }
 
-    async fn pool_shard_destroy(&self, req: Request<PoolShardDestroyReq>) -> Result<Response<Empty>, Status> {
+    async fn pool_shard_destroy(
+        &self,
+        req: Request<PoolShardDestroyReq>,
+    ) -> Result<Response<Empty>, Status> {
         let pool = parse_uuid("pool_uuid", &req.into_inner().pool_uuid)?;
         let st = self.node.storage()?;
         blocking(move || st.pool_destroy(pool).map_err(storage_status)).await?;
         Ok(Response::new(Empty {}))
     }
 
-    async fn pool_shard_query(&self, req: Request<PoolShardQueryReq>) -> Result<Response<PoolShardSpace>, Status> {
+    async fn pool_shard_query(
+        &self,
+        req: Request<PoolShardQueryReq>,
+    ) -> Result<Response<PoolShardSpace>, Status> {
         let pool = parse_uuid("pool_uuid", &req.into_inner().pool_uuid)?;
         let st = self.node.storage()?;
         let sp = blocking(move || st.pool_space(pool).map_err(storage_status)).await?;
@@ -71,11 +92,18 @@ impl Engine for EngineService {
             scm_free: sp.scm_free,
             nvme_total: sp.nvme_total,
             nvme_free: sp.nvme_free,
-            cont_used: sp.cont_used.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            cont_used: sp
+                .cont_used
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
         }))
     }
 
-    async fn cont_shard_destroy(&self, req: Request<ContShardDestroyReq>) -> Result<Response<Empty>, Status> {
+    async fn cont_shard_destroy(
+        &self,
+        req: Request<ContShardDestroyReq>,
+    ) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let pool = parse_uuid("pool_uuid", &r.pool_uuid)?;
         let cont = parse_uuid("cont_uuid", &r.cont_uuid)?;
@@ -84,19 +112,31 @@ impl Engine for EngineService {
         Ok(Response::new(Empty {}))
     }
 
-    async fn cont_shard_snapshots(&self, req: Request<ContShardSnapshotsReq>) -> Result<Response<Empty>, Status> {
+    async fn cont_shard_snapshots(
+        &self,
+        req: Request<ContShardSnapshotsReq>,
+    ) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let pool = parse_uuid("pool_uuid", &r.pool_uuid)?;
         let cont = parse_uuid("cont_uuid", &r.cont_uuid)?;
         let st = self.node.storage()?;
-        blocking(move || st.set_snapshots(pool, cont, r.epochs).map_err(storage_status)).await?;
+        blocking(move || {
+            st.set_snapshots(pool, cont, r.epochs)
+                .map_err(storage_status)
+        })
+        .await?;
         Ok(Response::new(Empty {}))
     }
 
-    async fn aggregate(&self, req: Request<AggregateReq>) -> Result<Response<AggregateResp>, Status> {
+    async fn aggregate(
+        &self,
+        req: Request<AggregateReq>,
+    ) -> Result<Response<AggregateResp>, Status> {
         let pool = parse_uuid("pool_uuid", &req.into_inner().pool_uuid)?;
         let st = self.node.storage()?;
         let reclaimed = blocking(move || st.aggregate(pool).map_err(storage_status)).await?;
-        Ok(Response::new(AggregateResp { reclaimed_bytes: reclaimed }))
+        Ok(Response::new(AggregateResp {
+            reclaimed_bytes: reclaimed,
+        }))
     }
 }

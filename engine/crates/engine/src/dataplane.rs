@@ -37,7 +37,13 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener) {
 }
 
 fn error_reply(code: i32, message: String) -> Reply {
-    (DataResponse { status: Some(DataStatus { code, message }), body: None }, Vec::new())
+    (
+        DataResponse {
+            status: Some(DataStatus { code, message }),
+            body: None,
+        },
+        Vec::new(),
+    )
 }
 
 /// Decode a request frame into a storage request, naming what is malformed.
@@ -58,9 +64,20 @@ async fn connection(node: Arc<Node>, sock: TcpStream, peer: SocketAddr) {
 
     let writer = tokio::spawn(async move {
         while let Some((h, pending)) = rx.recv().await {
-            let (resp, bulk) = pending.await.unwrap_or_else(|_| error_reply(-libc::EIO, "request dropped by its target".into()));
+            let (resp, bulk) = pending.await.unwrap_or_else(|_| {
+                error_reply(-libc::EIO, "request dropped by its target".into())
+            });
             let msg = resp.encode_to_vec();
-            if let Err(e) = frame::write_frame_async(&mut wr, h.op(), FLAG_RESPONSE, h.request_id, &msg, &[&bulk]).await {
+            if let Err(e) = frame::write_frame_async(
+                &mut wr,
+                h.op(),
+                FLAG_RESPONSE,
+                h.request_id,
+                &msg,
+                &[&bulk],
+            )
+            .await
+            {
                 tracing::debug!("data plane {peer}: write reply: {e}");
                 return;
             }

@@ -23,11 +23,19 @@ struct Args {
 
 /// How often an engine reports to the management service.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+/// How long in-flight control calls get to finish after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 fn init_logging(cfg: &Config) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{},h2=warn,tower=warn,hyper=warn", cfg.log_level)));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "{},h2=warn,tower=warn,hyper=warn",
+            cfg.log_level
+        ))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
     match &cfg.log_file {
         Some(path) => {
             let file = std::fs::OpenOptions::new()
@@ -50,7 +58,12 @@ async fn join_loop(node: Arc<Node>) {
     loop {
         if client.is_none() {
             if let Ok(ep) = tonic::transport::Endpoint::from_shared(format!("http://{leader}")) {
-                if let Ok(ch) = ep.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5)).connect().await {
+                if let Ok(ch) = ep
+                    .connect_timeout(Duration::from_secs(2))
+                    .timeout(Duration::from_secs(5))
+                    .connect()
+                    .await
+                {
                     client = Some(MgmtClient::new(ch));
                 }
             }
@@ -90,9 +103,16 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
         .map_err(|e| format!("data_port {}: bind {}: {e}", cfg.data_port, cfg.data_addr()))?;
     let control = tokio::net::TcpListener::bind((cfg.listen_addr, cfg.control_port))
         .await
-        .map_err(|e| format!("control_port {}: bind {}: {e}", cfg.control_port, cfg.control_addr()))?;
+        .map_err(|e| {
+            format!(
+                "control_port {}: bind {}: {e}",
+                cfg.control_port,
+                cfg.control_addr()
+            )
+        })?;
 
-    let mut router = tonic::transport::Server::builder().add_service(EngineServer::new(EngineService { node: node.clone() }));
+    let mut router = tonic::transport::Server::builder()
+        .add_service(EngineServer::new(EngineService { node: node.clone() }));
     if cfg.hosts_mgmt() {
         let ms = MgmtService::new(node.clone())?;
         router = router.add_service(MgmtServer::new(ms));
@@ -100,14 +120,17 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
     }
     tokio::spawn(peregrine_engine::dataplane::serve(node.clone(), data));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(control);
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         tokio::select! {
             _ = term.recv() => {},
             _ = tokio::signal::ctrl_c() => {},
         }
         tracing::info!("shutting down");
-    };
+        let _ = stop_tx.send(true);
+    });
     tokio::spawn(join_loop(node.clone()));
     tracing::info!(
         "rank {} {} (control {}, data {}, {} targets)",
@@ -118,10 +141,20 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
         cfg.targets
     );
     println!("peregrine-engine: rank {} {}", cfg.rank, node.state());
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(|e| format!("control service: {e}"))
+    let mut graceful = stop_rx.clone();
+    let serve = router.serve_with_incoming_shutdown(incoming, async move {
+        let _ = graceful.wait_for(|s| *s).await;
+    });
+    // Peers keep management connections open; give them a moment, not forever.
+    let mut deadline = stop_rx;
+    let grace = async move {
+        let _ = deadline.wait_for(|s| *s).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        r = serve => r.map_err(|e| format!("control service: {e}")),
+        _ = grace => Ok(()),
+    }
 }
 
 fn main() {
@@ -145,7 +178,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     let result = rt.block_on(run(node.clone()));
     node.shutdown();
     if let Err(e) = result {

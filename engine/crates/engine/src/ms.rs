@@ -49,8 +49,25 @@ struct ContRec {
     rf: u32,
     checksum: String,
     props: BTreeMap<String, String>,
-    snapshots: Vec<Snapshot>,
+    snapshots: Vec<SnapRec>,
     create_epoch: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct SnapRec {
+    epoch: u64,
+    name: String,
+    created_unix: u64,
+}
+
+impl From<&SnapRec> for Snapshot {
+    fn from(s: &SnapRec) -> Snapshot {
+        Snapshot {
+            epoch: s.epoch,
+            name: s.name.clone(),
+            created_unix: s.created_unix,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -83,25 +100,40 @@ pub struct MgmtService {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
 }
 
 /// An epoch at least as large as any update acknowledged before now
 /// (epochs are HLC values: nanoseconds with a 16-bit logical counter).
 fn epoch_now() -> u64 {
-    let ns = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    let ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
     ns | 0xFFFF
 }
 
 fn validate_label(what: &str, label: &str) -> Result<(), Status> {
     if label.is_empty() || label.len() > 127 {
-        return Err(Status::invalid_argument(format!("{what} label {label:?}: must be 1-127 characters")));
+        return Err(Status::invalid_argument(format!(
+            "{what} label {label:?}: must be 1-127 characters"
+        )));
     }
     if Uuid::parse_str(label).is_ok() {
-        return Err(Status::invalid_argument(format!("{what} label {label:?}: must not be a UUID")));
+        return Err(Status::invalid_argument(format!(
+            "{what} label {label:?}: must not be a UUID"
+        )));
     }
-    if !label.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) {
-        return Err(Status::invalid_argument(format!("{what} label {label:?}: only [A-Za-z0-9-_.:] allowed")));
+    if !label
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    {
+        return Err(Status::invalid_argument(format!(
+            "{what} label {label:?}: only [A-Za-z0-9-_.:] allowed"
+        )));
     }
     Ok(())
 }
@@ -115,13 +147,21 @@ const POOL_PROPS: &[&str] = &["rf", "reclaim", "acl", "scrub"];
 fn validate_pool_props(props: &HashMap<String, String>) -> Result<(), Status> {
     for (k, v) in props {
         if !POOL_PROPS.contains(&k.as_str()) && !k.starts_with("user.") {
-            return Err(Status::invalid_argument(format!("pool property {k:?}: unknown (known: {}, or user.*)", POOL_PROPS.join(", "))));
+            return Err(Status::invalid_argument(format!(
+                "pool property {k:?}: unknown (known: {}, or user.*)",
+                POOL_PROPS.join(", ")
+            )));
         }
         if k == "rf" && !matches!(v.parse::<u32>(), Ok(0..=4)) {
-            return Err(Status::invalid_argument(format!("pool property rf={v:?}: must be 0-4")));
+            return Err(Status::invalid_argument(format!(
+                "pool property rf={v:?}: must be 0-4"
+            )));
         }
-        if k == "reclaim" && !["delete", "retain", "lazy", "time", "disabled"].contains(&v.as_str()) {
-            return Err(Status::invalid_argument(format!("pool property reclaim={v:?}: must be delete, retain, lazy, time or disabled")));
+        if k == "reclaim" && !["delete", "retain", "lazy", "time", "disabled"].contains(&v.as_str())
+        {
+            return Err(Status::invalid_argument(format!(
+                "pool property reclaim={v:?}: must be delete, retain, lazy, time or disabled"
+            )));
         }
     }
     Ok(())
@@ -134,28 +174,48 @@ async fn engine_client(addr: &str) -> Result<EngineClient<Channel>, Status> {
         .map_err(|e| Status::internal(format!("engine address {addr:?}: {e}")))?
         .connect_timeout(Duration::from_secs(3))
         .timeout(Duration::from_secs(120));
-    let ch = ep.connect().await.map_err(|e| Status::unavailable(format!("engine at {addr}: {e}")))?;
+    let ch = ep
+        .connect()
+        .await
+        .map_err(|e| Status::unavailable(format!("engine at {addr}: {e}")))?;
     Ok(EngineClient::new(ch))
 }
 
 impl MgmtService {
-    pub fn new(node: Arc<Node>) -> Result<Arc<Self>, String> {
-        let mut state = MsState { system: node.cfg.name.clone(), ..Default::default() };
+    pub fn new(node: Arc<Node>) -> Result<Self, String> {
+        let mut state = MsState {
+            system: node.cfg.name.clone(),
+            ..Default::default()
+        };
         if let Ok(st) = node.storage() {
-            if let Some(blob) = st.mgmt_load().map_err(|e| format!("load management state: {e}"))? {
-                state = bincode::deserialize(&blob).map_err(|e| format!("management state is undecodable: {e}"))?;
-                tracing::info!("management service: loaded {} members, {} pools", state.members.len(), state.pools.len());
+            if let Some(blob) = st
+                .mgmt_load()
+                .map_err(|e| format!("load management state: {e}"))?
+            {
+                state = bincode::deserialize(&blob)
+                    .map_err(|e| format!("management state is undecodable: {e}"))?;
+                tracing::info!(
+                    "management service: loaded {} members, {} pools",
+                    state.members.len(),
+                    state.pools.len()
+                );
             }
         }
-        Ok(Arc::new(MgmtService { node, state: Mutex::new(state), heartbeats: Default::default() }))
+        Ok(MgmtService {
+            node,
+            state: Mutex::new(state),
+            heartbeats: Default::default(),
+        })
     }
 
     /// Make the state durable. Called with the state lock held, before replying.
     fn persist(&self, state: &MsState) -> Result<(), Status> {
         match self.node.storage() {
             Ok(st) => {
-                let blob = bincode::serialize(state).map_err(|e| Status::internal(format!("encode management state: {e}")))?;
-                st.mgmt_store(&blob).map_err(|e| Status::internal(format!("persist management state: {e}")))
+                let blob = bincode::serialize(state)
+                    .map_err(|e| Status::internal(format!("encode management state: {e}")))?;
+                st.mgmt_store(&blob)
+                    .map_err(|e| Status::internal(format!("persist management state: {e}")))
             }
             // Before format there is nowhere durable; only membership exists then.
             Err(_) if state.pools.is_empty() => Ok(()),
@@ -164,7 +224,10 @@ impl MgmtService {
     }
 
     fn alive(&self, rank: u32) -> bool {
-        self.heartbeats.lock().get(&rank).is_some_and(|t| t.elapsed() < HEARTBEAT_TIMEOUT)
+        self.heartbeats
+            .lock()
+            .get(&rank)
+            .is_some_and(|t| t.elapsed() < HEARTBEAT_TIMEOUT)
     }
 
     fn member_state(&self, m: &MemberRec) -> String {
@@ -198,10 +261,12 @@ impl MgmtService {
                 return Ok(c);
             }
         }
-        pool.conts
-            .values()
-            .find(|c| c.label == id)
-            .ok_or_else(|| Status::not_found(format!("container {id:?} in pool {:?}: no such container", pool.label)))
+        pool.conts.values().find(|c| c.label == id).ok_or_else(|| {
+            Status::not_found(format!(
+                "container {id:?} in pool {:?}: no such container",
+                pool.label
+            ))
+        })
     }
 
     fn member_addr(state: &MsState, rank: u32) -> Result<String, Status> {
@@ -212,7 +277,11 @@ impl MgmtService {
             .ok_or_else(|| Status::not_found(format!("rank {rank}: not a member of the system")))
     }
 
-    async fn pool_space(&self, state: &MsState, pool: &PoolRec) -> (Vec<Tier>, HashMap<Uuid, u64>, u32) {
+    async fn pool_space(
+        &self,
+        state: &MsState,
+        pool: &PoolRec,
+    ) -> (Vec<Tier>, HashMap<Uuid, u64>, u32) {
         let (mut scm_t, mut scm_f, mut nv_t, mut nv_f) = (0, 0, 0, 0);
         let mut used: HashMap<Uuid, u64> = HashMap::new();
         let mut down = 0;
@@ -220,7 +289,12 @@ impl MgmtService {
             let targets = pool.targets.get(i).copied().unwrap_or(1);
             let reply = match (self.alive(rank), Self::member_addr(state, rank)) {
                 (true, Ok(addr)) => match engine_client(&addr).await {
-                    Ok(mut c) => c.pool_shard_query(PoolShardQueryReq { pool_uuid: pool.uuid.to_string() }).await.ok(),
+                    Ok(mut c) => c
+                        .pool_shard_query(PoolShardQueryReq {
+                            pool_uuid: pool.uuid.to_string(),
+                        })
+                        .await
+                        .ok(),
                     Err(_) => None,
                 },
                 _ => None,
@@ -247,8 +321,16 @@ impl MgmtService {
             }
         }
         let tiers = vec![
-            Tier { name: "scm".into(), total: scm_t, free: scm_f },
-            Tier { name: "nvme".into(), total: nv_t, free: nv_f },
+            Tier {
+                name: "scm".into(),
+                total: scm_t,
+                free: scm_f,
+            },
+            Tier {
+                name: "nvme".into(),
+                total: nv_t,
+                free: nv_f,
+            },
         ];
         (tiers, used, down)
     }
@@ -258,7 +340,11 @@ impl MgmtService {
         PoolInfo {
             uuid: pool.uuid.to_string(),
             label: pool.label.clone(),
-            state: if down > 0 { "degraded".into() } else { "ready".into() },
+            state: if down > 0 {
+                "degraded".into()
+            } else {
+                "ready".into()
+            },
             map_version: pool.map_version,
             ranks: pool.ranks.clone(),
             total_targets: pool.targets.iter().sum(),
@@ -288,7 +374,13 @@ impl MgmtService {
     }
 
     /// Call `f` on the Engine service of every rank of a pool; fails on the first error.
-    async fn on_ranks<F, Fut>(&self, state: &MsState, ranks: &[u32], skip_down: bool, f: F) -> Result<(), Status>
+    async fn on_ranks<F, Fut>(
+        &self,
+        state: &MsState,
+        ranks: &[u32],
+        skip_down: bool,
+        f: F,
+    ) -> Result<(), Status>
     where
         F: Fn(EngineClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<(), Status>>,
@@ -299,17 +391,29 @@ impl MgmtService {
                 continue;
             }
             let addr = Self::member_addr(state, rank)?;
-            let c = engine_client(&addr).await.map_err(|e| Status::unavailable(format!("rank {rank}: {}", e.message())))?;
-            f(c).await.map_err(|e| Status::new(e.code(), format!("rank {rank}: {}", e.message())))?;
+            let c = engine_client(&addr)
+                .await
+                .map_err(|e| Status::unavailable(format!("rank {rank}: {}", e.message())))?;
+            f(c).await
+                .map_err(|e| Status::new(e.code(), format!("rank {rank}: {}", e.message())))?;
         }
         Ok(())
     }
 
-    async fn push_snapshots(&self, state: &MsState, pool: &PoolRec, cont: &ContRec) -> Result<(), Status> {
+    async fn push_snapshots(
+        &self,
+        state: &MsState,
+        pool: &PoolRec,
+        cont: &ContRec,
+    ) -> Result<(), Status> {
         let epochs: Vec<u64> = cont.snapshots.iter().map(|s| s.epoch).collect();
         let (p, c) = (pool.uuid.to_string(), cont.uuid.to_string());
         self.on_ranks(state, &pool.ranks, true, |mut cl| {
-            let req = ContShardSnapshotsReq { pool_uuid: p.clone(), cont_uuid: c.clone(), epochs: epochs.clone() };
+            let req = ContShardSnapshotsReq {
+                pool_uuid: p.clone(),
+                cont_uuid: c.clone(),
+                epochs: epochs.clone(),
+            };
             async move { cl.cont_shard_snapshots(req).await.map(|_| ()) }
         })
         .await
@@ -319,13 +423,21 @@ impl MgmtService {
 /// Resolve a container's properties, filling defaults and checking them
 /// against each other and the pool.
 fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<ContRec, Status> {
-    let kind = if req.r#type.is_empty() { "POSIX".to_string() } else { req.r#type.to_ascii_uppercase() };
+    let kind = if req.r#type.is_empty() {
+        "POSIX".to_string()
+    } else {
+        req.r#type.to_ascii_uppercase()
+    };
     if kind != "POSIX" {
-        return Err(Status::invalid_argument(format!("container type {:?}: only POSIX is supported", req.r#type)));
+        return Err(Status::invalid_argument(format!(
+            "container type {:?}: only POSIX is supported",
+            req.r#type
+        )));
     }
     let parse_class = |field: &str, v: &str, dflt: &str| -> Result<ObjectClass, Status> {
         let v = if v.is_empty() { dflt } else { v };
-        v.parse::<ObjectClass>().map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+        v.parse::<ObjectClass>()
+            .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
     };
     let oclass = parse_class("oclass", &req.oclass, "SX")?;
     let dir_oclass = parse_class("dir_oclass", &req.dir_oclass, "S1")?;
@@ -353,13 +465,26 @@ fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<Co
             )));
         }
     }
-    let chunk_size = if req.chunk_size == 0 { 1 << 20 } else { req.chunk_size };
-    if chunk_size < 4096 || chunk_size > (64 << 20) || !chunk_size.is_power_of_two() {
-        return Err(Status::invalid_argument(format!("chunk_size {chunk_size}: must be a power of two from 4 KiB to 64 MiB")));
+    let chunk_size = if req.chunk_size == 0 {
+        1 << 20
+    } else {
+        req.chunk_size
+    };
+    if !(4096..=(64 << 20)).contains(&chunk_size) || !chunk_size.is_power_of_two() {
+        return Err(Status::invalid_argument(format!(
+            "chunk_size {chunk_size}: must be a power of two from 4 KiB to 64 MiB"
+        )));
     }
-    let checksum = if req.checksum.is_empty() { "crc32c".to_string() } else { req.checksum.to_ascii_lowercase() };
+    let checksum = if req.checksum.is_empty() {
+        "crc32c".to_string()
+    } else {
+        req.checksum.to_ascii_lowercase()
+    };
     if checksum != "crc32c" && checksum != "off" {
-        return Err(Status::invalid_argument(format!("checksum {:?}: must be crc32c or off", req.checksum)));
+        return Err(Status::invalid_argument(format!(
+            "checksum {:?}: must be crc32c or off",
+            req.checksum
+        )));
     }
     Ok(ContRec {
         uuid: Uuid::new_v4(),
@@ -370,15 +495,22 @@ fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<Co
         chunk_size,
         rf: req.redundancy_factor,
         checksum,
-        props: req.props.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        props: req
+            .props
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         snapshots: vec![],
         create_epoch: epoch_now(),
     })
 }
 
 #[tonic::async_trait]
-impl Mgmt for Arc<MgmtService> {
-    async fn system_query(&self, _: Request<SystemQueryReq>) -> Result<Response<SystemQueryResp>, Status> {
+impl Mgmt for MgmtService {
+    async fn system_query(
+        &self,
+        _: Request<SystemQueryReq>,
+    ) -> Result<Response<SystemQueryResp>, Status> {
         let s = self.state.lock().await;
         Ok(Response::new(SystemQueryResp {
             system: s.system.clone(),
@@ -400,16 +532,29 @@ impl Mgmt for Arc<MgmtService> {
         }))
     }
 
-    async fn storage_scan(&self, _: Request<StorageScanReq>) -> Result<Response<StorageScanResp>, Status> {
+    async fn storage_scan(
+        &self,
+        _: Request<StorageScanReq>,
+    ) -> Result<Response<StorageScanResp>, Status> {
         let members: Vec<MemberRec> = self.state.lock().await.members.values().cloned().collect();
         let mut ranks = vec![];
         for m in members {
             let mut rs = match engine_client(&m.control_addr).await {
                 Ok(mut c) => match c.local_scan(Empty {}).await {
                     Ok(r) => r.into_inner(),
-                    Err(e) => RankStorage { rank: m.rank, state: "unreachable".into(), message: e.message().into(), ..Default::default() },
+                    Err(e) => RankStorage {
+                        rank: m.rank,
+                        state: "unreachable".into(),
+                        message: e.message().into(),
+                        ..Default::default()
+                    },
                 },
-                Err(e) => RankStorage { rank: m.rank, state: "unreachable".into(), message: e.message().into(), ..Default::default() },
+                Err(e) => RankStorage {
+                    rank: m.rank,
+                    state: "unreachable".into(),
+                    message: e.message().into(),
+                    ..Default::default()
+                },
             };
             rs.rank = m.rank;
             ranks.push(rs);
@@ -417,11 +562,16 @@ impl Mgmt for Arc<MgmtService> {
         Ok(Response::new(StorageScanResp { ranks }))
     }
 
-    async fn storage_format(&self, req: Request<StorageFormatReq>) -> Result<Response<StorageFormatResp>, Status> {
+    async fn storage_format(
+        &self,
+        req: Request<StorageFormatReq>,
+    ) -> Result<Response<StorageFormatResp>, Status> {
         let force = req.into_inner().force;
         let members: Vec<MemberRec> = self.state.lock().await.members.values().cloned().collect();
         if members.is_empty() {
-            return Err(Status::failed_precondition("no engines have joined the system yet"));
+            return Err(Status::failed_precondition(
+                "no engines have joined the system yet",
+            ));
         }
         let mut ranks = vec![];
         let mut failures = vec![];
@@ -432,7 +582,9 @@ impl Mgmt for Arc<MgmtService> {
             }
             let res = async {
                 let mut c = engine_client(&m.control_addr).await?;
-                c.local_format(StorageFormatReq { force }).await.map(|r| r.into_inner())
+                c.local_format(StorageFormatReq { force })
+                    .await
+                    .map(|r| r.into_inner())
             }
             .await;
             match res {
@@ -451,7 +603,10 @@ impl Mgmt for Arc<MgmtService> {
             self.persist(&s)?;
         }
         if !failures.is_empty() {
-            return Err(Status::failed_precondition(format!("storage format: {}", failures.join("; "))));
+            return Err(Status::failed_precondition(format!(
+                "storage format: {}",
+                failures.join("; ")
+            )));
         }
         Ok(Response::new(StorageFormatResp { ranks }))
     }
@@ -466,7 +621,13 @@ impl Mgmt for Arc<MgmtService> {
             )));
         }
         let changed = match s.members.get(&j.rank) {
-            Some(m) => m.control_addr != j.control_addr || m.data_addr != j.data_addr || m.uuid != j.uuid || m.state != j.state || m.targets != j.targets,
+            Some(m) => {
+                m.control_addr != j.control_addr
+                    || m.data_addr != j.data_addr
+                    || m.uuid != j.uuid
+                    || m.state != j.state
+                    || m.targets != j.targets
+            }
             None => true,
         };
         if changed {
@@ -486,7 +647,9 @@ impl Mgmt for Arc<MgmtService> {
             self.persist(&s)?;
         }
         self.heartbeats.lock().insert(j.rank, Instant::now());
-        Ok(Response::new(JoinResp { map_version: s.map_version }))
+        Ok(Response::new(JoinResp {
+            map_version: s.map_version,
+        }))
     }
 
     async fn pool_create(&self, req: Request<PoolCreateReq>) -> Result<Response<PoolInfo>, Status> {
@@ -495,10 +658,17 @@ impl Mgmt for Arc<MgmtService> {
         validate_pool_props(&r.props)?;
         let mut s = self.state.lock().await;
         if let Some(existing) = s.pools.values().find(|p| p.label == r.label) {
-            return Err(Status::already_exists(format!("pool {:?} already exists ({})", r.label, existing.uuid)));
+            return Err(Status::already_exists(format!(
+                "pool {:?} already exists ({})",
+                r.label, existing.uuid
+            )));
         }
         let ranks: Vec<u32> = if r.ranks.is_empty() {
-            s.members.values().filter(|m| self.alive(m.rank) && m.state == "ready").map(|m| m.rank).collect()
+            s.members
+                .values()
+                .filter(|m| self.alive(m.rank) && m.state == "ready")
+                .map(|m| m.rank)
+                .collect()
         } else {
             let mut v = r.ranks.clone();
             v.sort_unstable();
@@ -506,23 +676,38 @@ impl Mgmt for Arc<MgmtService> {
             v
         };
         if ranks.is_empty() {
-            return Err(Status::failed_precondition("no ready engines: format storage first (`peregrine storage format`)"));
+            return Err(Status::failed_precondition(
+                "no ready engines: format storage first (`peregrine storage format`)",
+            ));
         }
         let mut targets = vec![];
         for &rank in &ranks {
-            let m = s.members.get(&rank).ok_or_else(|| Status::not_found(format!("rank {rank}: not a member of the system")))?;
+            let m = s.members.get(&rank).ok_or_else(|| {
+                Status::not_found(format!("rank {rank}: not a member of the system"))
+            })?;
             if !self.alive(rank) || m.state != "ready" {
-                return Err(Status::failed_precondition(format!("rank {rank} is not ready ({})", self.member_state(m))));
+                return Err(Status::failed_precondition(format!(
+                    "rank {rank} is not ready ({})",
+                    self.member_state(m)
+                )));
             }
             targets.push(m.targets);
         }
         let (scm, nvme) = if r.total_size > 0 {
             if r.scm_size > 0 || r.nvme_size > 0 {
-                return Err(Status::invalid_argument("give either total_size or scm_size/nvme_size, not both"));
+                return Err(Status::invalid_argument(
+                    "give either total_size or scm_size/nvme_size, not both",
+                ));
             }
-            let ratio = if r.tier_ratio == 0.0 { DEFAULT_TIER_RATIO } else { r.tier_ratio };
+            let ratio = if r.tier_ratio == 0.0 {
+                DEFAULT_TIER_RATIO
+            } else {
+                r.tier_ratio
+            };
             if !(ratio > 0.0 && ratio < 1.0) {
-                return Err(Status::invalid_argument(format!("tier_ratio {ratio}: must be between 0 and 1")));
+                return Err(Status::invalid_argument(format!(
+                    "tier_ratio {ratio}: must be between 0 and 1"
+                )));
             }
             let scm = (r.total_size as f64 * ratio) as u64;
             (scm, r.total_size - scm)
@@ -540,23 +725,34 @@ impl Mgmt for Arc<MgmtService> {
         let uuid = Uuid::new_v4();
         let mut done = vec![];
         for &rank in &ranks {
-            let addr = Self::member_addr(&s, rank)?;
+            let addr = MgmtService::member_addr(&s, rank)?;
             let res = async {
                 let mut c = engine_client(&addr).await?;
-                c.pool_shard_create(PoolShardCreateReq { pool_uuid: uuid.to_string(), scm_per_target: scm_pt, nvme_per_target: nvme_pt })
-                    .await
-                    .map(|_| ())
+                c.pool_shard_create(PoolShardCreateReq {
+                    pool_uuid: uuid.to_string(),
+                    scm_per_target: scm_pt,
+                    nvme_per_target: nvme_pt,
+                })
+                .await
+                .map(|_| ())
             }
             .await;
             if let Err(e) = res {
                 for &d in &done {
-                    if let Ok(addr) = Self::member_addr(&s, d) {
+                    if let Ok(addr) = MgmtService::member_addr(&s, d) {
                         if let Ok(mut c) = engine_client(&addr).await {
-                            let _ = c.pool_shard_destroy(PoolShardDestroyReq { pool_uuid: uuid.to_string() }).await;
+                            let _ = c
+                                .pool_shard_destroy(PoolShardDestroyReq {
+                                    pool_uuid: uuid.to_string(),
+                                })
+                                .await;
                         }
                     }
                 }
-                return Err(Status::new(e.code(), format!("pool create {:?}: rank {rank}: {}", r.label, e.message())));
+                return Err(Status::new(
+                    e.code(),
+                    format!("pool create {:?}: rank {rank}: {}", r.label, e.message()),
+                ));
             }
             done.push(rank);
         }
@@ -588,14 +784,14 @@ impl Mgmt for Arc<MgmtService> {
 
     async fn pool_query(&self, req: Request<PoolQueryReq>) -> Result<Response<PoolInfo>, Status> {
         let s = self.state.lock().await;
-        let p = Self::find_pool(&s, &req.into_inner().id)?;
+        let p = MgmtService::find_pool(&s, &req.into_inner().id)?;
         Ok(Response::new(self.pool_info(&s, p).await))
     }
 
     async fn pool_destroy(&self, req: Request<PoolDestroyReq>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let mut s = self.state.lock().await;
-        let p = Self::find_pool(&s, &r.id)?.clone();
+        let p = MgmtService::find_pool(&s, &r.id)?.clone();
         if !p.conts.is_empty() && !r.force {
             let names: Vec<&str> = p.conts.values().map(|c| c.label.as_str()).collect();
             return Err(Status::failed_precondition(format!(
@@ -607,7 +803,9 @@ impl Mgmt for Arc<MgmtService> {
         }
         let id = p.uuid.to_string();
         self.on_ranks(&s, &p.ranks, r.force, |mut c| {
-            let req = PoolShardDestroyReq { pool_uuid: id.clone() };
+            let req = PoolShardDestroyReq {
+                pool_uuid: id.clone(),
+            };
             async move { c.pool_shard_destroy(req).await.map(|_| ()) }
         })
         .await?;
@@ -617,11 +815,14 @@ impl Mgmt for Arc<MgmtService> {
         Ok(Response::new(Empty {}))
     }
 
-    async fn pool_set_prop(&self, req: Request<PoolSetPropReq>) -> Result<Response<PoolInfo>, Status> {
+    async fn pool_set_prop(
+        &self,
+        req: Request<PoolSetPropReq>,
+    ) -> Result<Response<PoolInfo>, Status> {
         let r = req.into_inner();
         validate_pool_props(&r.props)?;
         let mut s = self.state.lock().await;
-        let uuid = Self::find_pool(&s, &r.id)?.uuid;
+        let uuid = MgmtService::find_pool(&s, &r.id)?.uuid;
         let p = s.pools.get_mut(&uuid).unwrap();
         p.props.extend(r.props);
         let p = p.clone();
@@ -629,9 +830,12 @@ impl Mgmt for Arc<MgmtService> {
         Ok(Response::new(self.pool_info(&s, &p).await))
     }
 
-    async fn pool_connect(&self, req: Request<PoolConnectReq>) -> Result<Response<PoolMap>, Status> {
+    async fn pool_connect(
+        &self,
+        req: Request<PoolConnectReq>,
+    ) -> Result<Response<PoolMap>, Status> {
         let s = self.state.lock().await;
-        let p = Self::find_pool(&s, &req.into_inner().id)?;
+        let p = MgmtService::find_pool(&s, &req.into_inner().id)?;
         let mut targets = vec![];
         for (i, &rank) in p.ranks.iter().enumerate() {
             let m = s.members.get(&rank);
@@ -645,79 +849,118 @@ impl Mgmt for Arc<MgmtService> {
                 });
             }
         }
-        Ok(Response::new(PoolMap { uuid: p.uuid.to_string(), label: p.label.clone(), version: p.map_version, targets }))
+        Ok(Response::new(PoolMap {
+            uuid: p.uuid.to_string(),
+            label: p.label.clone(),
+            version: p.map_version,
+            targets,
+        }))
     }
 
     async fn cont_create(&self, req: Request<ContCreateReq>) -> Result<Response<ContInfo>, Status> {
         let r = req.into_inner();
         validate_label("container", &r.label)?;
         let mut s = self.state.lock().await;
-        let puuid = Self::find_pool(&s, &r.pool)?.uuid;
+        let puuid = MgmtService::find_pool(&s, &r.pool)?.uuid;
         let pool = &s.pools[&puuid];
         if let Some(c) = pool.conts.values().find(|c| c.label == r.label) {
-            return Err(Status::already_exists(format!("container {:?} already exists in pool {:?} ({})", r.label, pool.label, c.uuid)));
+            return Err(Status::already_exists(format!(
+                "container {:?} already exists in pool {:?} ({})",
+                r.label, pool.label, c.uuid
+            )));
         }
         let rec = cont_record(&r, pool, pool.ranks.len())?;
         let pool = s.pools.get_mut(&puuid).unwrap();
         pool.conts.insert(rec.uuid, rec.clone());
         let info = MgmtService::cont_info(pool, &rec, 0);
         self.persist(&s)?;
-        tracing::info!("created container {} ({}) in pool {puuid}", rec.label, rec.uuid);
+        tracing::info!(
+            "created container {} ({}) in pool {puuid}",
+            rec.label,
+            rec.uuid
+        );
         Ok(Response::new(info))
     }
 
     async fn cont_list(&self, req: Request<ContListReq>) -> Result<Response<ContListResp>, Status> {
         let s = self.state.lock().await;
-        let p = Self::find_pool(&s, &req.into_inner().pool)?;
+        let p = MgmtService::find_pool(&s, &req.into_inner().pool)?;
         let (_, used, _) = self.pool_space(&s, p).await;
-        let containers = p.conts.values().map(|c| MgmtService::cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0))).collect();
+        let containers = p
+            .conts
+            .values()
+            .map(|c| MgmtService::cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0)))
+            .collect();
         Ok(Response::new(ContListResp { containers }))
     }
 
     async fn cont_query(&self, req: Request<ContQueryReq>) -> Result<Response<ContInfo>, Status> {
         let r = req.into_inner();
         let s = self.state.lock().await;
-        let p = Self::find_pool(&s, &r.pool)?;
-        let c = Self::find_cont(p, &r.id)?;
+        let p = MgmtService::find_pool(&s, &r.pool)?;
+        let c = MgmtService::find_cont(p, &r.id)?;
         let (_, used, _) = self.pool_space(&s, p).await;
-        Ok(Response::new(MgmtService::cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0))))
+        Ok(Response::new(MgmtService::cont_info(
+            p,
+            c,
+            used.get(&c.uuid).copied().unwrap_or(0),
+        )))
     }
 
     async fn cont_destroy(&self, req: Request<ContDestroyReq>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let mut s = self.state.lock().await;
-        let p = Self::find_pool(&s, &r.pool)?.clone();
-        let c = Self::find_cont(&p, &r.id)?.clone();
+        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
+        let c = MgmtService::find_cont(&p, &r.id)?.clone();
         let (pid, cid) = (p.uuid.to_string(), c.uuid.to_string());
         self.on_ranks(&s, &p.ranks, r.force, |mut cl| {
-            let req = ContShardDestroyReq { pool_uuid: pid.clone(), cont_uuid: cid.clone() };
+            let req = ContShardDestroyReq {
+                pool_uuid: pid.clone(),
+                cont_uuid: cid.clone(),
+            };
             async move { cl.cont_shard_destroy(req).await.map(|_| ()) }
         })
         .await?;
         s.pools.get_mut(&p.uuid).unwrap().conts.remove(&c.uuid);
         self.persist(&s)?;
-        tracing::info!("destroyed container {} ({}) in pool {}", c.label, c.uuid, p.label);
+        tracing::info!(
+            "destroyed container {} ({}) in pool {}",
+            c.label,
+            c.uuid,
+            p.label
+        );
         Ok(Response::new(Empty {}))
     }
 
-    async fn cont_set_prop(&self, req: Request<ContSetPropReq>) -> Result<Response<ContInfo>, Status> {
+    async fn cont_set_prop(
+        &self,
+        req: Request<ContSetPropReq>,
+    ) -> Result<Response<ContInfo>, Status> {
         let r = req.into_inner();
         let mut s = self.state.lock().await;
-        let p = Self::find_pool(&s, &r.pool)?.clone();
-        let mut c = Self::find_cont(&p, &r.id)?.clone();
+        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
+        let mut c = MgmtService::find_cont(&p, &r.id)?.clone();
         for (k, v) in &r.props {
             match k.as_str() {
                 "checksum" => {
                     let v = v.to_ascii_lowercase();
                     if v != "crc32c" && v != "off" {
-                        return Err(Status::invalid_argument(format!("checksum {v:?}: must be crc32c or off")));
+                        return Err(Status::invalid_argument(format!(
+                            "checksum {v:?}: must be crc32c or off"
+                        )));
                     }
                     c.checksum = v;
                 }
                 "oclass" | "dir_oclass" => {
-                    let class = v.parse::<ObjectClass>().map_err(|e| Status::invalid_argument(format!("{k}: {e}")))?;
+                    let class = v
+                        .parse::<ObjectClass>()
+                        .map_err(|e| Status::invalid_argument(format!("{k}: {e}")))?;
                     if class.group_size() as usize > p.ranks.len() {
-                        return Err(Status::invalid_argument(format!("{k}: object class {class} needs {} engines, pool has {}", class.group_size(), p.ranks.len())));
+                        return Err(Status::invalid_argument(format!(
+                            "{k}: object class {class} needs {} engines, pool has {}",
+                            class.group_size(),
+                            p.ranks.len()
+                        )));
                     }
                     if k == "oclass" {
                         c.oclass = class.name().into();
@@ -728,12 +971,17 @@ impl Mgmt for Arc<MgmtService> {
                 "label" => {
                     validate_label("container", v)?;
                     if p.conts.values().any(|o| o.label == *v && o.uuid != c.uuid) {
-                        return Err(Status::already_exists(format!("container {v:?} already exists in pool {:?}", p.label)));
+                        return Err(Status::already_exists(format!(
+                            "container {v:?} already exists in pool {:?}",
+                            p.label
+                        )));
                     }
                     c.label = v.clone();
                 }
                 "rf" | "chunk_size" | "type" => {
-                    return Err(Status::invalid_argument(format!("container property {k} cannot change after creation")));
+                    return Err(Status::invalid_argument(format!(
+                        "container property {k} cannot change after creation"
+                    )));
                 }
                 _ if k.starts_with("user.") || k == "acl" => {
                     c.props.insert(k.clone(), v.clone());
@@ -746,7 +994,11 @@ impl Mgmt for Arc<MgmtService> {
                 }
             }
         }
-        s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c.clone());
+        s.pools
+            .get_mut(&p.uuid)
+            .unwrap()
+            .conts
+            .insert(c.uuid, c.clone());
         self.persist(&s)?;
         Ok(Response::new(MgmtService::cont_info(&p, &c, 0)))
     }
@@ -754,49 +1006,71 @@ impl Mgmt for Arc<MgmtService> {
     async fn snap_create(&self, req: Request<SnapCreateReq>) -> Result<Response<Snapshot>, Status> {
         let r = req.into_inner();
         let mut s = self.state.lock().await;
-        let p = Self::find_pool(&s, &r.pool)?.clone();
-        let mut c = Self::find_cont(&p, &r.cont)?.clone();
+        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
+        let mut c = MgmtService::find_cont(&p, &r.cont)?.clone();
         if !r.name.is_empty() && c.snapshots.iter().any(|x| x.name == r.name) {
-            return Err(Status::already_exists(format!("snapshot {:?} already exists in container {:?}", r.name, c.label)));
+            return Err(Status::already_exists(format!(
+                "snapshot {:?} already exists in container {:?}",
+                r.name, c.label
+            )));
         }
-        let snap = Snapshot { epoch: epoch_now(), name: r.name, created_unix: now_unix() };
+        let snap = SnapRec {
+            epoch: epoch_now(),
+            name: r.name,
+            created_unix: now_unix(),
+        };
         c.snapshots.push(snap.clone());
         // Engines must keep the epoch before the snapshot is reported taken.
         self.push_snapshots(&s, &p, &c).await?;
         s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c);
         self.persist(&s)?;
-        Ok(Response::new(snap))
+        Ok(Response::new((&snap).into()))
     }
 
     async fn snap_list(&self, req: Request<SnapListReq>) -> Result<Response<SnapListResp>, Status> {
         let r = req.into_inner();
         let s = self.state.lock().await;
-        let p = Self::find_pool(&s, &r.pool)?;
-        let c = Self::find_cont(p, &r.cont)?;
-        Ok(Response::new(SnapListResp { snapshots: c.snapshots.clone() }))
+        let p = MgmtService::find_pool(&s, &r.pool)?;
+        let c = MgmtService::find_cont(p, &r.cont)?;
+        Ok(Response::new(SnapListResp {
+            snapshots: c.snapshots.iter().map(Snapshot::from).collect(),
+        }))
     }
 
     async fn snap_destroy(&self, req: Request<SnapDestroyReq>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let mut s = self.state.lock().await;
-        let p = Self::find_pool(&s, &r.pool)?.clone();
-        let mut c = Self::find_cont(&p, &r.cont)?.clone();
+        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
+        let mut c = MgmtService::find_cont(&p, &r.cont)?.clone();
         let before = c.snapshots.len();
-        c.snapshots.retain(|x| !((r.epoch != 0 && x.epoch == r.epoch) || (!r.name.is_empty() && x.name == r.name)));
+        c.snapshots.retain(|x| {
+            !((r.epoch != 0 && x.epoch == r.epoch) || (!r.name.is_empty() && x.name == r.name))
+        });
         if c.snapshots.len() == before {
             return Err(Status::not_found(format!(
                 "container {:?}: no snapshot {}",
                 c.label,
-                if r.name.is_empty() { format!("at epoch {}", r.epoch) } else { format!("named {:?}", r.name) }
+                if r.name.is_empty() {
+                    format!("at epoch {}", r.epoch)
+                } else {
+                    format!("named {:?}", r.name)
+                }
             )));
         }
-        s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c.clone());
+        s.pools
+            .get_mut(&p.uuid)
+            .unwrap()
+            .conts
+            .insert(c.uuid, c.clone());
         self.persist(&s)?;
         // Aggregation may now reclaim what only the snapshot kept; a stopped engine learns it later.
         if let Err(e) = self.push_snapshots(&s, &p, &c).await {
-            tracing::warn!("snapshot list of container {} not pushed everywhere: {}", c.label, e.message());
+            tracing::warn!(
+                "snapshot list of container {} not pushed everywhere: {}",
+                c.label,
+                e.message()
+            );
         }
         Ok(Response::new(Empty {}))
     }
 }
-

@@ -23,10 +23,23 @@ pub struct Node {
 impl Node {
     pub fn storage_options(cfg: &Config) -> StorageOptions {
         let bdev = match &cfg.bdev {
-            BdevConfig::File { path, size } => BdevSpec { class: BdevClass::File, path: path.clone(), size: size.0 },
-            BdevConfig::Kdev { device } => BdevSpec { class: BdevClass::Kdev, path: device.clone(), size: 0 },
+            BdevConfig::File { path, size } => BdevSpec {
+                class: BdevClass::File,
+                path: path.clone(),
+                size: size.0,
+            },
+            BdevConfig::Kdev { device } => BdevSpec {
+                class: BdevClass::Kdev,
+                path: device.clone(),
+                size: 0,
+            },
         };
-        StorageOptions { bdev, scm_bytes: cfg.scm.size.0, targets: cfg.targets, hugepages: cfg.hugepages }
+        StorageOptions {
+            bdev,
+            scm_bytes: cfg.scm.size.0,
+            targets: cfg.targets,
+            hugepages: cfg.hugepages,
+        }
     }
 
     /// Open the device if it is formatted for this system and rank;
@@ -40,8 +53,12 @@ impl Node {
             format_lock: Mutex::new(()),
         });
         let opts = Self::storage_options(&node.cfg);
-        match peregrine_vos::scan(&opts.bdev).map_err(|e| format!("bdev {}: {e}", opts.bdev.path.display()))? {
-            ScanState::Unformatted => node.enter_maintenance("device is not formatted; run `peregrine storage format`".into()),
+        match peregrine_vos::scan(&opts.bdev)
+            .map_err(|e| format!("bdev {}: {e}", opts.bdev.path.display()))?
+        {
+            ScanState::Unformatted => node.enter_maintenance(
+                "device is not formatted; run `peregrine storage format`".into(),
+            ),
             ScanState::Foreign(what) => node.enter_maintenance(format!(
                 "device {} carries another signature ({what}); format it with --force to overwrite",
                 opts.bdev.path.display()
@@ -86,7 +103,11 @@ impl Node {
     /// The open storage, or an error saying why I/O is refused.
     pub fn storage(&self) -> Result<Arc<Storage>, Status> {
         self.storage.read().clone().ok_or_else(|| {
-            Status::unavailable(format!("rank {} is in maintenance mode: {}", self.cfg.rank, self.maintenance_reason.lock()))
+            Status::unavailable(format!(
+                "rank {} is in maintenance mode: {}",
+                self.cfg.rank,
+                self.maintenance_reason.lock()
+            ))
         })
     }
 
@@ -145,13 +166,24 @@ impl Node {
                 }
             }
         }
-        peregrine_vos::format(&opts, &self.cfg.name, self.cfg.rank, force)
-            .map_err(|e| Status::failed_precondition(format!("rank {}: format {}: {e}", self.cfg.rank, opts.bdev.path.display())))?;
-        let storage = Storage::open(&opts).map_err(|e| Status::internal(format!("rank {}: open after format: {e}", self.cfg.rank)))?;
+        peregrine_vos::format(&opts, &self.cfg.name, self.cfg.rank, force).map_err(|e| {
+            Status::failed_precondition(format!(
+                "rank {}: format {}: {e}",
+                self.cfg.rank,
+                opts.bdev.path.display()
+            ))
+        })?;
+        let storage = Storage::open(&opts).map_err(|e| {
+            Status::internal(format!("rank {}: open after format: {e}", self.cfg.rank))
+        })?;
         *self.uuid.lock() = storage.superblock().engine_uuid;
         *self.storage.write() = Some(Arc::new(storage));
         self.maintenance_reason.lock().clear();
-        tracing::info!("rank {} formatted {} and ready", self.cfg.rank, opts.bdev.path.display());
+        tracing::info!(
+            "rank {} formatted {} and ready",
+            self.cfg.rank,
+            opts.bdev.path.display()
+        );
         println!("peregrine-engine: rank {} ready", self.cfg.rank);
         Ok(self.scan())
     }

@@ -8,8 +8,15 @@ fn run_with(config: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("engine.yaml");
     std::fs::write(&p, config).unwrap();
-    let out = Command::new(ENGINE_BIN).arg("--config").arg(&p).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(ENGINE_BIN)
+        .arg("--config")
+        .arg(&p)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 const GOOD: &str = "rank: 0\ncontrol_port: 1\ndata_port: 2\ntargets: 1\nscm: {class: ram, size: 64MiB}\nbdev: {class: file, path: /tmp/x.img, size: 128MiB}\n";
@@ -31,7 +38,11 @@ fn bad_configs_name_the_key() {
         assert!(err.contains(key), "error {err:?} should name {key:?}");
         assert!(!err.contains("panicked"), "{err}");
     }
-    let out = Command::new(ENGINE_BIN).arg("--config").arg("/nonexistent/engine.yaml").output().unwrap();
+    let out = Command::new(ENGINE_BIN)
+        .arg("--config")
+        .arg("/nonexistent/engine.yaml")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/engine.yaml"));
 }

@@ -8,80 +8,251 @@ use tonic::Code;
 
 #[test]
 fn pool_and_container_lifecycle() {
-    let c = Cluster::start(ClusterSpec { engines: 2, ..Default::default() });
+    let c = Cluster::start(ClusterSpec {
+        engines: 2,
+        ..Default::default()
+    });
     let mut m = c.mgmt();
 
     // Before format: pool create is refused with a reason.
-    let err = c.rt.block_on(m.pool_create(PoolCreateReq { label: "tank".into(), total_size: 64 << 20, ..Default::default() })).unwrap_err();
+    let err =
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "tank".into(),
+            total_size: 64 << 20,
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert!(err.message().contains("format"), "{err}");
 
     c.format();
-    let sys = c.rt.block_on(m.system_query(SystemQueryReq {})).unwrap().into_inner();
+    let sys =
+        c.rt.block_on(m.system_query(SystemQueryReq {}))
+            .unwrap()
+            .into_inner();
     assert_eq!(sys.members.len(), 2);
     assert!(sys.members.iter().all(|x| x.state == "joined"), "{sys:?}");
 
-    let pool = c.rt.block_on(m.pool_create(PoolCreateReq { label: "tank".into(), total_size: 128 << 20, ..Default::default() })).unwrap().into_inner();
+    let pool =
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "tank".into(),
+            total_size: 128 << 20,
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner();
     assert_eq!(pool.ranks, vec![0, 1]);
     assert_eq!(pool.total_targets, 4);
     let nvme = pool.tiers.iter().find(|t| t.name == "nvme").unwrap();
-    assert!(nvme.total >= 110 << 20 && nvme.free <= nvme.total, "{pool:?}");
+    assert!(
+        nvme.total >= 110 << 20 && nvme.free <= nvme.total,
+        "{pool:?}"
+    );
 
     // Duplicate label, bad label, too small, unknown property.
-    let e = c.rt.block_on(m.pool_create(PoolCreateReq { label: "tank".into(), total_size: 64 << 20, ..Default::default() })).unwrap_err();
+    let e =
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "tank".into(),
+            total_size: 64 << 20,
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e}");
-    let e = c.rt.block_on(m.pool_create(PoolCreateReq { label: "bad label!".into(), total_size: 64 << 20, ..Default::default() })).unwrap_err();
+    let e =
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "bad label!".into(),
+            total_size: 64 << 20,
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
-    let e = c.rt.block_on(m.pool_create(PoolCreateReq { label: "huge".into(), total_size: 64 << 30, ..Default::default() })).unwrap_err();
+    let e =
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "huge".into(),
+            total_size: 64 << 30,
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
-    assert!(e.message().contains("nvme") || e.message().contains("scm"), "{e}");
+    assert!(
+        e.message().contains("nvme") || e.message().contains("scm"),
+        "{e}"
+    );
     let mut props = std::collections::HashMap::new();
     props.insert("colour".to_string(), "blue".to_string());
-    let e = c.rt.block_on(m.pool_create(PoolCreateReq { label: "p2".into(), total_size: 64 << 20, props, ..Default::default() })).unwrap_err();
+    let e =
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "p2".into(),
+            total_size: 64 << 20,
+            props,
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert!(e.message().contains("colour"), "{e}");
 
     // Query by label and by UUID give the same pool.
-    let by_uuid = c.rt.block_on(m.pool_query(PoolQueryReq { id: pool.uuid.clone() })).unwrap().into_inner();
+    let by_uuid =
+        c.rt.block_on(m.pool_query(PoolQueryReq {
+            id: pool.uuid.clone(),
+        }))
+        .unwrap()
+        .into_inner();
     assert_eq!(by_uuid.label, "tank");
 
     // Containers: defaults, bad classes, duplicate labels.
-    let cont = c.rt.block_on(m.cont_create(ContCreateReq { pool: pool.uuid.clone(), label: "data".into(), ..Default::default() })).unwrap().into_inner();
-    assert_eq!((cont.oclass.as_str(), cont.chunk_size, cont.checksum.as_str(), cont.r#type.as_str()), ("SX", 1 << 20, "crc32c", "POSIX"));
-    let e = c.rt.block_on(m.cont_create(ContCreateReq { pool: "tank".into(), label: "x".into(), oclass: "RP_9G9".into(), ..Default::default() })).unwrap_err();
-    assert!(e.message().contains("unknown object class") && e.message().contains("RP_9G9"), "{e}");
-    let e = c.rt.block_on(m.cont_create(ContCreateReq { pool: "tank".into(), label: "x".into(), oclass: "RP_3G1".into(), ..Default::default() })).unwrap_err();
+    let cont =
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: pool.uuid.clone(),
+            label: "data".into(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            cont.oclass.as_str(),
+            cont.chunk_size,
+            cont.checksum.as_str(),
+            cont.r#type.as_str()
+        ),
+        ("SX", 1 << 20, "crc32c", "POSIX")
+    );
+    let e =
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: "tank".into(),
+            label: "x".into(),
+            oclass: "RP_9G9".into(),
+            ..Default::default()
+        }))
+        .unwrap_err();
+    assert!(
+        e.message().contains("unknown object class") && e.message().contains("RP_9G9"),
+        "{e}"
+    );
+    let e =
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: "tank".into(),
+            label: "x".into(),
+            oclass: "RP_3G1".into(),
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert!(e.message().contains("needs 3 engines"), "{e}");
-    let e = c.rt.block_on(m.cont_create(ContCreateReq { pool: "tank".into(), label: "x".into(), oclass: "S1".into(), redundancy_factor: 1, ..Default::default() })).unwrap_err();
+    let e =
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: "tank".into(),
+            label: "x".into(),
+            oclass: "S1".into(),
+            redundancy_factor: 1,
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert!(e.message().contains("redundancy factor"), "{e}");
-    let e = c.rt.block_on(m.cont_create(ContCreateReq { pool: "tank".into(), label: "data".into(), ..Default::default() })).unwrap_err();
+    let e =
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: "tank".into(),
+            label: "data".into(),
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists);
-    let e = c.rt.block_on(m.cont_create(ContCreateReq { pool: "nope".into(), label: "y".into(), ..Default::default() })).unwrap_err();
+    let e =
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: "nope".into(),
+            label: "y".into(),
+            ..Default::default()
+        }))
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     assert!(e.message().contains("nope"));
 
-    let q = c.rt.block_on(m.cont_query(ContQueryReq { pool: "tank".into(), id: cont.uuid.clone() })).unwrap().into_inner();
+    let q =
+        c.rt.block_on(m.cont_query(ContQueryReq {
+            pool: "tank".into(),
+            id: cont.uuid.clone(),
+        }))
+        .unwrap()
+        .into_inner();
     assert_eq!(q.label, "data");
     let mut props = std::collections::HashMap::new();
     props.insert("checksum".to_string(), "off".to_string());
-    let q = c.rt.block_on(m.cont_set_prop(ContSetPropReq { pool: "tank".into(), id: "data".into(), props })).unwrap().into_inner();
+    let q =
+        c.rt.block_on(m.cont_set_prop(ContSetPropReq {
+            pool: "tank".into(),
+            id: "data".into(),
+            props,
+        }))
+        .unwrap()
+        .into_inner();
     assert_eq!(q.checksum, "off");
     let mut props = std::collections::HashMap::new();
     props.insert("chunk_size".to_string(), "4096".to_string());
-    assert!(c.rt.block_on(m.cont_set_prop(ContSetPropReq { pool: "tank".into(), id: "data".into(), props })).is_err());
+    assert!(c
+        .rt
+        .block_on(m.cont_set_prop(ContSetPropReq {
+            pool: "tank".into(),
+            id: "data".into(),
+            props
+        }))
+        .is_err());
 
     // Snapshots.
-    let s1 = c.rt.block_on(m.snap_create(SnapCreateReq { pool: "tank".into(), cont: "data".into(), name: "first".into() })).unwrap().into_inner();
-    let list = c.rt.block_on(m.snap_list(SnapListReq { pool: "tank".into(), cont: "data".into() })).unwrap().into_inner();
+    let s1 =
+        c.rt.block_on(m.snap_create(SnapCreateReq {
+            pool: "tank".into(),
+            cont: "data".into(),
+            name: "first".into(),
+        }))
+        .unwrap()
+        .into_inner();
+    let list =
+        c.rt.block_on(m.snap_list(SnapListReq {
+            pool: "tank".into(),
+            cont: "data".into(),
+        }))
+        .unwrap()
+        .into_inner();
     assert_eq!(list.snapshots.len(), 1);
     assert_eq!(list.snapshots[0].epoch, s1.epoch);
-    c.rt.block_on(m.snap_destroy(SnapDestroyReq { pool: "tank".into(), cont: "data".into(), name: "first".into(), epoch: 0 })).unwrap();
-    assert!(c.rt.block_on(m.snap_destroy(SnapDestroyReq { pool: "tank".into(), cont: "data".into(), name: "first".into(), epoch: 0 })).is_err());
+    c.rt.block_on(m.snap_destroy(SnapDestroyReq {
+        pool: "tank".into(),
+        cont: "data".into(),
+        name: "first".into(),
+        epoch: 0,
+    }))
+    .unwrap();
+    assert!(c
+        .rt
+        .block_on(m.snap_destroy(SnapDestroyReq {
+            pool: "tank".into(),
+            cont: "data".into(),
+            name: "first".into(),
+            epoch: 0
+        }))
+        .is_err());
 
     // Destroy is refused while containers exist, unless forced.
-    let e = c.rt.block_on(m.pool_destroy(PoolDestroyReq { id: "tank".into(), force: false })).unwrap_err();
+    let e =
+        c.rt.block_on(m.pool_destroy(PoolDestroyReq {
+            id: "tank".into(),
+            force: false,
+        }))
+        .unwrap_err();
     assert!(e.message().contains("data"), "names the container: {e}");
-    c.rt.block_on(m.cont_destroy(ContDestroyReq { pool: "tank".into(), id: "data".into(), force: false })).unwrap();
-    c.rt.block_on(m.pool_destroy(PoolDestroyReq { id: "tank".into(), force: false })).unwrap();
-    let pools = c.rt.block_on(m.pool_list(PoolListReq {})).unwrap().into_inner();
+    c.rt.block_on(m.cont_destroy(ContDestroyReq {
+        pool: "tank".into(),
+        id: "data".into(),
+        force: false,
+    }))
+    .unwrap();
+    c.rt.block_on(m.pool_destroy(PoolDestroyReq {
+        id: "tank".into(),
+        force: false,
+    }))
+    .unwrap();
+    let pools =
+        c.rt.block_on(m.pool_list(PoolListReq {}))
+            .unwrap()
+            .into_inner();
     assert!(pools.pools.is_empty());
 }
 
@@ -91,7 +262,12 @@ fn management_state_survives_restart() {
     c.engines[0].kill9();
     c.restart(0);
     let mut m = c.mgmt();
-    let conts = c.rt.block_on(m.cont_list(ContListReq { pool: "pool".into() })).unwrap().into_inner();
+    let conts =
+        c.rt.block_on(m.cont_list(ContListReq {
+            pool: "pool".into(),
+        }))
+        .unwrap()
+        .into_inner();
     assert_eq!(conts.containers.len(), 1);
     assert_eq!(conts.containers[0].label, "cont");
 }
@@ -100,7 +276,10 @@ fn management_state_survives_restart() {
 fn unformatted_engine_refuses_io_and_foreign_device_needs_force() {
     let c = Cluster::start(ClusterSpec::default());
     let mut m = c.mgmt();
-    let scan = c.rt.block_on(m.storage_scan(StorageScanReq {})).unwrap().into_inner();
+    let scan =
+        c.rt.block_on(m.storage_scan(StorageScanReq {}))
+            .unwrap()
+            .into_inner();
     assert_eq!(scan.ranks.len(), 1);
     assert!(!scan.ranks[0].formatted);
     assert_eq!(scan.ranks[0].state, "maintenance");
@@ -115,9 +294,15 @@ fn unformatted_engine_refuses_io_and_foreign_device_needs_force() {
     std::fs::write(&dev, &data).unwrap();
     e.restart_maintenance(0);
     let mut m = e.mgmt();
-    let err = e.rt.block_on(m.storage_format(StorageFormatReq { force: false })).unwrap_err();
-    assert!(err.message().contains("ext4") || err.message().contains("signature"), "{err}");
-    e.rt.block_on(m.storage_format(StorageFormatReq { force: true })).unwrap();
+    let err =
+        e.rt.block_on(m.storage_format(StorageFormatReq { force: false }))
+            .unwrap_err();
+    assert!(
+        err.message().contains("ext4") || err.message().contains("signature"),
+        "{err}"
+    );
+    e.rt.block_on(m.storage_format(StorageFormatReq { force: true }))
+        .unwrap();
 }
 
 trait RestartMaintenance {

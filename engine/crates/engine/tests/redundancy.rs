@@ -9,26 +9,46 @@ fn write_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: u
     for i in 0..n {
         let obj = cont.object(ObjectId::new(class, 1, i)).unwrap();
         // Unaligned, multi-stripe array writes plus a small single value.
-        obj.update_array(b"chunk", b"data", 1000, &pattern(i, len)).unwrap();
-        obj.update_single(b"meta", b"name", format!("object {i}").as_bytes()).unwrap();
+        obj.update_array(b"chunk", b"data", 1000, &pattern(i, len))
+            .unwrap();
+        obj.update_single(b"meta", b"name", format!("object {i}").as_bytes())
+            .unwrap();
     }
 }
 
 fn verify_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: usize) {
     for i in 0..n {
         let obj = cont.object(ObjectId::new(class, 1, i)).unwrap();
-        let got = obj.fetch_array(b"chunk", b"data", 1000, len as u64).unwrap_or_else(|e| panic!("{class} object {i}: {e}"));
+        let got = obj
+            .fetch_array(b"chunk", b"data", 1000, len)
+            .unwrap_or_else(|e| panic!("{class} object {i}: {e}"));
         assert!(got == pattern(i, len), "{class} object {i}: wrong data");
         let head = obj.fetch_array(b"chunk", b"data", 0, 1000).unwrap();
-        assert!(head.iter().all(|&b| b == 0), "{class} object {i}: hole not zero");
-        assert_eq!(obj.array_size(b"chunk", b"data").unwrap(), 1000 + len as u64);
+        assert!(
+            head.iter().all(|&b| b == 0),
+            "{class} object {i}: hole not zero"
+        );
+        assert_eq!(
+            obj.array_size(b"chunk", b"data").unwrap(),
+            1000 + len as u64
+        );
         let name = obj.fetch_single(b"meta", b"name").unwrap().unwrap();
         assert_eq!(name, format!("object {i}").as_bytes());
     }
 }
 
 fn degraded_read(class: ObjectClass) {
-    let mut c = Cluster::with_pool(ClusterSpec { engines: 3, targets: 1, device_mib: 256, scm_mib: 128 }, 384, class.name(), "crc32c");
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 128,
+        },
+        384,
+        class.name(),
+        "crc32c",
+    );
     let cont = c.container();
     let len = 300 * 1024 + 17;
     write_objects(&cont, class, 12, len);
@@ -37,8 +57,7 @@ fn degraded_read(class: ObjectClass) {
         // Rank 0 hosts the management service; the data plane needs only the survivors.
         c.engines[victim].kill9();
         verify_objects(&cont, class, 12, len);
-        c.engines[victim].start();
-        c.wait_members(3, &["joined"]);
+        c.restart(victim);
     }
 }
 
@@ -75,11 +94,16 @@ fn flipped_byte_is_a_checksum_error_not_data() {
     drop(obj);
     drop(cont);
     c.engines[0].stop();
-    assert!(flip_byte_of(&c.engines[0].device, &val[20_000..20_064]), "value not found on the device");
+    assert!(
+        flip_byte_of(&c.engines[0].device, &val[20_000..20_064]),
+        "value not found on the device"
+    );
     c.restart(0);
     let cont = c.container();
     let obj = cont.object(ObjectId::new(ObjectClass::S1, 5, 5)).unwrap();
-    let err = obj.fetch_array(b"d", b"a", 0, val.len() as u64).expect_err("corrupt data came back as data");
+    let err = obj
+        .fetch_array(b"d", b"a", 0, val.len())
+        .expect_err("corrupt data came back as data");
     assert_eq!(err.code, -libc::EILSEQ, "{err}");
     // Reads of other chunks of the same extent are still served.
     let tail = obj.fetch_array(b"d", b"a", 48 * 1024, 16 * 1024).unwrap();
@@ -88,9 +112,21 @@ fn flipped_byte_is_a_checksum_error_not_data() {
 
 #[test]
 fn flipped_byte_is_served_from_the_replica() {
-    let mut c = Cluster::with_pool(ClusterSpec { engines: 2, targets: 1, device_mib: 128, scm_mib: 64 }, 96, "RP_2G1", "crc32c");
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 2,
+            targets: 1,
+            device_mib: 128,
+            scm_mib: 64,
+        },
+        96,
+        "RP_2G1",
+        "crc32c",
+    );
     let cont = c.container();
-    let obj = cont.object(ObjectId::new(ObjectClass::Rp2G1, 6, 6)).unwrap();
+    let obj = cont
+        .object(ObjectId::new(ObjectClass::Rp2G1, 6, 6))
+        .unwrap();
     let val = pattern(78, 64 * 1024);
     obj.update_array(b"d", b"a", 0, &val).unwrap();
     drop(obj);
@@ -102,9 +138,12 @@ fn flipped_byte_is_served_from_the_replica() {
     assert!(flip_byte_of(&c.engines[1].device, &val[30_000..30_064]));
     c.engines[1].start();
     c.restart(0);
+    c.wait_serving(1);
     let cont = c.container();
-    let obj = cont.object(ObjectId::new(ObjectClass::Rp2G1, 6, 6)).unwrap();
+    let obj = cont
+        .object(ObjectId::new(ObjectClass::Rp2G1, 6, 6))
+        .unwrap();
     for _ in 0..4 {
-        assert!(obj.fetch_array(b"d", b"a", 0, val.len() as u64).unwrap() == val);
+        assert!(obj.fetch_array(b"d", b"a", 0, val.len()).unwrap() == val);
     }
 }

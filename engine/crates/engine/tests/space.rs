@@ -7,7 +7,17 @@ use peregrine_proto::{ObjectClass, ObjectId};
 
 #[test]
 fn full_pool_enospc_then_space_reused() {
-    let c = Cluster::with_pool(ClusterSpec { engines: 1, targets: 1, device_mib: 256, scm_mib: 64 }, 32, "S1", "crc32c");
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        32,
+        "S1",
+        "crc32c",
+    );
     let cont = c.container();
     let obj = cont.object(ObjectId::new(ObjectClass::S1, 1, 1)).unwrap();
     let val = pattern(1, 1 << 20);
@@ -23,23 +33,44 @@ fn full_pool_enospc_then_space_reused() {
     assert!(written >= 20, "only {written} MiB fit in a 32 MiB pool");
     // Everything acknowledged is intact.
     for i in 0..written {
-        assert!(obj.fetch_array(format!("d{i}").as_bytes(), b"a", 0, val.len() as u64).unwrap() == val);
+        assert!(
+            obj.fetch_array(format!("d{i}").as_bytes(), b"a", 0, val.len())
+                .unwrap()
+                == val
+        );
     }
     // Punch half, aggregate, and the space comes back.
     for i in 0..written / 2 {
         obj.punch_dkey(format!("d{i}").as_bytes()).unwrap();
     }
     let mut m = c.mgmt();
-    let pool = c.rt.block_on(m.pool_query(PoolQueryReq { id: "pool".into() })).unwrap().into_inner();
+    let pool =
+        c.rt.block_on(m.pool_query(PoolQueryReq { id: "pool".into() }))
+            .unwrap()
+            .into_inner();
     let puuid = pool.uuid.clone();
     let mut e = peregrine_proto::mgmt::engine_client::EngineClient::new(
-        c.rt.block_on(tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", c.engines[0].control_port)).unwrap().connect()).unwrap(),
+        c.rt.block_on(
+            tonic::transport::Endpoint::from_shared(format!(
+                "http://127.0.0.1:{}",
+                c.engines[0].control_port
+            ))
+            .unwrap()
+            .connect(),
+        )
+        .unwrap(),
     );
-    c.rt.block_on(e.aggregate(AggregateReq { pool_uuid: puuid })).unwrap();
+    c.rt.block_on(e.aggregate(AggregateReq { pool_uuid: puuid }))
+        .unwrap();
     for i in 0..written / 2 {
-        obj.update_array(format!("n{i}").as_bytes(), b"a", 0, &val).unwrap_or_else(|e| panic!("space not reused after punch: {e}"));
+        obj.update_array(format!("n{i}").as_bytes(), b"a", 0, &val)
+            .unwrap_or_else(|e| panic!("space not reused after punch: {e}"));
     }
     for i in written / 2..written {
-        assert!(obj.fetch_array(format!("d{i}").as_bytes(), b"a", 0, val.len() as u64).unwrap() == val);
+        assert!(
+            obj.fetch_array(format!("d{i}").as_bytes(), b"a", 0, val.len())
+                .unwrap()
+                == val
+        );
     }
 }

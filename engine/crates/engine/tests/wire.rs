@@ -11,7 +11,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 fn ping(addr: &str) -> bool {
-    let Ok(mut s) = TcpStream::connect(addr) else { return false };
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return false;
+    };
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     frame::write_frame(&mut s, Opcode::Ping, 0, 1, &[], &[]).unwrap();
     match frame::read_frame(&mut s) {
@@ -35,7 +37,15 @@ fn expect_closed(addr: &str, bytes: &[u8], what: &str) {
 }
 
 fn header(op: u16, msg_len: u32, bulk_len: u32) -> Vec<u8> {
-    Header { opcode: op, flags: 0, request_id: 9, msg_len, bulk_len }.encode().to_vec()
+    Header {
+        opcode: op,
+        flags: 0,
+        request_id: 9,
+        msg_len,
+        bulk_len,
+    }
+    .encode()
+    .to_vec()
 }
 
 #[test]
@@ -46,14 +56,26 @@ fn malformed_frames_close_only_their_connection() {
 
     let good = frame::encode_frame(Opcode::Ping, 0, 1, &[], &[]).unwrap();
     let mut corpus: Vec<(String, Vec<u8>)> = vec![
-        ("bad magic".into(), b"HTTP/1.1 GET / \r\n\r\n0123456789abcdef".to_vec()),
+        (
+            "bad magic".into(),
+            b"HTTP/1.1 GET / \r\n\r\n0123456789abcdef".to_vec(),
+        ),
         ("truncated header".into(), good[..HEADER_LEN - 5].to_vec()),
         ("oversized message".into(), header(2, u32::MAX, 0)),
         ("oversized bulk".into(), header(2, 10, u32::MAX)),
         ("unknown opcode".into(), header(77, 0, 0)),
-        ("truncated message".into(), [header(2, 100, 0), vec![1u8; 10]].concat()),
-        ("undecodable update".into(), [header(2, 8, 0), vec![0xFF; 8]].concat()),
-        ("undecodable fetch".into(), [header(3, 3, 0), vec![0x0A, 0xFF, 0xFF]].concat()),
+        (
+            "truncated message".into(),
+            [header(2, 100, 0), vec![1u8; 10]].concat(),
+        ),
+        (
+            "undecodable update".into(),
+            [header(2, 8, 0), vec![0xFF; 8]].concat(),
+        ),
+        (
+            "undecodable fetch".into(),
+            [header(3, 3, 0), vec![0x0A, 0xFF, 0xFF]].concat(),
+        ),
     ];
     let mut bad_version = good.clone();
     bad_version[4] = 9;
@@ -66,7 +88,10 @@ fn malformed_frames_close_only_their_connection() {
     }
     // Random garbage, deterministic.
     for seed in 0..20u64 {
-        corpus.push((format!("random {seed}"), pattern(seed, 32 + (seed as usize * 37) % 500)));
+        corpus.push((
+            format!("random {seed}"),
+            pattern(seed, 32 + (seed as usize * 37) % 500),
+        ));
     }
     for (what, bytes) in &corpus {
         expect_closed(&addr, bytes, what);
@@ -75,19 +100,48 @@ fn malformed_frames_close_only_their_connection() {
     let mut s = TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let upd = data::UpdateReq {
-        addr: Some(data::Address { pool: vec![1; 3], cont: vec![], oid: None, shard: 0, target: 999, map_version: 0 }),
+        addr: Some(data::Address {
+            pool: vec![1; 3],
+            cont: vec![],
+            oid: None,
+            shard: 0,
+            target: 999,
+            map_version: 0,
+        }),
         epoch: 1,
         dkey: b"d".to_vec(),
-        iods: vec![data::Iod { akey: b"a".to_vec(), kind: 0, offset: 0, len: 1 << 20, crc: 0, has_crc: false }],
+        iods: vec![data::Iod {
+            akey: b"a".to_vec(),
+            kind: 0,
+            offset: 0,
+            len: 1 << 20,
+            crc: 0,
+            has_crc: false,
+        }],
     };
-    frame::write_frame(&mut s, Opcode::Update, 0, 5, &upd.encode_to_vec(), &[b"short"]).unwrap();
+    frame::write_frame(
+        &mut s,
+        Opcode::Update,
+        0,
+        5,
+        &upd.encode_to_vec(),
+        &[b"short"],
+    )
+    .unwrap();
     let f = frame::read_frame(&mut s).expect("error reply");
     let resp = data::Response::decode(f.msg.as_slice()).unwrap();
     let st = resp.status.unwrap();
     assert!(st.code < 0 && !st.message.is_empty(), "{st:?}");
 
-    assert!(ping(&addr), "engine stopped serving after the corpus; logs:\n{}", c.logs());
+    assert!(
+        ping(&addr),
+        "engine stopped serving after the corpus; logs:\n{}",
+        c.logs()
+    );
     let log = c.engines[0].log_text();
-    assert!(log.contains("closing connection"), "no logged reason:\n{log}");
+    assert!(
+        log.contains("closing connection"),
+        "no logged reason:\n{log}"
+    );
     assert!(!log.contains("panicked"), "{log}");
 }

@@ -54,7 +54,10 @@ impl std::fmt::Display for EcError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             EcError::TooManyLost { k, present } => {
-                write!(f, "erasure code: need {k} cells to rebuild, only {present} present")
+                write!(
+                    f,
+                    "erasure code: need {k} cells to rebuild, only {present} present"
+                )
             }
             EcError::BadShape(s) => write!(f, "erasure code: {s}"),
         }
@@ -128,7 +131,10 @@ impl ReedSolomon {
     pub fn reconstruct(&self, cells: &mut [Option<Vec<u8>>]) -> Result<(), EcError> {
         let n = self.k + self.p;
         if cells.len() != n {
-            return Err(EcError::BadShape(format!("expected {n} cells, got {}", cells.len())));
+            return Err(EcError::BadShape(format!(
+                "expected {n} cells, got {}",
+                cells.len()
+            )));
         }
         let present: Vec<usize> = (0..n).filter(|&i| cells[i].is_some()).collect();
         if present.len() < self.k {
@@ -142,7 +148,10 @@ impl ReedSolomon {
             return Ok(());
         }
         let len = cells[present[0]].as_ref().unwrap().len();
-        if present.iter().any(|&i| cells[i].as_ref().unwrap().len() != len) {
+        if present
+            .iter()
+            .any(|&i| cells[i].as_ref().unwrap().len() != len)
+        {
             return Err(EcError::BadShape("cells differ in length".into()));
         }
         let k = self.k;
@@ -250,17 +259,30 @@ mod tests {
                 let mut cells: Vec<Option<Vec<u8>>> = all
                     .iter()
                     .enumerate()
-                    .map(|(i, c)| if mask & (1 << i) != 0 { None } else { Some(c.clone()) })
+                    .map(|(i, c)| {
+                        if mask & (1 << i) != 0 {
+                            None
+                        } else {
+                            Some(c.clone())
+                        }
+                    })
                     .collect();
                 rs.reconstruct(&mut cells).unwrap();
                 for (i, c) in cells.iter().enumerate() {
-                    assert_eq!(c.as_ref().unwrap(), &all[i], "k={k} p={p} mask={mask:b} cell {i}");
+                    assert_eq!(
+                        c.as_ref().unwrap(),
+                        &all[i],
+                        "k={k} p={p} mask={mask:b} cell {i}"
+                    );
                 }
             }
             let mut too_few: Vec<Option<Vec<u8>>> = vec![None; k + p];
             too_few[0] = Some(all[0].clone());
             if k > 1 {
-                assert!(matches!(rs.reconstruct(&mut too_few), Err(EcError::TooManyLost { .. })));
+                assert!(matches!(
+                    rs.reconstruct(&mut too_few),
+                    Err(EcError::TooManyLost { .. })
+                ));
             }
         }
     }

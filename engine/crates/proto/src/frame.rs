@@ -142,8 +142,14 @@ pub struct Frame {
 
 impl Frame {
     /// Decode the message part as protobuf message `M`.
-    pub fn message<M: prost::Message + Default>(&self, what: &'static str) -> Result<M, FrameError> {
-        M::decode(self.msg.as_slice()).map_err(|e| FrameError::BadMessage { what, err: e.to_string() })
+    pub fn message<M: prost::Message + Default>(
+        &self,
+        what: &'static str,
+    ) -> Result<M, FrameError> {
+        M::decode(self.msg.as_slice()).map_err(|e| FrameError::BadMessage {
+            what,
+            err: e.to_string(),
+        })
     }
 }
 
@@ -151,12 +157,18 @@ impl Frame {
 /// Returns the frame and the bytes it used.
 pub fn decode_frame(buf: &[u8]) -> Result<(Frame, usize), FrameError> {
     if buf.len() < HEADER_LEN {
-        return Err(FrameError::Truncated { need: HEADER_LEN, have: buf.len() });
+        return Err(FrameError::Truncated {
+            need: HEADER_LEN,
+            have: buf.len(),
+        });
     }
     let header = Header::decode(buf[..HEADER_LEN].try_into().unwrap())?;
     let need = HEADER_LEN + header.msg_len as usize + header.bulk_len as usize;
     if buf.len() < need {
-        return Err(FrameError::Truncated { need, have: buf.len() });
+        return Err(FrameError::Truncated {
+            need,
+            have: buf.len(),
+        });
     }
     let m_end = HEADER_LEN + header.msg_len as usize;
     Ok((
@@ -169,12 +181,20 @@ pub fn decode_frame(buf: &[u8]) -> Result<(Frame, usize), FrameError> {
     ))
 }
 
-fn header_for(op: Opcode, flags: u32, request_id: u64, msg: &[u8], bulk_len: usize) -> Result<Header, FrameError> {
+fn header_for(
+    op: Opcode,
+    flags: u32,
+    request_id: u64,
+    msg: &[u8],
+    bulk_len: usize,
+) -> Result<Header, FrameError> {
     if msg.len() > MAX_MSG as usize {
         return Err(FrameError::MsgTooLong(msg.len() as u32));
     }
     if bulk_len > MAX_BULK as usize {
-        return Err(FrameError::BulkTooLong(bulk_len.min(u32::MAX as usize) as u32));
+        return Err(FrameError::BulkTooLong(
+            bulk_len.min(u32::MAX as usize) as u32
+        ));
     }
     Ok(Header {
         opcode: op as u16,
@@ -186,7 +206,13 @@ fn header_for(op: Opcode, flags: u32, request_id: u64, msg: &[u8], bulk_len: usi
 }
 
 /// Encode a whole frame into one buffer. `bulk` parts are concatenated.
-pub fn encode_frame(op: Opcode, flags: u32, request_id: u64, msg: &[u8], bulk: &[&[u8]]) -> Result<Vec<u8>, FrameError> {
+pub fn encode_frame(
+    op: Opcode,
+    flags: u32,
+    request_id: u64,
+    msg: &[u8],
+    bulk: &[&[u8]],
+) -> Result<Vec<u8>, FrameError> {
     let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
     let h = header_for(op, flags, request_id, msg, bulk_len)?;
     let mut out = Vec::with_capacity(HEADER_LEN + msg.len() + bulk_len);
@@ -199,7 +225,14 @@ pub fn encode_frame(op: Opcode, flags: u32, request_id: u64, msg: &[u8], bulk: &
 }
 
 /// Write a frame without copying the bulk parts.
-pub fn write_frame<W: Write>(w: &mut W, op: Opcode, flags: u32, request_id: u64, msg: &[u8], bulk: &[&[u8]]) -> Result<(), FrameError> {
+pub fn write_frame<W: Write>(
+    w: &mut W,
+    op: Opcode,
+    flags: u32,
+    request_id: u64,
+    msg: &[u8],
+    bulk: &[&[u8]],
+) -> Result<(), FrameError> {
     let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
     let h = header_for(op, flags, request_id, msg, bulk_len)?;
     let mut head = Vec::with_capacity(HEADER_LEN + msg.len());
@@ -216,7 +249,11 @@ pub fn write_frame<W: Write>(w: &mut W, op: Opcode, flags: u32, request_id: u64,
 pub fn read_frame<R: Read>(r: &mut R) -> Result<Frame, FrameError> {
     let mut hb = [0u8; HEADER_LEN];
     if let Err(e) = r.read_exact(&mut hb) {
-        return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof { FrameError::Closed } else { e.into() });
+        return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            FrameError::Closed
+        } else {
+            e.into()
+        });
     }
     let header = Header::decode(&hb)?;
     let mut msg = vec![0u8; header.msg_len as usize];
@@ -229,7 +266,11 @@ pub fn read_frame<R: Read>(r: &mut R) -> Result<Frame, FrameError> {
 pub async fn read_frame_async<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, FrameError> {
     let mut hb = [0u8; HEADER_LEN];
     if let Err(e) = r.read_exact(&mut hb).await {
-        return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof { FrameError::Closed } else { e.into() });
+        return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            FrameError::Closed
+        } else {
+            e.into()
+        });
     }
     let header = Header::decode(&hb)?;
     let mut msg = vec![0u8; header.msg_len as usize];
@@ -239,7 +280,14 @@ pub async fn read_frame_async<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, 
     Ok(Frame { header, msg, bulk })
 }
 
-pub async fn write_frame_async<W: AsyncWrite + Unpin>(w: &mut W, op: Opcode, flags: u32, request_id: u64, msg: &[u8], bulk: &[&[u8]]) -> Result<(), FrameError> {
+pub async fn write_frame_async<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    op: Opcode,
+    flags: u32,
+    request_id: u64,
+    msg: &[u8],
+    bulk: &[&[u8]],
+) -> Result<(), FrameError> {
     let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
     let h = header_for(op, flags, request_id, msg, bulk_len)?;
     let mut head = Vec::with_capacity(HEADER_LEN + msg.len());
@@ -287,17 +335,47 @@ mod tests {
         for bit in 0..HEADER_LEN * 8 {
             let mut b = buf.clone();
             b[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode_frame(&b).is_err(), "flip of header bit {bit} accepted");
+            assert!(
+                decode_frame(&b).is_err(),
+                "flip of header bit {bit} accepted"
+            );
         }
     }
 
     #[test]
     fn oversized_lengths_are_refused_before_allocation() {
-        let h = Header { opcode: 2, flags: 0, request_id: 1, msg_len: MAX_MSG + 1, bulk_len: 0 };
-        assert!(matches!(Header::decode(&h.encode()), Err(FrameError::MsgTooLong(_))));
-        let h = Header { opcode: 2, flags: 0, request_id: 1, msg_len: 0, bulk_len: u32::MAX };
-        assert!(matches!(Header::decode(&h.encode()), Err(FrameError::BulkTooLong(_))));
-        let h = Header { opcode: 999, flags: 0, request_id: 1, msg_len: 0, bulk_len: 0 };
-        assert!(matches!(Header::decode(&h.encode()), Err(FrameError::BadOpcode(999))));
+        let h = Header {
+            opcode: 2,
+            flags: 0,
+            request_id: 1,
+            msg_len: MAX_MSG + 1,
+            bulk_len: 0,
+        };
+        assert!(matches!(
+            Header::decode(&h.encode()),
+            Err(FrameError::MsgTooLong(_))
+        ));
+        let h = Header {
+            opcode: 2,
+            flags: 0,
+            request_id: 1,
+            msg_len: 0,
+            bulk_len: u32::MAX,
+        };
+        assert!(matches!(
+            Header::decode(&h.encode()),
+            Err(FrameError::BulkTooLong(_))
+        ));
+        let h = Header {
+            opcode: 999,
+            flags: 0,
+            request_id: 1,
+            msg_len: 0,
+            bulk_len: 0,
+        };
+        assert!(matches!(
+            Header::decode(&h.encode()),
+            Err(FrameError::BadOpcode(999))
+        ));
     }
 }

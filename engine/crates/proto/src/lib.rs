@@ -27,7 +27,8 @@ pub const EPOCH_LATEST: u64 = u64::MAX;
 
 /// Parse a 16-byte UUID from the wire, naming the field on error.
 pub fn uuid_from_bytes(field: &str, b: &[u8]) -> Result<uuid::Uuid, String> {
-    uuid::Uuid::from_slice(b).map_err(|_| format!("{field}: expected a 16-byte UUID, got {} bytes", b.len()))
+    uuid::Uuid::from_slice(b)
+        .map_err(|_| format!("{field}: expected a 16-byte UUID, got {} bytes", b.len()))
 }
 
 /// Short text for a negative errno-style code, as the C ABI's strerror gives.

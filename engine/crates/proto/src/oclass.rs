@@ -80,10 +80,14 @@ impl ObjectClass {
 
     pub fn redundancy(self) -> Redundancy {
         match self {
-            ObjectClass::S1 | ObjectClass::S2 | ObjectClass::S4 | ObjectClass::SX => Redundancy::None,
+            ObjectClass::S1 | ObjectClass::S2 | ObjectClass::S4 | ObjectClass::SX => {
+                Redundancy::None
+            }
             ObjectClass::Rp2G1 | ObjectClass::Rp2GX => Redundancy::Replicas(2),
             ObjectClass::Rp3G1 => Redundancy::Replicas(3),
-            ObjectClass::Ec2P1G1 | ObjectClass::Ec2P1GX => Redundancy::ErasureCode { data: 2, parity: 1 },
+            ObjectClass::Ec2P1G1 | ObjectClass::Ec2P1GX => {
+                Redundancy::ErasureCode { data: 2, parity: 1 }
+            }
             ObjectClass::Ec4P2G1 => Redundancy::ErasureCode { data: 4, parity: 2 },
         }
     }
@@ -129,7 +133,12 @@ pub struct UnknownClass(pub String);
 impl fmt::Display for UnknownClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let known: Vec<&str> = ALL_CLASSES.iter().map(|c| c.name()).collect();
-        write!(f, "unknown object class {:?} (known: {})", self.0, known.join(", "))
+        write!(
+            f,
+            "unknown object class {:?} (known: {})",
+            self.0,
+            known.join(", ")
+        )
     }
 }
 impl std::error::Error for UnknownClass {}
@@ -180,8 +189,12 @@ impl FromStr for ObjectId {
         let (hi, lo) = s
             .split_once('.')
             .ok_or_else(|| format!("object id {s:?}: expected HI.LO in hex"))?;
-        let parse = |x: &str| u64::from_str_radix(x, 16).map_err(|e| format!("object id {s:?}: {e}"));
-        Ok(ObjectId { hi: parse(hi)?, lo: parse(lo)? })
+        let parse =
+            |x: &str| u64::from_str_radix(x, 16).map_err(|e| format!("object id {s:?}: {e}"));
+        Ok(ObjectId {
+            hi: parse(hi)?,
+            lo: parse(lo)?,
+        })
     }
 }
 

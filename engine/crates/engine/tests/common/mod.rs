@@ -13,7 +13,11 @@ use std::time::{Duration, Instant};
 pub const ENGINE_BIN: &str = env!("CARGO_BIN_EXE_peregrine-engine");
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub struct EngineProc {
@@ -29,7 +33,11 @@ pub struct EngineProc {
 impl EngineProc {
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "rank {} already running", self.rank);
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(self.log.with_extension("out")).unwrap();
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log.with_extension("out"))
+            .unwrap();
         let child = Command::new(ENGINE_BIN)
             .arg("--config")
             .arg(&self.config)
@@ -95,7 +103,12 @@ pub struct ClusterSpec {
 
 impl Default for ClusterSpec {
     fn default() -> Self {
-        ClusterSpec { engines: 1, targets: 2, device_mib: 256, scm_mib: 256 }
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 256,
+            scm_mib: 256,
+        }
     }
 }
 
@@ -103,7 +116,9 @@ impl Cluster {
     /// Start engines (not yet formatted) and wait until they have all joined.
     pub fn start(spec: ClusterSpec) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<(u16, u16)> = (0..spec.engines).map(|_| (free_port(), free_port())).collect();
+        let ports: Vec<(u16, u16)> = (0..spec.engines)
+            .map(|_| (free_port(), free_port()))
+            .collect();
         let ms = format!("127.0.0.1:{}", ports[0].0);
         let mut engines = vec![];
         for rank in 0..spec.engines {
@@ -125,11 +140,22 @@ impl Cluster {
                 ),
             )
             .unwrap();
-            let mut e = EngineProc { rank, config, device, log, control_port: cp, data_port: dp, child: None };
+            let mut e = EngineProc {
+                rank,
+                config,
+                device,
+                log,
+                control_port: cp,
+                data_port: dp,
+                child: None,
+            };
             e.start();
             engines.push(e);
         }
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let c = Cluster { dir, engines, rt };
         c.wait_members(spec.engines as usize, &["maintenance", "joined"]);
         c
@@ -145,14 +171,19 @@ impl Cluster {
         loop {
             match self.rt.block_on(MgmtClient::connect(addr.clone())) {
                 Ok(c) => return c,
-                Err(e) if Instant::now() > deadline => panic!("management service at {addr}: {e}; logs:\n{}", self.logs()),
+                Err(e) if Instant::now() > deadline => {
+                    panic!("management service at {addr}: {e}; logs:\n{}", self.logs())
+                }
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         }
     }
 
     pub fn logs(&self) -> String {
-        self.engines.iter().map(|e| format!("--- rank {} ---\n{}", e.rank, e.log_text())).collect()
+        self.engines
+            .iter()
+            .map(|e| format!("--- rank {} ---\n{}", e.rank, e.log_text()))
+            .collect()
     }
 
     /// Wait until `n` members are in one of `states`.
@@ -161,13 +192,21 @@ impl Cluster {
         let mut m = self.mgmt();
         loop {
             if let Ok(r) = self.rt.block_on(m.system_query(SystemQueryReq {})) {
-                let ok = r.get_ref().members.iter().filter(|x| states.contains(&x.state.as_str())).count();
+                let ok = r
+                    .get_ref()
+                    .members
+                    .iter()
+                    .filter(|x| states.contains(&x.state.as_str()))
+                    .count();
                 if ok >= n {
                     return;
                 }
             }
             if Instant::now() > deadline {
-                panic!("{n} engines not in {states:?} within 30 s; logs:\n{}", self.logs());
+                panic!(
+                    "{n} engines not in {states:?} within 30 s; logs:\n{}",
+                    self.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -175,7 +214,9 @@ impl Cluster {
 
     pub fn format(&self) {
         let mut m = self.mgmt();
-        self.rt.block_on(m.storage_format(StorageFormatReq { force: false })).unwrap_or_else(|e| panic!("format: {e}\n{}", self.logs()));
+        self.rt
+            .block_on(m.storage_format(StorageFormatReq { force: false }))
+            .unwrap_or_else(|e| panic!("format: {e}\n{}", self.logs()));
         self.wait_members(self.engines.len(), &["joined"]);
     }
 
@@ -184,8 +225,12 @@ impl Cluster {
         let c = Cluster::start(spec);
         c.format();
         let mut m = c.mgmt();
-        c.rt.block_on(m.pool_create(PoolCreateReq { label: "pool".into(), total_size: pool_mib << 20, ..Default::default() }))
-            .unwrap_or_else(|e| panic!("pool create: {e}\n{}", c.logs()));
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "pool".into(),
+            total_size: pool_mib << 20,
+            ..Default::default()
+        }))
+        .unwrap_or_else(|e| panic!("pool create: {e}\n{}", c.logs()));
         c.rt.block_on(m.cont_create(ContCreateReq {
             pool: "pool".into(),
             label: "cont".into(),
@@ -200,11 +245,43 @@ impl Cluster {
     /// Restart a stopped engine and wait until the MS sees it ready.
     pub fn restart(&mut self, rank: usize) {
         self.engines[rank].start();
+        self.wait_serving(rank);
         self.wait_members(self.engines.len(), &["joined"]);
     }
 
+    /// Wait until an engine answers a ping on its data port. (The management
+    /// service may still report a just-killed engine as joined until its
+    /// heartbeat times out, so membership alone does not prove it is back.)
+    pub fn wait_serving(&self, rank: usize) {
+        use peregrine_proto::frame::{self, Opcode};
+        let addr = format!("127.0.0.1:{}", self.engines[rank].data_port);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                if frame::write_frame(&mut s, Opcode::Ping, 0, 1, &[], &[]).is_ok() {
+                    if let Ok(f) = frame::read_frame(&mut s) {
+                        let resp: peregrine_proto::data::Response =
+                            prost::Message::decode(f.msg.as_slice()).unwrap();
+                        if resp.status.map(|s| s.code).unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "rank {rank} not serving within 30 s; logs:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn client(&self) -> peregrine::Client {
-        peregrine::Client::connect(&self.mgmt_addr()).unwrap_or_else(|e| panic!("client connect: {e}"))
+        peregrine::Client::connect(&self.mgmt_addr())
+            .unwrap_or_else(|e| panic!("client connect: {e}"))
     }
 
     pub fn container(&self) -> peregrine::Container {
