@@ -18,7 +18,7 @@ build: deps
 test: deps lint test-engine
 
 test-engine:
-	cd $(ENGINE) && $(CARGO) build --workspace --bins && $(CARGO) test --workspace --no-fail-fast
+	cd $(ENGINE) && $(CARGO) build --workspace && $(CARGO) test --workspace --no-fail-fast
 
 lint: deps
 	cd $(ENGINE) && $(CARGO) fmt --all -- --check

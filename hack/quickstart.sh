@@ -56,8 +56,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---- engines ----
-say "starting $COUNT engines in $WORK (1 GiB sparse device each, 2 targets)"
-engines_start "$COUNT" 1GiB 2 512MiB
+say "starting $COUNT engines in $WORK (2 GiB sparse device each, 2 targets)"
+engines_start "$COUNT" 2GiB 2 512MiB
 say "waiting for them to join, formatting, waiting until ready"
 engines_up "$COUNT" || die "engines did not come up"
 "$PEREGRINE" system query

@@ -646,7 +646,38 @@ impl Mgmt for MgmtService {
             s.map_version += 1;
             self.persist(&s)?;
         }
+        let returning = !self.alive(j.rank);
         self.heartbeats.lock().insert(j.rank, Instant::now());
+        if returning {
+            // A returning engine may have missed snapshot changes while it was away.
+            let rank = j.rank;
+            let addr = s.members[&rank].control_addr.clone();
+            let pushes: Vec<ContShardSnapshotsReq> = s
+                .pools
+                .values()
+                .filter(|p| p.ranks.contains(&rank))
+                .flat_map(|p| {
+                    p.conts.values().map(|c| ContShardSnapshotsReq {
+                        pool_uuid: p.uuid.to_string(),
+                        cont_uuid: c.uuid.to_string(),
+                        epochs: c.snapshots.iter().map(|x| x.epoch).collect(),
+                    })
+                })
+                .collect();
+            if !pushes.is_empty() {
+                tokio::spawn(async move {
+                    let mut c = match engine_client(&addr).await {
+                        Ok(c) => c,
+                        Err(e) => return tracing::warn!("rank {rank}: snapshot lists not pushed: {}", e.message()),
+                    };
+                    for req in pushes {
+                        if let Err(e) = c.cont_shard_snapshots(req).await {
+                            tracing::warn!("rank {rank}: snapshot list not pushed: {}", e.message());
+                        }
+                    }
+                });
+            }
+        }
         Ok(Response::new(JoinResp {
             map_version: s.map_version,
         }))

@@ -201,7 +201,16 @@ impl Storage {
                 sb.device_bytes
             )));
         }
-        let scm_budget = opts.scm_bytes / sb.targets as u64;
+        // The SCM tier is made durable by checkpoints: a target may hold no
+        // more metadata than half a checkpoint slot (encoding overhead and headroom).
+        let scm_budget = (opts.scm_bytes / sb.targets as u64).min(sb.ckpt_bytes / 2);
+        if scm_budget < opts.scm_bytes / sb.targets as u64 {
+            tracing::warn!(
+                "scm.size {} is more than this device's checkpoints can hold; using {} bytes per target",
+                opts.scm_bytes,
+                scm_budget
+            );
+        }
         let mut senders = Vec::new();
         let mut threads = Vec::new();
         let mut ready = Vec::new();
