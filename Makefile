@@ -4,6 +4,8 @@ CARGO ?= cargo
 ENGINE := engine
 export CARGO_TERM_COLOR ?= never
 
+include hack/go.mk
+
 .PHONY: all deps build test test-engine lint fmt bench quickstart clean
 
 all: build
@@ -11,16 +13,17 @@ all: build
 deps:
 	@bash hack/install-deps.sh
 
-build: deps
+build: deps go-build
 	cd $(ENGINE) && $(CARGO) build --release --workspace
 
-## test: lint, then unit and integration tests (real engine processes on file-backed NVMe).
-test: deps lint test-engine
+## test: lint, then unit and integration tests (real engine processes on file-backed NVMe),
+## then the operator's envtest suites (real kube-apiserver and etcd built from their Go modules).
+test: deps lint test-engine go-test
 
 test-engine:
-	cd $(ENGINE) && $(CARGO) build --workspace && $(CARGO) test --workspace --no-fail-fast
+	cd $(ENGINE) && $(CARGO) build --workspace && $(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
-lint: deps
+lint: deps go-lint go-verify
 	cd $(ENGINE) && $(CARGO) fmt --all -- --check
 	cd $(ENGINE) && $(CARGO) clippy --workspace --all-targets -- -D warnings
 

@@ -1,0 +1,129 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// PoolSpec is a space reservation over the targets of a ServerSet's engines.
+// +kubebuilder:validation:XValidation:rule="has(self.size) != (has(self.scmSize) || has(self.nvmeSize))",message="give either size or scmSize/nvmeSize"
+// +kubebuilder:validation:XValidation:rule="has(self.scmSize) == has(self.nvmeSize)",message="scmSize and nvmeSize go together"
+// +kubebuilder:validation:XValidation:rule="!has(self.tierRatio) || has(self.size)",message="tierRatio applies to size only",fieldPath=".tierRatio"
+type PoolSpec struct {
+	// ServerSetRef names the ServerSet (same namespace) whose engines hold the pool.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="serverSetRef is immutable"
+	ServerSetRef LocalObjectReference `json:"serverSetRef"`
+
+	// Label of the pool in the store; defaults to the object's name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=127
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9._:-]+$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="label is immutable"
+	Label string `json:"label,omitempty"`
+
+	// Size in total, split over the tiers by tierRatio.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="size is immutable"
+	Size Size `json:"size,omitempty"`
+	// TierRatio is the SCM fraction of size, a decimal between 0 and 1 ("0.06" when unset).
+	// +optional
+	// +kubebuilder:validation:Pattern=`^0?\.[0-9]*[1-9][0-9]*$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="tierRatio is immutable"
+	TierRatio string `json:"tierRatio,omitempty"`
+	// ScmSize per pool (with nvmeSize, instead of size).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="scmSize is immutable"
+	ScmSize Size `json:"scmSize,omitempty"`
+	// NvmeSize per pool (with scmSize, instead of size).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nvmeSize is immutable"
+	NvmeSize Size `json:"nvmeSize,omitempty"`
+
+	// RedundancyFactor: how many engine failures the pool's containers may be asked to survive.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4
+	RedundancyFactor *int32 `json:"redundancyFactor,omitempty"`
+
+	// ACL of the pool, in the store's ACL syntax.
+	// +optional
+	ACL string `json:"acl,omitempty"`
+
+	// Properties are user properties; keys start with "user.".
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.startsWith('user.'))",message="property keys must start with 'user.'"
+	Properties map[string]string `json:"properties,omitempty"`
+
+	// ReclaimPolicy: Delete destroys the pool in the store when this object is deleted, Retain keeps it.
+	// +optional
+	// +kubebuilder:default=Delete
+	ReclaimPolicy ReclaimPolicy `json:"reclaimPolicy,omitempty"`
+}
+
+// PoolStatus is copied from the management service's PoolQuery.
+type PoolStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// UUID of the pool in the store.
+	// +optional
+	UUID string `json:"uuid,omitempty"`
+	// Label of the pool in the store.
+	// +optional
+	Label string `json:"label,omitempty"`
+	// State as the store reports it ("ready", "degraded").
+	// +optional
+	State string `json:"state,omitempty"`
+	// MapVersion of the pool map.
+	// +optional
+	MapVersion int64 `json:"mapVersion,omitempty"`
+	// +optional
+	Ranks []int32 `json:"ranks,omitempty"`
+	// +optional
+	TotalTargets int32 `json:"totalTargets,omitempty"`
+	// +optional
+	DisabledTargets int32 `json:"disabledTargets,omitempty"`
+	// Tiers with total and free bytes.
+	// +optional
+	Tiers []TierStatus `json:"tiers,omitempty"`
+	// Size is the total over tiers, for people ("1.0GiB").
+	// +optional
+	Size string `json:"size,omitempty"`
+	// Free is the free space over tiers, for people.
+	// +optional
+	Free string `json:"free,omitempty"`
+	// Containers in the pool, as the store counts them.
+	// +optional
+	Containers int32 `json:"containers,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Pool is a Peregrine pool.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=ppool,categories=peregrine
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="Free",type=string,JSONPath=`.status.free`
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="UUID",type=string,JSONPath=`.status.uuid`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Pool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   PoolSpec   `json:"spec"`
+	Status PoolStatus `json:"status,omitempty"`
+}
+
+// PoolList is a list of Pools.
+// +kubebuilder:object:root=true
+type PoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Pool `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Pool{}, &PoolList{})
+}

@@ -1,0 +1,260 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+)
+
+// ContainerReconciler creates (or adopts) a container in its pool and copies its state.
+type ContainerReconciler struct {
+	client.Client
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	MS       *ManagementServices
+	// Refresh is how often the status is re-read from the management service (default 30 s).
+	Refresh time.Duration
+}
+
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=containers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=containers/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=containers/finalizers,verbs=update
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=pools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=serversets,verbs=get;list;watch
+
+// Reconcile drives one Container.
+func (r *ContainerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cont := &storagev1.Container{}
+	if err := r.Get(ctx, req.NamespacedName, cont); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	before := cont.DeepCopy()
+	if !cont.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, cont, before)
+	}
+	if controllerutil.AddFinalizer(cont, storagev1.Finalizer) {
+		if err := r.Update(ctx, cont); err != nil {
+			return ctrl.Result{}, err
+		}
+		before = cont.DeepCopy()
+	}
+
+	pool, addr, why := r.resolvePool(ctx, cont)
+	if why != "" {
+		r.setReady(cont, metav1.ConditionFalse, "PoolNotReady", why)
+		return r.finish(ctx, cont, before, ctrl.Result{RequeueAfter: 5 * time.Second}, nil)
+	}
+	ms, err := r.MS.Client(addr)
+	if err != nil {
+		return r.finish(ctx, cont, before, ctrl.Result{}, err)
+	}
+	info, err := r.ensureContainer(ctx, cont, pool, ms)
+	if err != nil {
+		reason := "ManagementServiceError"
+		if c := grpcCode(err); c == codes.Unavailable || c == codes.DeadlineExceeded {
+			reason = "ManagementServiceUnreachable"
+		}
+		r.setReady(cont, metav1.ConditionFalse, reason, err.Error())
+		r.Recorder.Event(cont, corev1.EventTypeWarning, reason, err.Error())
+		return r.finish(ctx, cont, before, ctrl.Result{}, err)
+	}
+	if info != nil {
+		copyContainerStatus(cont, pool, info)
+	}
+	if cont.Status.State != before.Status.State && before.Status.State != "" {
+		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "StateChanged", "container %q: %s -> %s", containerLabel(cont), before.Status.State, cont.Status.State)
+	}
+	return r.finish(ctx, cont, before, ctrl.Result{RequeueAfter: r.refresh()}, nil)
+}
+
+func (r *ContainerReconciler) refresh() time.Duration {
+	if r.Refresh == 0 {
+		return 30 * time.Second
+	}
+	return r.Refresh
+}
+
+func containerLabel(c *storagev1.Container) string {
+	if c.Spec.Label != "" {
+		return c.Spec.Label
+	}
+	return c.Name
+}
+
+// resolvePool returns the container's Pool and its management service, or why it cannot yet.
+func (r *ContainerReconciler) resolvePool(ctx context.Context, cont *storagev1.Container) (*storagev1.Pool, string, string) {
+	pool := &storagev1.Pool{}
+	if err := r.Get(ctx, types.NamespacedName{Namespace: cont.Namespace, Name: cont.Spec.PoolRef.Name}, pool); err != nil {
+		return nil, "", fmt.Sprintf("pool %q: %v", cont.Spec.PoolRef.Name, err)
+	}
+	if pool.Status.UUID == "" {
+		return nil, "", fmt.Sprintf("pool %q has no pool in the store yet", pool.Name)
+	}
+	if !pool.DeletionTimestamp.IsZero() && cont.Status.UUID == "" {
+		return nil, "", fmt.Sprintf("pool %q is being deleted", pool.Name)
+	}
+	addr, err := serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
+	if err != nil {
+		return nil, "", fmt.Sprintf("pool %q: %v", pool.Name, err)
+	}
+	return pool, addr, ""
+}
+
+// ensureContainer finds the container (by recorded UUID, else by label: adoption) or creates it.
+// It returns nil info without error when the recorded container vanished from the store.
+func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storagev1.Container, pool *storagev1.Pool, ms mgmtpb.MgmtClient) (*mgmtpb.ContInfo, error) {
+	cctx, cancel := r.MS.callContext(ctx)
+	defer cancel()
+	label := containerLabel(cont)
+	if cont.Status.UUID != "" {
+		info, err := ms.ContQuery(cctx, &mgmtpb.ContQueryReq{Pool: pool.Status.UUID, Id: cont.Status.UUID})
+		if grpcCode(err) == codes.NotFound {
+			msg := fmt.Sprintf("container %q (%s) no longer exists in pool %q; it is not re-created", label, cont.Status.UUID, pool.Status.Label)
+			if cont.Status.State != "lost" {
+				r.Recorder.Event(cont, corev1.EventTypeWarning, "ContainerLost", msg)
+			}
+			cont.Status.State = "lost"
+			r.setReady(cont, metav1.ConditionFalse, "ContainerLost", msg)
+			return nil, nil
+		}
+		if err != nil {
+			return nil, storeErr(err, "container %q: query", label)
+		}
+		return info, nil
+	}
+	info, err := ms.ContQuery(cctx, &mgmtpb.ContQueryReq{Pool: pool.Status.UUID, Id: label})
+	switch {
+	case err == nil:
+		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "Adopted", "adopted existing container %q (%s) in pool %q", label, info.Uuid, pool.Status.Label)
+	case grpcCode(err) == codes.NotFound:
+		req := &mgmtpb.ContCreateReq{
+			Pool: pool.Status.UUID, Label: label, Type: cont.Spec.Type,
+			Oclass: string(cont.Spec.ObjectClass), DirOclass: string(cont.Spec.DirObjectClass), Checksum: cont.Spec.Checksum,
+		}
+		if cont.Spec.ChunkSize != "" {
+			if req.ChunkSize, err = cont.Spec.ChunkSize.Bytes(); err != nil {
+				return nil, fmt.Errorf("container %q: spec.chunkSize: %w", label, err)
+			}
+		}
+		if cont.Spec.RedundancyFactor != nil {
+			req.RedundancyFactor = uint32(*cont.Spec.RedundancyFactor)
+		}
+		if cont.Spec.ACL != "" {
+			req.Props = map[string]string{"acl": cont.Spec.ACL}
+		}
+		if info, err = ms.ContCreate(cctx, req); err != nil {
+			return nil, storeErr(err, "container %q in pool %q: create", label, pool.Status.Label)
+		}
+		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "Created", "created container %q (%s) in pool %q", label, info.Uuid, pool.Status.Label)
+	default:
+		return nil, storeErr(err, "container %q: query", label)
+	}
+	cont.Status.UUID = info.Uuid
+	return info, nil
+}
+
+func copyContainerStatus(cont *storagev1.Container, pool *storagev1.Pool, info *mgmtpb.ContInfo) {
+	st := &cont.Status
+	st.UUID, st.PoolUUID, st.State = info.Uuid, info.PoolUuid, "ready"
+	st.ObjectClass, st.RedundancyFactor = info.Oclass, int32(info.RedundancyFactor)
+	st.UsedBytes, st.Used, st.Snapshots = int64(info.UsedBytes), humanBytes(info.UsedBytes), int32(info.Snapshots)
+	containerUsedBytes.WithLabelValues(cont.Namespace, pool.Name, cont.Name).Set(float64(info.UsedBytes))
+	setCondition(&st.Conditions, cont.Generation, storagev1.ConditionReady, metav1.ConditionTrue, "ContainerReady",
+		fmt.Sprintf("container %q (%s) in pool %q: type %s, object class %s, rf %d, chunk %s",
+			info.Label, info.Uuid, pool.Status.Label, info.Type, info.Oclass, info.RedundancyFactor, humanBytes(info.ChunkSize)))
+}
+
+func (r *ContainerReconciler) setReady(cont *storagev1.Container, s metav1.ConditionStatus, reason, msg string) {
+	setCondition(&cont.Status.Conditions, cont.Generation, storagev1.ConditionReady, s, reason, msg)
+}
+
+func (r *ContainerReconciler) finish(ctx context.Context, cont, before *storagev1.Container, res ctrl.Result, err error) (ctrl.Result, error) {
+	cont.Status.ObservedGeneration = cont.Generation
+	if perr := r.Status().Patch(ctx, cont, client.MergeFrom(before)); perr != nil && !apierrors.IsNotFound(perr) {
+		return ctrl.Result{}, perr
+	}
+	return res, err
+}
+
+// reconcileDelete destroys the container in the store (reclaim policy Delete) or leaves it
+// (Retain), then lets the object go; its Pool, which waits for it, is woken by the watch.
+func (r *ContainerReconciler) reconcileDelete(ctx context.Context, cont, before *storagev1.Container) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(cont, storagev1.Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	label := containerLabel(cont)
+	if cont.Spec.ReclaimPolicy != storagev1.ReclaimRetain && cont.Status.UUID != "" {
+		pool := &storagev1.Pool{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: cont.Namespace, Name: cont.Spec.PoolRef.Name}, pool)
+		var addr string
+		if err == nil {
+			addr, err = serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
+		}
+		if err != nil {
+			r.Recorder.Eventf(cont, corev1.EventTypeWarning, "ContainerNotDestroyed", "container %q (%s) left in the store: %v", label, cont.Status.UUID, err)
+		} else if err := r.destroy(ctx, cont, addr); err != nil {
+			setCondition(&cont.Status.Conditions, cont.Generation, storagev1.ConditionDeletionBlocked, metav1.ConditionTrue, "DestroyFailed", err.Error())
+			r.Recorder.Event(cont, corev1.EventTypeWarning, "DestroyFailed", err.Error())
+			return r.finish(ctx, cont, before, ctrl.Result{}, err)
+		}
+	} else if cont.Status.UUID != "" {
+		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "Retained", "container %q (%s) retained in the store", label, cont.Status.UUID)
+	}
+	containerUsedBytes.DeletePartialMatch(map[string]string{"namespace": cont.Namespace, "container": cont.Name})
+	controllerutil.RemoveFinalizer(cont, storagev1.Finalizer)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Update(ctx, cont))
+}
+
+func (r *ContainerReconciler) destroy(ctx context.Context, cont *storagev1.Container, addr string) error {
+	ms, err := r.MS.Client(addr)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := r.MS.callContext(ctx)
+	defer cancel()
+	_, err = ms.ContDestroy(cctx, &mgmtpb.ContDestroyReq{Pool: cont.Status.PoolUUID, Id: cont.Status.UUID})
+	switch {
+	case err == nil:
+		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "Destroyed", "destroyed container %q (%s)", containerLabel(cont), cont.Status.UUID)
+		return nil
+	case grpcCode(err) == codes.NotFound:
+		return nil
+	default:
+		return storeErr(err, "container %q (%s): destroy", containerLabel(cont), cont.Status.UUID)
+	}
+}
+
+// SetupWithManager registers the reconciler; a Pool's changes wake its Containers.
+func (r *ContainerReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&storagev1.Container{}).
+		Watches(&storagev1.Pool{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var conts storagev1.ContainerList
+			if err := r.List(ctx, &conts, client.InNamespace(o.GetNamespace()), client.MatchingFields{containerPoolIndex: o.GetName()}); err != nil {
+				return nil
+			}
+			reqs := make([]reconcile.Request, 0, len(conts.Items))
+			for _, c := range conts.Items {
+				reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}})
+			}
+			return reqs
+		})).
+		Named("container").
+		Complete(r)
+}

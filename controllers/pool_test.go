@@ -1,0 +1,191 @@
+package controllers
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"google.golang.org/grpc/codes"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+)
+
+func newPool(name, serverSet, size string) *storagev1.Pool {
+	return &storagev1.Pool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: storagev1.PoolSpec{
+			ServerSetRef: storagev1.LocalObjectReference{Name: serverSet},
+			Size:         storagev1.Size(size),
+		},
+	}
+}
+
+func newContainer(name, pool string) *storagev1.Container {
+	return &storagev1.Container{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: storagev1.ContainerSpec{
+			PoolRef:     storagev1.LocalObjectReference{Name: pool},
+			ObjectClass: "SX",
+		},
+	}
+}
+
+func getPool(name string) *storagev1.Pool {
+	p := &storagev1.Pool{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, p)).To(Succeed())
+	return p
+}
+
+func getContainer(name string) *storagev1.Container {
+	c := &storagev1.Container{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, c)).To(Succeed())
+	return c
+}
+
+func gone(obj client.Object) func() bool {
+	return func() bool {
+		return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj))
+	}
+}
+
+var _ = Describe("Pool and Container on a real engine", Ordered, func() {
+	var ms mgmtpb.MgmtClient
+
+	BeforeAll(func() {
+		e := startEngine("tank", false)
+		ms = msClient(e.addr)
+		Expect(k8s.Create(ctx, newServerSet("tank", e.addr, 1))).To(Succeed())
+		Eventually(func() int32 { return getServerSet("tank")().Status.ReadyEngines }, 60*time.Second).Should(Equal(int32(1)))
+	})
+
+	waitPoolReady := func(name string) *storagev1.Pool {
+		Eventually(func() string { return getPool(name).Status.State }, 60*time.Second).Should(Equal("ready"),
+			func() string { return condition(getPool(name).Status.Conditions, storagev1.ConditionReady).Message })
+		return getPool(name)
+	}
+	waitContainerReady := func(name string) *storagev1.Container {
+		Eventually(func() string { return getContainer(name).Status.State }, 60*time.Second).Should(Equal("ready"),
+			func() string {
+				return condition(getContainer(name).Status.Conditions, storagev1.ConditionReady).Message
+			})
+		return getContainer(name)
+	}
+
+	It("creates a pool whose status is the management service's PoolQuery", func() {
+		Expect(k8s.Create(ctx, newPool("alpha", "tank", "64MiB"))).To(Succeed())
+		p := waitPoolReady("alpha")
+		Expect(p.Finalizers).To(ContainElement(storagev1.Finalizer))
+		info, err := ms.PoolQuery(ctx, &mgmtpb.PoolQueryReq{Id: "alpha"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(p.Status.UUID).To(Equal(info.Uuid))
+		Expect(p.Status.Label).To(Equal("alpha"))
+		Expect(p.Status.MapVersion).To(Equal(int64(info.MapVersion)))
+		Expect(p.Status.TotalTargets).To(Equal(int32(info.TotalTargets)))
+		var total, free uint64
+		Expect(p.Status.Tiers).To(HaveLen(len(info.Tiers)))
+		for i, t := range info.Tiers {
+			Expect(p.Status.Tiers[i]).To(Equal(storagev1.TierStatus{Name: t.Name, Total: int64(t.Total), Free: int64(t.Free)}))
+			total += t.Total
+			free += t.Free
+		}
+		Expect(total).To(BeNumerically("~", 64<<20, 1<<20))
+		Expect(p.Status.Size).To(Equal(humanBytes(total)))
+		Expect(p.Status.Free).To(Equal(humanBytes(free)))
+		Expect(condition(p.Status.Conditions, storagev1.ConditionReady).Status).To(Equal(metav1.ConditionTrue))
+		Expect(p.Status.ObservedGeneration).To(Equal(p.Generation))
+	})
+
+	It("adopts an existing pool with the same label instead of creating another", func() {
+		made, err := ms.PoolCreate(ctx, &mgmtpb.PoolCreateReq{Label: "legacy", TotalSize: 64 << 20})
+		Expect(err).NotTo(HaveOccurred())
+		p := newPool("adopter", "tank", "64MiB")
+		p.Spec.Label = "legacy"
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		Expect(waitPoolReady("adopter").Status.UUID).To(Equal(made.Uuid))
+		list, err := ms.PoolList(ctx, &mgmtpb.PoolListReq{})
+		Expect(err).NotTo(HaveOccurred())
+		n := 0
+		for _, x := range list.Pools {
+			if x.Label == "legacy" {
+				n++
+			}
+		}
+		Expect(n).To(Equal(1))
+	})
+
+	It("creates and adopts containers, and holds the pool's deletion while they exist", func() {
+		Expect(k8s.Create(ctx, newContainer("data", "alpha"))).To(Succeed())
+		c := waitContainerReady("data")
+		info, err := ms.ContQuery(ctx, &mgmtpb.ContQueryReq{Pool: "alpha", Id: "data"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(c.Status.UUID).To(Equal(info.Uuid))
+		Expect(c.Status.PoolUUID).To(Equal(getPool("alpha").Status.UUID))
+		Expect(c.Status.ObjectClass).To(Equal("SX"))
+		Expect(c.Status.UsedBytes).To(Equal(int64(info.UsedBytes)))
+
+		By("adopting a container made outside Kubernetes")
+		made, err := ms.ContCreate(ctx, &mgmtpb.ContCreateReq{Pool: "alpha", Label: "scratch", Oclass: "S1"})
+		Expect(err).NotTo(HaveOccurred())
+		adopt := newContainer("scratch", "alpha")
+		adopt.Spec.ObjectClass = "S1"
+		Expect(k8s.Create(ctx, adopt)).To(Succeed())
+		Expect(waitContainerReady("scratch").Status.UUID).To(Equal(made.Uuid))
+
+		By("holding the pool while containers reference it")
+		pool := getPool("alpha")
+		Expect(k8s.Delete(ctx, pool)).To(Succeed())
+		Eventually(func() metav1.Condition {
+			return condition(getPool("alpha").Status.Conditions, storagev1.ConditionDeletionBlocked)
+		}).Should(And(HaveField("Reason", "ContainersExist"), HaveField("Message", ContainSubstring("data, scratch"))))
+		Consistently(func() error {
+			_, err := ms.PoolQuery(ctx, &mgmtpb.PoolQueryReq{Id: pool.Status.UUID})
+			return err
+		}, 2*time.Second).Should(Succeed())
+
+		By("deleting the containers (reclaim policy Delete) releases the pool")
+		Expect(k8s.Delete(ctx, getContainer("data"))).To(Succeed())
+		Expect(k8s.Delete(ctx, getContainer("scratch"))).To(Succeed())
+		Eventually(gone(pool), 60*time.Second).Should(BeTrue())
+		_, err = ms.ContQuery(ctx, &mgmtpb.ContQueryReq{Pool: pool.Status.UUID, Id: info.Uuid})
+		Expect(grpcCode(err)).To(Equal(codes.NotFound))
+		_, err = ms.PoolQuery(ctx, &mgmtpb.PoolQueryReq{Id: pool.Status.UUID})
+		Expect(grpcCode(err)).To(Equal(codes.NotFound), "reclaim policy Delete destroys the pool in the store")
+	})
+
+	It("retains a pool and a container whose reclaim policy is Retain", func() {
+		p := newPool("kept", "tank", "64MiB")
+		p.Spec.ReclaimPolicy = storagev1.ReclaimRetain
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		uuid := waitPoolReady("kept").Status.UUID
+		c := newContainer("kept-data", "kept")
+		c.Spec.ReclaimPolicy = storagev1.ReclaimRetain
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		cuuid := waitContainerReady("kept-data").Status.UUID
+
+		Expect(k8s.Delete(ctx, getContainer("kept-data"))).To(Succeed())
+		Expect(k8s.Delete(ctx, getPool("kept"))).To(Succeed())
+		Eventually(gone(p), 60*time.Second).Should(BeTrue())
+		_, err := ms.PoolQuery(ctx, &mgmtpb.PoolQueryReq{Id: uuid})
+		Expect(err).NotTo(HaveOccurred(), "reclaim policy Retain keeps the pool in the store")
+		_, err = ms.ContQuery(ctx, &mgmtpb.ContQueryReq{Pool: uuid, Id: cuuid})
+		Expect(err).NotTo(HaveOccurred(), "reclaim policy Retain keeps the container in the store")
+	})
+
+	It("reports a management service refusal in the condition and retries", func() {
+		c := newContainer("too-safe", "adopter")
+		c.Spec.ObjectClass = "S1"
+		c.Spec.RedundancyFactor = ptrInt32(1)
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		Eventually(func() metav1.Condition {
+			return condition(getContainer("too-safe").Status.Conditions, storagev1.ConditionReady)
+		}, 30*time.Second).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "ManagementServiceError"),
+			HaveField("Message", ContainSubstring("too-safe"))))
+		GinkgoWriter.Println("refusal:", condition(getContainer("too-safe").Status.Conditions, storagev1.ConditionReady).Message)
+	})
+})
+
+func ptrInt32(v int32) *int32 { return &v }

@@ -1,0 +1,158 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+)
+
+// ServerSetReconciler runs the engines of a ServerSet and copies the system's state into its status.
+type ServerSetReconciler struct {
+	client.Client
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	MS       *ManagementServices
+	// Refresh is how often the status is re-read from the management service (default 30 s).
+	Refresh time.Duration
+}
+
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=serversets,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=serversets/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Reconcile renders the workload, formats storage on first start and reports the system.
+func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	ss := &storagev1.ServerSet{}
+	if err := r.Get(ctx, req.NamespacedName, ss); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !ss.DeletionTimestamp.IsZero() {
+		// The workload goes with its owner references; pools keep their own finalizers.
+		return ctrl.Result{}, nil
+	}
+	before := ss.DeepCopy()
+
+	live, replicas, err := r.applyWorkload(ctx, ss)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	ss.Status.MgmtAddress = mgmtAddress(ss)
+	ss.Status.System = systemName(ss)
+
+	msErr := r.observeSystem(ctx, ss)
+	if msErr != nil {
+		log.Info("management service unreachable", "address", ss.Status.MgmtAddress, "error", msErr.Error())
+	}
+	r.setConditions(ss, live, replicas, msErr)
+	ss.Status.ObservedGeneration = ss.Generation
+
+	if err := r.Status().Patch(ctx, ss, client.MergeFrom(before)); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.emitConditionEvents(ss, before)
+	if msErr != nil {
+		// Backoff through the controller's rate limiter.
+		return ctrl.Result{}, fmt.Errorf("serverset %s: %w", ss.Name, msErr)
+	}
+	return ctrl.Result{RequeueAfter: r.refresh()}, nil
+}
+
+func (r *ServerSetReconciler) refresh() time.Duration {
+	if r.Refresh == 0 {
+		return 30 * time.Second
+	}
+	return r.Refresh
+}
+
+// applyWorkload creates or updates the ConfigMap, Service, PodDisruptionBudget and StatefulSet.
+// It returns the StatefulSet as last observed (its status tells how far a roll has come) and the
+// replicas it asked for.
+func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.ServerSet) (*appsv1.StatefulSet, int32, error) {
+	cm := renderConfigMap(ss)
+	if err := r.apply(ctx, ss, cm, func(existing client.Object) {
+		existing.(*corev1.ConfigMap).Data = cm.Data
+	}); err != nil {
+		return nil, 0, err
+	}
+	svc := renderService(ss)
+	if err := r.apply(ctx, ss, svc, func(existing client.Object) {
+		e := existing.(*corev1.Service)
+		e.Spec.Selector, e.Spec.Ports, e.Spec.PublishNotReadyAddresses = svc.Spec.Selector, svc.Spec.Ports, svc.Spec.PublishNotReadyAddresses
+	}); err != nil {
+		return nil, 0, err
+	}
+	pdb := renderPDB(ss)
+	if err := r.apply(ctx, ss, pdb, func(existing client.Object) {
+		existing.(*policyv1.PodDisruptionBudget).Spec = pdb.Spec
+	}); err != nil {
+		return nil, 0, err
+	}
+
+	replicas := ss.Spec.Engines
+	current := &appsv1.StatefulSet{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: ss.Namespace, Name: ss.Name}, current)
+	switch {
+	case err == nil:
+		if current.Spec.Replicas != nil && *current.Spec.Replicas > replicas {
+			replicas = *current.Spec.Replicas // scaling down is refused; setConditions says why
+		}
+	case !apierrors.IsNotFound(err):
+		return nil, 0, err
+	}
+	sts := renderStatefulSet(ss, replicas, configHash(cm))
+	if err := r.apply(ctx, ss, sts, func(existing client.Object) {
+		e := existing.(*appsv1.StatefulSet)
+		e.Spec.Replicas = sts.Spec.Replicas
+		e.Spec.Template = sts.Spec.Template
+		e.Spec.UpdateStrategy = sts.Spec.UpdateStrategy
+	}); err != nil {
+		return nil, 0, err
+	}
+	return current, replicas, nil
+}
+
+// apply creates desired (owned by ss) or, when it exists, lets mutate copy the rendered fields
+// onto the existing object; fields set by others (defaults, status) stay.
+func (r *ServerSetReconciler) apply(ctx context.Context, ss *storagev1.ServerSet, desired client.Object, mutate func(existing client.Object)) error {
+	obj := desired.DeepCopyObject().(client.Object)
+	_, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error {
+		if obj.GetResourceVersion() != "" {
+			mutate(obj)
+		}
+		obj.SetLabels(desired.GetLabels())
+		return controllerutil.SetControllerReference(ss, obj, r.Scheme)
+	})
+	if err != nil {
+		return fmt.Errorf("serverset %s: apply %T %s: %w", ss.Name, desired, desired.GetName(), err)
+	}
+	return nil
+}
+
+// SetupWithManager registers the reconciler.
+func (r *ServerSetReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&storagev1.ServerSet{}).
+		Owns(&appsv1.StatefulSet{}).
+		Owns(&corev1.ConfigMap{}).
+		Owns(&corev1.Service{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
+		Named("serverset").
+		Complete(r)
+}

@@ -1,0 +1,323 @@
+package controllers
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+)
+
+// What the ServerSet renders. Names derive from the ServerSet's name: the StatefulSet, the headless
+// Service and the PodDisruptionBudget carry it as is, the ConfigMap adds "-config".
+const (
+	engineContainerName = "engine"
+	configMountPath     = "/etc/peregrine"
+	deviceMountPath     = "/var/lib/peregrine"
+	configHashKey       = "storage.peregrine.dev/config-hash"
+	labelServerSet      = "storage.peregrine.dev/serverset"
+)
+
+func engineLabels(ss *storagev1.ServerSet) map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/name":       "peregrine-engine",
+		"app.kubernetes.io/instance":   ss.Name,
+		"app.kubernetes.io/managed-by": "peregrine-operator",
+		labelServerSet:                 ss.Name,
+	}
+}
+
+func engineSelector(ss *storagev1.ServerSet) map[string]string {
+	return map[string]string{labelServerSet: ss.Name}
+}
+
+func configMapName(ss *storagev1.ServerSet) string { return ss.Name + "-config" }
+
+// systemName is the engines' system name: the ServerSet's name in the engines' alphabet.
+func systemName(ss *storagev1.ServerSet) string {
+	n := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '-'
+	}, ss.Name)
+	if len(n) > 64 {
+		n = n[:64]
+	}
+	return n
+}
+
+func controlPort(ss *storagev1.ServerSet) int32 {
+	if ss.Spec.ControlPort == 0 {
+		return 10001
+	}
+	return ss.Spec.ControlPort
+}
+
+func dataPort(ss *storagev1.ServerSet) int32 {
+	if ss.Spec.DataPort == 0 {
+		return 10101
+	}
+	return ss.Spec.DataPort
+}
+
+// podDNSName is the stable name of the engine pod of a rank behind the headless Service.
+func podDNSName(ss *storagev1.ServerSet, rank int32) string {
+	return fmt.Sprintf("%s-%d.%s.%s.svc", ss.Name, rank, ss.Name, ss.Namespace)
+}
+
+// defaultMgmtAddress is where the management service runs: rank 0, through the headless Service.
+func defaultMgmtAddress(ss *storagev1.ServerSet) string {
+	return fmt.Sprintf("%s:%d", podDNSName(ss, 0), controlPort(ss))
+}
+
+// mgmtAddress is the management service the operator talks to for this ServerSet.
+func mgmtAddress(ss *storagev1.ServerSet) string {
+	if a := ss.Annotations[storagev1.AnnotationMgmtAddress]; a != "" {
+		return a
+	}
+	return defaultMgmtAddress(ss)
+}
+
+// engineConfigTemplate renders the engine configuration shared by all ranks; the pod's start
+// script fills in @RANK@, @POD_IP@ and @NODE_NAME@, and makes the replica list name the pod itself
+// by its IP (so that rank 0 knows it hosts the management service).
+func engineConfigTemplate(ss *storagev1.ServerSet) string {
+	var b strings.Builder
+	targets := ss.Spec.Targets
+	if targets == 0 {
+		targets = 1
+	}
+	replicas := ss.Spec.MgmtSvcReplicas
+	if replicas == 0 {
+		replicas = 1
+	}
+	logLevel := ss.Spec.LogLevel
+	if logLevel == "" {
+		logLevel = "info"
+	}
+	fmt.Fprintf(&b, "name: %s\n", systemName(ss))
+	b.WriteString("rank: @RANK@\n")
+	b.WriteString("fault_domain: /@NODE_NAME@\n")
+	b.WriteString("listen_addr: @POD_IP@\n")
+	fmt.Fprintf(&b, "control_port: %d\n", controlPort(ss))
+	fmt.Fprintf(&b, "data_port: %d\n", dataPort(ss))
+	fmt.Fprintf(&b, "targets: %d\n", targets)
+	fmt.Fprintf(&b, "hugepages: %t\n", hugepages(ss).Sign() > 0)
+	fmt.Fprintf(&b, "scm: {class: ram, size: %s}\n", ss.Spec.Storage.Scm)
+	switch {
+	case ss.Spec.Storage.Nvme != nil:
+		fmt.Fprintf(&b, "bdev: {class: kdev, device: %s}\n", ss.Spec.Storage.Nvme.Device)
+	case ss.Spec.Storage.Emulated != nil:
+		fmt.Fprintf(&b, "bdev: {class: file, path: %s/%s-nvme@RANK@.img, size: %s}\n",
+			deviceMountPath, ss.Name, ss.Spec.Storage.Emulated.Size)
+	}
+	addrs := make([]string, 0, replicas)
+	for r := int32(0); r < replicas; r++ {
+		addrs = append(addrs, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", podDNSName(ss, r), controlPort(ss))))
+	}
+	fmt.Fprintf(&b, "mgmt_svc_replicas: [%s]\n", strings.Join(addrs, ", "))
+	fmt.Fprintf(&b, "log_level: %s\n", logLevel)
+	return b.String()
+}
+
+// startScript turns the template into this pod's configuration and runs the engine.
+const startScript = `#!/bin/sh
+set -eu
+rank="${POD_NAME##*-}"
+self="${POD_NAME}.${SERVICE_NAME}.${POD_NAMESPACE}.svc"
+ulimit -l unlimited || echo "start-engine: cannot lift the memlock limit" >&2
+mkdir -p /run/peregrine
+sed -e "s|@RANK@|${rank}|g" -e "s|@POD_IP@|${POD_IP}|g" -e "s|@NODE_NAME@|${NODE_NAME}|g" \
+    -e "s|\"${self}:|\"${POD_IP}:|g" /etc/peregrine/engine.yaml.in >/run/peregrine/engine.yaml
+exec peregrine-engine --config /run/peregrine/engine.yaml
+`
+
+func hugepages(ss *storagev1.ServerSet) *resource.Quantity {
+	if ss.Spec.Hugepages == nil {
+		return &resource.Quantity{}
+	}
+	return ss.Spec.Hugepages
+}
+
+func renderConfigMap(ss *storagev1.ServerSet) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: configMapName(ss), Namespace: ss.Namespace, Labels: engineLabels(ss)},
+		Data: map[string]string{
+			"engine.yaml.in":  engineConfigTemplate(ss),
+			"start-engine.sh": startScript,
+		},
+	}
+}
+
+func configHash(cm *corev1.ConfigMap) string {
+	h := sha256.New()
+	for _, k := range []string{"engine.yaml.in", "start-engine.sh"} {
+		h.Write([]byte(k))
+		h.Write([]byte(cm.Data[k]))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+func renderService(ss *storagev1.ServerSet) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: ss.Name, Namespace: ss.Namespace, Labels: engineLabels(ss)},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: corev1.ClusterIPNone,
+			Selector:  engineSelector(ss),
+			// Engines find the management service before they are ready.
+			PublishNotReadyAddresses: true,
+			Ports: []corev1.ServicePort{
+				{Name: "control", Port: controlPort(ss), TargetPort: intstr.FromString("control")},
+				{Name: "data", Port: dataPort(ss), TargetPort: intstr.FromString("data")},
+			},
+		},
+	}
+}
+
+func renderPDB(ss *storagev1.ServerSet) *policyv1.PodDisruptionBudget {
+	one := intstr.FromInt32(1)
+	return &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: ss.Name, Namespace: ss.Namespace, Labels: engineLabels(ss)},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable: &one,
+			Selector:       &metav1.LabelSelector{MatchLabels: engineSelector(ss)},
+		},
+	}
+}
+
+// engineResources adds to the user's resources what the engine needs: hugepages-2Mi with
+// requests equal to limits, and a memory request (the API server requires one beside hugepages)
+// covering the SCM tier.
+func engineResources(ss *storagev1.ServerSet) corev1.ResourceRequirements {
+	res := *ss.Spec.Resources.DeepCopy()
+	if res.Requests == nil {
+		res.Requests = corev1.ResourceList{}
+	}
+	if res.Limits == nil {
+		res.Limits = corev1.ResourceList{}
+	}
+	hp := hugepages(ss)
+	if hp.Sign() > 0 {
+		res.Requests[corev1.ResourceHugePagesPrefix+"2Mi"] = hp.DeepCopy()
+		res.Limits[corev1.ResourceHugePagesPrefix+"2Mi"] = hp.DeepCopy()
+	}
+	if _, ok := res.Requests[corev1.ResourceMemory]; !ok {
+		scm, err := ss.Spec.Storage.Scm.Bytes()
+		if err == nil {
+			mem := resource.NewQuantity(int64(scm)+256<<20, resource.BinarySI)
+			res.Requests[corev1.ResourceMemory] = *mem
+			if _, ok := res.Limits[corev1.ResourceMemory]; !ok && hp.Sign() > 0 {
+				res.Limits[corev1.ResourceMemory] = *mem
+			}
+		}
+	}
+	return res
+}
+
+// renderStatefulSet renders the engines; replicas is what the reconciler decided (it refuses to
+// scale down).
+func renderStatefulSet(ss *storagev1.ServerSet, replicas int32, cfgHash string) *appsv1.StatefulSet {
+	env := []corev1.EnvVar{
+		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+		{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+		{Name: "SERVICE_NAME", Value: ss.Name},
+	}
+	if ss.Spec.Fabric.Provider != "" {
+		env = append(env, corev1.EnvVar{Name: "PEREGRINE_FABRIC_PROVIDER", Value: ss.Spec.Fabric.Provider})
+	}
+	if ss.Spec.Fabric.Interface != "" {
+		env = append(env, corev1.EnvVar{Name: "PEREGRINE_FABRIC_INTERFACE", Value: ss.Spec.Fabric.Interface})
+	}
+	mounts := []corev1.VolumeMount{{Name: "config", MountPath: configMountPath, ReadOnly: true}}
+	volumes := []corev1.Volume{{
+		Name: "config",
+		VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: configMapName(ss)},
+			DefaultMode:          ptr.To[int32](0o755),
+		}},
+	}}
+	if hugepages(ss).Sign() > 0 {
+		mounts = append(mounts, corev1.VolumeMount{Name: "hugepages", MountPath: "/dev/hugepages"})
+		volumes = append(volumes, corev1.Volume{Name: "hugepages", VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumHugePagesPrefix + "2Mi"},
+		}})
+	}
+	switch {
+	case ss.Spec.Storage.Nvme != nil:
+		dev := ss.Spec.Storage.Nvme.Device
+		mounts = append(mounts, corev1.VolumeMount{Name: "nvme", MountPath: dev})
+		volumes = append(volumes, corev1.Volume{Name: "nvme", VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: dev, Type: ptr.To(corev1.HostPathBlockDev)},
+		}})
+	case ss.Spec.Storage.Emulated != nil:
+		mounts = append(mounts, corev1.VolumeMount{Name: "devices", MountPath: deviceMountPath})
+		volumes = append(volumes, corev1.Volume{Name: "devices", VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: ss.Spec.Storage.Emulated.HostPath, Type: ptr.To(corev1.HostPathDirectoryOrCreate)},
+		}})
+	}
+	dnsPolicy := corev1.DNSClusterFirst
+	if ss.Spec.HostNetwork {
+		dnsPolicy = corev1.DNSClusterFirstWithHostNet
+	}
+	podLabels := engineLabels(ss)
+	return &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: ss.Name, Namespace: ss.Namespace, Labels: engineLabels(ss)},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:    ptr.To(replicas),
+			ServiceName: ss.Name,
+			Selector:    &metav1.LabelSelector{MatchLabels: engineSelector(ss)},
+			// Engines start together: the first format waits for all of them to join.
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			// One engine at a time; the readiness probe holds the roll until the engine serves again.
+			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{
+				Type:          appsv1.RollingUpdateStatefulSetStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateStatefulSetStrategy{MaxUnavailable: ptr.To(intstr.FromInt32(1))},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{configHashKey: cfgHash}},
+				Spec: corev1.PodSpec{
+					HostNetwork:                   ss.Spec.HostNetwork,
+					DNSPolicy:                     dnsPolicy,
+					NodeSelector:                  ss.Spec.NodeSelector,
+					Affinity:                      ss.Spec.Affinity,
+					Tolerations:                   ss.Spec.Tolerations,
+					TerminationGracePeriodSeconds: ptr.To[int64](60),
+					Containers: []corev1.Container{{
+						Name:            engineContainerName,
+						Image:           ss.Spec.Image,
+						ImagePullPolicy: ss.Spec.ImagePullPolicy,
+						Command:         []string{"/bin/sh", configMountPath + "/start-engine.sh"},
+						Env:             env,
+						Ports: []corev1.ContainerPort{
+							{Name: "control", ContainerPort: controlPort(ss)},
+							{Name: "data", ContainerPort: dataPort(ss)},
+						},
+						Resources: engineResources(ss),
+						SecurityContext: &corev1.SecurityContext{
+							Privileged:   ptr.To(true),
+							Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"IPC_LOCK", "SYS_RESOURCE"}},
+						},
+						ReadinessProbe: &corev1.Probe{
+							ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("data")}},
+							PeriodSeconds: 5,
+						},
+						VolumeMounts: mounts,
+					}},
+					Volumes: volumes,
+				},
+			},
+		},
+	}
+}

@@ -1,0 +1,214 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+)
+
+// observeSystem copies the system map and the storage of every rank into the status and formats
+// storage on first start. It returns an error only when the management service cannot be asked;
+// a refused format is a condition, not an error.
+func (r *ServerSetReconciler) observeSystem(ctx context.Context, ss *storagev1.ServerSet) error {
+	ms, err := r.MS.Client(ss.Status.MgmtAddress)
+	if err != nil {
+		return err
+	}
+	sys, scan, err := r.query(ctx, ms)
+	if err != nil {
+		return err
+	}
+	if formatted := r.formatIfNeeded(ctx, ss, ms, sys); formatted {
+		if sys, scan, err = r.query(ctx, ms); err != nil {
+			return err
+		}
+	}
+	copySystemStatus(ss, sys, scan)
+	return nil
+}
+
+func (r *ServerSetReconciler) query(ctx context.Context, ms mgmtpb.MgmtClient) (*mgmtpb.SystemQueryResp, *mgmtpb.StorageScanResp, error) {
+	cctx, cancel := r.MS.callContext(ctx)
+	defer cancel()
+	sys, err := ms.SystemQuery(cctx, &mgmtpb.SystemQueryReq{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("system query: %s", grpcMessage(err))
+	}
+	scan, err := ms.StorageScan(cctx, &mgmtpb.StorageScanReq{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("storage scan: %s", grpcMessage(err))
+	}
+	return sys, scan, nil
+}
+
+// formatIfNeeded formats the ranks waiting in maintenance once all engines have joined. Devices
+// with a foreign signature are only overwritten when the ServerSet carries the force annotation
+// and no engine of the system is formatted yet (a first start). It reports whether it formatted.
+func (r *ServerSetReconciler) formatIfNeeded(ctx context.Context, ss *storagev1.ServerSet, ms mgmtpb.MgmtClient, sys *mgmtpb.SystemQueryResp) bool {
+	var waiting, joined []string
+	for _, m := range sys.Members {
+		switch m.State {
+		case "maintenance":
+			waiting = append(waiting, fmt.Sprint(m.Rank))
+		case "joined":
+			joined = append(joined, fmt.Sprint(m.Rank))
+		}
+	}
+	cond := metav1.Condition{Type: storagev1.ConditionStorageFormatted, ObservedGeneration: ss.Generation}
+	switch {
+	case len(sys.Members) == 0:
+		cond.Status, cond.Reason = metav1.ConditionUnknown, "WaitingForEngines"
+		cond.Message = "no engine has joined the management service yet"
+	case len(waiting) == 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Formatted", "every joined engine has formatted storage"
+	case int32(len(sys.Members)) < ss.Spec.Engines:
+		cond.Status, cond.Reason = metav1.ConditionFalse, "WaitingForEngines"
+		cond.Message = fmt.Sprintf("%d of %d engines have joined; storage is formatted once all have", len(sys.Members), ss.Spec.Engines)
+	default:
+		force := ss.Annotations[storagev1.AnnotationForceFormat] == "true" && len(joined) == 0
+		cctx, cancel := r.MS.callContext(ctx)
+		defer cancel()
+		_, err := ms.StorageFormat(cctx, &mgmtpb.StorageFormatReq{Force: force})
+		if err == nil {
+			cond.Status, cond.Reason = metav1.ConditionTrue, "Formatted"
+			cond.Message = fmt.Sprintf("formatted ranks %s", strings.Join(waiting, ", "))
+			if force {
+				cond.Message += " (forced by annotation " + storagev1.AnnotationForceFormat + ")"
+			}
+			r.Recorder.Event(ss, corev1.EventTypeNormal, "Formatted", cond.Message)
+			meta.SetStatusCondition(&ss.Status.Conditions, cond)
+			return true
+		}
+		cond.Status, cond.Reason = metav1.ConditionFalse, "FormatRefused"
+		if grpcCode(err) != codes.FailedPrecondition {
+			cond.Reason = "FormatFailed"
+		}
+		cond.Message = grpcMessage(err)
+		switch {
+		case ss.Annotations[storagev1.AnnotationForceFormat] == "true" && len(joined) > 0:
+			cond.Message += fmt.Sprintf("; %s=true only applies to a first start, and ranks %s are formatted already",
+				storagev1.AnnotationForceFormat, strings.Join(joined, ", "))
+		case !force:
+			cond.Message += fmt.Sprintf("; waiting: set annotation %s: \"true\" on the ServerSet to overwrite",
+				storagev1.AnnotationForceFormat)
+		}
+		if old := meta.FindStatusCondition(ss.Status.Conditions, cond.Type); old == nil || old.Message != cond.Message {
+			r.Recorder.Event(ss, corev1.EventTypeWarning, cond.Reason, cond.Message)
+		}
+	}
+	meta.SetStatusCondition(&ss.Status.Conditions, cond)
+	return false
+}
+
+// copySystemStatus copies ranks, their states and the capacity per tier from the management service.
+func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan *mgmtpb.StorageScanResp) {
+	storage := map[uint32]*mgmtpb.RankStorage{}
+	var scmTotal, scmFree, nvmeTotal, nvmeFree uint64
+	for _, rs := range scan.Ranks {
+		storage[rs.Rank] = rs
+		if rs.Formatted && rs.State == "ready" {
+			scmTotal += rs.ScmBytes
+			scmFree += rs.ScmFree
+			nvmeTotal += rs.BdevBytes
+			nvmeFree += rs.NvmeFree
+		}
+	}
+	ss.Status.Engines = nil
+	ss.Status.ReadyEngines = 0
+	for _, m := range sys.Members {
+		e := storagev1.EngineStatus{
+			Rank: int32(m.Rank), UUID: m.Uuid, State: m.State, ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain,
+		}
+		if rs := storage[m.Rank]; rs != nil {
+			e.Formatted = rs.Formatted && rs.System == sys.System
+			e.Message = rs.Message
+		}
+		if m.State == "joined" {
+			ss.Status.ReadyEngines++
+		}
+		ss.Status.Engines = append(ss.Status.Engines, e)
+	}
+	sort.Slice(ss.Status.Engines, func(i, j int) bool { return ss.Status.Engines[i].Rank < ss.Status.Engines[j].Rank })
+	ss.Status.System = sys.System
+	ss.Status.MapVersion = int64(sys.MapVersion)
+	ss.Status.Capacity = []storagev1.TierStatus{
+		{Name: "scm", Total: int64(scmTotal), Free: int64(scmFree)},
+		{Name: "nvme", Total: int64(nvmeTotal), Free: int64(nvmeFree)},
+	}
+}
+
+// setConditions summarises the system in Ready, Degraded and Progressing.
+func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv1.StatefulSet, replicas int32, msErr error) {
+	gen := ss.Generation
+	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&ss.Status.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
+	}
+	if msErr != nil {
+		msg := fmt.Sprintf("management service %s: %v", ss.Status.MgmtAddress, msErr)
+		set(storagev1.ConditionReady, metav1.ConditionFalse, "ManagementServiceUnreachable", msg)
+		set(storagev1.ConditionDegraded, metav1.ConditionUnknown, "ManagementServiceUnreachable", msg)
+	} else {
+		var down []string
+		for _, e := range ss.Status.Engines {
+			if e.State != "joined" && e.State != "maintenance" {
+				down = append(down, fmt.Sprintf("rank %d %s", e.Rank, e.State))
+			}
+		}
+		if len(down) > 0 {
+			set(storagev1.ConditionDegraded, metav1.ConditionTrue, "EnginesDown", strings.Join(down, ", "))
+		} else {
+			set(storagev1.ConditionDegraded, metav1.ConditionFalse, "AllEnginesUp", "no engine is stopped or excluded")
+		}
+		msg := fmt.Sprintf("%d of %d engines joined", ss.Status.ReadyEngines, ss.Spec.Engines)
+		if ss.Status.ReadyEngines >= ss.Spec.Engines {
+			set(storagev1.ConditionReady, metav1.ConditionTrue, "EnginesJoined", msg)
+		} else {
+			reason := "EnginesNotReady"
+			if c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionStorageFormatted); c != nil && c.Status != metav1.ConditionTrue {
+				reason, msg = c.Reason, msg+"; "+c.Message
+			}
+			set(storagev1.ConditionReady, metav1.ConditionFalse, reason, msg)
+		}
+	}
+	switch {
+	case replicas > ss.Spec.Engines:
+		set(storagev1.ConditionProgressing, metav1.ConditionFalse, "ScaleDownRefused",
+			fmt.Sprintf("scaling from %d to %d engines is refused until ranks %d-%d are drained from the system",
+				replicas, ss.Spec.Engines, ss.Spec.Engines, replicas-1))
+	case live == nil || live.Status.ObservedGeneration < live.Generation || live.Status.UpdatedReplicas < replicas || live.Status.ReadyReplicas < replicas:
+		var ready, updated int32
+		if live != nil {
+			ready, updated = live.Status.ReadyReplicas, live.Status.UpdatedReplicas
+		}
+		set(storagev1.ConditionProgressing, metav1.ConditionTrue, "RollingOut",
+			fmt.Sprintf("%d of %d engine pods ready, %d updated", ready, replicas, updated))
+	default:
+		set(storagev1.ConditionProgressing, metav1.ConditionFalse, "RolledOut", fmt.Sprintf("%d engine pods ready and updated", replicas))
+	}
+}
+
+// emitConditionEvents records an event for each condition that changed status or reason.
+func (r *ServerSetReconciler) emitConditionEvents(ss, before *storagev1.ServerSet) {
+	for _, t := range []string{storagev1.ConditionReady, storagev1.ConditionDegraded} {
+		a := meta.FindStatusCondition(ss.Status.Conditions, t)
+		b := meta.FindStatusCondition(before.Status.Conditions, t)
+		if a == nil || (b != nil && a.Status == b.Status && a.Reason == b.Reason) {
+			continue
+		}
+		kind := corev1.EventTypeNormal
+		if (t == storagev1.ConditionReady && a.Status != metav1.ConditionTrue) || (t == storagev1.ConditionDegraded && a.Status == metav1.ConditionTrue) {
+			kind = corev1.EventTypeWarning
+		}
+		r.Recorder.Event(ss, kind, a.Reason, fmt.Sprintf("%s=%s: %s", t, a.Status, a.Message))
+	}
+}

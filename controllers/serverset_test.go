@@ -1,0 +1,186 @@
+package controllers
+
+import (
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+)
+
+func newServerSet(name, mgmtAddr string, engines int32) *storagev1.ServerSet {
+	ss := &storagev1.ServerSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: storagev1.ServerSetSpec{
+			Image:   "peregrine:dev",
+			Engines: engines,
+			Targets: 2,
+			Storage: storagev1.EngineStorage{
+				Scm:      "256MiB",
+				Emulated: &storagev1.EmulatedStorage{HostPath: "/var/lib/peregrine", Size: "1GiB"},
+			},
+		},
+	}
+	if mgmtAddr != "" {
+		ss.Annotations = map[string]string{storagev1.AnnotationMgmtAddress: mgmtAddr}
+	}
+	return ss
+}
+
+func getServerSet(name string) func() *storagev1.ServerSet {
+	return func() *storagev1.ServerSet {
+		ss := &storagev1.ServerSet{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, ss)).To(Succeed())
+		return ss
+	}
+}
+
+func condition(conds []metav1.Condition, t string) metav1.Condition {
+	if c := meta.FindStatusCondition(conds, t); c != nil {
+		return *c
+	}
+	return metav1.Condition{}
+}
+
+var _ = Describe("ServerSet", func() {
+	It("renders the engine StatefulSet, ConfigMap, headless Service and PDB", func() {
+		ss := newServerSet("render", "127.0.0.1:1", 3)
+		ss.Spec.Hugepages = ptr.To(resource.MustParse("512Mi"))
+		ss.Spec.NodeSelector = map[string]string{"peregrine.dev/storage": "true"}
+		Expect(k8s.Create(ctx, ss)).To(Succeed())
+
+		sts := &appsv1.StatefulSet{}
+		Eventually(func() error { return k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render"}, sts) }).Should(Succeed())
+		Expect(*sts.Spec.Replicas).To(Equal(int32(3)))
+		Expect(sts.Spec.ServiceName).To(Equal("render"))
+		Expect(sts.OwnerReferences).To(HaveLen(1))
+		Expect(sts.OwnerReferences[0].Kind).To(Equal("ServerSet"))
+		pod := sts.Spec.Template.Spec
+		Expect(pod.NodeSelector).To(HaveKeyWithValue("peregrine.dev/storage", "true"))
+		Expect(pod.Containers).To(HaveLen(1))
+		c := pod.Containers[0]
+		Expect(*c.SecurityContext.Privileged).To(BeTrue())
+		Expect(c.SecurityContext.Capabilities.Add).To(ContainElement(corev1.Capability("IPC_LOCK")))
+		hp := corev1.ResourceName("hugepages-2Mi")
+		Expect(c.Resources.Requests[hp]).To(Equal(resource.MustParse("512Mi")))
+		Expect(c.Resources.Limits[hp]).To(Equal(resource.MustParse("512Mi")))
+		Expect(c.Resources.Requests).To(HaveKey(corev1.ResourceMemory))
+		Expect(c.VolumeMounts).To(ContainElement(HaveField("MountPath", "/dev/hugepages")))
+		vols := map[string]corev1.Volume{}
+		for _, v := range pod.Volumes {
+			vols[v.Name] = v
+		}
+		Expect(vols["hugepages"].EmptyDir.Medium).To(Equal(corev1.StorageMedium("HugePages-2Mi")))
+		Expect(vols["devices"].HostPath.Path).To(Equal("/var/lib/peregrine"))
+		Expect(vols["config"].ConfigMap.Name).To(Equal("render-config"))
+		Expect(sts.Spec.Template.Annotations).To(HaveKey(configHashKey))
+
+		cm := &corev1.ConfigMap{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render-config"}, cm)).To(Succeed())
+		cfg := cm.Data["engine.yaml.in"]
+		Expect(cfg).To(ContainSubstring("name: render\n"))
+		Expect(cfg).To(ContainSubstring("rank: @RANK@\n"))
+		Expect(cfg).To(ContainSubstring("targets: 2\n"))
+		Expect(cfg).To(ContainSubstring("hugepages: true\n"))
+		Expect(cfg).To(ContainSubstring("scm: {class: ram, size: 256MiB}\n"))
+		Expect(cfg).To(ContainSubstring("bdev: {class: file, path: /var/lib/peregrine/render-nvme@RANK@.img, size: 1GiB}\n"))
+		Expect(cfg).To(ContainSubstring(`mgmt_svc_replicas: ["render-0.render.default.svc:10001"]`))
+		Expect(cm.Data["start-engine.sh"]).To(ContainSubstring("ulimit -l unlimited"))
+
+		svc := &corev1.Service{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render"}, svc)).To(Succeed())
+		Expect(svc.Spec.ClusterIP).To(Equal(corev1.ClusterIPNone))
+		Expect(svc.Spec.PublishNotReadyAddresses).To(BeTrue())
+
+		pdb := &policyv1.PodDisruptionBudget{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render"}, pdb)).To(Succeed())
+		Expect(pdb.Spec.MaxUnavailable.IntValue()).To(Equal(1))
+
+		By("reporting the unreachable management service instead of inventing a state")
+		Eventually(func() metav1.Condition {
+			return condition(getServerSet("render")().Status.Conditions, storagev1.ConditionReady)
+		}).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "ManagementServiceUnreachable")))
+		got := getServerSet("render")()
+		Expect(got.Status.MgmtAddress).To(Equal("127.0.0.1:1"))
+		Expect(got.Status.ReadyEngines).To(BeZero())
+		Expect(got.Status.Engines).To(BeEmpty())
+
+		By("refusing to scale down")
+		got.Spec.Engines = 2
+		Expect(k8s.Update(ctx, got)).To(Succeed())
+		Eventually(func() metav1.Condition {
+			return condition(getServerSet("render")().Status.Conditions, storagev1.ConditionProgressing)
+		}).Should(HaveField("Reason", "ScaleDownRefused"))
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render"}, sts)).To(Succeed())
+		Expect(*sts.Spec.Replicas).To(Equal(int32(3)))
+	})
+
+	It("passes an NVMe device into the pod and derives the management address from the Service", func() {
+		ss := newServerSet("nvme", "", 1)
+		ss.Spec.Storage.Emulated = nil
+		ss.Spec.Storage.Nvme = &storagev1.NvmeStorage{Device: "/dev/disk/by-id/nvme-eui.0001"}
+		sts := renderStatefulSet(ss, 1, "h")
+		var vol corev1.Volume
+		for _, v := range sts.Spec.Template.Spec.Volumes {
+			if v.Name == "nvme" {
+				vol = v
+			}
+		}
+		Expect(vol.HostPath).NotTo(BeNil())
+		Expect(*vol.HostPath.Type).To(Equal(corev1.HostPathBlockDev))
+		Expect(engineConfigTemplate(ss)).To(ContainSubstring("bdev: {class: kdev, device: /dev/disk/by-id/nvme-eui.0001}"))
+		Expect(engineConfigTemplate(ss)).To(ContainSubstring("hugepages: false"))
+		Expect(mgmtAddress(ss)).To(Equal("nvme-0.nvme.default.svc:10001"))
+	})
+
+	It("formats a blank engine and reports it from the management service", func() {
+		e := startEngine("blank", false)
+		Expect(k8s.Create(ctx, newServerSet("blank", e.addr, 1))).To(Succeed())
+		Eventually(func() int32 { return getServerSet("blank")().Status.ReadyEngines }, 60*time.Second).Should(Equal(int32(1)))
+		ss := getServerSet("blank")()
+		Expect(condition(ss.Status.Conditions, storagev1.ConditionReady).Status).To(Equal(metav1.ConditionTrue))
+		Expect(condition(ss.Status.Conditions, storagev1.ConditionStorageFormatted).Status).To(Equal(metav1.ConditionTrue))
+		Expect(ss.Status.Engines).To(HaveLen(1))
+		Expect(ss.Status.Engines[0].State).To(Equal("joined"))
+		Expect(ss.Status.Engines[0].Formatted).To(BeTrue())
+		Expect(ss.Status.System).To(Equal("blank"))
+		var nvme storagev1.TierStatus
+		for _, t := range ss.Status.Capacity {
+			if t.Name == "nvme" {
+				nvme = t
+			}
+		}
+		Expect(nvme.Total).To(BeNumerically(">", 0))
+		Expect(nvme.Free).To(BeNumerically(">", 0))
+	})
+
+	It("does not format a device with a foreign signature until forced", func() {
+		e := startEngine("foreign", true)
+		Expect(k8s.Create(ctx, newServerSet("foreign", e.addr, 1))).To(Succeed())
+		Eventually(func() metav1.Condition {
+			return condition(getServerSet("foreign")().Status.Conditions, storagev1.ConditionStorageFormatted)
+		}, 30*time.Second).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "FormatRefused"),
+			HaveField("Message", ContainSubstring(storagev1.AnnotationForceFormat))))
+		ss := getServerSet("foreign")()
+		GinkgoWriter.Println("refusal:", condition(ss.Status.Conditions, storagev1.ConditionStorageFormatted).Message)
+		Expect(strings.ToLower(condition(ss.Status.Conditions, storagev1.ConditionStorageFormatted).Message)).To(ContainSubstring("non-zero data"))
+		Expect(ss.Status.ReadyEngines).To(BeZero())
+		Expect(ss.Status.Engines).To(ConsistOf(HaveField("State", "maintenance")))
+		Expect(condition(ss.Status.Conditions, storagev1.ConditionReady).Reason).To(Equal("FormatRefused"))
+
+		By("forcing with the annotation")
+		ss.Annotations[storagev1.AnnotationForceFormat] = "true"
+		Expect(k8s.Update(ctx, ss)).To(Succeed())
+		Eventually(func() int32 { return getServerSet("foreign")().Status.ReadyEngines }, 60*time.Second).Should(Equal(int32(1)))
+	})
+})

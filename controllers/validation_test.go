@@ -1,0 +1,87 @@
+package controllers
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+)
+
+// The API server refuses bad manifests with a message naming the field (OpenAPI and CEL rules in
+// the generated CRDs).
+var _ = Describe("Validation by the API server", func() {
+	refused := func(obj client.Object, field, text string) {
+		err := k8s.Create(ctx, obj)
+		Expect(err).To(HaveOccurred(), "%s should be refused", field)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), err.Error())
+		Expect(err.Error()).To(And(ContainSubstring(field), ContainSubstring(text)))
+		GinkgoWriter.Println(err.Error())
+	}
+
+	It("refuses a bad size", func() {
+		refused(newPool("bad-size", "tank", "10XB"), "spec.size", "should match")
+	})
+	It("refuses both a total size and per-tier sizes", func() {
+		p := newPool("both-sizes", "tank", "1GiB")
+		p.Spec.ScmSize, p.Spec.NvmeSize = "1GiB", "4GiB"
+		refused(p, "spec", "give either size or scmSize/nvmeSize")
+	})
+	It("refuses an unknown object class", func() {
+		c := newContainer("bad-class", "alpha")
+		c.Spec.ObjectClass = "S3"
+		refused(c, "spec.objectClass", "Unsupported value")
+	})
+	It("refuses a redundancy factor of 5", func() {
+		p := newPool("rf5", "tank", "1GiB")
+		p.Spec.RedundancyFactor = ptrInt32(5)
+		refused(p, "spec.redundancyFactor", "less than or equal to 4")
+		c := newContainer("rf5", "alpha")
+		c.Spec.RedundancyFactor = ptrInt32(5)
+		refused(c, "spec.redundancyFactor", "less than or equal to 4")
+	})
+	It("refuses pool properties outside user.*", func() {
+		p := newPool("props", "tank", "1GiB")
+		p.Spec.Properties = map[string]string{"rf": "2"}
+		refused(p, "spec.properties", "must start with 'user.'")
+	})
+	It("refuses a ServerSet with both NVMe and emulated storage", func() {
+		ss := newServerSet("two-devices", "127.0.0.1:1", 1)
+		ss.Spec.Storage.Nvme = &storagev1.NvmeStorage{Device: "/dev/nvme0n1"}
+		refused(ss, "spec.storage", "exactly one of nvme and emulated")
+	})
+	It("refuses changes to immutable fields", func() {
+		// A ServerSet that does not exist: the objects stay unreconciled and are easy to delete.
+		p := newPool("immutable", "nowhere", "1GiB")
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		err := updateFresh(p, func() { p.Spec.Size = "2GiB" })
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+		Expect(err.Error()).To(And(ContainSubstring("spec.size"), ContainSubstring("size is immutable")))
+
+		c := newContainer("immutable", "nowhere")
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		err = updateFresh(c, func() { c.Spec.ObjectClass = "EC_2P1G1" })
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+		Expect(err.Error()).To(And(ContainSubstring("spec.objectClass"), ContainSubstring("objectClass is immutable")))
+
+		Expect(k8s.Delete(ctx, p)).To(Succeed())
+		Expect(k8s.Delete(ctx, c)).To(Succeed())
+		Eventually(gone(p), 10*time.Second).Should(BeTrue())
+		Eventually(gone(c), 10*time.Second).Should(BeTrue())
+	})
+})
+
+// updateFresh re-reads obj, applies mutate and updates, until the update is not a conflict with
+// the reconcilers' own writes; it returns the final error.
+func updateFresh(obj client.Object, mutate func()) error {
+	for {
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj)).To(Succeed())
+		mutate()
+		if err := k8s.Update(ctx, obj); !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+}
