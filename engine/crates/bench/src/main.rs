@@ -123,6 +123,13 @@ pub struct RunArgs {
     /// Write the results as JSON.
     #[arg(long, value_name = "FILE")]
     pub json_out: Option<PathBuf>,
+    /// Data-plane transport: tcp, shm (shared memory with engines on this node) or auto.
+    #[arg(long, env = "PEREGRINE_TRANSPORT", default_value = "auto", value_parser = parse_transport)]
+    pub transport: peregrine::TransportKind,
+}
+
+fn parse_transport(s: &str) -> Result<peregrine::TransportKind, String> {
+    s.parse().map_err(|e: peregrine::Error| e.msg)
 }
 
 /// Sizes as the CLI takes them (binary units): 4096, 4KiB, 1M, 1GiB.

@@ -92,7 +92,7 @@ fn on_threads<T: Send>(
 }
 
 pub fn run_all(a: &RunArgs, pool: &str, cont: &str) -> Result<Results> {
-    let client = Client::connect(&a.mgmt)
+    let client = Client::connect_with_transport(&a.mgmt, a.transport)
         .map_err(cerr)
         .context("connecting")?;
     let pool_h = client.pool_connect(pool).map_err(cerr)?;
@@ -191,6 +191,11 @@ pub fn run_all(a: &RunArgs, pool: &str, cont: &str) -> Result<Results> {
         );
         r.small = Some(t);
     }
+    let st = client.transport().stats();
+    eprintln!(
+        "peregrine-bench: transport {:?}: {} shm calls, {} tcp calls, {} shm fallbacks",
+        a.transport, st.shm_calls, st.tcp_calls, st.shm_fallbacks
+    );
     Ok(r)
 }
 

@@ -26,6 +26,7 @@ pub mod hlc;
 pub mod mgmt;
 pub mod object;
 pub mod placement;
+pub mod shm;
 #[doc(hidden)]
 pub mod testkit;
 pub mod transport;
@@ -34,7 +35,9 @@ pub use error::{Error, Result};
 pub use mgmt::Mgmt;
 pub use object::{Client, Container, Object, ObjectAt, Pool};
 pub use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
-pub use transport::{TcpConfig, TcpTransport, Transport};
+pub use transport::{
+    MultiTransport, TcpConfig, TcpTransport, Transport, TransportKind, TransportStats,
+};
 
 #[cfg(test)]
 mod tests;

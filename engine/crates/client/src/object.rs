@@ -35,7 +35,7 @@ use crate::error::{fmt_key, Error, Result};
 use crate::hlc;
 use crate::mgmt::Mgmt;
 use crate::placement::{self, Group, PoolMap, ShardLoc};
-use crate::transport::{TcpTransport, Transport};
+use crate::transport::{MultiTransport, Transport, TransportKind};
 use parking_lot::{Mutex, RwLock};
 use peregrine_isal::{crc32c, crc32c_append, ReedSolomon};
 use peregrine_proto::data::{
@@ -77,9 +77,17 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connect to the management service at `mgmt_addr` ("host:port").
+    /// Connect to the management service at `mgmt_addr` ("host:port"). The
+    /// data plane uses shared memory with engines on this node that offer it
+    /// and TCP otherwise, unless `PEREGRINE_TRANSPORT` (tcp, shm, auto) says
+    /// otherwise.
     pub fn connect(mgmt_addr: &str) -> Result<Client> {
-        Self::connect_with(mgmt_addr, Arc::new(TcpTransport::default()))
+        Self::connect_with_transport(mgmt_addr, TransportKind::from_env()?)
+    }
+
+    /// Like [`Client::connect`] with the transport chosen explicitly.
+    pub fn connect_with_transport(mgmt_addr: &str, kind: TransportKind) -> Result<Client> {
+        Self::connect_with(mgmt_addr, Arc::new(MultiTransport::new(kind)))
     }
 
     /// Like [`Client::connect`] with a chosen data-plane transport.
@@ -99,6 +107,13 @@ impl Client {
         &self.inner.transport
     }
 
+    /// Tell the transport which engines of a pool map offer shared memory.
+    fn learn_routes(&self, map: &PoolMap) {
+        for t in &map.targets {
+            self.inner.transport.add_route(&t.addr, &t.shm_path);
+        }
+    }
+
     /// Connect to a pool by label or UUID: fetch its map.
     pub fn pool_connect(&self, id: &str) -> Result<Pool> {
         let m = self
@@ -106,6 +121,7 @@ impl Client {
             .pool_connect(PoolConnectReq { id: id.into() })
             .map_err(|e| e.context(format!("pool {id:?}")))?;
         let map = PoolMap::from_proto(m)?;
+        self.learn_routes(&map);
         Ok(Pool {
             inner: Arc::new(PoolInner {
                 client: self.clone(),
@@ -149,6 +165,7 @@ impl Pool {
             id: self.inner.id.clone(),
         })?;
         let new = Arc::new(PoolMap::from_proto(m)?);
+        self.client().learn_routes(&new);
         let mut cur = self.inner.map.write();
         if new.version >= cur.version {
             *cur = new;

@@ -36,6 +36,9 @@ pub struct Target {
     pub addr: String,
     pub fault_domain: String,
     pub up: bool,
+    /// The engine's shared-memory socket ("" when it has none); usable only
+    /// on the engine's node.
+    pub shm_path: String,
 }
 
 /// The client's view of a pool map.
@@ -70,6 +73,7 @@ impl PoolMap {
                 addr: t.data_addr,
                 fault_domain: t.fault_domain,
                 up: t.up,
+                shm_path: t.shm_path,
             })
             .collect();
         Ok(PoolMap {
@@ -234,6 +238,7 @@ pub(crate) fn test_map(engines: u32, targets: u32) -> PoolMap {
                 addr: format!("127.0.0.1:{}", 20000 + r),
                 fault_domain: format!("/node{r}"),
                 up: true,
+                shm_path: String::new(),
             });
         }
     }
@@ -383,6 +388,7 @@ mod tests {
             addr: "x:1".into(),
             fault_domain: String::new(),
             up: true,
+            shm_path: String::new(),
         });
         let mut moved = 0;
         for (i, b) in before.iter().enumerate() {
@@ -412,6 +418,7 @@ mod tests {
             addr: "x:1".into(),
             fault_domain: String::new(),
             up: true,
+            shm_path: String::new(),
         });
         let mut kept = 0;
         for (i, b) in before.iter().enumerate() {

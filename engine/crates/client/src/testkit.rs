@@ -590,6 +590,7 @@ impl FakeCluster {
                     data_addr: e.addr.clone(),
                     fault_domain: format!("/n{r}"),
                     up: true,
+                    shm_path: String::new(),
                 });
             }
         }

@@ -554,3 +554,57 @@ fn concurrent_writes_to_one_array() {
         assert!(bad.is_empty(), "{class}: chunks {bad:?} differ");
     }
 }
+
+/// Shared memory advertised but unusable (socket missing, or not an engine):
+/// `auto` falls back to TCP for that engine; `shm` fails instead.
+#[test]
+fn shm_falls_back_to_tcp() {
+    use crate::transport::{MultiTransport, Transport, TransportKind};
+    let fc = FakeCluster::start(1, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("peregrine-rank0.sock");
+    // A socket that closes every connection: exists, but is no engine.
+    let mute = dir.path().join("mute.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&mute).unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            drop(s);
+        }
+    });
+    for path in [&missing, &mute] {
+        let t = Arc::new(MultiTransport::new(TransportKind::Auto));
+        let client = Client::connect_with(&fc.mgmt_addr, t.clone()).unwrap();
+        let pool = client.pool_connect("tank").unwrap();
+        let addr = pool.map().targets[0].addr.clone();
+        t.add_route(&addr, path.to_str().unwrap());
+        let obj = pool
+            .cont_open("c1")
+            .unwrap()
+            .object(ObjectId::new(ObjectClass::S1, 0, 7))
+            .unwrap();
+        obj.update_single(b"d", b"a", b"v").unwrap();
+        assert_eq!(obj.fetch_single(b"d", b"a").unwrap().unwrap(), b"v");
+        let st = t.stats();
+        assert_eq!(st.shm_calls, 0, "{path:?}: {st:?}");
+        assert_eq!(st.shm_fallbacks, 1, "{path:?}: {st:?}");
+        assert!(st.tcp_calls >= 2, "{path:?}: {st:?}");
+
+        // Forced shared memory does not fall back.
+        let t = Arc::new(MultiTransport::new(TransportKind::Shm));
+        let client = Client::connect_with(&fc.mgmt_addr, t.clone()).unwrap();
+        let pool = client.pool_connect("tank").unwrap();
+        let obj = pool
+            .cont_open("c1")
+            .unwrap()
+            .object(ObjectId::new(ObjectClass::S1, 0, 7))
+            .unwrap();
+        let e = obj.fetch_single(b"d", b"a").unwrap_err();
+        assert_eq!(e.code, -libc::EHOSTUNREACH, "{e}");
+        t.add_route(&addr, path.to_str().unwrap());
+        let e = obj.fetch_single(b"d", b"a").unwrap_err();
+        assert!(e.msg.contains(path.to_str().unwrap()), "{e}");
+        assert_eq!(t.stats().tcp_calls, 0);
+    }
+    assert_eq!("TCP".parse::<TransportKind>().unwrap(), TransportKind::Tcp);
+    assert!("udp".parse::<TransportKind>().is_err());
+}

@@ -1,21 +1,25 @@
 //! Data-plane transport: send one request frame to an engine, get its reply.
 //!
-//! [`Transport`] is the seam where a shared-memory or libfabric transport
-//! slots in later; [`TcpTransport`] is plain TCP with a small pool of idle
-//! connections per engine address (so threads do not serialize on one
+//! [`Transport`] is the seam where transports slot in: [`TcpTransport`] is
+//! plain TCP, [`crate::shm::ShmTransport`] shared memory with an engine on
+//! this node, and [`MultiTransport`] (what [`crate::Client::connect`] uses)
+//! picks one of the two per engine by [`TransportKind`].
+//!
+//! [`TcpTransport`] keeps a small pool of idle connections per engine address (so threads do not serialize on one
 //! socket), TCP_NODELAY, and connect / I/O timeouts so a dead engine costs
 //! a bounded wait and an error, never a hang. A connection that fails is
 //! dropped; the next call connects afresh.
 
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::shm::{ShmError, ShmTransport};
+use parking_lot::{Mutex, RwLock};
 use peregrine_proto::frame::{self, FrameError, Opcode, FLAG_RESPONSE};
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A decoded reply: the frame's message bytes and bulk bytes.
 #[derive(Debug)]
@@ -29,6 +33,179 @@ pub trait Transport: Send + Sync {
     /// for its reply. Errors carry an errno and a short message (the caller
     /// adds which pool/rank it was).
     fn call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply>;
+
+    /// Learn from a pool map that the engine at `endpoint` also serves
+    /// shared memory on `shm_path` ("" when it does not). Transports that
+    /// cannot use it ignore it.
+    fn add_route(&self, _endpoint: &str, _shm_path: &str) {}
+
+    /// Calls made so far, by the path they took.
+    fn stats(&self) -> TransportStats {
+        TransportStats::default()
+    }
+}
+
+/// Counters of a [`MultiTransport`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    pub tcp_calls: u64,
+    pub shm_calls: u64,
+    /// Engines found unreachable over shared memory and served over TCP instead.
+    pub shm_fallbacks: u64,
+}
+
+/// Which data-plane transport a [`crate::Client`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// TCP to every engine.
+    Tcp,
+    /// Shared memory to every engine; an engine without it is an error.
+    Shm,
+    /// Shared memory to engines on this node that offer it, TCP otherwise
+    /// (and TCP for an engine whose shared memory fails to connect).
+    Auto,
+}
+
+/// Environment variable choosing the transport of [`crate::Client::connect`].
+pub const TRANSPORT_ENV: &str = "PEREGRINE_TRANSPORT";
+
+impl std::str::FromStr for TransportKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<TransportKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(TransportKind::Tcp),
+            "shm" => Ok(TransportKind::Shm),
+            "auto" | "" => Ok(TransportKind::Auto),
+            _ => Err(Error::inval(format!(
+                "transport {s:?} is not one of tcp, shm, auto"
+            ))),
+        }
+    }
+}
+
+impl TransportKind {
+    /// From `PEREGRINE_TRANSPORT` (default auto).
+    pub fn from_env() -> Result<TransportKind> {
+        match std::env::var(TRANSPORT_ENV) {
+            Ok(v) => v.parse().map_err(|e: Error| e.context(TRANSPORT_ENV)),
+            Err(_) => Ok(TransportKind::Auto),
+        }
+    }
+}
+
+/// After shared memory to an engine fails to connect, TCP is used for it this long.
+pub const SHM_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Route {
+    shm_path: String,
+    /// Shared memory failed to connect: TCP until then.
+    tcp_until: Option<Instant>,
+}
+
+/// Routes each call by engine: shared memory where the pool map offers it
+/// and [`TransportKind`] allows, else TCP.
+pub struct MultiTransport {
+    kind: TransportKind,
+    tcp: TcpTransport,
+    shm: ShmTransport,
+    routes: RwLock<HashMap<String, Route>>,
+    tcp_calls: AtomicU64,
+    shm_calls: AtomicU64,
+    shm_fallbacks: AtomicU64,
+}
+
+impl MultiTransport {
+    pub fn new(kind: TransportKind) -> MultiTransport {
+        Self::with(kind, TcpTransport::default(), ShmTransport::default())
+    }
+
+    pub fn with(kind: TransportKind, tcp: TcpTransport, shm: ShmTransport) -> MultiTransport {
+        MultiTransport {
+            kind,
+            tcp,
+            shm,
+            routes: RwLock::new(HashMap::new()),
+            tcp_calls: AtomicU64::new(0),
+            shm_calls: AtomicU64::new(0),
+            shm_fallbacks: AtomicU64::new(0),
+        }
+    }
+
+    pub fn kind(&self) -> TransportKind {
+        self.kind
+    }
+
+    fn tcp_call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
+        self.tcp_calls.fetch_add(1, Ordering::Relaxed);
+        self.tcp.call(endpoint, op, msg, bulk)
+    }
+}
+
+impl Transport for MultiTransport {
+    fn call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
+        if self.kind == TransportKind::Tcp {
+            return self.tcp_call(endpoint, op, msg, bulk);
+        }
+        let path = self.routes.read().get(endpoint).and_then(|r| {
+            let usable = !r.shm_path.is_empty()
+                && (self.kind == TransportKind::Shm
+                    || r.tcp_until.is_none_or(|t| Instant::now() >= t));
+            usable.then(|| r.shm_path.clone())
+        });
+        let Some(path) = path else {
+            if self.kind == TransportKind::Shm {
+                return Err(Error::new(
+                    -libc::EHOSTUNREACH,
+                    format!(
+                        "the engine at {endpoint} offers no shared memory ({TRANSPORT_ENV}=shm)"
+                    ),
+                ));
+            }
+            return self.tcp_call(endpoint, op, msg, bulk);
+        };
+        match self.shm.try_call(&path, Some(endpoint), op, msg, bulk) {
+            Ok(r) => {
+                self.shm_calls.fetch_add(1, Ordering::Relaxed);
+                Ok(r)
+            }
+            Err(ShmError::Connect(e)) if self.kind == TransportKind::Auto => {
+                tracing::debug!(
+                    "shared memory to the engine at {endpoint} ({path}): {e}; using TCP"
+                );
+                self.shm_fallbacks.fetch_add(1, Ordering::Relaxed);
+                if let Some(r) = self.routes.write().get_mut(endpoint) {
+                    r.tcp_until = Some(Instant::now() + SHM_RETRY_AFTER);
+                }
+                self.tcp_call(endpoint, op, msg, bulk)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn add_route(&self, endpoint: &str, shm_path: &str) {
+        if self.kind == TransportKind::Tcp
+            || self
+                .routes
+                .read()
+                .get(endpoint)
+                .is_some_and(|r| r.shm_path == shm_path)
+        {
+            return;
+        }
+        let mut routes = self.routes.write();
+        let r = routes.entry(endpoint.to_string()).or_default();
+        r.shm_path = shm_path.to_string();
+        r.tcp_until = None;
+    }
+
+    fn stats(&self) -> TransportStats {
+        TransportStats {
+            tcp_calls: self.tcp_calls.load(Ordering::Relaxed),
+            shm_calls: self.shm_calls.load(Ordering::Relaxed),
+            shm_fallbacks: self.shm_fallbacks.load(Ordering::Relaxed),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

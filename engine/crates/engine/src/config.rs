@@ -38,6 +38,10 @@ pub struct Config {
     pub log_level: String,
     #[serde(default)]
     pub log_file: Option<PathBuf>,
+    /// Directory of the shared-memory data plane's unix socket
+    /// (`peregrine-rank<N>.sock`); see [`Config::shm_socket`] for the default.
+    #[serde(default)]
+    pub shm_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -128,6 +132,12 @@ fn default_log_level() -> String {
     "info".into()
 }
 
+fn default_shm_dir() -> PathBuf {
+    PathBuf::from("/run/peregrine")
+}
+/// Longest unix socket path (`sun_path` less its terminating NUL).
+pub const MAX_UNIX_PATH: usize = 107;
+
 /// Smallest device that holds a superblock, the WAL and some data per target.
 pub const MIN_BDEV_BYTES: u64 = 64 << 20;
 
@@ -212,6 +222,18 @@ impl Config {
                 return Err(format!("mgmt_svc_replicas: {r:?} is not host:port"));
             }
         }
+        if let Some(d) = &self.shm_dir {
+            if !d.is_absolute() {
+                return Err(format!("shm_dir: {} is not an absolute path", d.display()));
+            }
+            let sock = self.shm_socket();
+            if sock.as_os_str().len() > MAX_UNIX_PATH {
+                return Err(format!(
+                    "shm_dir: socket path {} is longer than {MAX_UNIX_PATH} bytes",
+                    sock.display()
+                ));
+            }
+        }
         if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
             return Err(format!(
                 "log_level: {:?} is not one of error, warn, info, debug, trace",
@@ -226,6 +248,27 @@ impl Config {
     }
     pub fn data_addr(&self) -> String {
         format!("{}:{}", self.listen_addr, self.data_port)
+    }
+
+    /// The directory of the shared-memory socket: `shm_dir`, else the bdev
+    /// file's directory (class file), else `/run/peregrine`.
+    pub fn shm_dir(&self) -> PathBuf {
+        if let Some(d) = &self.shm_dir {
+            return d.clone();
+        }
+        match &self.bdev {
+            BdevConfig::File { path, .. } => match path.parent() {
+                Some(p) if p.is_absolute() => p.to_path_buf(),
+                _ => default_shm_dir(),
+            },
+            BdevConfig::Kdev { .. } => default_shm_dir(),
+        }
+    }
+
+    /// The unix socket of the shared-memory data plane.
+    pub fn shm_socket(&self) -> PathBuf {
+        self.shm_dir()
+            .join(peregrine_proto::shm::socket_name(self.rank))
     }
 
     /// The management service this engine reports to (itself when first in the list or none given).
@@ -293,11 +336,30 @@ mgmt_svc_replicas: [\"127.0.0.1:10001\"]
                 "mgmt_svc_replicas",
             ),
             (format!("{GOOD}log_level: loud\n"), "log_level"),
+            (format!("{GOOD}shm_dir: run/x\n"), "shm_dir"),
+            (format!("{GOOD}shm_dir: /{}\n", "x".repeat(120)), "shm_dir"),
         ];
         for (text, key) in cases {
             let err = Config::parse(&text).unwrap_err();
             assert!(err.contains(key), "error {err:?} does not name {key}");
         }
+    }
+
+    #[test]
+    fn shm_socket_defaults() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.shm_socket(), Path::new("/tmp/peregrine-rank1.sock"));
+        let c = Config::parse(&format!("{GOOD}shm_dir: /run/prg\n")).unwrap();
+        assert_eq!(c.shm_socket(), Path::new("/run/prg/peregrine-rank1.sock"));
+        let c = Config::parse(&GOOD.replace(
+            "{class: file, path: /tmp/nvme.img, size: 4GiB}",
+            "{class: kdev, device: /dev/loop0}",
+        ))
+        .unwrap();
+        assert_eq!(
+            c.shm_socket(),
+            Path::new("/run/peregrine/peregrine-rank1.sock")
+        );
     }
 
     #[test]

@@ -1,4 +1,6 @@
 //! The data-plane server: framed requests over TCP, executed by the targets.
+//! (The shared-memory transport in [`crate::shm`] shares the decoding and
+//! dispatch below.)
 //!
 //! Requests on one connection may be pipelined; they run concurrently on
 //! their targets and the replies go back in request order. A frame that
@@ -19,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 /// Requests in flight per connection before the reader stops reading.
 const PIPELINE_DEPTH: usize = 64;
 
-type Reply = (DataResponse, Vec<u8>);
+pub(crate) type Reply = (DataResponse, Vec<u8>);
 
 pub async fn serve(node: Arc<Node>, listener: TcpListener) {
     loop {
@@ -36,7 +38,7 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener) {
     }
 }
 
-fn error_reply(code: i32, message: String) -> Reply {
+pub(crate) fn error_reply(code: i32, message: String) -> Reply {
     (
         DataResponse {
             status: Some(DataStatus { code, message }),
@@ -47,15 +49,40 @@ fn error_reply(code: i32, message: String) -> Reply {
 }
 
 /// Decode a request frame into a storage request, naming what is malformed.
-fn decode_request(f: &Frame) -> Result<Option<Request>, FrameError> {
+/// `None` is a ping. Shared by the TCP and the shared-memory transports.
+pub(crate) fn decode_request(f: Frame) -> Result<Option<Request>, FrameError> {
     Ok(Some(match f.header.op() {
         Opcode::Ping => return Ok(None),
-        Opcode::Update => Request::Update(f.message::<data::UpdateReq>("update")?, f.bulk.clone()),
+        Opcode::Update => Request::Update(f.message::<data::UpdateReq>("update")?, f.bulk),
         Opcode::Fetch => Request::Fetch(f.message::<data::FetchReq>("fetch")?),
         Opcode::Punch => Request::Punch(f.message::<data::PunchReq>("punch")?),
         Opcode::List => Request::List(f.message::<data::ListReq>("list")?),
         Opcode::QuerySize => Request::QuerySize(f.message::<data::QuerySizeReq>("query-size")?),
     }))
+}
+
+/// A dispatched request: answered at once, or queued on its target.
+pub(crate) enum Dispatched {
+    Now(Reply),
+    Pending(std::sync::mpsc::Receiver<peregrine_vos::Reply>),
+}
+
+/// Hand a decoded request to its target (or answer a ping / maintenance mode).
+pub(crate) fn dispatch(node: &Node, req: Option<Request>) -> Dispatched {
+    match (req, node.storage()) {
+        (None, _) => Dispatched::Now(error_reply(0, String::new())),
+        (Some(_), Err(st)) => Dispatched::Now(error_reply(-libc::EAGAIN, st.message().to_string())),
+        (Some(req), Ok(storage)) => Dispatched::Pending(storage.submit(req)),
+    }
+}
+
+/// Block until a queued request's target replies.
+pub(crate) fn wait_reply(rx: std::sync::mpsc::Receiver<peregrine_vos::Reply>) -> Reply {
+    match rx.recv() {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => error_reply(e.code, e.msg),
+        Err(_) => error_reply(-libc::EIO, "target stopped".into()),
+    }
 }
 
 async fn connection(node: Arc<Node>, sock: TcpStream, peer: SocketAddr) {
@@ -93,7 +120,8 @@ async fn connection(node: Arc<Node>, sock: TcpStream, peer: SocketAddr) {
                 break;
             }
         };
-        let req = match decode_request(&f) {
+        let header = f.header;
+        let req = match decode_request(f) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("data plane {peer}: closing connection: {e}");
@@ -101,27 +129,18 @@ async fn connection(node: Arc<Node>, sock: TcpStream, peer: SocketAddr) {
             }
         };
         let (done, pending) = oneshot::channel();
-        match (req, node.storage()) {
-            (None, _) => {
-                let _ = done.send(error_reply(0, String::new()));
+        match dispatch(&node, req) {
+            Dispatched::Now(reply) => {
+                let _ = done.send(reply);
             }
-            (Some(_), Err(st)) => {
-                let _ = done.send(error_reply(-libc::EAGAIN, st.message().to_string()));
-            }
-            (Some(req), Ok(storage)) => {
-                let rx = storage.submit(req);
+            Dispatched::Pending(rx) => {
                 // The target replies on a blocking channel; hand it over off the reactor.
                 tokio::task::spawn_blocking(move || {
-                    let reply = match rx.recv() {
-                        Ok(Ok(r)) => r,
-                        Ok(Err(e)) => error_reply(e.code, e.msg),
-                        Err(_) => error_reply(-libc::EIO, "target stopped".into()),
-                    };
-                    let _ = done.send(reply);
+                    let _ = done.send(wait_reply(rx));
                 });
             }
         }
-        if tx.send((f.header, pending)).await.is_err() {
+        if tx.send((header, pending)).await.is_err() {
             break;
         }
     }

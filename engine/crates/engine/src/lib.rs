@@ -10,3 +10,4 @@ pub mod control;
 pub mod dataplane;
 pub mod ms;
 pub mod node;
+pub mod shm;

@@ -51,7 +51,7 @@ fn init_logging(cfg: &Config) -> Result<(), String> {
 }
 
 /// Register with the management service and keep heartbeating.
-async fn join_loop(node: Arc<Node>) {
+async fn join_loop(node: Arc<Node>, shm_path: String) {
     let leader = node.cfg.mgmt_leader();
     let mut client: Option<MgmtClient<tonic::transport::Channel>> = None;
     let mut warned = false;
@@ -78,6 +78,7 @@ async fn join_loop(node: Arc<Node>) {
                 targets: node.cfg.targets,
                 system: node.cfg.name.clone(),
                 state: node.state().into(),
+                shm_path: shm_path.clone(),
             };
             match c.join(req).await {
                 Ok(_) => warned = false,
@@ -119,6 +120,14 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
         tracing::info!("management service on {}", cfg.control_addr());
     }
     tokio::spawn(peregrine_engine::dataplane::serve(node.clone(), data));
+    // Shared memory for clients on this node; optional, TCP serves everyone.
+    let shm = peregrine_engine::shm::serve(node.clone(), &cfg.shm_socket())
+        .map_err(|e| tracing::warn!("shared-memory data plane disabled: {e}"))
+        .ok();
+    let shm_path = shm
+        .as_ref()
+        .map(|s| s.path().display().to_string())
+        .unwrap_or_default();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(control);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -131,7 +140,7 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
-    tokio::spawn(join_loop(node.clone()));
+    tokio::spawn(join_loop(node.clone(), shm_path));
     tracing::info!(
         "rank {} {} (control {}, data {}, {} targets)",
         cfg.rank,

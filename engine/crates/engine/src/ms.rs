@@ -36,6 +36,10 @@ struct MemberRec {
     fault_domain: String,
     targets: u32,
     state: String,
+    /// Shared-memory socket. Not persisted (the state is bincode, which has
+    /// no optional fields): engines re-announce it with every heartbeat.
+    #[serde(skip)]
+    shm_path: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -527,6 +531,7 @@ impl Mgmt for MgmtService {
                     state: self.member_state(m),
                     fault_domain: m.fault_domain.clone(),
                     targets: m.targets,
+                    shm_path: m.shm_path.clone(),
                 })
                 .collect(),
         }))
@@ -641,10 +646,14 @@ impl Mgmt for MgmtService {
                     fault_domain: j.fault_domain,
                     targets: j.targets,
                     state: j.state,
+                    shm_path: j.shm_path,
                 },
             );
             s.map_version += 1;
             self.persist(&s)?;
+        } else if let Some(m) = s.members.get_mut(&j.rank) {
+            // Neither versioned nor persisted: see MemberRec::shm_path.
+            m.shm_path = j.shm_path;
         }
         let returning = !self.alive(j.rank);
         self.heartbeats.lock().insert(j.rank, Instant::now());
@@ -668,11 +677,19 @@ impl Mgmt for MgmtService {
                 tokio::spawn(async move {
                     let mut c = match engine_client(&addr).await {
                         Ok(c) => c,
-                        Err(e) => return tracing::warn!("rank {rank}: snapshot lists not pushed: {}", e.message()),
+                        Err(e) => {
+                            return tracing::warn!(
+                                "rank {rank}: snapshot lists not pushed: {}",
+                                e.message()
+                            )
+                        }
                     };
                     for req in pushes {
                         if let Err(e) = c.cont_shard_snapshots(req).await {
-                            tracing::warn!("rank {rank}: snapshot list not pushed: {}", e.message());
+                            tracing::warn!(
+                                "rank {rank}: snapshot list not pushed: {}",
+                                e.message()
+                            );
                         }
                     }
                 });
@@ -877,6 +894,7 @@ impl Mgmt for MgmtService {
                     data_addr: m.map(|m| m.data_addr.clone()).unwrap_or_default(),
                     fault_domain: m.map(|m| m.fault_domain.clone()).unwrap_or_default(),
                     up: self.alive(rank),
+                    shm_path: m.map(|m| m.shm_path.clone()).unwrap_or_default(),
                 });
             }
         }

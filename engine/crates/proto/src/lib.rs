@@ -4,9 +4,11 @@
 //! - [`data`]: data-plane messages (generated from `proto/data.proto`).
 //! - [`frame`]: the versioned, length-checked framing around data messages.
 //! - [`oclass`]: object classes and 128-bit object ids.
+//! - [`shm`]: the shared-memory data plane's handshake and mapping (one node).
 
 pub mod frame;
 pub mod oclass;
+pub mod shm;
 
 pub mod mgmt {
     tonic::include_proto!("peregrine.mgmt.v1");

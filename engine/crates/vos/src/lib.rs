@@ -201,14 +201,15 @@ impl Storage {
                 sb.device_bytes
             )));
         }
-        // The SCM tier is made durable by checkpoints: a target may hold no
-        // more metadata than half a checkpoint slot (encoding overhead and headroom).
-        let scm_budget = (opts.scm_bytes / sb.targets as u64).min(sb.ckpt_bytes / 2);
-        if scm_budget < opts.scm_bytes / sb.targets as u64 {
+        let scm_budget = opts.scm_bytes / sb.targets as u64;
+        if scm_budget > sb.ckpt_bytes / 2 {
+            // Checkpoints make the SCM tier durable; a fuller tier than a slot
+            // holds makes checkpoints fail and the WAL run out.
             tracing::warn!(
-                "scm.size {} is more than this device's checkpoints can hold; using {} bytes per target",
+                "scm.size {} gives {} bytes per target, more than half a checkpoint slot ({} bytes) of this device; metadata beyond that fails with ENOSPC once the WAL fills",
                 opts.scm_bytes,
-                scm_budget
+                scm_budget,
+                sb.ckpt_bytes
             );
         }
         let mut senders = Vec::new();

@@ -183,11 +183,10 @@ fn layout(bytes: u64, targets: u32, path: &str) -> Result<(u64, u64, u64, u64), 
             TARGETS_OFFSET + MIN_TARGET_BYTES * targets as u64
         )));
     }
-    // WAL and each checkpoint slot take a sixteenth of the region (at most
-    // 1 GiB): a checkpoint must hold the target's RAM index (the SCM budget is
-    // capped to half a slot), the WAL must absorb the updates between two
-    // checkpoints; bulk values never enter either.
-    let meta = (target_bytes / 16 / MIB * MIB).clamp(MIB, 1 << 30);
+    // WAL and each checkpoint slot take an eighth of the region (at most 1 GiB):
+    // a checkpoint must hold the target's RAM index, the WAL must absorb the
+    // updates between two checkpoints.
+    let meta = (target_bytes / 8 / MIB * MIB).clamp(MIB, 1 << 30);
     let data = target_bytes - 3 * meta;
     Ok((target_bytes, meta, meta, data))
 }

@@ -188,7 +188,7 @@ impl Cluster {
 
     /// Wait until `n` members are in one of `states`.
     pub fn wait_members(&self, n: usize, states: &[&str]) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let mut m = self.mgmt();
         loop {
             if let Ok(r) = self.rt.block_on(m.system_query(SystemQueryReq {})) {

@@ -1,0 +1,1471 @@
+//! Peregrine DFS: POSIX files and directories over Peregrine objects (as
+//! DAOS DFS). Used by `peregrine-fuse` and, for file I/O, by the
+//! interception library ([`File`] needs only a container, an object id and
+//! a chunk size).
+//!
+//! # Layout (version [`LAYOUT_VERSION`])
+//! - **Superblock**: object `(dir_oclass, hi 0, lo 0)`. dkey `"sb"` akey
+//!   `"layout"` = `"PRGDFS"` + version (u32 LE) + root OID (hi, lo LE).
+//!   dkey `"/"` akey `"inode"` is the root directory's [`Entry`] (its
+//!   xattrs are `"x:"` akeys of that dkey), so the root is addressed like
+//!   any other entry: (parent = superblock, name = `"/"`). Mounting probes
+//!   the container's current `dir_oclass` first, then every other class,
+//!   so a later `dir_oclass` change does not lose the file system.
+//! - **Root OID** is fixed, `(dir_oclass, 0, 1)`: two first mounts racing
+//!   write the same layout value and the same root OID; each then reads
+//!   the superblock back and adopts what the store holds (at worst the
+//!   root's timestamps of the later writer).
+//! - **Directory**: an object with one dkey per entry name. akey `"inode"`
+//!   holds the entry ([`Entry::encode`]: mode, uid, gid, a/m/ctime ns,
+//!   object id, chunk size, size hint (not authoritative), inherited object
+//!   class, symlink target); xattrs are akeys `"x:" + name` of the same
+//!   dkey. A directory's own attributes live in its parent's entry.
+//! - **File**: an array object; byte `o` is in dkey = chunk index
+//!   `o / chunk_size` (8 bytes big-endian, so dkeys sort in file order)
+//!   akey `"d"` at offset `o % chunk_size`; chunks spread over the class's
+//!   groups by dkey hash. The size is derived from the store every time it
+//!   matters: highest chunk dkey with data, times chunk size, plus that
+//!   chunk's array size (engine: highest byte written + 1). Several writers
+//!   on several clients therefore agree without a shared counter. A file
+//!   extended without data (truncate up, fallocate) gets one zero byte at
+//!   `size - 1`; a shrink punches whole chunks past the size and rewrites
+//!   the kept prefix of the last chunk.
+//! - **OID allocation**: each mount draws a random non-zero 56-bit `hi`
+//!   and counts `lo` up from 1; the class byte is the top byte of `hi`
+//!   (ObjectId::new). No central counter, no round trip; two mounts collide
+//!   only if they draw the same 56-bit number (p ~ n^2 / 2^57). `hi = 0` is
+//!   reserved for the superblock and the root.
+//! - **Object classes**: files use the container's `oclass`, directories
+//!   its `dir_oclass`; a directory's xattr `user.peregrine.oclass` (stored
+//!   in its entry, shown as an xattr) overrides both for new entries below
+//!   it, and new subdirectories inherit the override.
+//!
+//! # Consistency (documented limits)
+//! The engine has no conditional update, so `create(O_EXCL)`, `mkdir` and
+//! `rename(NOREPLACE)` are atomic against other threads of this [`Dfs`]
+//! (striped locks by parent and name) but not against other clients;
+//! rename is "write new entry, then punch old" (a concurrent reader may
+//! briefly see both names). Rename of a directory into its own subtree is
+//! not checked here (the kernel checks it for FUSE).
+
+use parking_lot::{Mutex, MutexGuard};
+use peregrine::{Container, Error, Object, ObjectClass, ObjectId, Result};
+use peregrine_proto::mgmt::PoolQueryReq;
+use peregrine_proto::oclass::ALL_CLASSES;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub const LAYOUT_VERSION: u32 = 1;
+/// Longest entry name, as Linux NAME_MAX.
+pub const NAME_MAX: usize = 255;
+/// Longest xattr value stored.
+pub const XATTR_SIZE_MAX: usize = 64 << 10;
+/// The xattr naming a directory's object class for new entries.
+pub const OCLASS_XATTR: &str = "user.peregrine.oclass";
+pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
+
+const SB_DKEY: &[u8] = b"sb";
+const SB_LAYOUT: &[u8] = b"layout";
+const SB_MAGIC: &[u8] = b"PRGDFS";
+const ROOT_NAME: &[u8] = b"/";
+const INODE: &[u8] = b"inode";
+const XPREFIX: &[u8] = b"x:";
+/// The akey of file data in each chunk dkey.
+pub const DATA_AKEY: &[u8] = b"d";
+const LOCKS: usize = 256;
+const READDIR_PARALLEL: usize = 8;
+
+pub const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
+pub const RENAME_EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+
+fn err(code: i32, msg: impl Into<String>) -> Error {
+    Error::new(-code, msg)
+}
+
+/// Nanoseconds since the Unix epoch, now.
+pub fn now_ns() -> i64 {
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+/// One directory entry (the inode of whatever it names).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// File type and permission bits (`S_IFDIR | 0o755`, ...).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Times in nanoseconds since the Unix epoch.
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    /// The file's array object or the directory's object (symlinks get a
+    /// unique id with no object, for inode numbers).
+    pub oid: ObjectId,
+    /// Chunk size of a file (copied from the container at creation).
+    pub chunk_size: u64,
+    /// Size last recorded by a client; NOT authoritative (see [`File::size`]).
+    pub size_hint: u64,
+    /// Directories: object class id for new entries below (0 = container default).
+    pub child_class: u8,
+    /// Symlink target.
+    pub target: Vec<u8>,
+}
+
+const ENTRY_VERSION: u8 = 1;
+
+impl Entry {
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    pub fn is_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFLNK
+    }
+
+    /// Little-endian, versioned encoding stored in akey `"inode"`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(80 + self.target.len());
+        b.push(ENTRY_VERSION);
+        b.extend_from_slice(&self.mode.to_le_bytes());
+        b.extend_from_slice(&self.uid.to_le_bytes());
+        b.extend_from_slice(&self.gid.to_le_bytes());
+        b.extend_from_slice(&self.atime.to_le_bytes());
+        b.extend_from_slice(&self.mtime.to_le_bytes());
+        b.extend_from_slice(&self.ctime.to_le_bytes());
+        b.extend_from_slice(&self.oid.hi.to_le_bytes());
+        b.extend_from_slice(&self.oid.lo.to_le_bytes());
+        b.extend_from_slice(&self.chunk_size.to_le_bytes());
+        b.extend_from_slice(&self.size_hint.to_le_bytes());
+        b.push(self.child_class);
+        b.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.target);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Entry> {
+        let bad = || {
+            err(
+                libc::EIO,
+                format!("corrupt directory entry ({} bytes)", b.len()),
+            )
+        };
+        if b.first() != Some(&ENTRY_VERSION) {
+            return Err(bad());
+        }
+        let mut p = 1usize;
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let s = b.get(p..p + n).ok_or_else(bad)?;
+            p += n;
+            Ok(s)
+        };
+        let u32_ = |s: &[u8]| u32::from_le_bytes(s.try_into().unwrap());
+        let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
+        let mode = u32_(take(4)?);
+        let uid = u32_(take(4)?);
+        let gid = u32_(take(4)?);
+        let atime = u64_(take(8)?) as i64;
+        let mtime = u64_(take(8)?) as i64;
+        let ctime = u64_(take(8)?) as i64;
+        let hi = u64_(take(8)?);
+        let lo = u64_(take(8)?);
+        let chunk_size = u64_(take(8)?);
+        let size_hint = u64_(take(8)?);
+        let child_class = take(1)?[0];
+        let tl = u32_(take(4)?) as usize;
+        let target = take(tl)?.to_vec();
+        Ok(Entry {
+            mode,
+            uid,
+            gid,
+            atime,
+            mtime,
+            ctime,
+            oid: ObjectId { hi, lo },
+            chunk_size,
+            size_hint,
+            child_class,
+            target,
+        })
+    }
+}
+
+/// A named entry: where it lives (parent directory object + name) and what
+/// it was when last read. Cheap to clone; the FUSE daemon keeps one per
+/// inode and updates it on rename.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub parent: ObjectId,
+    pub name: Vec<u8>,
+    pub entry: Entry,
+}
+
+impl Node {
+    pub fn oid(&self) -> ObjectId {
+        self.entry.oid
+    }
+    pub fn is_dir(&self) -> bool {
+        self.entry.is_dir()
+    }
+}
+
+/// Attributes as `stat` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    pub oid: ObjectId,
+    pub chunk_size: u64,
+}
+
+/// What [`Dfs::setattr`] changes; `None` leaves a field alone.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<i64>,
+    pub mtime: Option<i64>,
+}
+
+/// File system figures for `statfs`.
+#[derive(Clone, Debug)]
+pub struct StatFs {
+    pub bsize: u32,
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub namelen: u32,
+}
+
+/// A snapshot of a directory's names taken at open: cookies are positions
+/// in it (1-based; 0 = start), so they stay valid while entries are added
+/// or removed (added ones are not shown, removed ones are skipped).
+#[derive(Debug)]
+pub struct DirHandle {
+    pub dir: ObjectId,
+    names: Vec<Vec<u8>>,
+}
+
+impl DirHandle {
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+/// One entry returned by [`Dfs::readdir`].
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    /// Pass this cookie to resume after this entry.
+    pub cookie: u64,
+    pub entry: Entry,
+}
+
+struct Inner {
+    cont: Container,
+    sb: ObjectId,
+    root: Node,
+    read_only: bool,
+    file_class: ObjectClass,
+    dir_class: ObjectClass,
+    chunk_size: u64,
+    oid_hi: u64,
+    next_lo: AtomicU64,
+    locks: Vec<Mutex<()>>,
+}
+
+/// A mounted POSIX namespace in one container. Cheap to clone.
+#[derive(Clone)]
+pub struct Dfs {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Dfs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dfs")
+            .field("cont", &self.inner.cont.uuid())
+            .field("read_only", &self.inner.read_only)
+            .finish()
+    }
+}
+
+fn parse_class(field: &str, v: &str, dflt: ObjectClass) -> Result<ObjectClass> {
+    if v.is_empty() {
+        return Ok(dflt);
+    }
+    v.parse::<ObjectClass>()
+        .map_err(|e| Error::inval(format!("container property {field}: {e}")))
+}
+
+fn layout_value(root: ObjectId) -> Vec<u8> {
+    let mut v = SB_MAGIC.to_vec();
+    v.extend_from_slice(&LAYOUT_VERSION.to_le_bytes());
+    v.extend_from_slice(&root.hi.to_le_bytes());
+    v.extend_from_slice(&root.lo.to_le_bytes());
+    v
+}
+
+fn parse_layout(v: &[u8]) -> Result<ObjectId> {
+    if v.len() != SB_MAGIC.len() + 20 || !v.starts_with(SB_MAGIC) {
+        return Err(err(libc::EIO, "superblock: bad magic or length"));
+    }
+    let p = SB_MAGIC.len();
+    let ver = u32::from_le_bytes(v[p..p + 4].try_into().unwrap());
+    if ver != LAYOUT_VERSION {
+        return Err(err(
+            libc::EPROTO,
+            format!("superblock: layout version {ver}, this build reads {LAYOUT_VERSION}"),
+        ));
+    }
+    let hi = u64::from_le_bytes(v[p + 4..p + 12].try_into().unwrap());
+    let lo = u64::from_le_bytes(v[p + 12..p + 20].try_into().unwrap());
+    Ok(ObjectId { hi, lo })
+}
+
+/// Chunk dkey of chunk `idx`.
+pub fn chunk_dkey(idx: u64) -> [u8; 8] {
+    idx.to_be_bytes()
+}
+
+fn chunk_index(dkey: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(dkey.try_into().ok()?))
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(err(
+            libc::ENAMETOOLONG,
+            format!("name of {} bytes exceeds {NAME_MAX}", name.len()),
+        ));
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".."
+    {
+        return Err(Error::inval(format!("invalid entry name {:?}", show(name))));
+    }
+    Ok(())
+}
+
+fn xattr_akey(name: &[u8]) -> Vec<u8> {
+    [XPREFIX, name].concat()
+}
+
+impl Dfs {
+    /// Mount the POSIX namespace of `cont`; create it when absent and
+    /// `create` is set (idempotent, safe for racing first mounts).
+    pub fn mount(cont: Container, create: bool, read_only: bool) -> Result<Dfs> {
+        let info = cont.info().clone();
+        let file_class = parse_class("oclass", &info.oclass, ObjectClass::SX)?;
+        let dir_class = parse_class("dir_oclass", &info.dir_oclass, ObjectClass::S1)?;
+        let chunk_size = if info.chunk_size == 0 {
+            DEFAULT_CHUNK_SIZE
+        } else {
+            info.chunk_size
+        };
+        let what = |e: Error| e.context(format!("container {:?}", cont.label()));
+        // Find the superblock: current dir class first, then the others.
+        let mut candidates = vec![dir_class];
+        candidates.extend(ALL_CLASSES.iter().copied().filter(|c| *c != dir_class));
+        let mut found = None;
+        for c in candidates {
+            let oid = ObjectId::new(c, 0, 0);
+            let Ok(obj) = cont.object(oid) else { continue };
+            if let Some(v) = obj.fetch_single(SB_DKEY, SB_LAYOUT).map_err(what)? {
+                found = Some((oid, parse_layout(&v).map_err(what)?));
+                break;
+            }
+        }
+        let (sb, root_oid) = match found {
+            Some(f) => f,
+            None if !create || read_only => {
+                return Err(what(err(
+                    libc::ENOENT,
+                    "no file system in this container (mount with create to make one)",
+                )))
+            }
+            None => {
+                let sb = ObjectId::new(dir_class, 0, 0);
+                let root = ObjectId::new(dir_class, 0, 1);
+                let obj = cont.object(sb).map_err(what)?;
+                let t = now_ns();
+                let e = Entry {
+                    mode: libc::S_IFDIR | 0o755,
+                    uid: unsafe { libc::geteuid() },
+                    gid: unsafe { libc::getegid() },
+                    atime: t,
+                    mtime: t,
+                    ctime: t,
+                    oid: root,
+                    chunk_size,
+                    size_hint: 0,
+                    child_class: 0,
+                    target: vec![],
+                };
+                // Root entry first: a superblock never points at nothing.
+                if obj.fetch_single(ROOT_NAME, INODE).map_err(what)?.is_none() {
+                    obj.update_single(ROOT_NAME, INODE, &e.encode())
+                        .map_err(what)?;
+                }
+                obj.update_single(SB_DKEY, SB_LAYOUT, &layout_value(root))
+                    .map_err(what)?;
+                // Adopt whatever the store holds now.
+                let v = obj
+                    .fetch_single(SB_DKEY, SB_LAYOUT)
+                    .map_err(what)?
+                    .ok_or_else(|| what(err(libc::EIO, "superblock vanished after writing it")))?;
+                (sb, parse_layout(&v).map_err(what)?)
+            }
+        };
+        let sb_obj = cont.object(sb).map_err(what)?;
+        let root_entry = match sb_obj.fetch_single(ROOT_NAME, INODE).map_err(what)? {
+            Some(v) => Entry::decode(&v).map_err(what)?,
+            None => return Err(what(err(libc::EIO, "superblock without a root entry"))),
+        };
+        if root_entry.oid != root_oid {
+            return Err(what(err(
+                libc::EIO,
+                format!(
+                    "superblock names root {root_oid} but the root entry holds {}",
+                    root_entry.oid
+                ),
+            )));
+        }
+        let oid_hi = loop {
+            let h: u64 = rand::random::<u64>() & 0x00FF_FFFF_FFFF_FFFF;
+            if h != 0 {
+                break h;
+            }
+        };
+        Ok(Dfs {
+            inner: Arc::new(Inner {
+                cont,
+                sb,
+                root: Node {
+                    parent: sb,
+                    name: ROOT_NAME.to_vec(),
+                    entry: root_entry,
+                },
+                read_only,
+                file_class,
+                dir_class,
+                chunk_size,
+                oid_hi,
+                next_lo: AtomicU64::new(1),
+                locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+            }),
+        })
+    }
+
+    pub fn container(&self) -> &Container {
+        &self.inner.cont
+    }
+    pub fn read_only(&self) -> bool {
+        self.inner.read_only
+    }
+    pub fn chunk_size(&self) -> u64 {
+        self.inner.chunk_size
+    }
+    pub fn superblock(&self) -> ObjectId {
+        self.inner.sb
+    }
+    /// The root as read at mount.
+    pub fn root(&self) -> Node {
+        self.inner.root.clone()
+    }
+
+    fn obj(&self, oid: ObjectId) -> Result<Object> {
+        self.inner.cont.object(oid)
+    }
+
+    fn check_rw(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Err(err(libc::EROFS, "file system mounted read-only"));
+        }
+        Ok(())
+    }
+
+    fn alloc_oid(&self, class: ObjectClass) -> ObjectId {
+        let lo = self.inner.next_lo.fetch_add(1, Ordering::Relaxed);
+        ObjectId::new(class, self.inner.oid_hi, lo)
+    }
+
+    fn lock_idx(parent: ObjectId, name: &[u8]) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ parent.hi ^ parent.lo.rotate_left(17);
+        for &b in name {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+        (h % LOCKS as u64) as usize
+    }
+
+    /// Lock (parent, name) pairs in index order (deadlock-free).
+    fn lock(&self, keys: &[(ObjectId, &[u8])]) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = keys.iter().map(|(p, n)| Self::lock_idx(*p, n)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| self.inner.locks[i].lock())
+            .collect()
+    }
+
+    fn fetch_entry(&self, parent: ObjectId, name: &[u8]) -> Result<Option<Entry>> {
+        match self.obj(parent)?.fetch_single(name, INODE)? {
+            Some(v) => Entry::decode(&v)
+                .map(Some)
+                .map_err(|e| e.context(format!("entry {:?} of directory {parent}", show(name)))),
+            None => Ok(None),
+        }
+    }
+
+    fn put_entry(&self, parent: ObjectId, name: &[u8], e: &Entry) -> Result<()> {
+        self.obj(parent)?.update_single(name, INODE, &e.encode())
+    }
+
+    fn class_for(&self, parent: &Node, dir: bool) -> ObjectClass {
+        match ObjectClass::from_id(parent.entry.child_class) {
+            Some(c) => c,
+            None if dir => self.inner.dir_class,
+            None => self.inner.file_class,
+        }
+    }
+
+    fn need_dir(node: &Node) -> Result<()> {
+        if !node.is_dir() {
+            return Err(err(
+                libc::ENOTDIR,
+                format!("{:?} is not a directory", show(&node.name)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Look `name` up in directory `parent`.
+    pub fn lookup(&self, parent: &Node, name: &[u8]) -> Result<Node> {
+        Self::need_dir(parent)?;
+        check_name(name)?;
+        match self.fetch_entry(parent.oid(), name)? {
+            Some(entry) => Ok(Node {
+                parent: parent.oid(),
+                name: name.to_vec(),
+                entry,
+            }),
+            None => Err(err(
+                libc::ENOENT,
+                format!("{:?}: no such entry", show(name)),
+            )),
+        }
+    }
+
+    /// Walk an absolute or root-relative path ("/a/b", "a/b").
+    pub fn lookup_path(&self, path: &str) -> Result<Node> {
+        let mut n = self.root();
+        for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+            n = self.lookup(&n, c.as_bytes())?;
+        }
+        Ok(n)
+    }
+
+    /// The entry as the store holds it now (ENOENT if removed).
+    pub fn refresh(&self, node: &Node) -> Result<Node> {
+        match self.fetch_entry(node.parent, &node.name)? {
+            Some(entry) => Ok(Node {
+                parent: node.parent,
+                name: node.name.clone(),
+                entry,
+            }),
+            None => Err(err(
+                libc::ENOENT,
+                format!("{:?}: entry removed", show(&node.name)),
+            )),
+        }
+    }
+
+    /// Attributes of `node`, re-read from the store (size from the file's
+    /// chunks for regular files).
+    pub fn getattr(&self, node: &Node) -> Result<(Node, Stat)> {
+        let n = self.refresh(node)?;
+        let size = if n.entry.is_file() {
+            File::new(&self.inner.cont, n.oid(), n.entry.chunk_size, true)?.size()?
+        } else if n.entry.is_symlink() {
+            n.entry.target.len() as u64
+        } else {
+            4096
+        };
+        let st = self.stat_of(&n.entry, size);
+        Ok((n, st))
+    }
+
+    /// A [`Stat`] from an entry and a known size.
+    pub fn stat_of(&self, e: &Entry, size: u64) -> Stat {
+        Stat {
+            mode: e.mode,
+            uid: e.uid,
+            gid: e.gid,
+            size,
+            blocks: size.div_ceil(512),
+            atime: e.atime,
+            mtime: e.mtime,
+            ctime: e.ctime,
+            oid: e.oid,
+            chunk_size: e.chunk_size,
+        }
+    }
+
+    fn new_entry(&self, mode: u32, uid: u32, gid: u32, oid: ObjectId) -> Entry {
+        let t = now_ns();
+        Entry {
+            mode,
+            uid,
+            gid,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            oid,
+            chunk_size: self.inner.chunk_size,
+            size_hint: 0,
+            child_class: 0,
+            target: vec![],
+        }
+    }
+
+    /// Create (or with `excl` = false, open an existing) regular file.
+    /// Returns the node and whether it was created.
+    pub fn create(
+        &self,
+        parent: &Node,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        excl: bool,
+    ) -> Result<(Node, bool)> {
+        Self::need_dir(parent)?;
+        check_name(name)?;
+        let _g = self.lock(&[(parent.oid(), name)]);
+        if let Some(e) = self.fetch_entry(parent.oid(), name)? {
+            if excl {
+                return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
+            }
+            if e.is_dir() {
+                return Err(err(
+                    libc::EISDIR,
+                    format!("{:?} is a directory", show(name)),
+                ));
+            }
+            let n = Node {
+                parent: parent.oid(),
+                name: name.to_vec(),
+                entry: e,
+            };
+            return Ok((n, false));
+        }
+        self.check_rw()?;
+        let oid = self.alloc_oid(self.class_for(parent, false));
+        let e = self.new_entry(libc::S_IFREG | (mode & 0o7777), uid, gid, oid);
+        self.put_entry(parent.oid(), name, &e)?;
+        Ok((
+            Node {
+                parent: parent.oid(),
+                name: name.to_vec(),
+                entry: e,
+            },
+            true,
+        ))
+    }
+
+    fn add_new(&self, parent: &Node, name: &[u8], e: Entry) -> Result<Node> {
+        Self::need_dir(parent)?;
+        check_name(name)?;
+        self.check_rw()?;
+        let _g = self.lock(&[(parent.oid(), name)]);
+        if self.fetch_entry(parent.oid(), name)?.is_some() {
+            return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
+        }
+        self.put_entry(parent.oid(), name, &e)?;
+        Ok(Node {
+            parent: parent.oid(),
+            name: name.to_vec(),
+            entry: e,
+        })
+    }
+
+    pub fn mkdir(&self, parent: &Node, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Node> {
+        let oid = self.alloc_oid(self.class_for(parent, true));
+        let mut e = self.new_entry(libc::S_IFDIR | (mode & 0o7777), uid, gid, oid);
+        e.child_class = parent.entry.child_class;
+        self.add_new(parent, name, e)
+    }
+
+    pub fn symlink(
+        &self,
+        parent: &Node,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Node> {
+        if target.is_empty() || target.len() > 4095 {
+            return Err(err(
+                if target.is_empty() {
+                    libc::ENOENT
+                } else {
+                    libc::ENAMETOOLONG
+                },
+                format!("symlink target of {} bytes", target.len()),
+            ));
+        }
+        let oid = self.alloc_oid(self.inner.file_class);
+        let mut e = self.new_entry(libc::S_IFLNK | 0o777, uid, gid, oid);
+        e.target = target.to_vec();
+        self.add_new(parent, name, e)
+    }
+
+    pub fn readlink(&self, node: &Node) -> Result<Vec<u8>> {
+        if !node.entry.is_symlink() {
+            return Err(Error::inval(format!(
+                "{:?} is not a symlink",
+                show(&node.name)
+            )));
+        }
+        Ok(node.entry.target.clone())
+    }
+
+    /// Hard links are not supported (as DAOS DFS).
+    pub fn link(&self, _node: &Node, _parent: &Node, _name: &[u8]) -> Result<Node> {
+        Err(err(libc::EOPNOTSUPP, "hard links are not supported"))
+    }
+
+    /// Remove a non-directory and punch its data.
+    pub fn unlink(&self, parent: &Node, name: &[u8]) -> Result<()> {
+        let e = self.unlink_deferred(parent, name)?;
+        self.release_object(&e)
+    }
+
+    /// Remove a non-directory's entry and return it; its data stays until
+    /// [`Dfs::release_object`] (for files still open).
+    pub fn unlink_deferred(&self, parent: &Node, name: &[u8]) -> Result<Entry> {
+        Self::need_dir(parent)?;
+        check_name(name)?;
+        self.check_rw()?;
+        let _g = self.lock(&[(parent.oid(), name)]);
+        let e = self
+            .fetch_entry(parent.oid(), name)?
+            .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
+        if e.is_dir() {
+            return Err(err(
+                libc::EISDIR,
+                format!("{:?} is a directory", show(name)),
+            ));
+        }
+        self.obj(parent.oid())?.punch_dkey(name)?;
+        Ok(e)
+    }
+
+    /// Punch the object behind a removed entry (files and directories).
+    pub fn release_object(&self, e: &Entry) -> Result<()> {
+        if e.is_file() || e.is_dir() {
+            self.obj(e.oid)?.punch()?;
+        }
+        Ok(())
+    }
+
+    fn dir_is_empty(&self, dir: ObjectId) -> Result<bool> {
+        Ok(self.obj(dir)?.list_dkeys()?.is_empty())
+    }
+
+    pub fn rmdir(&self, parent: &Node, name: &[u8]) -> Result<()> {
+        Self::need_dir(parent)?;
+        check_name(name)?;
+        self.check_rw()?;
+        let _g = self.lock(&[(parent.oid(), name)]);
+        let e = self
+            .fetch_entry(parent.oid(), name)?
+            .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
+        if !e.is_dir() {
+            return Err(err(
+                libc::ENOTDIR,
+                format!("{:?} is not a directory", show(name)),
+            ));
+        }
+        if !self.dir_is_empty(e.oid)? {
+            return Err(err(
+                libc::ENOTEMPTY,
+                format!("directory {:?} is not empty", show(name)),
+            ));
+        }
+        self.obj(parent.oid())?.punch_dkey(name)?;
+        self.release_object(&e)
+    }
+
+    /// The xattr akeys of an entry ("x:..." names, with prefix).
+    fn xattr_keys(&self, parent: ObjectId, name: &[u8]) -> Result<Vec<Vec<u8>>> {
+        Ok(self
+            .obj(parent)?
+            .list_akeys(name)?
+            .into_iter()
+            .filter(|k| k.starts_with(XPREFIX))
+            .collect())
+    }
+
+    fn xattrs(&self, parent: ObjectId, name: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let o = self.obj(parent)?;
+        let mut out = Vec::new();
+        for k in self.xattr_keys(parent, name)? {
+            if let Some(v) = o.fetch_single(name, &k)? {
+                out.push((k, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Write entry `e` with xattrs `xs` at (dir, name), replacing what is
+    /// there (stale xattrs of the old occupant are punched).
+    fn install(
+        &self,
+        dir: ObjectId,
+        name: &[u8],
+        e: &Entry,
+        xs: &[(Vec<u8>, Vec<u8>)],
+        had_entry: bool,
+    ) -> Result<()> {
+        let o = self.obj(dir)?;
+        if had_entry {
+            let old = self.xattr_keys(dir, name)?;
+            let stale: Vec<&[u8]> = old
+                .iter()
+                .filter(|k| !xs.iter().any(|(n, _)| n == *k))
+                .map(|k| k.as_slice())
+                .collect();
+            o.punch_akeys(name, &stale)?;
+        }
+        for (k, v) in xs {
+            o.update_single(name, k, v)?;
+        }
+        o.update_single(name, INODE, &e.encode())
+    }
+
+    /// rename(2)/renameat2(2): `flags` 0, [`RENAME_NOREPLACE`] or
+    /// [`RENAME_EXCHANGE`]. A replaced file's data is punched.
+    pub fn rename(
+        &self,
+        sp: &Node,
+        sname: &[u8],
+        dp: &Node,
+        dname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        if let Some(e) = self.rename_deferred(sp, sname, dp, dname, flags)? {
+            self.release_object(&e)?;
+        }
+        Ok(())
+    }
+
+    /// Like [`Dfs::rename`]; returns the replaced entry without punching
+    /// its object (the caller calls [`Dfs::release_object`] when the file
+    /// is no longer open).
+    pub fn rename_deferred(
+        &self,
+        sp: &Node,
+        sname: &[u8],
+        dp: &Node,
+        dname: &[u8],
+        flags: u32,
+    ) -> Result<Option<Entry>> {
+        Self::need_dir(sp)?;
+        Self::need_dir(dp)?;
+        check_name(sname)?;
+        check_name(dname)?;
+        self.check_rw()?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(Error::inval(format!("rename flags {flags:#x}")));
+        }
+        let (s, d) = (sp.oid(), dp.oid());
+        let _g = self.lock(&[(s, sname), (d, dname)]);
+        let se = self
+            .fetch_entry(s, sname)?
+            .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(sname))))?;
+        let de = self.fetch_entry(d, dname)?;
+        if s == d && sname == dname {
+            return if flags & RENAME_NOREPLACE != 0 {
+                Err(err(libc::EEXIST, format!("{:?} exists", show(dname))))
+            } else {
+                Ok(None)
+            };
+        }
+        if se.oid == d || de.as_ref().is_some_and(|x| x.oid == s) {
+            return Err(Error::inval(
+                "rename would make a directory its own ancestor",
+            ));
+        }
+        let sx = self.xattrs(s, sname)?;
+        if flags & RENAME_EXCHANGE != 0 {
+            let de =
+                de.ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(dname))))?;
+            let dx = self.xattrs(d, dname)?;
+            let mut se2 = se.clone();
+            let mut de2 = de.clone();
+            let t = now_ns();
+            se2.ctime = t;
+            de2.ctime = t;
+            self.install(d, dname, &se2, &sx, true)?;
+            self.install(s, sname, &de2, &dx, true)?;
+            return Ok(None);
+        }
+        if let Some(de) = &de {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(err(libc::EEXIST, format!("{:?} exists", show(dname))));
+            }
+            if se.is_dir() {
+                if !de.is_dir() {
+                    return Err(err(
+                        libc::ENOTDIR,
+                        format!("{:?} is not a directory", show(dname)),
+                    ));
+                }
+                if !self.dir_is_empty(de.oid)? {
+                    return Err(err(
+                        libc::ENOTEMPTY,
+                        format!("directory {:?} is not empty", show(dname)),
+                    ));
+                }
+            } else if de.is_dir() {
+                return Err(err(
+                    libc::EISDIR,
+                    format!("{:?} is a directory", show(dname)),
+                ));
+            }
+        }
+        let mut se2 = se.clone();
+        se2.ctime = now_ns();
+        self.install(d, dname, &se2, &sx, de.is_some())?;
+        self.obj(s)?.punch_dkey(sname)?;
+        Ok(de)
+    }
+
+    /// chmod / chown / utimens / truncate in one call; returns the new
+    /// node and its attributes.
+    pub fn setattr(&self, node: &Node, a: &SetAttr) -> Result<(Node, Stat)> {
+        self.check_rw()?;
+        let _g = self.lock(&[(node.parent, &node.name)]);
+        let mut n = self.refresh(node)?;
+        if let Some(size) = a.size {
+            if n.entry.is_dir() {
+                return Err(err(
+                    libc::EISDIR,
+                    format!("{:?} is a directory", show(&n.name)),
+                ));
+            }
+            if !n.entry.is_file() {
+                return Err(Error::inval(format!(
+                    "{:?} is not a regular file",
+                    show(&n.name)
+                )));
+            }
+            self.open(&n)?.truncate(size)?;
+            n.entry.size_hint = size;
+            n.entry.mtime = now_ns();
+        }
+        let e = &mut n.entry;
+        if let Some(m) = a.mode {
+            e.mode = (e.mode & libc::S_IFMT) | (m & 0o7777);
+        }
+        if let Some(u) = a.uid {
+            e.uid = u;
+        }
+        if let Some(g) = a.gid {
+            e.gid = g;
+        }
+        if let Some(t) = a.atime {
+            e.atime = t;
+        }
+        if let Some(t) = a.mtime {
+            e.mtime = t;
+        }
+        e.ctime = now_ns();
+        self.put_entry(n.parent, &n.name, &n.entry)?;
+        drop(_g);
+        self.getattr(&n)
+    }
+
+    /// Record a size hint and mtime after writes (called on close).
+    pub fn touch_written(&self, node: &Node, size: u64) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let _g = self.lock(&[(node.parent, &node.name)]);
+        let mut n = match self.refresh(node) {
+            Ok(n) => n,
+            Err(e) if e.code == -libc::ENOENT => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let t = now_ns();
+        n.entry.mtime = t;
+        n.entry.ctime = t;
+        n.entry.size_hint = size;
+        self.put_entry(n.parent, &n.name, &n.entry)
+    }
+
+    /// fallocate(2): mode 0 extends the size to `off + len` if larger;
+    /// other modes are EOPNOTSUPP.
+    pub fn fallocate(&self, node: &Node, mode: i32, off: u64, len: u64) -> Result<()> {
+        self.check_rw()?;
+        if mode != 0 {
+            return Err(err(libc::EOPNOTSUPP, format!("fallocate mode {mode:#x}")));
+        }
+        if !node.entry.is_file() {
+            return Err(err(libc::ENODEV, "fallocate on a non-regular file"));
+        }
+        self.open(node)?.extend_to(off.saturating_add(len))
+    }
+
+    /// Space of the pool (nvme tier if it has one, else scm).
+    pub fn statfs(&self) -> Result<StatFs> {
+        let pool = self.inner.cont.pool();
+        let info = pool.client().mgmt().pool_query(PoolQueryReq {
+            id: pool.uuid().to_string(),
+        })?;
+        let tier = info
+            .tiers
+            .iter()
+            .find(|t| t.name == "nvme" && t.total > 0)
+            .or_else(|| info.tiers.iter().find(|t| t.total > 0));
+        let (total, free) = tier.map(|t| (t.total, t.free)).unwrap_or((0, 0));
+        let bsize = 4096u64;
+        Ok(StatFs {
+            bsize: bsize as u32,
+            blocks: total / bsize,
+            bfree: free / bsize,
+            bavail: free / bsize,
+            files: u32::MAX as u64,
+            ffree: u32::MAX as u64,
+            namelen: NAME_MAX as u32,
+        })
+    }
+
+    // ---- xattrs ----
+
+    /// setxattr(2): `flags` XATTR_CREATE (1) / XATTR_REPLACE (2).
+    pub fn setxattr(&self, node: &Node, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.check_rw()?;
+        check_xattr_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(err(
+                libc::E2BIG,
+                format!("xattr value of {} bytes", value.len()),
+            ));
+        }
+        let _g = self.lock(&[(node.parent, &node.name)]);
+        let mut n = self.refresh(node)?;
+        if name == OCLASS_XATTR.as_bytes() {
+            if !n.is_dir() {
+                return Err(Error::inval(format!(
+                    "{OCLASS_XATTR} applies to directories only"
+                )));
+            }
+            let s = std::str::from_utf8(value)
+                .unwrap_or("")
+                .trim_end_matches('\0');
+            let class = s
+                .parse::<ObjectClass>()
+                .map_err(|e| Error::inval(format!("{OCLASS_XATTR}: {e}")))?;
+            // Usable in this pool?
+            self.obj(ObjectId::new(class, 0, 0))
+                .map_err(|e| Error::inval(format!("{OCLASS_XATTR} {class}: {}", e.msg)))?;
+            let exists = n.entry.child_class != 0;
+            xattr_flags_check(flags, exists, name)?;
+            n.entry.child_class = class.id();
+            n.entry.ctime = now_ns();
+            return self.put_entry(n.parent, &n.name, &n.entry);
+        }
+        let o = self.obj(n.parent)?;
+        let key = xattr_akey(name);
+        if flags != 0 {
+            let exists = o.fetch_single(&n.name, &key)?.is_some();
+            xattr_flags_check(flags, exists, name)?;
+        }
+        o.update_single(&n.name, &key, value)
+    }
+
+    pub fn getxattr(&self, node: &Node, name: &[u8]) -> Result<Vec<u8>> {
+        check_xattr_name(name)?;
+        if name == OCLASS_XATTR.as_bytes() {
+            let n = self.refresh(node)?;
+            return match ObjectClass::from_id(n.entry.child_class) {
+                Some(c) => Ok(c.name().as_bytes().to_vec()),
+                None => Err(err(libc::ENODATA, format!("no xattr {OCLASS_XATTR}"))),
+            };
+        }
+        self.obj(node.parent)?
+            .fetch_single(&node.name, &xattr_akey(name))?
+            .ok_or_else(|| err(libc::ENODATA, format!("no xattr {:?}", show(name))))
+    }
+
+    pub fn listxattr(&self, node: &Node) -> Result<Vec<Vec<u8>>> {
+        let n = self.refresh(node)?;
+        let mut out: Vec<Vec<u8>> = self
+            .xattr_keys(n.parent, &n.name)?
+            .into_iter()
+            .map(|k| k[XPREFIX.len()..].to_vec())
+            .collect();
+        if n.entry.child_class != 0 {
+            out.push(OCLASS_XATTR.as_bytes().to_vec());
+        }
+        Ok(out)
+    }
+
+    pub fn removexattr(&self, node: &Node, name: &[u8]) -> Result<()> {
+        self.check_rw()?;
+        check_xattr_name(name)?;
+        let _g = self.lock(&[(node.parent, &node.name)]);
+        let mut n = self.refresh(node)?;
+        if name == OCLASS_XATTR.as_bytes() {
+            if n.entry.child_class == 0 {
+                return Err(err(libc::ENODATA, format!("no xattr {OCLASS_XATTR}")));
+            }
+            n.entry.child_class = 0;
+            return self.put_entry(n.parent, &n.name, &n.entry);
+        }
+        let o = self.obj(n.parent)?;
+        let key = xattr_akey(name);
+        if o.fetch_single(&n.name, &key)?.is_none() {
+            return Err(err(libc::ENODATA, format!("no xattr {:?}", show(name))));
+        }
+        o.punch_akeys(&n.name, &[&key])
+    }
+
+    // ---- directories ----
+
+    /// Snapshot the names of directory `node` (sorted byte-wise).
+    pub fn opendir(&self, node: &Node) -> Result<DirHandle> {
+        Self::need_dir(node)?;
+        Ok(DirHandle {
+            dir: node.oid(),
+            names: self.obj(node.oid())?.list_dkeys()?,
+        })
+    }
+
+    /// Up to `max` entries after `cookie` (0 = from the start); entries
+    /// removed since opendir are skipped. Entries are fetched in parallel.
+    pub fn readdir(&self, h: &DirHandle, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let start = (cookie as usize).min(h.names.len());
+        let end = start.saturating_add(max).min(h.names.len());
+        let idx: Vec<usize> = (start..end).collect();
+        let fetched: Vec<Result<Option<Entry>>> = if idx.len() <= 1 {
+            idx.iter()
+                .map(|&i| self.fetch_entry(h.dir, &h.names[i]))
+                .collect()
+        } else {
+            let per = idx.len().div_ceil(READDIR_PARALLEL);
+            std::thread::scope(|s| {
+                let hs: Vec<_> = idx
+                    .chunks(per)
+                    .map(|part| {
+                        s.spawn(move || {
+                            part.iter()
+                                .map(|&i| self.fetch_entry(h.dir, &h.names[i]))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .flat_map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            })
+        };
+        let mut out = Vec::with_capacity(idx.len());
+        for (i, r) in idx.into_iter().zip(fetched) {
+            if let Some(entry) = r? {
+                out.push(DirEntry {
+                    name: h.names[i].clone(),
+                    cookie: i as u64 + 1,
+                    entry,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- files ----
+
+    /// Open a regular file for I/O.
+    pub fn open(&self, node: &Node) -> Result<File> {
+        if node.is_dir() {
+            return Err(err(
+                libc::EISDIR,
+                format!("{:?} is a directory", show(&node.name)),
+            ));
+        }
+        if !node.entry.is_file() {
+            return Err(Error::inval(format!(
+                "{:?} is not a regular file",
+                show(&node.name)
+            )));
+        }
+        File::new(
+            &self.inner.cont,
+            node.oid(),
+            node.entry.chunk_size,
+            self.inner.read_only,
+        )
+    }
+}
+
+fn check_xattr_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > NAME_MAX {
+        return Err(err(
+            libc::ERANGE,
+            format!("xattr name of {} bytes", name.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn xattr_flags_check(flags: i32, exists: bool, name: &[u8]) -> Result<()> {
+    if flags & libc::XATTR_CREATE != 0 && exists {
+        return Err(err(libc::EEXIST, format!("xattr {:?} exists", show(name))));
+    }
+    if flags & libc::XATTR_REPLACE != 0 && !exists {
+        return Err(err(libc::ENODATA, format!("no xattr {:?}", show(name))));
+    }
+    Ok(())
+}
+
+/// An open regular file: the per-file I/O API (also for the interception
+/// library, which knows the object id and chunk size from the FUSE ioctl).
+pub struct File {
+    obj: Object,
+    chunk: u64,
+    read_only: bool,
+    /// Size last seen or produced by this handle (a cache; see [`File::size`]).
+    cached: AtomicU64,
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("oid", &self.obj.id().to_string())
+            .field("chunk", &self.chunk)
+            .finish()
+    }
+}
+
+impl File {
+    /// Open file object `oid` of `cont` with its chunk size.
+    pub fn new(cont: &Container, oid: ObjectId, chunk_size: u64, read_only: bool) -> Result<File> {
+        if chunk_size == 0 {
+            return Err(Error::inval(format!("file {oid}: chunk size 0")));
+        }
+        let f = File {
+            obj: cont.object(oid)?,
+            chunk: chunk_size,
+            read_only,
+            cached: AtomicU64::new(0),
+        };
+        Ok(f)
+    }
+
+    pub fn oid(&self) -> ObjectId {
+        self.obj.id()
+    }
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk
+    }
+    /// The size this handle last saw (no round trip).
+    pub fn cached_size(&self) -> u64 {
+        self.cached.load(Ordering::Relaxed)
+    }
+
+    fn check_rw(&self) -> Result<()> {
+        if self.read_only {
+            return Err(err(libc::EROFS, "file system mounted read-only"));
+        }
+        Ok(())
+    }
+
+    /// The file's size from the store (and refresh the cache): the highest
+    /// chunk holding data, times the chunk size, plus its array size.
+    pub fn size(&self) -> Result<u64> {
+        let dkeys = self.obj.list_dkeys()?;
+        let mut size = 0;
+        for d in dkeys.iter().rev() {
+            let Some(idx) = chunk_index(d) else { continue };
+            let s = self.obj.array_size(d, DATA_AKEY)?;
+            if s > 0 {
+                size = idx * self.chunk + s;
+                break;
+            }
+        }
+        self.cached.store(size, Ordering::Relaxed);
+        Ok(size)
+    }
+
+    /// Split [off, off+len) into (chunk index, offset in chunk, len, position in buffer).
+    fn pieces(&self, off: u64, len: usize) -> Vec<(u64, u64, usize, usize)> {
+        let mut v = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let o = off + done as u64;
+            let (idx, within) = (o / self.chunk, o % self.chunk);
+            let n = ((self.chunk - within) as usize).min(len - done);
+            v.push((idx, within, n, done));
+            done += n;
+        }
+        v
+    }
+
+    /// Read at `off` into `buf`; returns bytes read (short at end of file).
+    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let mut size = self.cached_size();
+        if off + buf.len() as u64 > size {
+            size = self.size()?;
+        }
+        if off >= size {
+            return Ok(0);
+        }
+        let n = ((size - off) as usize).min(buf.len());
+        let pieces = self.pieces(off, n);
+        if pieces.len() == 1 {
+            let (idx, within, len, at) = pieces[0];
+            self.obj.fetch_array_into(
+                &chunk_dkey(idx),
+                DATA_AKEY,
+                within,
+                &mut buf[at..at + len],
+            )?;
+        } else {
+            let mut rest: &mut [u8] = &mut buf[..n];
+            let mut slices = Vec::with_capacity(pieces.len());
+            for &(idx, within, len, _) in &pieces {
+                let (a, b) = rest.split_at_mut(len);
+                slices.push((idx, within, a));
+                rest = b;
+            }
+            std::thread::scope(|s| -> Result<()> {
+                let hs: Vec<_> = slices
+                    .into_iter()
+                    .map(|(idx, within, b)| {
+                        s.spawn(move || {
+                            self.obj
+                                .fetch_array_into(&chunk_dkey(idx), DATA_AKEY, within, b)
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(n)
+    }
+
+    /// Write `data` at `off`; returns bytes written (all of them).
+    pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize> {
+        self.check_rw()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let pieces = self.pieces(off, data.len());
+        if pieces.len() == 1 {
+            self.obj
+                .update_array(&chunk_dkey(pieces[0].0), DATA_AKEY, pieces[0].1, data)?;
+        } else {
+            std::thread::scope(|s| -> Result<()> {
+                let hs: Vec<_> = pieces
+                    .iter()
+                    .map(|&(idx, within, len, at)| {
+                        s.spawn(move || {
+                            self.obj.update_array(
+                                &chunk_dkey(idx),
+                                DATA_AKEY,
+                                within,
+                                &data[at..at + len],
+                            )
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                }
+                Ok(())
+            })?;
+        }
+        self.cached
+            .fetch_max(off + data.len() as u64, Ordering::Relaxed);
+        Ok(data.len())
+    }
+
+    /// Make the size at least `size` (a zero byte at `size - 1` if it lies
+    /// past the current end: reads of the hole give zeros).
+    pub fn extend_to(&self, size: u64) -> Result<()> {
+        self.check_rw()?;
+        if size == 0 || self.size()? >= size {
+            return Ok(());
+        }
+        self.write_at(size - 1, &[0]).map(|_| ())
+    }
+
+    /// Set the size to `size`: punch chunks wholly past it, trim the last
+    /// kept chunk, or extend.
+    pub fn truncate(&self, size: u64) -> Result<()> {
+        self.check_rw()?;
+        let cur = self.size()?;
+        if size >= cur {
+            return self.extend_to(size);
+        }
+        if size == 0 {
+            self.obj.punch()?;
+            self.cached.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        let dkeys: BTreeSet<u64> = self
+            .obj
+            .list_dkeys()?
+            .iter()
+            .filter_map(|d| chunk_index(d))
+            .collect();
+        let first_gone = size.div_ceil(self.chunk);
+        for &idx in dkeys.range(first_gone..) {
+            self.obj.punch_dkey(&chunk_dkey(idx))?;
+        }
+        let keep = size % self.chunk;
+        let last = size / self.chunk;
+        if keep != 0 && dkeys.contains(&last) {
+            let dk = chunk_dkey(last);
+            let have = self.obj.array_size(&dk, DATA_AKEY)?;
+            if have > keep {
+                let prefix = self.obj.fetch_array(&dk, DATA_AKEY, 0, keep as usize)?;
+                self.obj.punch_akeys(&dk, &[DATA_AKEY])?;
+                self.obj.update_array(&dk, DATA_AKEY, 0, &prefix)?;
+            }
+        }
+        self.cached.store(0, Ordering::Relaxed);
+        self.extend_to(size)?;
+        self.cached.store(size, Ordering::Relaxed);
+        Ok(())
+    }
+}

@@ -1,0 +1,896 @@
+//! The FUSE file system: kernel requests -> [`peregrine_dfs::Dfs`].
+//!
+//! Inode numbers are a 64-bit hash of the object id (root = 1), so they
+//! are the same in every daemon and in readdir and stat. The inode table
+//! maps a number to its [`Node`] (parent directory object + name), which
+//! rename keeps current. fuser runs `--threads` event-loop threads, each
+//! reading requests from /dev/fuse and calling into the Dfs, so requests
+//! proceed in parallel.
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use peregrine::{Error, ObjectId};
+use peregrine_dfs::{now_ns, Dfs, DirHandle, Entry, File, Node, SetAttr, Stat};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Size of `struct peregrine_fuse_handle` (include/peregrine_fuse.h).
+pub const HANDLE_SIZE: usize = 208;
+/// Bytes of the management address field, NUL included.
+pub const HANDLE_MGMT_MAX: usize = 128;
+pub const HANDLE_VERSION: u32 = 1;
+pub const HANDLE_FLAG_RDONLY: u32 = 1;
+/// `_IOR('P', 1, struct peregrine_fuse_handle)`.
+pub const PEREGRINE_IOC_GET_HANDLE: u32 =
+    (2u32 << 30) | ((HANDLE_SIZE as u32) << 16) | ((b'P' as u32) << 8) | 1;
+
+/// Page-cache policy for file data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataCache {
+    /// Kernel page cache kept across opens.
+    On,
+    /// No page cache (direct I/O): every read and write reaches the daemon.
+    Off,
+    /// Page cache kept across opens that come within this long of the
+    /// open that (re)validated it; later opens drop it (as dfuse).
+    For(Duration),
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+    pub data_cache: DataCache,
+    pub mgmt: String,
+    pub read_only: bool,
+}
+
+struct Ino {
+    node: Node,
+    lookups: u64,
+    open: u32,
+    /// Removed while open: punch its object at the last close.
+    unlinked: Option<Entry>,
+    cache_stamp: Option<Instant>,
+}
+
+enum Handle {
+    File {
+        ino: u64,
+        file: File,
+        written: AtomicBool,
+    },
+    Dir(DirHandle),
+}
+
+pub struct PeregrineFs {
+    dfs: Dfs,
+    opts: Options,
+    inodes: Mutex<HashMap<u64, Ino>>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+}
+
+/// Inode number of an object (root: 1).
+pub fn ino_of(oid: ObjectId, root: ObjectId) -> u64 {
+    if oid == root {
+        return 1;
+    }
+    let mut x = oid.hi ^ oid.lo.rotate_left(29) ^ 0x9E37_79B9_7F4A_7C15;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    if x <= 1 {
+        x += 2;
+    }
+    x
+}
+
+fn ns_time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn time_ns(t: TimeOrNow) -> i64 {
+    match t {
+        TimeOrNow::Now => now_ns(),
+        TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_nanos() as i64,
+            Err(e) => -(e.duration().as_nanos() as i64),
+        },
+    }
+}
+
+fn kind_of(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// Errors the application should see as they are; anything else (a
+/// transport or engine failure) becomes EIO.
+fn errno(e: &Error) -> Errno {
+    let c = -e.code;
+    const POSIX: &[i32] = &[
+        libc::ENOENT,
+        libc::EEXIST,
+        libc::ENOTDIR,
+        libc::EISDIR,
+        libc::ENOTEMPTY,
+        libc::ENAMETOOLONG,
+        libc::EINVAL,
+        libc::EROFS,
+        libc::ENOSPC,
+        libc::EOPNOTSUPP,
+        libc::ENODATA,
+        libc::ERANGE,
+        libc::E2BIG,
+        libc::EACCES,
+        libc::EPERM,
+        libc::EXDEV,
+        libc::ENODEV,
+        libc::EBADF,
+        libc::EFBIG,
+    ];
+    if POSIX.contains(&c) {
+        Errno::from_i32(c)
+    } else {
+        eprintln!("peregrine-fuse: I/O error: {e} (errno {c})");
+        Errno::EIO
+    }
+}
+
+macro_rules! tryr {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => {
+                $reply.error(errno(&e));
+                return;
+            }
+        }
+    };
+}
+
+fn stale() -> Error {
+    Error::new(-libc::ENOENT, "unknown inode (stale handle)")
+}
+
+impl PeregrineFs {
+    pub fn new(dfs: Dfs, opts: Options) -> PeregrineFs {
+        let mut inodes = HashMap::new();
+        inodes.insert(
+            1,
+            Ino {
+                node: dfs.root(),
+                lookups: 1,
+                open: 0,
+                unlinked: None,
+                cache_stamp: None,
+            },
+        );
+        PeregrineFs {
+            dfs,
+            opts,
+            inodes: Mutex::new(inodes),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn ino(&self, oid: ObjectId) -> u64 {
+        ino_of(oid, self.dfs.root().oid())
+    }
+
+    fn node(&self, ino: INodeNo) -> Result<Node, Error> {
+        self.inodes
+            .lock()
+            .get(&ino.0)
+            .map(|i| i.node.clone())
+            .ok_or_else(stale)
+    }
+
+    /// Remember `node` (one more kernel lookup reference).
+    fn remember(&self, node: &Node) -> u64 {
+        let ino = self.ino(node.oid());
+        let mut t = self.inodes.lock();
+        let e = t.entry(ino).or_insert_with(|| Ino {
+            node: node.clone(),
+            lookups: 0,
+            open: 0,
+            unlinked: None,
+            cache_stamp: None,
+        });
+        e.node = node.clone();
+        e.lookups += 1;
+        ino
+    }
+
+    fn update(&self, node: &Node) {
+        let ino = self.ino(node.oid());
+        if let Some(e) = self.inodes.lock().get_mut(&ino) {
+            e.node = node.clone();
+        }
+    }
+
+    fn attr(&self, st: &Stat) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(self.ino(st.oid)),
+            size: st.size,
+            blocks: st.blocks,
+            atime: ns_time(st.atime),
+            mtime: ns_time(st.mtime),
+            ctime: ns_time(st.ctime),
+            crtime: ns_time(st.ctime),
+            kind: kind_of(st.mode),
+            perm: (st.mode & 0o7777) as u16,
+            nlink: 1,
+            uid: st.uid,
+            gid: st.gid,
+            rdev: 0,
+            blksize: st.chunk_size.clamp(4096, 1 << 20) as u32,
+            flags: 0,
+        }
+    }
+
+    /// Attributes of a freshly read node (no second entry fetch).
+    fn stat_node(&self, n: &Node) -> Result<Stat, Error> {
+        let size = if n.entry.is_file() {
+            File::new(self.dfs.container(), n.oid(), n.entry.chunk_size, true)?.size()?
+        } else if n.entry.is_symlink() {
+            n.entry.target.len() as u64
+        } else {
+            4096
+        };
+        Ok(self.dfs.stat_of(&n.entry, size))
+    }
+
+    fn reply_entry(&self, n: &Node, reply: ReplyEntry) {
+        let st = tryr!(reply, self.stat_node(n));
+        self.remember(n);
+        reply.entry(&self.opts.entry_ttl, &self.attr(&st), Generation(0));
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Error> {
+        self.handles
+            .lock()
+            .get(&fh.0)
+            .cloned()
+            .ok_or_else(|| Error::new(-libc::EBADF, "unknown file handle"))
+    }
+
+    fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Arc::new(h));
+        fh
+    }
+
+    fn open_flags(&self, ino: u64) -> FopenFlags {
+        match self.opts.data_cache {
+            DataCache::Off => FopenFlags::FOPEN_DIRECT_IO,
+            DataCache::On => FopenFlags::FOPEN_KEEP_CACHE,
+            DataCache::For(d) => {
+                let mut t = self.inodes.lock();
+                let Some(i) = t.get_mut(&ino) else {
+                    return FopenFlags::empty();
+                };
+                let now = Instant::now();
+                match i.cache_stamp {
+                    Some(s) if now.duration_since(s) < d => FopenFlags::FOPEN_KEEP_CACHE,
+                    _ => {
+                        i.cache_stamp = Some(now);
+                        FopenFlags::empty()
+                    }
+                }
+            }
+        }
+    }
+
+    fn open_file(&self, n: &Node, reply_fn: impl FnOnce(u64, FopenFlags)) -> Result<(), Error> {
+        let file = self.dfs.open(n)?;
+        let ino = self.ino(n.oid());
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            i.open += 1;
+        }
+        let flags = self.open_flags(ino);
+        let fh = self.add_handle(Handle::File {
+            ino,
+            file,
+            written: AtomicBool::new(false),
+        });
+        reply_fn(fh, flags);
+        Ok(())
+    }
+
+    /// A removed entry: punch now, or at the last close if open here.
+    fn removed(&self, e: Entry) -> Result<(), Error> {
+        let ino = self.ino(e.oid);
+        {
+            let mut t = self.inodes.lock();
+            if let Some(i) = t.get_mut(&ino) {
+                if i.open > 0 {
+                    i.unlinked = Some(e);
+                    return Ok(());
+                }
+            }
+        }
+        self.dfs.release_object(&e)
+    }
+
+    fn handle_bytes(&self, file: &File) -> Vec<u8> {
+        let cont = self.dfs.container();
+        let mut b = Vec::with_capacity(HANDLE_SIZE);
+        b.extend_from_slice(&HANDLE_VERSION.to_ne_bytes());
+        let flags = if self.opts.read_only {
+            HANDLE_FLAG_RDONLY
+        } else {
+            0
+        };
+        b.extend_from_slice(&flags.to_ne_bytes());
+        b.extend_from_slice(cont.pool().uuid().as_bytes());
+        b.extend_from_slice(cont.uuid().as_bytes());
+        b.extend_from_slice(&file.oid().hi.to_ne_bytes());
+        b.extend_from_slice(&file.oid().lo.to_ne_bytes());
+        b.extend_from_slice(&file.chunk_size().to_ne_bytes());
+        b.extend_from_slice(&[0u8; 16]);
+        let mut m = [0u8; HANDLE_MGMT_MAX];
+        let a = self.opts.mgmt.as_bytes();
+        let n = a.len().min(HANDLE_MGMT_MAX - 1);
+        m[..n].copy_from_slice(&a[..n]);
+        b.extend_from_slice(&m);
+        debug_assert_eq!(b.len(), HANDLE_SIZE);
+        b
+    }
+}
+
+impl Filesystem for PeregrineFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let p = tryr!(reply, self.node(parent));
+        let n = tryr!(reply, self.dfs.lookup(&p, name.as_bytes()));
+        self.reply_entry(&n, reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if ino.0 == 1 {
+            return;
+        }
+        let mut t = self.inodes.lock();
+        if let Some(i) = t.get_mut(&ino.0) {
+            i.lookups = i.lookups.saturating_sub(nlookup);
+            if i.lookups == 0 && i.open == 0 {
+                t.remove(&ino.0);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let n = tryr!(reply, self.node(ino));
+        let (n, st) = tryr!(reply, self.dfs.getattr(&n));
+        self.update(&n);
+        reply.attr(&self.opts.attr_ttl, &self.attr(&st));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let n = tryr!(reply, self.node(ino));
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_ns),
+            mtime: mtime.map(time_ns),
+        };
+        let (n, st) = tryr!(reply, self.dfs.setattr(&n, &a));
+        self.update(&n);
+        reply.attr(&self.opts.attr_ttl, &self.attr(&st));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let n = tryr!(reply, self.node(ino));
+        let t = tryr!(reply, self.dfs.readlink(&n));
+        reply.data(&t);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return;
+        }
+        let p = tryr!(reply, self.node(parent));
+        let (n, _) = tryr!(
+            reply,
+            self.dfs
+                .create(&p, name.as_bytes(), mode, req.uid(), req.gid(), true)
+        );
+        self.reply_entry(&n, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let p = tryr!(reply, self.node(parent));
+        let n = tryr!(
+            reply,
+            self.dfs
+                .mkdir(&p, name.as_bytes(), mode, req.uid(), req.gid())
+        );
+        self.reply_entry(&n, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let p = tryr!(reply, self.node(parent));
+        let e = tryr!(reply, self.dfs.unlink_deferred(&p, name.as_bytes()));
+        tryr!(reply, self.removed(e));
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let p = tryr!(reply, self.node(parent));
+        tryr!(reply, self.dfs.rmdir(&p, name.as_bytes()));
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let p = tryr!(reply, self.node(parent));
+        let n = tryr!(
+            reply,
+            self.dfs.symlink(
+                &p,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+                req.uid(),
+                req.gid()
+            )
+        );
+        self.reply_entry(&n, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let sp = tryr!(reply, self.node(parent));
+        let dp = tryr!(reply, self.node(newparent));
+        let (s, d) = (name.as_bytes(), newname.as_bytes());
+        let replaced = tryr!(
+            reply,
+            self.dfs.rename_deferred(&sp, s, &dp, d, flags.bits())
+        );
+        // Keep the inode table's (parent, name) current.
+        {
+            let mut t = self.inodes.lock();
+            let exchange = flags.bits() & peregrine_dfs::RENAME_EXCHANGE != 0;
+            for i in t.values_mut() {
+                if i.node.parent == sp.oid() && i.node.name == s {
+                    i.node.parent = dp.oid();
+                    i.node.name = d.to_vec();
+                } else if exchange && i.node.parent == dp.oid() && i.node.name == d {
+                    i.node.parent = sp.oid();
+                    i.node.name = s.to_vec();
+                }
+            }
+        }
+        if let Some(e) = replaced {
+            tryr!(reply, self.removed(e));
+        }
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let n = tryr!(reply, self.node(ino));
+        let mut r = Some(reply);
+        if let Err(e) = self.open_file(&n, |fh, fl| r.take().unwrap().opened(FileHandle(fh), fl)) {
+            if let Some(reply) = r {
+                reply.error(errno(&e));
+            }
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let p = tryr!(reply, self.node(parent));
+        let excl = flags & libc::O_EXCL != 0;
+        let (n, _) = tryr!(
+            reply,
+            self.dfs
+                .create(&p, name.as_bytes(), mode, req.uid(), req.gid(), excl)
+        );
+        let st = tryr!(reply, self.stat_node(&n));
+        self.remember(&n);
+        let attr = self.attr(&st);
+        let ttl = self.opts.entry_ttl;
+        let mut r = Some(reply);
+        if let Err(e) = self.open_file(&n, |fh, fl| {
+            r.take()
+                .unwrap()
+                .created(&ttl, &attr, Generation(0), FileHandle(fh), fl)
+        }) {
+            if let Some(reply) = r {
+                reply.error(errno(&e));
+            }
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let h = tryr!(reply, self.handle(fh));
+        let Handle::File { file, .. } = &*h else {
+            reply.error(Errno::from_i32(libc::EISDIR));
+            return;
+        };
+        let mut buf = vec![0u8; size as usize];
+        let n = tryr!(reply, file.read_at(offset, &mut buf));
+        reply.data(&buf[..n]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let h = tryr!(reply, self.handle(fh));
+        let Handle::File { file, written, .. } = &*h else {
+            reply.error(Errno::from_i32(libc::EISDIR));
+            return;
+        };
+        let n = tryr!(reply, file.write_at(offset, data));
+        written.store(true, Ordering::Relaxed);
+        reply.written(n as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(h) = self.handles.lock().remove(&fh.0) else {
+            reply.ok();
+            return;
+        };
+        let Handle::File { ino, file, written } = &*h else {
+            reply.ok();
+            return;
+        };
+        let (node, punch) = {
+            let mut t = self.inodes.lock();
+            match t.get_mut(ino) {
+                Some(i) => {
+                    i.open = i.open.saturating_sub(1);
+                    let punch = if i.open == 0 { i.unlinked.take() } else { None };
+                    let node = i.node.clone();
+                    if i.open == 0 && i.lookups == 0 {
+                        t.remove(ino);
+                    }
+                    (Some(node), punch)
+                }
+                None => (None, None),
+            }
+        };
+        if let Some(e) = punch {
+            tryr!(reply, self.dfs.release_object(&e));
+        } else if written.load(Ordering::Relaxed) {
+            if let Some(n) = node {
+                tryr!(reply, self.dfs.touch_written(&n, file.cached_size()));
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Writes are acknowledged by the engines after their WAL commit.
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let n = tryr!(reply, self.node(ino));
+        let h = tryr!(reply, self.dfs.opendir(&n));
+        let fh = self.add_handle(Handle::Dir(h));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let h = tryr!(reply, self.handle(fh));
+        let Handle::Dir(d) = &*h else {
+            reply.error(Errno::from_i32(libc::ENOTDIR));
+            return;
+        };
+        // Offsets: 1 after ".", 2 after "..", 2 + c after snapshot cookie c.
+        let mut off = offset;
+        if off == 0 {
+            if reply.add(ino, 1, FileType::Directory, ".") {
+                reply.ok();
+                return;
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let parent = self.node(ino).map(|n| self.ino(n.parent)).unwrap_or(ino.0);
+            let parent = if ino.0 == 1 { 1 } else { parent };
+            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
+                reply.ok();
+                return;
+            }
+            off = 2;
+        }
+        let mut cookie = off - 2;
+        loop {
+            let es = tryr!(reply, self.dfs.readdir(d, cookie, 128));
+            if es.is_empty() {
+                break;
+            }
+            for e in &es {
+                let full = reply.add(
+                    INodeNo(self.ino(e.entry.oid)),
+                    e.cookie + 2,
+                    kind_of(e.entry.mode),
+                    OsStr::from_bytes(&e.name),
+                );
+                if full {
+                    reply.ok();
+                    return;
+                }
+            }
+            cookie = es.last().unwrap().cookie;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = tryr!(reply, self.dfs.statfs());
+        reply.statfs(
+            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let n = tryr!(reply, self.node(ino));
+        tryr!(reply, self.dfs.setxattr(&n, name.as_bytes(), value, flags));
+        if let Ok(n) = self.dfs.refresh(&n) {
+            self.update(&n);
+        }
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let n = tryr!(reply, self.node(ino));
+        let v = tryr!(reply, self.dfs.getxattr(&n, name.as_bytes()));
+        if size == 0 {
+            reply.size(v.len() as u32);
+        } else if (size as usize) < v.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(&v);
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let n = tryr!(reply, self.node(ino));
+        let names = tryr!(reply, self.dfs.listxattr(&n));
+        let mut buf = Vec::new();
+        for x in names {
+            buf.extend_from_slice(&x);
+            buf.push(0);
+        }
+        if size == 0 {
+            reply.size(buf.len() as u32);
+        } else if (size as usize) < buf.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(&buf);
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let n = tryr!(reply, self.node(ino));
+        tryr!(reply, self.dfs.removexattr(&n, name.as_bytes()));
+        if let Ok(n) = self.dfs.refresh(&n) {
+            self.update(&n);
+        }
+        reply.ok();
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        if cmd != PEREGRINE_IOC_GET_HANDLE {
+            reply.error(Errno::from_i32(libc::ENOTTY));
+            return;
+        }
+        let h = tryr!(reply, self.handle(fh));
+        let Handle::File { file, .. } = &*h else {
+            reply.error(Errno::from_i32(libc::ENOTTY));
+            return;
+        };
+        if (out_size as usize) < HANDLE_SIZE {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        }
+        reply.ioctl(0, &self.handle_bytes(file));
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let n = tryr!(reply, self.node(ino));
+        tryr!(reply, self.dfs.fallocate(&n, mode, offset, length));
+        reply.ok();
+    }
+}

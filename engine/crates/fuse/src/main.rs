@@ -1,0 +1,437 @@
+//! `peregrine-fuse`: mount one Peregrine POSIX container (as dfuse).
+//!
+//! ```text
+//! peregrine-fuse --mgmt ADDR --pool P --cont C --mountpoint DIR [--threads N]
+//!     [--attr-timeout S] [--dentry-timeout S] [--data-cache on|off|DURATION]
+//!     [--read-only] [--foreground]
+//! peregrine-fuse [SOURCE] DIR -o pool=P,cont=C,mgmt=ADDR[,ro][,threads=N]...
+//! ```
+//! The second form is the mount-helper convention: with a symlink
+//! `/sbin/mount.fuse.peregrine -> peregrine-fuse`, `mount -t fuse.peregrine
+//! pool/cont DIR -o mgmt=ADDR` and fstab entries work. SOURCE may be
+//! `POOL/CONT`. Without `--foreground` the daemon detaches once the mount
+//! is ready (errors before that are reported by the parent's exit status).
+//! SIGTERM/SIGINT/SIGHUP unmount (lazily if busy) and exit 0.
+
+mod fs;
+
+use clap::Parser;
+use fs::{DataCache, Options, PeregrineFs};
+use fuser::{Config, MountOption, Session, SessionACL};
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long a busy, lazily detached mount is served after SIGTERM.
+const UNMOUNT_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Parser, Debug)]
+#[command(name = "peregrine-fuse", about = "Mount a Peregrine POSIX container")]
+struct Args {
+    /// Management service address (host:port); env PEREGRINE_MGMT.
+    #[arg(long)]
+    mgmt: Option<String>,
+    /// Pool label or UUID.
+    #[arg(long)]
+    pool: Option<String>,
+    /// Container label or UUID.
+    #[arg(long)]
+    cont: Option<String>,
+    #[arg(long)]
+    mountpoint: Option<PathBuf>,
+    /// Request-serving threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Attribute cache timeout in seconds (or 500ms, 2s, ...).
+    #[arg(long)]
+    attr_timeout: Option<String>,
+    /// Directory entry cache timeout.
+    #[arg(long)]
+    dentry_timeout: Option<String>,
+    /// on | off | DURATION (keep the page cache for opens within DURATION).
+    #[arg(long)]
+    data_cache: Option<String>,
+    #[arg(long)]
+    read_only: bool,
+    #[arg(long)]
+    foreground: bool,
+    /// Comma-separated options (pool=,cont=,mgmt=,ro,threads=,...).
+    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    options: Vec<String>,
+    /// Ignored (mount helper flags).
+    #[arg(short = 'n', hide = true)]
+    _no_mtab: bool,
+    #[arg(short = 's', hide = true)]
+    _sloppy: bool,
+    #[arg(short = 'v', hide = true)]
+    _verbose: bool,
+    /// [SOURCE] MOUNTPOINT (mount helper form).
+    positional: Vec<String>,
+}
+
+struct Cfg {
+    mgmt: String,
+    pool: String,
+    cont: String,
+    mountpoint: PathBuf,
+    threads: usize,
+    attr: Duration,
+    dentry: Duration,
+    data_cache: DataCache,
+    read_only: bool,
+    foreground: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mul) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (e.g. 1, 0.5, 500ms, 2s, 1m)"))?;
+    if !(0.0..1e9).contains(&v) {
+        return Err(format!("bad duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(v * mul))
+}
+
+fn parse_cache(s: &str) -> Result<DataCache, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" => Ok(DataCache::On),
+        "off" | "false" | "no" => Ok(DataCache::Off),
+        d => parse_duration(d).map(DataCache::For),
+    }
+}
+
+fn config(a: Args) -> Result<Cfg, String> {
+    let mut mgmt = a.mgmt;
+    let mut pool = a.pool;
+    let mut cont = a.cont;
+    let mut threads = a.threads;
+    let mut attr = a.attr_timeout;
+    let mut dentry = a.dentry_timeout;
+    let mut cache = a.data_cache;
+    let mut ro = a.read_only;
+    let mut fg = a.foreground;
+    for o in a.options.iter().flat_map(|o| o.split(',')) {
+        let (k, v) = o.split_once('=').unwrap_or((o, ""));
+        match k {
+            "pool" => pool = Some(v.into()),
+            "cont" | "container" => cont = Some(v.into()),
+            "mgmt" => mgmt = Some(v.into()),
+            "threads" => threads = Some(v.parse().map_err(|_| format!("-o threads={v}"))?),
+            "attr_timeout" | "attr-timeout" => attr = Some(v.into()),
+            "dentry_timeout" | "dentry-timeout" => dentry = Some(v.into()),
+            "data_cache" | "data-cache" => cache = Some(v.into()),
+            "ro" | "read_only" | "read-only" => ro = true,
+            "rw" => ro = false,
+            "foreground" => fg = true,
+            // Generic mount options that do not concern the daemon.
+            _ => {}
+        }
+    }
+    let mut mountpoint = a.mountpoint;
+    match a.positional.len() {
+        0 => {}
+        1 => mountpoint = mountpoint.or(Some(a.positional[0].clone().into())),
+        2 => {
+            if let Some((p, c)) = a.positional[0].split_once('/') {
+                pool = pool.or(Some(p.into()));
+                cont = cont.or(Some(c.into()));
+            }
+            mountpoint = mountpoint.or(Some(a.positional[1].clone().into()));
+        }
+        _ => return Err("too many arguments: expected [SOURCE] MOUNTPOINT".into()),
+    }
+    let mgmt = mgmt
+        .or_else(|| std::env::var("PEREGRINE_MGMT").ok())
+        .unwrap_or_else(|| format!("127.0.0.1:{}", peregrine_proto::DEFAULT_CONTROL_PORT));
+    Ok(Cfg {
+        mgmt,
+        pool: pool.ok_or("no pool (--pool or -o pool=)")?,
+        cont: cont.ok_or("no container (--cont or -o cont=)")?,
+        mountpoint: mountpoint.ok_or("no mount point (--mountpoint or positional)")?,
+        threads: threads.unwrap_or(4).clamp(1, 256),
+        attr: parse_duration(attr.as_deref().unwrap_or("1"))?,
+        dentry: parse_duration(dentry.as_deref().unwrap_or("1"))?,
+        data_cache: parse_cache(cache.as_deref().unwrap_or("1s"))?,
+        read_only: ro,
+        foreground: fg,
+    })
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A mount left by a killed daemon answers ENOTCONN: detach it.
+fn clean_stale(mp: &Path) {
+    if let Err(e) = std::fs::metadata(mp) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            eprintln!(
+                "peregrine-fuse: {} is a stale FUSE mount (ENOTCONN); unmounting it lazily",
+                mp.display()
+            );
+            let ok = std::process::Command::new("fusermount3")
+                .arg("-uz")
+                .arg(mp)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                unsafe { libc::umount2(cpath(mp).as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+    }
+}
+
+fn unmount(mp: &Path) {
+    if is_root() {
+        let c = cpath(mp);
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+            let e = std::io::Error::last_os_error();
+            eprintln!(
+                "peregrine-fuse: unmount {}: {e}; detaching lazily",
+                mp.display()
+            );
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    } else {
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-uz")
+            .arg(mp)
+            .status();
+    }
+}
+
+/// Mount with mount(2) (root): type `fuse.peregrine`, source `peregrine`.
+fn mount_root(mp: &Path, ro: bool) -> std::io::Result<OwnedFd> {
+    let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let st = std::fs::metadata(mp)?;
+    use std::os::unix::fs::MetadataExt;
+    let opts = format!(
+        "fd={fd},rootmode={:o},user_id=0,group_id=0,allow_other,default_permissions",
+        st.mode() & libc::S_IFMT
+    );
+    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+    if ro {
+        flags |= libc::MS_RDONLY;
+    }
+    let (src, ty, o) = (
+        CString::new("peregrine").unwrap(),
+        CString::new("fuse.peregrine").unwrap(),
+        CString::new(opts).unwrap(),
+    );
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            cpath(mp).as_ptr(),
+            ty.as_ptr(),
+            flags,
+            o.as_ptr() as *const libc::c_void,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(owned)
+}
+
+/// Detach: fork; the parent waits for the child's "ready" over a pipe and
+/// exits with its verdict. Returns the write end in the child.
+fn daemonize() -> std::fs::File {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        eprintln!("peregrine-fuse: pipe: {}", std::io::Error::last_os_error());
+        std::process::exit(1);
+    }
+    match unsafe { libc::fork() } {
+        -1 => {
+            eprintln!("peregrine-fuse: fork: {}", std::io::Error::last_os_error());
+            std::process::exit(1);
+        }
+        0 => {
+            unsafe {
+                libc::close(fds[0]);
+                libc::setsid();
+            }
+            unsafe { std::fs::File::from_raw_fd(fds[1]) }
+        }
+        _ => {
+            unsafe { libc::close(fds[1]) };
+            let mut r = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            if s.starts_with("OK") {
+                std::process::exit(0);
+            }
+            let msg = s.strip_prefix("ERR ").unwrap_or(&s);
+            eprintln!(
+                "peregrine-fuse: {}",
+                if msg.is_empty() {
+                    "daemon exited before mounting"
+                } else {
+                    msg.trim_end()
+                }
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+fn block_signals() -> libc::sigset_t {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn main() {
+    let cfg = match config(Args::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("peregrine-fuse: {e}");
+            std::process::exit(2);
+        }
+    };
+    // Fork before any thread exists.
+    let mut ready = if cfg.foreground {
+        None
+    } else {
+        Some(daemonize())
+    };
+    let fail = |ready: &mut Option<std::fs::File>, msg: String| -> ! {
+        eprintln!("peregrine-fuse: {msg}");
+        if let Some(w) = ready.as_mut() {
+            let _ = writeln!(w, "ERR {msg}");
+        }
+        std::process::exit(1);
+    };
+    let sigs = block_signals();
+    let mp = match cfg.mountpoint.canonicalize() {
+        Ok(p) => p,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            clean_stale(&cfg.mountpoint);
+            cfg.mountpoint
+                .canonicalize()
+                .unwrap_or_else(|e| fail(&mut ready, format!("{}: {e}", cfg.mountpoint.display())))
+        }
+        Err(e) => fail(&mut ready, format!("{}: {e}", cfg.mountpoint.display())),
+    };
+    clean_stale(&mp);
+
+    let dfs = (|| {
+        let client = peregrine::Client::connect(&cfg.mgmt)?;
+        let pool = client.pool_connect(&cfg.pool)?;
+        let cont = pool.cont_open(&cfg.cont)?;
+        peregrine_dfs::Dfs::mount(cont, !cfg.read_only, cfg.read_only)
+    })()
+    .unwrap_or_else(|e| fail(&mut ready, format!("mount {}/{}: {e}", cfg.pool, cfg.cont)));
+
+    let fs = PeregrineFs::new(
+        dfs,
+        Options {
+            attr_ttl: cfg.attr,
+            entry_ttl: cfg.dentry,
+            data_cache: cfg.data_cache,
+            mgmt: cfg.mgmt.clone(),
+            read_only: cfg.read_only,
+        },
+    );
+    let mut fcfg = Config::default();
+    fcfg.n_threads = Some(cfg.threads);
+    let session = if is_root() {
+        let fd = mount_root(&mp, cfg.read_only)
+            .unwrap_or_else(|e| fail(&mut ready, format!("mount {}: {e}", mp.display())));
+        Session::from_fd(fs, fd, SessionACL::All, fcfg)
+    } else {
+        let mut o = vec![
+            MountOption::FSName("peregrine".into()),
+            MountOption::Subtype("peregrine".into()),
+            MountOption::DefaultPermissions,
+        ];
+        if cfg.read_only {
+            o.push(MountOption::RO);
+        }
+        fcfg.mount_options = o;
+        Session::new(fs, &mp, &fcfg)
+    };
+    let session = session.unwrap_or_else(|e| {
+        unmount(&mp);
+        fail(&mut ready, format!("FUSE session on {}: {e}", mp.display()))
+    });
+    eprintln!(
+        "peregrine-fuse: mounted {}/{} on {} ({} threads)",
+        cfg.pool,
+        cfg.cont,
+        mp.display(),
+        cfg.threads
+    );
+    if let Some(mut w) = ready.take() {
+        let _ = writeln!(w, "OK");
+        drop(w);
+        // Detached: no terminal output from here on.
+        if let Ok(null) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
+            use std::os::fd::AsRawFd;
+            for fd in 0..3 {
+                unsafe { libc::dup2(null.as_raw_fd(), fd) };
+            }
+        }
+    }
+    let mp2 = mp.clone();
+    std::thread::spawn(move || loop {
+        let mut sig = 0;
+        if unsafe { libc::sigwait(&sigs, &mut sig) } == 0 {
+            eprintln!("peregrine-fuse: signal {sig}: unmounting {}", mp2.display());
+            unmount(&mp2);
+            // A lazily detached mount lives on while files are open; give
+            // the session a grace period, then exit (closing /dev/fuse
+            // aborts the connection: those files then see ENOTCONN).
+            std::thread::sleep(UNMOUNT_GRACE);
+            eprintln!(
+                "peregrine-fuse: {} still in use {UNMOUNT_GRACE:?} after unmount; exiting",
+                mp2.display()
+            );
+            std::process::exit(0);
+        }
+    });
+    match session.run() {
+        Ok(()) => {
+            eprintln!("peregrine-fuse: {} unmounted", mp.display());
+        }
+        Err(e) => {
+            eprintln!("peregrine-fuse: session ended: {e}");
+            unmount(&mp);
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! Shared-memory data plane on one node: the handshake, the doorbells, and
+//! the bounds-checked mapping both sides use.
+//!
+//! A client creates a memfd holding a request region and a response region
+//! ([`REGION_LEN`] each by default, sparse: only touched pages cost memory),
+//! seals it against shrinking, and hands it to the engine over the engine's
+//! unix socket with `SCM_RIGHTS`, together with a [`Hello`] naming the
+//! regions. The engine checks the memfd (size and seals) and answers with an
+//! 8-byte ack. Then, one request at a time: the client writes an ordinary
+//! data-plane frame ([`crate::frame`]: header, message, bulk) at the start
+//! of the request region and sends an 8-byte doorbell (the frame's length,
+//! u64 little endian); the engine answers with the response frame at the
+//! start of the response region and a doorbell with its length.
+//!
+//! Each side treats the other's region as untrusted: every access goes
+//! through [`Mapping`], which checks offsets against the mapping, and the
+//! frame header is copied out before it is validated. The shrink seal is
+//! what makes a mapping safe to touch at all: without it a peer could
+//! truncate the memfd under the engine and turn its next access into SIGBUS.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+pub const MAGIC: [u8; 4] = *b"PRGS";
+pub const VERSION: u16 = 1;
+/// One region: a frame header, the largest message and the largest bulk, rounded up.
+pub const REGION_LEN: u64 = 72 << 20;
+/// Largest region an engine accepts.
+pub const MAX_REGION_LEN: u64 = 128 << 20;
+pub const HELLO_LEN: usize = 48;
+/// The ack: magic, version, the length of the engine's data address, and
+/// the address itself (zero padded), so a client can tell that the socket
+/// belongs to the engine it meant (two systems on one node may both have a
+/// rank 0).
+pub const ACK_LEN: usize = 8 + MAX_ACK_ADDR;
+pub const MAX_ACK_ADDR: usize = 120;
+pub const DOORBELL_LEN: usize = 8;
+/// Socket file of rank `rank` inside the engine's `shm_dir`.
+pub fn socket_name(rank: u32) -> String {
+    format!("peregrine-rank{rank}.sock")
+}
+
+/// The client's hello: where the two regions are in the memfd it passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub req_off: u64,
+    pub req_len: u64,
+    pub resp_off: u64,
+    pub resp_len: u64,
+    /// Size of the memfd the client announces (at least the end of both regions).
+    pub total: u64,
+}
+
+impl Hello {
+    /// The standard layout: request region, then response region.
+    pub fn standard(region: u64) -> Hello {
+        Hello {
+            req_off: 0,
+            req_len: region,
+            resp_off: region,
+            resp_len: region,
+            total: 2 * region,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        for (i, v) in [
+            self.req_off,
+            self.req_len,
+            self.resp_off,
+            self.resp_len,
+            self.total,
+        ]
+        .iter()
+        .enumerate()
+        {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Parse and validate a hello: magic, version, region bounds.
+    pub fn decode(b: &[u8]) -> Result<Hello, String> {
+        if b.len() != HELLO_LEN {
+            return Err(format!("hello of {} bytes, expected {HELLO_LEN}", b.len()));
+        }
+        if b[0..4] != MAGIC {
+            return Err(format!("hello: bad magic {:02x?}", &b[0..4]));
+        }
+        let v = u16::from_le_bytes([b[4], b[5]]);
+        if v != VERSION {
+            return Err(format!(
+                "hello: unsupported version {v} (this side speaks {VERSION})"
+            ));
+        }
+        let u = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+        let h = Hello {
+            req_off: u(0),
+            req_len: u(1),
+            resp_off: u(2),
+            resp_len: u(3),
+            total: u(4),
+        };
+        if h.total > 4 * MAX_REGION_LEN {
+            return Err(format!(
+                "hello: announced memfd of {} bytes is larger than {}",
+                h.total,
+                4 * MAX_REGION_LEN
+            ));
+        }
+        let min = crate::frame::HEADER_LEN as u64;
+        for (what, off, len) in [
+            ("request", h.req_off, h.req_len),
+            ("response", h.resp_off, h.resp_len),
+        ] {
+            if !(min..=MAX_REGION_LEN).contains(&len) {
+                return Err(format!(
+                    "hello: {what} region of {len} bytes is outside {min}..={MAX_REGION_LEN}"
+                ));
+            }
+            match off.checked_add(len) {
+                Some(end) if end <= h.total => {}
+                _ => {
+                    return Err(format!(
+                        "hello: {what} region {off}+{len} ends beyond the announced {} bytes",
+                        h.total
+                    ))
+                }
+            }
+        }
+        if h.req_off < h.resp_off + h.resp_len && h.resp_off < h.req_off + h.req_len {
+            return Err("hello: request and response regions overlap".into());
+        }
+        Ok(h)
+    }
+}
+
+/// The engine's answer to a good hello, naming its data address.
+pub fn ack(data_addr: &str) -> [u8; ACK_LEN] {
+    let mut b = [0u8; ACK_LEN];
+    b[0..4].copy_from_slice(&MAGIC);
+    b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    let a = &data_addr.as_bytes()[..data_addr.len().min(MAX_ACK_ADDR)];
+    b[6..8].copy_from_slice(&(a.len() as u16).to_le_bytes());
+    b[8..8 + a.len()].copy_from_slice(a);
+    b
+}
+
+/// Check an ack; returns the engine's data address.
+pub fn check_ack(b: &[u8; ACK_LEN]) -> Result<String, String> {
+    let n = u16::from_le_bytes([b[6], b[7]]) as usize;
+    if b[0..4] != MAGIC || u16::from_le_bytes([b[4], b[5]]) != VERSION || n > MAX_ACK_ADDR {
+        return Err(format!("bad shm handshake ack {:02x?}", &b[..8]));
+    }
+    Ok(String::from_utf8_lossy(&b[8..8 + n]).into_owned())
+}
+
+fn last_os(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// A memfd of `len` bytes (sparse), close-on-exec, sealed against shrinking.
+pub fn memfd_sealed(name: &str, len: u64) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: plain syscalls on a fd we own.
+    unsafe {
+        let fd = libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+        if fd < 0 {
+            return Err(last_os("memfd_create"));
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0 {
+            return Err(last_os("ftruncate memfd"));
+        }
+        if libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
+        ) != 0
+        {
+            return Err(last_os("seal memfd"));
+        }
+        Ok(fd)
+    }
+}
+
+/// Check a memfd handed over by a peer: a regular file of at least `need`
+/// bytes that can never shrink.
+pub fn check_memfd(fd: RawFd, need: u64) -> Result<(), String> {
+    // SAFETY: fstat/fcntl on a fd we hold; `st` is plain data.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return Err(format!("fstat: {}", io::Error::last_os_error()));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err("the passed descriptor is not a memfd".into());
+        }
+        if (st.st_size as u64) < need {
+            return Err(format!(
+                "memfd has {} bytes, smaller than the announced {need}",
+                st.st_size
+            ));
+        }
+        let seals = libc::fcntl(fd, libc::F_GET_SEALS);
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err("memfd is not sealed against shrinking (F_SEAL_SHRINK)".into());
+        }
+    }
+    Ok(())
+}
+
+/// A shared mapping of a memfd. Every access is bounds-checked; the bytes
+/// may change under us (the peer maps them too), so they are only ever
+/// copied in or out, never lent as a slice.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access is by copy.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub fn map(fd: RawFd, len: u64) -> io::Result<Mapping> {
+        let len = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+        if len == 0 {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        // SAFETY: a fresh shared mapping of `len` bytes; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_os("mmap memfd"));
+        }
+        Ok(Mapping {
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, off: u64, n: usize) -> io::Result<usize> {
+        match off.checked_add(n as u64) {
+            Some(end) if end <= self.len as u64 => Ok(off as usize),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("shm access {off}+{n} beyond the {}-byte mapping", self.len),
+            )),
+        }
+    }
+
+    /// Copy `out.len()` bytes at `off` out of the mapping.
+    pub fn read(&self, off: u64, out: &mut [u8]) -> io::Result<()> {
+        let o = self.check(off, out.len())?;
+        // SAFETY: in bounds (checked); the destination is ours.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copy `n` bytes at `off` into a new vector.
+    pub fn read_vec(&self, off: u64, n: usize) -> io::Result<Vec<u8>> {
+        self.check(off, n)?;
+        let mut v = Vec::with_capacity(n);
+        // SAFETY: in bounds (checked); `v` has capacity `n` and is fully written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.add(off as usize), v.as_mut_ptr(), n);
+            v.set_len(n);
+        }
+        Ok(v)
+    }
+
+    /// Copy `data` into the mapping at `off`.
+    pub fn write(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        let o = self.check(off, data.len())?;
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o), data.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Send `data` (and `fd`, if any, as SCM_RIGHTS) on a unix socket, without SIGPIPE.
+pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // Room for one fd, aligned for cmsghdr.
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr points at live buffers for the duration of the call.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(fd) = fd {
+            let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+        }
+        let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != data.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "short send on unix socket",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Receive up to `buf.len()` bytes and at most one passed fd (extra fds are
+/// closed). Returns the byte count (0 at end of stream) and the fd.
+pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 32];
+    // SAFETY: msghdr points at live buffers; received fds are taken into OwnedFds.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        let n = loop {
+            let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break n;
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut got: Option<OwnedFd> = None;
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned((data as *const RawFd).add(i));
+                    let owned = OwnedFd::from_raw_fd(fd);
+                    if got.is_none() {
+                        got = Some(owned);
+                    } // else: dropped, i.e. closed
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "control data truncated (too many descriptors passed)",
+            ));
+        }
+        Ok((n as usize, got))
+    }
+}
+
+/// Send an 8-byte doorbell (a frame length), without SIGPIPE.
+pub fn send_doorbell(sock: RawFd, len: u64) -> io::Result<()> {
+    send_with_fd(sock, &len.to_le_bytes(), None)
+}
+
+/// Receive exactly `buf.len()` bytes; `Ok(false)` on a clean end of stream
+/// before the first byte.
+pub fn recv_exact(sock: RawFd, buf: &mut [u8]) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reading into the unfilled tail of `buf`.
+        let n = unsafe {
+            libc::recv(
+                sock,
+                buf[got..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - got,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            if got == 0 {
+                return Ok(false);
+            }
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got += n as usize;
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trip_and_bounds() {
+        let h = Hello::standard(REGION_LEN);
+        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let mut bad = h;
+        bad.total = REGION_LEN;
+        assert!(Hello::decode(&bad.encode()).unwrap_err().contains("beyond"));
+        let mut bad = h;
+        bad.resp_off = 10;
+        assert!(Hello::decode(&bad.encode())
+            .unwrap_err()
+            .contains("overlap"));
+        let mut bad = h;
+        bad.req_len = u64::MAX;
+        assert!(Hello::decode(&bad.encode()).is_err());
+        let mut bad = h;
+        bad.resp_off = u64::MAX - 4;
+        assert!(Hello::decode(&bad.encode()).is_err());
+    }
+
+    #[test]
+    fn memfd_and_mapping() {
+        let fd = memfd_sealed("t", 1 << 20).unwrap();
+        check_memfd(fd.as_raw_fd(), 1 << 20).unwrap();
+        assert!(check_memfd(fd.as_raw_fd(), 2 << 20).is_err());
+        // SAFETY: test of the seal.
+        assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
+        let m = Mapping::map(fd.as_raw_fd(), 1 << 20).unwrap();
+        m.write(100, b"hello").unwrap();
+        assert_eq!(m.read_vec(100, 5).unwrap(), b"hello");
+        assert!(m.write((1 << 20) - 2, b"abc").is_err());
+        assert!(m.read_vec(u64::MAX, 2).is_err());
+    }
+}

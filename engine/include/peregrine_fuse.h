@@ -1,0 +1,43 @@
+/*
+ * peregrine_fuse.h: the ioctl peregrine-fuse answers on an open regular file
+ * of a Peregrine mount, handing an interception library (or any program)
+ * what it needs to read and write the file's object directly through the
+ * client library (peregrine.h), bypassing FUSE.
+ *
+ *   struct peregrine_fuse_handle h;
+ *   if (ioctl(fd, PEREGRINE_IOC_GET_HANDLE, &h) == 0) { ... }
+ *
+ * ENOTTY: not a Peregrine file (or a directory). Fields are in host byte
+ * order. File layout (peregrine-dfs, layout version 1): byte o of the file
+ * is in dkey = chunk index o / chunk_size as 8 bytes big-endian, akey "d",
+ * array offset o % chunk_size. The file size is the highest chunk dkey
+ * holding data times chunk_size plus that chunk's array size (derive it
+ * from the store; it is not stored). After writing behind the kernel's
+ * back, stat the file through the mount to refresh the kernel's size.
+ */
+#ifndef PEREGRINE_FUSE_H
+#define PEREGRINE_FUSE_H
+
+#include <stdint.h>
+#include <sys/ioctl.h>
+
+#define PEREGRINE_FUSE_HANDLE_VERSION 1
+#define PEREGRINE_FUSE_MGMT_MAX 128
+/* flags */
+#define PEREGRINE_FUSE_HANDLE_RDONLY 0x1u /* the mount is read-only */
+
+struct peregrine_fuse_handle {
+	uint32_t version;    /* PEREGRINE_FUSE_HANDLE_VERSION */
+	uint32_t flags;      /* PEREGRINE_FUSE_HANDLE_* */
+	uint8_t pool_uuid[16];
+	uint8_t cont_uuid[16];
+	uint64_t oid_hi;     /* object id; the class is the top byte of oid_hi */
+	uint64_t oid_lo;
+	uint64_t chunk_size; /* bytes per chunk dkey */
+	uint64_t reserved[2];
+	char mgmt_addr[PEREGRINE_FUSE_MGMT_MAX]; /* "host:port", NUL-terminated */
+};                           /* 208 bytes */
+
+#define PEREGRINE_IOC_GET_HANDLE _IOR('P', 1, struct peregrine_fuse_handle)
+
+#endif /* PEREGRINE_FUSE_H */
