@@ -30,9 +30,11 @@ lint: deps go-lint go-verify
 fmt:
 	cd $(ENGINE) && $(CARGO) fmt --all
 
-## bench: Peregrine next to fio on the same kind of device file; prints a table, writes bench/results/latest.json.
+## bench: Peregrine next to fio on the same kind of device file (bench/results/latest.json), then
+## the POSIX path: fio through the mount with and without the interception library, and mdtest (posix.json).
 bench: deps
 	bash bench/run.sh
+	bash bench/posix.sh
 
 ## quickstart: three engines on emulated NVMe, a pool, a container, 100 MiB written and read back.
 quickstart: deps build

@@ -110,8 +110,9 @@ trap 'exit 143' TERM
 echo "==> $COUNT engine(s), $DEVICE_SIZE sparse device each, $TARGETS targets, in $WORK"
 engines_start "$COUNT" "$DEVICE_SIZE" "$TARGETS" 1GiB
 engines_up "$COUNT" || die "engines did not come up"
-# Three quarters of the devices for the pool's bulk tier; metadata in RAM.
-NVME=$((DEVICE_BYTES * COUNT * 3 / 4))
+# Half of the devices for the pool's bulk tier (the rest holds the WAL, checkpoints and
+# headroom); metadata in RAM.
+NVME=$((DEVICE_BYTES * COUNT / 2))
 SCM=$((256 * 1024 * 1024 * COUNT))
 "$PEREGRINE" pool create bench --scm-size "$SCM" --nvme-size "$NVME" >/dev/null
 "$PEREGRINE" cont create bench raw --oclass "$OCLASS" --checksum off >/dev/null

@@ -3,7 +3,7 @@
 # Idempotent: packages already present are skipped without touching the network.
 set -euo pipefail
 
-PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio fuse3 libfuse3-dev)
+PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio fuse3 libfuse3-dev sqlite3 git)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -40,4 +40,13 @@ struct peregrine_fuse_handle {
 
 #define PEREGRINE_IOC_GET_HANDLE _IOR('P', 1, struct peregrine_fuse_handle)
 
+/*
+ * After writing a file behind the kernel's back (through the handle above),
+ * ioctl(fd, PEREGRINE_IOC_INVALIDATE) on an open descriptor of that file:
+ * the daemon records the size from the store and a new mtime in the entry
+ * and drops the kernel's cached attributes and pages of the inode, so stat
+ * and reads through the mount (any process) see the new data.
+ */
+#define PEREGRINE_IOC_INVALIDATE _IO('P', 2)
+
 #endif /* PEREGRINE_FUSE_H */

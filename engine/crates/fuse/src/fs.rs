@@ -9,7 +9,7 @@
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
@@ -21,7 +21,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Size of `struct peregrine_fuse_handle` (include/peregrine_fuse.h).
@@ -33,6 +33,11 @@ pub const HANDLE_FLAG_RDONLY: u32 = 1;
 /// `_IOR('P', 1, struct peregrine_fuse_handle)`.
 pub const PEREGRINE_IOC_GET_HANDLE: u32 =
     (2u32 << 30) | ((HANDLE_SIZE as u32) << 16) | ((b'P' as u32) << 8) | 1;
+/// `_IO('P', 2)`: the caller wrote the file behind the kernel's back (the
+/// interception library): record size and mtime in the entry and drop the
+/// kernel's cached attributes and pages of the inode, so that stat and
+/// reads through the mount, in any process, see the new data.
+pub const PEREGRINE_IOC_INVALIDATE: u32 = ((b'P' as u32) << 8) | 2;
 
 /// Page-cache policy for file data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +84,8 @@ pub struct PeregrineFs {
     inodes: Mutex<HashMap<u64, Ino>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    /// Set by main once the session exists (kernel cache invalidation).
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 /// Inode number of an object (root: 1).
@@ -190,7 +197,33 @@ impl PeregrineFs {
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            notifier: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Where main puts the session's [`Notifier`] (for `PEREGRINE_IOC_INVALIDATE`).
+    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// `PEREGRINE_IOC_INVALIDATE`: size from the store into the entry (with
+    /// a new mtime), then drop the kernel's attributes and pages.
+    fn invalidate(&self, ino: u64, file: &File) -> Result<(), Error> {
+        let size = file.size()?;
+        let node = self.inodes.lock().get(&ino).map(|i| i.node.clone());
+        if let Some(n) = node {
+            self.dfs.touch_written(&n, size)?;
+        }
+        if let Some(nt) = self.notifier.get() {
+            // offset 0, len 0: every page; attributes always.
+            if let Err(e) = nt.inval_inode(INodeNo(ino), 0, 0) {
+                // ENOENT: the kernel no longer caches the inode: nothing to do.
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    return Err(Error::new(-libc::EIO, format!("inval_inode: {e}")));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn ino(&self, oid: ObjectId) -> u64 {
@@ -419,6 +452,20 @@ impl Filesystem for PeregrineFs {
             mtime: mtime.map(time_ns),
         };
         let (n, st) = tryr!(reply, self.dfs.setattr(&n, &a));
+        if mtime.is_some() {
+            // An explicit mtime (cp -a, touch -d) wins over the "written, so
+            // now" stamp that release would apply for earlier writes.
+            for h in self.handles.lock().values() {
+                if let Handle::File {
+                    ino: hino, written, ..
+                } = &**h
+                {
+                    if *hino == ino.0 {
+                        written.store(false, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
         self.update(&n);
         reply.attr(&self.opts.attr_ttl, &self.attr(&st));
     }
@@ -806,6 +853,15 @@ impl Filesystem for PeregrineFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        // POSIX ACLs are not implemented: saying so makes cp -a and friends
+        // fall back to chmod instead of believing the mode was set.
+        if matches!(
+            name.as_bytes(),
+            b"system.posix_acl_access" | b"system.posix_acl_default"
+        ) {
+            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return;
+        }
         let n = tryr!(reply, self.node(ino));
         tryr!(reply, self.dfs.setxattr(&n, name.as_bytes(), value, flags));
         if let Ok(n) = self.dfs.refresh(&n) {
@@ -863,6 +919,16 @@ impl Filesystem for PeregrineFs {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        if cmd == PEREGRINE_IOC_INVALIDATE {
+            let h = tryr!(reply, self.handle(fh));
+            let Handle::File { ino, file, .. } = &*h else {
+                reply.error(Errno::from_i32(libc::ENOTTY));
+                return;
+            };
+            tryr!(reply, self.invalidate(*ino, file));
+            reply.ioctl(0, &[]);
+            return;
+        }
         if cmd != PEREGRINE_IOC_GET_HANDLE {
             reply.error(Errno::from_i32(libc::ENOTTY));
             return;

@@ -363,6 +363,7 @@ fn main() {
             read_only: cfg.read_only,
         },
     );
+    let notifier = fs.notifier_slot();
     let mut fcfg = Config::default();
     fcfg.n_threads = Some(cfg.threads);
     let session = if is_root() {
@@ -385,6 +386,7 @@ fn main() {
         unmount(&mp);
         fail(&mut ready, format!("FUSE session on {}: {e}", mp.display()))
     });
+    let _ = notifier.set(session.notifier());
     eprintln!(
         "peregrine-fuse: mounted {}/{} on {} ({} threads)",
         cfg.pool,

@@ -320,3 +320,5 @@ pub fn find_bytes(hay: &[u8], needle: &[u8]) -> Option<usize> {
 pub fn read_file(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap()
 }
+
+pub mod mount;

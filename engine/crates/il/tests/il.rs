@@ -1,0 +1,491 @@
+//! libperegrine_il.so against real engines and a real peregrine-fuse mount,
+//! preloaded into real programs (dd, cat, cp, python3, fio, a C program).
+//! Every step asserts both that the library intercepted the I/O (the
+//! PEREGRINE_IL_REPORT=1 counts) and that the data is right, read back
+//! through the kernel path from another process.
+
+mod common;
+
+use common::*;
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn target_dir() -> PathBuf {
+    // target/<profile>/deps/il-<hash>
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// A workspace artifact: built with `cargo build -p <pkg>` when missing.
+fn artifact(name: &str, pkg: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    if !p.exists() {
+        let profile = target_dir()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", pkg])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+        if profile == "release" {
+            cmd.arg("--release");
+        }
+        let st = cmd.status();
+        assert!(
+            p.exists(),
+            "{} is missing and `cargo build -p {pkg}` did not make it ({st:?}); build it first",
+            p.display()
+        );
+    }
+    p
+}
+
+/// The library, rebuilt when older than its source (`cargo test` builds
+/// the test harness, not the cdylib).
+fn il_so() -> PathBuf {
+    let p = target_dir().join("libperegrine_il.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs");
+    let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+    if p.exists() && mtime(&p) < mtime(&src) {
+        let _ = fs::remove_file(&p);
+    }
+    artifact("libperegrine_il.so", "peregrine-il")
+}
+
+fn mounted(dir: &Path) -> bool {
+    let d = dir.to_str().unwrap();
+    fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(d) && l.split(' ').nth(2) == Some("fuse.peregrine"))
+}
+
+struct Mount {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    fn start(c: &Cluster, dir: &Path) -> Mount {
+        fs::create_dir_all(dir).unwrap();
+        let log = fs::File::create(dir.with_extension("log")).unwrap();
+        // Default caching (attributes 1 s, page cache kept for 1 s): the
+        // library must invalidate it after writing behind the kernel.
+        let child = Command::new(artifact("peregrine-fuse", "peregrine-fuse"))
+            .args(["--mgmt", &c.mgmt_addr(), "--pool", "pool", "--cont", "cont"])
+            .arg("--mountpoint")
+            .arg(dir)
+            .arg("--foreground")
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let m = Mount {
+            dir: dir.canonicalize().unwrap(),
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !mounted(&m.dir) {
+            assert!(Instant::now() < deadline, "not mounted: {}", m.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let cs = CString::new(self.dir.as_os_str().as_bytes()).unwrap();
+        unsafe { libc::umount2(cs.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Summed PEREGRINE_IL_REPORT counts of all processes of one command.
+#[derive(Debug, Default)]
+struct Report {
+    lines: usize,
+    opens: u64,
+    reads: u64,
+    writes: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+    stdio: u64,
+    fallbacks: u64,
+}
+
+fn parse_report(stderr: &str) -> Report {
+    let mut r = Report::default();
+    for l in stderr.lines().filter(|l| l.starts_with("peregrine-il[")) {
+        r.lines += 1;
+        for kv in l.split_whitespace() {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            let v: u64 = v.parse().unwrap_or(0);
+            match k {
+                "opens" => r.opens += v,
+                "reads" => r.reads += v,
+                "writes" => r.writes += v,
+                "bytes_read" => r.bytes_read += v,
+                "bytes_written" => r.bytes_written += v,
+                "stdio" => r.stdio += v,
+                "fallbacks" => r.fallbacks += v,
+                _ => {}
+            }
+        }
+    }
+    r
+}
+
+/// `sh -c script` with the library preloaded; asserts success.
+fn il_sh(dir: &Path, script: &str) -> (String, Report) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("LD_PRELOAD", il_so())
+        .env("PEREGRINE_IL_REPORT", "1")
+        .env_remove("PEREGRINE_IL_DISABLE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let rep = parse_report(&err);
+    assert!(rep.lines > 0, "{script}: no report on stderr:\n{err}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), rep)
+}
+
+/// `sh -c script` on the kernel path (no library), from another process.
+fn sh(dir: &Path, script: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn interception_with_real_programs() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: /dev/fuse is absent; the interception tests need a FUSE mount");
+        return;
+    }
+    let so = il_so();
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 1024,
+            scm_mib: 128,
+        },
+        600,
+        "SX",
+        "crc32c",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let tmp = c.dir.path().join("local");
+    fs::create_dir_all(&tmp).unwrap();
+    let (mnt, t) = (m.dir.display().to_string(), tmp.display().to_string());
+    eprintln!("library {}", so.display());
+
+    // dd from /dev/urandom: intercepted writes; the size shows through the
+    // mount in another process; the data equals what a kernel-path read
+    // and an intercepted read of the mount give.
+    let (_, r) = il_sh(
+        &tmp,
+        &format!("dd if=/dev/urandom of={mnt}/f bs=1M count=64"),
+    );
+    eprintln!("dd urandom: {r:?}");
+    assert!(r.opens >= 1 && r.writes >= 64, "{r:?}");
+    assert_eq!(r.bytes_written, 64 * MIB, "{r:?}");
+    assert_eq!(sh(&tmp, &format!("stat -c %s {mnt}/f")).trim(), "67108864");
+    sh(&tmp, &format!("cp {mnt}/f {t}/copy"));
+    let (_, r) = il_sh(&tmp, &format!("cmp {mnt}/f {t}/copy"));
+    assert!(
+        r.bytes_read >= 64 * MIB,
+        "cmp read through the library: {r:?}"
+    );
+    let a = read_file(&m.p("f"));
+    let b = read_file(&tmp.join("copy"));
+    assert!(a == b && a.len() as u64 == 64 * MIB);
+
+    // Known data with dd, then the kernel's page cache: a reader caches
+    // the file, the library overwrites a part, a reader right away (well
+    // within the 1 s data cache) sees the new bytes.
+    fs::write(tmp.join("src"), pattern(1, (8 * MIB) as usize)).unwrap();
+    let (_, r) = il_sh(&tmp, &format!("dd if={t}/src of={mnt}/g bs=1M"));
+    assert_eq!(r.bytes_written, 8 * MIB, "{r:?}");
+    sh(&tmp, &format!("cmp {t}/src {mnt}/g"));
+    let new = pattern(2, MIB as usize);
+    fs::write(tmp.join("patch"), &new).unwrap();
+    sh(&tmp, &format!("cat {mnt}/g > /dev/null"));
+    let (_, r) = il_sh(
+        &tmp,
+        &format!("dd if={t}/patch of={mnt}/g bs=1M seek=2 conv=notrunc"),
+    );
+    assert_eq!(r.bytes_written, MIB, "{r:?}");
+    let g = read_file(&m.p("g"));
+    assert_eq!(g.len() as u64, 8 * MIB);
+    assert!(
+        g[(2 * MIB) as usize..(3 * MIB) as usize] == new[..],
+        "stale page cache"
+    );
+
+    // cat and cp, both sides in the mount.
+    let (_, r) = il_sh(&tmp, &format!("cat {mnt}/g > {t}/g.cat"));
+    assert!(r.bytes_read >= 8 * MIB, "{r:?}");
+    assert_eq!(read_file(&tmp.join("g.cat")), g);
+    let (_, r) = il_sh(&tmp, &format!("cp {mnt}/g {mnt}/g.cp"));
+    assert!(
+        r.bytes_read >= 8 * MIB && r.bytes_written >= 8 * MIB,
+        "{r:?}"
+    );
+    sh(
+        &tmp,
+        &format!("cmp {mnt}/g {mnt}/g.cp && cmp {t}/g.cat {mnt}/g.cp"),
+    );
+    // Redirections by the shell (its builtin echo writes through the
+    // library, O_APPEND for >>); cat, exec'ed last, reads through it and
+    // writes its inherited stdout on the kernel path at the right offset.
+    let (_, r) = il_sh(
+        &m.dir,
+        "echo one > log.txt; echo two >> log.txt; cat log.txt log.txt > log2.txt",
+    );
+    assert!(r.reads >= 2 && r.bytes_read == 16, "{r:?}");
+    assert_eq!(sh(&m.dir, "cat log2.txt"), "one\ntwo\none\ntwo\n");
+
+    // python3: buffered file objects, seek, tell, append.
+    if have("python3") {
+        let py = format!(
+            r#"
+import os
+p = "{mnt}/py.bin"
+data = os.urandom(3 * 1024 * 1024 + 17)
+with open(p, "wb") as f:
+    f.write(data)
+with open(p, "rb") as f:
+    assert f.read() == data
+    f.seek(1000)
+    assert f.read(10) == data[1000:1010]
+    assert f.tell() == 1010
+with open(p, "ab") as f:
+    f.write(b"tail")
+assert os.stat(p).st_size == len(data) + 4
+fd = os.open(p, os.O_RDWR)
+os.pwrite(fd, b"XY", 5)
+assert os.pread(fd, 4, 4) == data[4:5] + b"XY" + data[7:8]
+assert os.fstat(fd).st_size == len(data) + 4
+os.close(fd)
+open("{t}/py.bin", "wb").write(data[:5] + b"XY" + data[7:] + b"tail")
+print("OK")
+"#
+        );
+        let (out, r) = il_sh(&tmp, &format!("python3 -c '{py}'"));
+        assert_eq!(out.trim(), "OK");
+        assert!(
+            r.writes >= 1 && r.reads >= 1 && r.bytes_written >= 3 * MIB,
+            "{r:?}"
+        );
+        sh(&tmp, &format!("cmp {mnt}/py.bin {t}/py.bin"));
+    } else {
+        eprintln!("python3 not found: python step skipped");
+    }
+
+    // The C program: dup/dup2/F_DUPFD, fork, threads, readv, O_APPEND, stdio.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/iltest.c");
+    let bin = tmp.join("iltest");
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    fs::create_dir(m.p("cdir")).unwrap();
+    let (out, r) = il_sh(&tmp, &format!("{} {mnt}/cdir", bin.display()));
+    assert_eq!(out.trim(), "OK");
+    eprintln!("iltest: {r:?}");
+    assert!(r.lines >= 2, "the forked child reports too: {r:?}");
+    assert!(
+        r.opens >= 5 && r.reads >= 10 && r.writes >= 10 && r.stdio >= 5,
+        "{r:?}"
+    );
+    assert_eq!(r.fallbacks, 0, "{r:?}");
+    assert_eq!(
+        sh(&tmp, &format!("cat {mnt}/cdir/forked")),
+        "parent1\nchild\nparent2\n"
+    );
+    assert_eq!(
+        sh(&tmp, &format!("stat -c %s {mnt}/cdir/threads")).trim(),
+        (4 * 8 * 256 * 1024).to_string()
+    );
+    // The same program on the kernel path (library disabled) passes too.
+    fs::create_dir(m.p("cdir2")).unwrap();
+    let out = Command::new(&bin)
+        .arg(m.p("cdir2"))
+        .env("LD_PRELOAD", il_so())
+        .env("PEREGRINE_IL_DISABLE", "1")
+        .env("PEREGRINE_IL_REPORT", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("peregrine-il["),
+        "disabled library reported"
+    );
+
+    // fio with verification (psync: pread64/pwrite64), one process.
+    if have("fio") {
+        let (out, r) = il_sh(
+            &tmp,
+            &format!(
+                "fio --name=ilv --directory={mnt} --ioengine=psync --rw=randrw --bs=4k \
+                 --size=32M --verify=crc32c --verify_fatal=1 --thread --numjobs=1 \
+                 --group_reporting --output-format=terse --terse-version=3"
+            ),
+        );
+        eprintln!("fio: {r:?}\n{}", out.lines().next().unwrap_or(""));
+        assert!(r.reads >= 1000 && r.writes >= 1000, "{r:?}");
+        assert_eq!(
+            sh(&tmp, &format!("stat -c %s {mnt}/ilv.0.0")).trim(),
+            (32 * MIB).to_string()
+        );
+    } else {
+        eprintln!("fio not found (hack/install-deps.sh installs it): fio step skipped");
+    }
+    assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+}
+
+/// fio through (a) the mount, (b) the mount with the library, (c) a file
+/// beside the engines' device files (O_DIRECT): the numbers of
+/// bench/posix-il.md. `cargo test -p peregrine-il --test il -- --ignored
+/// --nocapture bench_posix_il`
+#[test]
+#[ignore]
+fn bench_posix_il() {
+    if !Path::new("/dev/fuse").exists() || !have("fio") {
+        eprintln!("SKIP: needs /dev/fuse and fio");
+        return;
+    }
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 2048,
+            scm_mib: 128,
+        },
+        1200,
+        "SX",
+        "off",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let raw = c.dir.path().join("raw");
+    fs::create_dir_all(&raw).unwrap();
+    let jobs = [
+        (
+            "1MiB seq write",
+            "--rw=write --bs=1M --size=512M --end_fsync=1",
+            true,
+        ),
+        ("1MiB seq read", "--rw=read --bs=1M --size=512M", false),
+        (
+            "4KiB randread QD1",
+            "--rw=randread --bs=4k --size=512M --runtime=10 --time_based",
+            false,
+        ),
+    ];
+    for (dir, label, il, direct) in [
+        (m.dir.clone(), "(a) mount", false, false),
+        (m.dir.clone(), "(b) mount + LD_PRELOAD", true, false),
+        (raw.clone(), "(c) raw file beside the devices", false, true),
+    ] {
+        for (name, args, write) in jobs {
+            let cmd = format!(
+                "fio --name=b --filename={}/bench.dat --ioengine=psync --thread {args} {} \
+                 --output-format=terse --terse-version=3",
+                dir.display(),
+                if direct { "--direct=1" } else { "" }
+            );
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(&cmd);
+            if il {
+                c.env("LD_PRELOAD", il_so()).env("PEREGRINE_IL_REPORT", "1");
+            } else {
+                c.env_remove("LD_PRELOAD");
+            }
+            let out = c.output().unwrap();
+            let so = String::from_utf8_lossy(&out.stdout);
+            let f: Vec<&str> = so.lines().last().unwrap_or("").split(';').collect();
+            let (bw, iops) = if write {
+                (f.get(47), f.get(48))
+            } else {
+                (f.get(6), f.get(7))
+            };
+            let bw: f64 = bw.and_then(|x| x.parse().ok()).unwrap_or(0.0);
+            let iops: f64 = iops.and_then(|x| x.parse().ok()).unwrap_or(0.0);
+            let rep = parse_report(&String::from_utf8_lossy(&out.stderr));
+            println!(
+                "BENCH {label:32} {name:18} {:8.0} MiB/s {:9.0} IOPS {:7.1} us/op  (intercepted r/w {}/{})",
+                bw / 1024.0,
+                iops,
+                if iops > 0.0 { 1e6 / iops } else { 0.0 },
+                rep.reads,
+                rep.writes
+            );
+        }
+    }
+}
