@@ -71,6 +71,22 @@ fn degraded_read_ec_2p1g1() {
     degraded_read(ObjectClass::Ec2P1G1);
 }
 
+/// EC_4P2G1 over six engines survives two of them stopped at once.
+#[test]
+fn degraded_read_ec_4p2g1_two_engines_down() {
+    let class = ObjectClass::Ec4P2G1;
+    let mut c = Cluster::with_pool(ClusterSpec { engines: 6, targets: 1, device_mib: 256, scm_mib: 64 }, 768, class.name(), "crc32c");
+    let cont = c.container();
+    let len = 700 * 1024 + 3;
+    write_objects(&cont, class, 6, len);
+    // Rank 0 hosts the management service; the data plane needs only the survivors.
+    c.engines[2].kill9();
+    c.engines[5].kill9();
+    verify_objects(&cont, class, 6, len);
+    c.restart(2);
+    c.restart(5);
+}
+
 /// Flip one byte of a stored extent inside the device file.
 fn flip_byte_of(dev: &std::path::Path, needle: &[u8]) -> bool {
     let mut data = read_file(dev);
