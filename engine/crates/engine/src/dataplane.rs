@@ -61,27 +61,23 @@ pub(crate) fn decode_request(f: Frame) -> Result<Option<Request>, FrameError> {
     }))
 }
 
-/// A dispatched request: answered at once, or queued on its target.
-pub(crate) enum Dispatched {
-    Now(Reply),
-    Pending(std::sync::mpsc::Receiver<peregrine_vos::Reply>),
-}
-
-/// Hand a decoded request to its target (or answer a ping / maintenance mode).
-pub(crate) fn dispatch(node: &Node, req: Option<Request>) -> Dispatched {
+/// Hand a decoded request to its target (or answer a ping / maintenance mode
+/// at once). `reply` gets the one reply: on the target's thread for a queued
+/// request (so it must be quick and must not block), else on the caller's.
+pub(crate) fn dispatch(
+    node: &Node,
+    req: Option<Request>,
+    reply: impl FnOnce(Reply) + Send + 'static,
+) {
     match (req, node.storage()) {
-        (None, _) => Dispatched::Now(error_reply(0, String::new())),
-        (Some(_), Err(st)) => Dispatched::Now(error_reply(-libc::EAGAIN, st.message().to_string())),
-        (Some(req), Ok(storage)) => Dispatched::Pending(storage.submit(req)),
-    }
-}
-
-/// Block until a queued request's target replies.
-pub(crate) fn wait_reply(rx: std::sync::mpsc::Receiver<peregrine_vos::Reply>) -> Reply {
-    match rx.recv() {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => error_reply(e.code, e.msg),
-        Err(_) => error_reply(-libc::EIO, "target stopped".into()),
+        (None, _) => reply(error_reply(0, String::new())),
+        (Some(_), Err(st)) => reply(error_reply(-libc::EAGAIN, st.message().to_string())),
+        (Some(req), Ok(storage)) => storage.submit_with(req, move |r| {
+            reply(match r {
+                Ok(r) => r,
+                Err(e) => error_reply(e.code, e.msg),
+            })
+        }),
     }
 }
 
@@ -129,17 +125,10 @@ async fn connection(node: Arc<Node>, sock: TcpStream, peer: SocketAddr) {
             }
         };
         let (done, pending) = oneshot::channel();
-        match dispatch(&node, req) {
-            Dispatched::Now(reply) => {
-                let _ = done.send(reply);
-            }
-            Dispatched::Pending(rx) => {
-                // The target replies on a blocking channel; hand it over off the reactor.
-                tokio::task::spawn_blocking(move || {
-                    let _ = done.send(wait_reply(rx));
-                });
-            }
-        }
+        // The target completes the oneshot itself: no thread parked per request.
+        dispatch(&node, req, move |reply| {
+            let _ = done.send(reply);
+        });
         if tx.send((header, pending)).await.is_err() {
             break;
         }

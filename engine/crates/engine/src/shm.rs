@@ -5,12 +5,16 @@
 //! served by its own thread, one request at a time: wait for the client's
 //! doorbell, copy the frame out of the (untrusted) request region, validate
 //! and decode it exactly as a TCP frame ([`crate::dataplane::decode_request`]),
-//! dispatch it to its target, wait for the reply, write the response frame
-//! (fetched bulk copied once, straight from the target's buffer) into the
-//! response region and ring back. Anything malformed (handshake, memfd,
+//! dispatch it to its target, and go back to waiting on the socket. The
+//! target's thread writes the response frame (fetched bulk copied once) into
+//! the response region and rings back itself, from the reply callback
+//! ([`peregrine_vos::Storage::submit_with`]): no thread waits for the target,
+//! and the client is woken one thread hop sooner. One request per connection
+//! is in flight; a doorbell that arrives before the previous reply was rung
+//! back is a protocol violation and closes the connection. Anything malformed (handshake, memfd,
 //! doorbell length, frame) closes that one connection with a logged reason.
 
-use crate::dataplane::{self, Dispatched, Reply};
+use crate::dataplane::{self, Reply};
 use crate::node::Node;
 use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 use peregrine_proto::shm::{self as wire, Hello, Mapping};
@@ -19,7 +23,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,7 +123,7 @@ fn accept_loop(node: Arc<Node>, listener: UnixListener, stats: Arc<ShmStats>) {
         let spawned = std::thread::Builder::new()
             .name(format!("shm-pid{pid}"))
             .spawn(move || {
-                connection(&node, sock, pid, &stats);
+                connection(&node, sock, pid, stats);
                 act.fetch_sub(1, Ordering::Relaxed);
             });
         if let Err(e) = spawned {
@@ -178,7 +182,40 @@ fn handshake(sock: &UnixStream, data_addr: &str) -> Result<Conn, String> {
     Ok(Conn { hello, map })
 }
 
-fn connection(node: &Node, sock: UnixStream, pid: i32, stats: &ShmStats) {
+/// One mapped connection and its socket, shared with the reply callbacks.
+struct Live {
+    conn: Conn,
+    sock: UnixStream,
+    pid: i32,
+    stats: Arc<ShmStats>,
+    /// A request is with its target: its reply has not been rung back yet.
+    busy: AtomicBool,
+}
+
+impl Live {
+    /// Write the response frame and ring the client's doorbell; on failure
+    /// shut the socket down, which ends the connection thread.
+    fn reply(&self, header: &Header, reply: Reply) {
+        match write_response(&self.conn, header, reply) {
+            Ok(n) => {
+                self.stats.requests.fetch_add(1, Ordering::Relaxed);
+                // Not busy before the doorbell: the client may answer it at once.
+                self.busy.store(false, Ordering::Release);
+                if let Err(e) = wire::send_doorbell(self.sock.as_raw_fd(), n) {
+                    tracing::debug!("shm pid {}: reply doorbell: {e}", self.pid);
+                    let _ = self.sock.shutdown(std::net::Shutdown::Both);
+                }
+            }
+            Err(e) => {
+                self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("shm pid {}: closing connection: {e}", self.pid);
+                let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
     let conn = match handshake(&sock, &node.cfg.data_addr()) {
         Ok(c) => c,
         Err(e) => {
@@ -193,9 +230,16 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: &ShmStats) {
         conn.hello.req_len,
         conn.hello.resp_len
     );
+    let live = Arc::new(Live {
+        conn,
+        sock,
+        pid,
+        stats,
+        busy: AtomicBool::new(false),
+    });
     loop {
         let mut db = [0u8; wire::DOORBELL_LEN];
-        match wire::recv_exact(sock.as_raw_fd(), &mut db) {
+        match wire::recv_exact(live.sock.as_raw_fd(), &mut db) {
             Ok(true) => {}
             Ok(false) => break,
             Err(e) => {
@@ -203,27 +247,34 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: &ShmStats) {
                 break;
             }
         }
+        if live.busy.load(Ordering::Acquire) {
+            live.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "shm pid {pid}: closing connection: a request arrived before the previous one was answered"
+            );
+            break;
+        }
         let len = u64::from_le_bytes(db);
-        let resp_len = match serve_one(node, &conn, len) {
-            Ok(n) => n,
+        let (header, req) = match decode_one(&live.conn, len) {
+            Ok(d) => d,
             Err(e) => {
-                stats.rejected.fetch_add(1, Ordering::Relaxed);
+                live.stats.rejected.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("shm pid {pid}: closing connection: {e}");
                 break;
             }
         };
-        stats.requests.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = wire::send_doorbell(sock.as_raw_fd(), resp_len) {
-            tracing::debug!("shm pid {pid}: reply doorbell: {e}");
-            break;
-        }
+        // The target's thread writes the reply and rings the client itself
+        // (see the module docs); this thread goes straight back to the socket.
+        live.busy.store(true, Ordering::Release);
+        let l = live.clone();
+        dataplane::dispatch(node, req, move |reply| l.reply(&header, reply));
     }
+    let _ = live.sock.shutdown(std::net::Shutdown::Both);
     tracing::debug!("shm pid {pid}: connection closed");
 }
 
-/// Run the request of `len` bytes in the request region; returns the length
-/// of the response frame written to the response region.
-fn serve_one(node: &Node, c: &Conn, len: u64) -> Result<u64, String> {
+/// Copy out, check and decode the request of `len` bytes in the request region.
+fn decode_one(c: &Conn, len: u64) -> Result<(Header, Option<peregrine_vos::Request>), String> {
     let h = &c.hello;
     if len < HEADER_LEN as u64 || len > h.req_len {
         return Err(format!(
@@ -252,11 +303,7 @@ fn serve_one(node: &Node, c: &Conn, len: u64) -> Result<u64, String> {
         .map_err(|e| e.to_string())?;
     let req = dataplane::decode_request(Frame { header, msg, bulk })
         .map_err(|e| format!("request frame: {e}"))?;
-    let reply = match dataplane::dispatch(node, req) {
-        Dispatched::Now(r) => r,
-        Dispatched::Pending(rx) => dataplane::wait_reply(rx),
-    };
-    write_response(c, &header, reply)
+    Ok((header, req))
 }
 
 fn write_response(c: &Conn, req: &Header, reply: Reply) -> Result<u64, String> {

@@ -75,7 +75,17 @@ fn degraded_read_ec_2p1g1() {
 #[test]
 fn degraded_read_ec_4p2g1_two_engines_down() {
     let class = ObjectClass::Ec4P2G1;
-    let mut c = Cluster::with_pool(ClusterSpec { engines: 6, targets: 1, device_mib: 256, scm_mib: 64 }, 768, class.name(), "crc32c");
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 6,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        768,
+        class.name(),
+        "crc32c",
+    );
     let cont = c.container();
     let len = 700 * 1024 + 3;
     write_objects(&cont, class, 6, len);

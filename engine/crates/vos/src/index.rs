@@ -18,8 +18,6 @@ use uuid::Uuid;
 
 /// SCM charged per stored record (version or punch) on top of its key and inline bytes.
 pub(crate) const REC_OVERHEAD: u64 = 64;
-/// Device extents carry one CRC32C per this many bytes of value.
-pub(crate) const CSUM_CHUNK: u64 = 32 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Kind {
@@ -32,7 +30,8 @@ pub(crate) enum Kind {
 pub(crate) struct DevExtent {
     pub block: u64,
     pub nblocks: u64,
-    /// CRC32C of each `CSUM_CHUNK` of the value (the last chunk may be short).
+    /// CRC32C of each chunk of the value (the last chunk may be short); the
+    /// chunk size is the device's (`Superblock::csum_chunk`, 4 KiB).
     pub csums: Vec<u32>,
 }
 

@@ -10,7 +10,10 @@
 //! allocator, its own O_DIRECT file descriptor, io_uring ring and registered
 //! 2 MiB buffers (hugepages when available). Values of at least
 //! [`peregrine_proto::DATA_THRESHOLD`] bytes go to data blocks, always to
-//! freshly allocated ones (copy-on-write), with one CRC32C per 32 KiB chunk;
+//! freshly allocated ones (copy-on-write), with one CRC32C per 4 KiB block
+//! (per 32 KiB on devices formatted with superblock version 1), verified on
+//! every read of it: a 4 KiB read reads and checks 4 KiB, and a corrupt
+//! block fails only the reads that touch it (`-EILSEQ`);
 //! smaller values and all metadata live in the index.
 //!
 //! # Crash consistency
@@ -60,8 +63,12 @@
 //!
 //! # Threads and replies
 //! [`Storage::submit`] returns a `std::sync::mpsc::Receiver` that receives
-//! exactly one [`Reply`]; call `recv()` from a blocking context
-//! (`tokio::task::spawn_blocking`). Control calls (`pool_create`, ...) block
+//! exactly one [`Reply`]; call `recv()` from a blocking context.
+//! [`Storage::submit_with`] instead calls a callback with the reply on the
+//! target's thread (no thread is parked waiting: e.g. complete a tokio
+//! oneshot, or write a small reply straight back to the client).
+//! Fetches are answered from durable state only, before the updates queued
+//! in the same batch commit (see the `target` module). Control calls (`pool_create`, ...) block
 //! until every target has answered.
 
 mod alloc;
@@ -126,6 +133,30 @@ pub enum Request {
 
 /// A response and its bulk (fetched values concatenated in iod order), or an errno.
 pub type Reply = Result<(data::Response, Vec<u8>), Errno>;
+
+/// Delivers the one reply of a request submitted with [`Storage::submit_with`]
+/// (on the target's thread). Dropped unanswered (a target stopping with the
+/// request still queued), it answers `-ESHUTDOWN`, so no caller waits forever.
+pub(crate) struct Responder(Option<Box<dyn FnOnce(Reply) + Send>>);
+
+impl Responder {
+    pub(crate) fn send(mut self, r: Reply) {
+        if let Some(f) = self.0.take() {
+            f(r)
+        }
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Err(Errno::new(
+                -libc::ESHUTDOWN,
+                "target stopped before answering",
+            )))
+        }
+    }
+}
 
 /// Space of a pool, summed over the engine's targets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -270,6 +301,19 @@ impl Storage {
     /// one reply, once the request is done (an update: once durable).
     pub fn submit(&self, req: Request) -> mpsc::Receiver<Reply> {
         let (tx, rx) = mpsc::sync_channel(1);
+        self.submit_with(req, move |r| {
+            let _ = tx.send(r);
+        });
+        rx
+    }
+
+    /// Queue one data-plane request on its target; `reply` is called exactly
+    /// once with its reply, once the request is done (an update: once
+    /// durable), on the target's thread (or on the caller's, for a request
+    /// rejected before it is queued). It must be quick and must not block:
+    /// e.g. send on a tokio oneshot or a channel, or copy a small reply out.
+    pub fn submit_with(&self, req: Request, reply: impl FnOnce(Reply) + Send + 'static) {
+        let tx = Responder(Some(Box::new(reply)));
         let n = self.senders.len() as u32;
         let target = match request_addr(&req) {
             None => Err(Errno::inval("request: missing address")),
@@ -280,21 +324,18 @@ impl Storage {
             Some(a) => Ok(a.target as usize),
         };
         match target {
-            Err(e) => {
-                let _ = tx.send(Err(e));
-            }
+            Err(e) => tx.send(Err(e)),
             Ok(t) => {
                 if let Err(crossbeam_channel::SendError(Msg::Data(_, tx))) =
                     self.senders[t].send(Msg::Data(req, tx))
                 {
-                    let _ = tx.send(Err(Errno::new(
+                    tx.send(Err(Errno::new(
                         -libc::ESHUTDOWN,
                         format!("target {t}: stopped"),
                     )));
                 }
             }
         }
-        rx
     }
 
     fn ctl(&self, t: usize, c: Ctl) -> Result<CtlOut, StorageError> {

@@ -21,7 +21,10 @@ use uuid::Uuid;
 pub(crate) const BLOCK: u64 = 4096;
 const MIB: u64 = 1 << 20;
 const SB_MAGIC: &[u8; 8] = b"PRGNVOS1";
-const SB_VERSION: u32 = 1;
+/// Version 2: data extents carry one CRC32C per 4 KiB block (version 1: per 32 KiB).
+const SB_VERSION: u32 = 2;
+/// Versions this code opens.
+const SB_VERSIONS: [u32; 2] = [1, 2];
 /// Bytes at the start of a device inspected for signatures before formatting.
 const PROBE_BYTES: usize = 64 * 1024;
 pub(crate) const MGMT_OFFSET: u64 = MIB;
@@ -64,6 +67,16 @@ impl Superblock {
     pub(crate) fn data_offset(&self, t: u32) -> u64 {
         self.wal_offset(t) + self.wal_bytes + 2 * self.ckpt_bytes
     }
+    /// Bytes of value covered by each stored data checksum: one block, so a
+    /// 4 KiB read reads and verifies exactly 4 KiB (devices formatted by
+    /// version 1 keep their 32 KiB chunks).
+    pub(crate) fn csum_chunk(&self) -> u64 {
+        if self.version == 1 {
+            32 * 1024
+        } else {
+            BLOCK
+        }
+    }
     pub(crate) fn data_blocks(&self) -> u64 {
         self.data_bytes / BLOCK
     }
@@ -86,7 +99,7 @@ impl Superblock {
             return Err("truncated Peregrine superblock".into());
         }
         let version = le32(8);
-        if version != SB_VERSION {
+        if !SB_VERSIONS.contains(&version) {
             return Err(format!("Peregrine superblock of unknown version {version}"));
         }
         let len = le32(12) as usize;

@@ -1,30 +1,42 @@
 //! One target: a thread that owns its index, WAL, allocator, device fd,
 //! io_uring ring and buffers (shared-nothing).
 //!
-//! Each turn of the loop drains up to [`MAX_BATCH`] queued messages. Reads are
-//! answered at once from the index. Updates and punches are validated, their
-//! large values written to freshly allocated blocks, and their index changes
-//! collected; then ONE WAL record for the whole batch is written and ONE
-//! fdatasync makes data and record durable together; only then are the
-//! changes applied to the index (freeing replaced blocks) and the callers
+//! Each turn of the loop drains up to [`MAX_BATCH`] queued messages. Lists and
+//! size queries are answered at once from the index. Fetches are collected;
+//! updates and punches are validated, their large values assigned freshly
+//! allocated blocks, and their index changes collected. At the end of the
+//! drain the fetches run first, together: all of them are planned against
+//! the index, ALL their device reads are submitted to the ring at once
+//! (packed into the registered buffers; split into groups when those are
+//! full), then each is verified, assembled and answered. So a fetch is
+//! answered before the updates of its own batch commit; it sees exactly what
+//! it would have seen had it run alone at its arrival: the index changes only
+//! when a batch commits, and the batch's updates are not acknowledged yet.
+//! Then the updates commit: data written to the new blocks, ONE WAL record for
+//! the whole batch written and ONE fdatasync makes data and record durable
+//! together (all in one io_uring submission, linked so that the record is
+//! written only after all the data was and the fdatasync runs only after the
+//! record was; a failure cancels the rest of the chain); only then are
+//! the changes applied to the index (freeing replaced blocks) and the callers
 //! answered (group commit).
 
 use crate::alloc::BlockAlloc;
+use crate::bufpool::BUF_BYTES;
 use crate::device::DeviceIo;
 use crate::error::{Errno, StorageError};
 use crate::index::{
-    value_scm, DevExtent, Kind, NewValue, ObjKey, Payload, Released, Src, TargetIndex, WalOp,
-    CSUM_CHUNK,
+    value_scm, DevExtent, Kind, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
 };
 use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
-use crate::{PoolSpace, Reply, Request};
+use crate::{PoolSpace, Reply, Request, Responder};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use peregrine_proto::data;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::mpsc::SyncSender;
 use std::time::Duration;
+use std::time::Instant;
 use uuid::Uuid;
 
 /// Most messages drained into one group commit.
@@ -78,7 +90,7 @@ pub(crate) enum CtlOut {
 }
 
 pub(crate) enum Msg {
-    Data(Request, SyncSender<Reply>),
+    Data(Request, Responder),
     Ctl(Ctl, SyncSender<Result<CtlOut, StorageError>>),
     Stop,
     /// Stop without the closing checkpoint (tests: leaves the WAL to replay).
@@ -89,7 +101,7 @@ pub(crate) enum Msg {
 #[derive(Default)]
 struct Batch {
     ops: Vec<WalOp>,
-    replies: Vec<SyncSender<Reply>>,
+    replies: Vec<Responder>,
     bulks: Vec<Vec<u8>>,
     /// (device offset, bulk index, start, len)
     writes: Vec<(u64, usize, usize, usize)>,
@@ -115,6 +127,32 @@ pub(crate) struct Target {
     /// Pools changed since their last aggregation.
     dirty: BTreeSet<Uuid>,
     checkpoints: u64,
+    /// Bytes of value per data checksum (the device's format).
+    chunk: u64,
+    prof: Prof,
+}
+
+/// Counters for the log line at close (how well group commit and read batching work).
+#[derive(Default)]
+struct Prof {
+    commits: u64,
+    committed_ops: u64,
+    commit_ns: u64,
+    fetch_rounds: u64,
+    fetches: u64,
+    read_pieces: u64,
+}
+
+/// One iod of a fetch being served.
+struct IodRead {
+    fv: data::FetchedValue,
+    has_crc: bool,
+    /// The bytes returned (`fv.len` of them).
+    out: Vec<u8>,
+    /// Device segments still to read into `out`.
+    segs: Vec<Seg>,
+    /// A checksum failure of one of its chunks: the iod fails with it.
+    bad: Option<Errno>,
 }
 
 fn ok_response(body: Option<data::response::Body>) -> data::Response {
@@ -163,7 +201,10 @@ impl Target {
             scm_budget,
             dirty: BTreeSet::new(),
             checkpoints: 0,
+            chunk: 0,
+            prof: Prof::default(),
         };
+        t.chunk = t.sb.csum_chunk();
         t.replay()?;
         Ok(t)
     }
@@ -289,7 +330,7 @@ impl Target {
                         .read(self.data_off(ext.block), v.len as usize)
                         .map_err(|e| self.io_err("verify last WAL batch", e))?;
                     let ok = bytes
-                        .chunks(CSUM_CHUNK as usize)
+                        .chunks(self.chunk as usize)
                         .zip(&ext.csums)
                         .all(|(c, &crc)| peregrine_isal::crc32c(c) == crc);
                     if !ok {
@@ -321,13 +362,16 @@ impl Target {
             let mut batch = Batch::default();
             let mut stop = false;
             let mut halt = false;
+            let mut fetches = Vec::new();
             let mut next = Some(first);
             let mut n = 0;
             while let Some(m) = next {
                 match m {
+                    Msg::Data(Request::Fetch(f), tx) => fetches.push((f, tx)),
                     Msg::Data(req, tx) => self.handle(req, tx, &mut batch),
                     Msg::Ctl(c, tx) => {
                         // Control ops see (and log after) everything queued before them.
+                        self.fetch_all(&mut fetches);
                         self.commit(&mut batch);
                         let _ = tx.send(self.control(c));
                     }
@@ -346,6 +390,7 @@ impl Target {
                 }
                 next = rx.try_recv().ok();
             }
+            self.fetch_all(&mut fetches);
             self.commit(&mut batch);
             if halt {
                 return;
@@ -367,6 +412,17 @@ impl Target {
                 break;
             }
         }
+        let p = &self.prof;
+        tracing::info!(
+            target = self.id,
+            commits = p.commits,
+            ops_per_commit = p.committed_ops as f64 / p.commits.max(1) as f64,
+            us_per_commit = p.commit_ns / 1000 / p.commits.max(1),
+            fetch_rounds = p.fetch_rounds,
+            fetches_per_round = p.fetches as f64 / p.fetch_rounds.max(1) as f64,
+            reads_per_round = p.read_pieces as f64 / p.fetch_rounds.max(1) as f64,
+            "target closing"
+        );
         // A checkpoint at close makes the next open fast; failure is harmless.
         if self.wal_tail > 0 {
             if let Err(e) = self.checkpoint() {
@@ -387,7 +443,7 @@ impl Target {
         self.dirty.remove(&pool);
     }
 
-    fn handle(&mut self, req: Request, tx: SyncSender<Reply>, batch: &mut Batch) {
+    fn handle(&mut self, req: Request, tx: Responder, batch: &mut Batch) {
         let r = match req {
             Request::Update(u, bulk) => match self.prepare_update(u, bulk, batch) {
                 Ok(()) => {
@@ -404,11 +460,15 @@ impl Target {
                 }
                 Err(e) => Err(e),
             },
-            Request::Fetch(f) => self.fetch(f),
+            Request::Fetch(f) => {
+                let mut one = vec![(f, tx)];
+                self.fetch_all(&mut one);
+                return;
+            }
             Request::List(l) => self.list(l),
             Request::QuerySize(q) => self.query_size(q),
         };
-        let _ = tx.send(r);
+        tx.send(r);
     }
 
     fn addr(&self, a: Option<&data::Address>, op: &str) -> Result<(Uuid, Uuid, ObjKey), Errno> {
@@ -553,7 +613,7 @@ impl Target {
                     block,
                     nblocks: n,
                     csums: v
-                        .chunks(CSUM_CHUNK as usize)
+                        .chunks(self.chunk as usize)
                         .map(peregrine_isal::crc32c)
                         .collect(),
                 })
@@ -609,16 +669,16 @@ impl Target {
             return;
         }
         let b = std::mem::take(batch);
+        let t0 = Instant::now();
         let writes: Vec<(u64, &[u8])> = b
             .writes
             .iter()
             .map(|&(off, bi, s, l)| (off, &b.bulks[bi][s..s + l]))
             .collect();
-        let res = self
-            .dev
-            .write(&writes)
-            .map_err(|e| Errno::new(-libc::EIO, format!("target {}: write data: {e}", self.id)))
-            .and_then(|()| self.log(&b.ops));
+        let res = self.log_with(&b.ops, &writes);
+        self.prof.commits += 1;
+        self.prof.committed_ops += b.ops.len() as u64;
+        self.prof.commit_ns += t0.elapsed().as_nanos() as u64;
         match res {
             Ok(()) => {
                 for op in b.ops {
@@ -628,7 +688,7 @@ impl Target {
                     self.apply(op);
                 }
                 for tx in b.replies {
-                    let _ = tx.send(Ok((ok_response(None), Vec::new())));
+                    tx.send(Ok((ok_response(None), Vec::new())));
                 }
                 self.maybe_checkpoint();
             }
@@ -637,7 +697,7 @@ impl Target {
                     self.alloc.free(blk, n);
                 }
                 for tx in b.replies {
-                    let _ = tx.send(Err(e.clone()));
+                    tx.send(Err(e.clone()));
                 }
             }
         }
@@ -665,6 +725,14 @@ impl Target {
     /// Append one WAL record holding `ops` and fdatasync (covering the data
     /// writes issued before it).
     fn log(&mut self, ops: &[WalOp]) -> Result<(), Errno> {
+        self.log_with(ops, &[])
+    }
+
+    /// Write `data` (the batch's values) and one WAL record holding `ops`,
+    /// then fdatasync: in ONE submission, linked (IOSQE_IO_LINK) so that
+    /// the record is written only after all the data was, and the fdatasync
+    /// runs only after the record was (a failure cancels the rest).
+    fn log_with(&mut self, ops: &[WalOp], data: &[(u64, &[u8])]) -> Result<(), Errno> {
         let payload = bincode::serialize(ops)
             .map_err(|e| Errno::new(-libc::EIO, format!("target {}: encode WAL: {e}", self.id)))?;
         let rec = wal::encode(WAL_MAGIC, self.sb.device_uuid, self.seq + 1, &payload);
@@ -688,10 +756,14 @@ impl Target {
             })?;
         }
         let off = self.sb.wal_offset(self.id) + self.wal_tail;
-        self.dev
-            .write(&[(off, &rec)])
-            .and_then(|()| self.dev.sync())
-            .map_err(|e| Errno::new(-libc::EIO, format!("target {}: write WAL: {e}", self.id)))?;
+        let mut writes = data.to_vec();
+        writes.push((off, &rec));
+        self.dev.write(&writes, true).map_err(|e| {
+            Errno::new(
+                -libc::EIO,
+                format!("target {}: write data and WAL: {e}", self.id),
+            )
+        })?;
         self.seq += 1;
         self.wal_tail += rec.len() as u64;
         Ok(())
@@ -723,8 +795,7 @@ impl Target {
         }
         let off = self.sb.ckpt_offset(self.id, self.next_ckpt);
         self.dev
-            .write(&[(off, &rec)])
-            .and_then(|()| self.dev.sync())
+            .write(&[(off, &rec)], true)
             .map_err(|e| self.io_err("write checkpoint", e))?;
         tracing::debug!(
             target = self.id,
@@ -739,10 +810,11 @@ impl Target {
         Ok(())
     }
 
-    fn fetch(&mut self, f: data::FetchReq) -> Reply {
+    /// Plan one fetch against the index: its iods, with inline bytes already
+    /// in place; device segments still to read.
+    fn plan(&self, f: &data::FetchReq) -> Result<Vec<IodRead>, Errno> {
         let (pool, cont, obj) = self.addr(f.addr.as_ref(), "fetch")?;
-        let mut values = Vec::with_capacity(f.iods.len());
-        let mut bulk = Vec::new();
+        let mut iods = Vec::with_capacity(f.iods.len());
         for iod in &f.iods {
             let kind = kind_of(iod.kind, "fetch")?;
             if kind == Kind::Array && iod.len > MAX_FETCH {
@@ -755,82 +827,158 @@ impl Target {
             let plan = self.index.plan_fetch(
                 &pool, &cont, &obj, &f.dkey, &iod.akey, kind, iod.offset, iod.len, f.epoch,
             );
-            let mut fv = data::FetchedValue {
-                status: plan.status,
-                size: plan.size,
-                ..Default::default()
+            let mut r = IodRead {
+                fv: data::FetchedValue {
+                    status: plan.status,
+                    size: plan.size,
+                    ..Default::default()
+                },
+                has_crc: plan.has_crc,
+                out: Vec::new(),
+                segs: Vec::new(),
+                bad: None,
             };
             if plan.status == 0 {
-                let mut out = vec![0u8; plan.len as usize];
-                match self.read_segs(&plan.segs, &mut out) {
-                    Ok(()) => {
-                        fv.len = plan.len;
-                        fv.crc = peregrine_isal::crc32c(&out);
-                        fv.has_crc = plan.has_crc;
-                        bulk.extend_from_slice(&out);
+                r.fv.len = plan.len;
+                r.out = vec![0u8; plan.len as usize];
+                for s in plan.segs {
+                    match &s.src {
+                        Src::Inline(b) => r.out[s.out_off as usize..(s.out_off + s.len) as usize]
+                            .copy_from_slice(b),
+                        Src::Dev { .. } if s.len > 0 => r.segs.push(s),
+                        Src::Dev { .. } => {}
                     }
-                    Err(e) if e.code == -peregrine_proto::CSUM_ERRNO => {
-                        tracing::error!(target = self.id, dkey = %show(&f.dkey), akey = %show(&iod.akey), "{}", e.msg);
-                        fv.status = e.code;
+                }
+            }
+            iods.push(r);
+        }
+        Ok(iods)
+    }
+
+    /// Run a batch of fetches: plan them all, submit all their device reads
+    /// at once, verify the chunk checksums, assemble and answer each.
+    fn fetch_all(&mut self, fetches: &mut Vec<(data::FetchReq, Responder)>) {
+        if fetches.is_empty() {
+            return;
+        }
+        let fetches = std::mem::take(fetches);
+        let mut plans: Vec<Result<Vec<IodRead>, Errno>> =
+            fetches.iter().map(|(f, _)| self.plan(f)).collect();
+        // Device pieces: whole checksum chunks, at most one buffer each.
+        let chunk = self.chunk;
+        let mut pieces: Vec<(u64, usize)> = Vec::new();
+        // (fetch, iod, seg, start of the piece in the value)
+        let mut dst: Vec<(usize, usize, usize, u64)> = Vec::new();
+        for (fi, p) in plans.iter().enumerate() {
+            let Ok(iods) = p else { continue };
+            for (ii, r) in iods.iter().enumerate() {
+                for (si, s) in r.segs.iter().enumerate() {
+                    let Src::Dev {
+                        ext,
+                        value_len,
+                        value_off,
+                    } = &s.src
+                    else {
+                        continue;
+                    };
+                    let start = value_off / chunk * chunk;
+                    let end = (value_off + s.len).div_ceil(chunk) * chunk;
+                    let end = end.min(*value_len);
+                    let mut ps = start;
+                    while ps < end {
+                        let pe = (ps + BUF_BYTES as u64).min(end);
+                        pieces.push((self.data_off(ext.block) + ps, (pe - ps) as usize));
+                        dst.push((fi, ii, si, ps));
+                        ps = pe;
                     }
-                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.prof.fetch_rounds += 1;
+        self.prof.fetches += fetches.len() as u64;
+        self.prof.read_pieces += pieces.len() as u64;
+        let id = self.id;
+        let ring = self.dev.read_many(&pieces, |k, res| {
+            let (fi, ii, si, ps) = dst[k];
+            let Ok(iods) = &mut plans[fi] else { return };
+            let r = &mut iods[ii];
+            let s = &r.segs[si];
+            let Src::Dev {
+                ext, value_off, ..
+            } = &s.src
+            else {
+                return;
+            };
+            let bytes = match res {
+                Ok(b) => b,
+                Err(e) => {
+                    plans[fi] = Err(Errno::new(
+                        -libc::EIO,
+                        format!("target {id}: read block {}: {e}", ext.block),
+                    ));
+                    return;
+                }
+            };
+            let c0 = (ps / chunk) as usize;
+            for (i, b) in bytes.chunks(chunk as usize).enumerate() {
+                let c = c0 + i;
+                if ext.csums.get(c).copied() != Some(peregrine_isal::crc32c(b)) {
+                    r.bad.get_or_insert(Errno::new(
+                        -peregrine_proto::CSUM_ERRNO,
+                        format!(
+                            "target {id}: checksum mismatch in chunk {c} ({chunk} bytes) of the extent at data block {} (device corruption)",
+                            ext.block
+                        ),
+                    ));
+                    return;
+                }
+            }
+            // The part of the piece the caller asked for.
+            let (from, to) = (ps.max(*value_off), (ps + bytes.len() as u64).min(value_off + s.len));
+            if from < to {
+                let o = (s.out_off + from - value_off) as usize;
+                r.out[o..o + (to - from) as usize]
+                    .copy_from_slice(&bytes[(from - ps) as usize..(to - ps) as usize]);
+            }
+        });
+        if let Err(e) = ring {
+            let e = Errno::new(-libc::EIO, format!("target {id}: read: {e}"));
+            for p in plans.iter_mut() {
+                *p = Err(e.clone());
+            }
+        }
+        for ((f, tx), p) in fetches.into_iter().zip(plans) {
+            tx.send(p.map(|iods| self.assemble(&f, iods)));
+        }
+    }
+
+    fn assemble(&self, f: &data::FetchReq, iods: Vec<IodRead>) -> (data::Response, Vec<u8>) {
+        let single = iods.len() == 1;
+        let mut values = Vec::with_capacity(iods.len());
+        let mut bulk = Vec::new();
+        for (r, iod) in iods.into_iter().zip(&f.iods) {
+            let mut fv = r.fv;
+            if let Some(e) = r.bad {
+                tracing::error!(target = self.id, dkey = %show(&f.dkey), akey = %show(&iod.akey), "{}", e.msg);
+                fv.status = e.code;
+                fv.len = 0;
+            } else if fv.status == 0 {
+                fv.crc = peregrine_isal::crc32c(&r.out);
+                fv.has_crc = r.has_crc;
+                if single {
+                    bulk = r.out;
+                } else {
+                    bulk.extend_from_slice(&r.out);
                 }
             }
             values.push(fv);
         }
-        Ok((
+        (
             ok_response(Some(data::response::Body::Fetch(data::FetchResp {
                 values,
             }))),
             bulk,
-        ))
-    }
-
-    /// Fill `out` from the plan, verifying the chunk checksums of every device read.
-    fn read_segs(&mut self, segs: &[crate::index::Seg], out: &mut [u8]) -> Result<(), Errno> {
-        for s in segs {
-            let dst = &mut out[s.out_off as usize..(s.out_off + s.len) as usize];
-            match &s.src {
-                Src::Inline(b) => dst.copy_from_slice(b),
-                Src::Dev {
-                    ext,
-                    value_len,
-                    value_off,
-                } => {
-                    if s.len == 0 {
-                        continue;
-                    }
-                    let c0 = value_off / CSUM_CHUNK;
-                    let c1 = (value_off + s.len - 1) / CSUM_CHUNK;
-                    let start = c0 * CSUM_CHUNK;
-                    let end = ((c1 + 1) * CSUM_CHUNK).min(*value_len);
-                    let bytes = self
-                        .dev
-                        .read(self.data_off(ext.block) + start, (end - start) as usize)
-                        .map_err(|e| {
-                            Errno::new(
-                                -libc::EIO,
-                                format!("target {}: read block {}: {e}", self.id, ext.block),
-                            )
-                        })?;
-                    for (i, chunk) in bytes.chunks(CSUM_CHUNK as usize).enumerate() {
-                        let c = c0 as usize + i;
-                        if ext.csums.get(c).copied() != Some(peregrine_isal::crc32c(chunk)) {
-                            return Err(Errno::new(
-                                -peregrine_proto::CSUM_ERRNO,
-                                format!(
-                                    "target {}: checksum mismatch in chunk {c} of the extent at data block {} (device corruption)",
-                                    self.id, ext.block
-                                ),
-                            ));
-                        }
-                    }
-                    let from = (value_off - start) as usize;
-                    dst.copy_from_slice(&bytes[from..from + s.len as usize]);
-                }
-            }
-        }
-        Ok(())
+        )
     }
 
     fn list(&mut self, l: data::ListReq) -> Reply {
