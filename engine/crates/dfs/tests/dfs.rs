@@ -342,8 +342,12 @@ fn file_io_sizes_and_truncate() {
 
 #[test]
 fn readdir_stable_cookies() {
-    // Metadata lives in the scm tier: give this pool a large one.
-    let c = Cluster::start(ClusterSpec::default());
+    // Metadata lives in the scm tier, which checkpoint slots bound: a large
+    // (sparse) device and a large scm tier.
+    let c = Cluster::start(ClusterSpec {
+        device_mib: 2048,
+        ..Default::default()
+    });
     c.format();
     let mut m = c.mgmt();
     c.rt.block_on(m.pool_create(PoolCreateReq {
@@ -365,7 +369,7 @@ fn readdir_stable_cookies() {
     let n: usize = std::env::var("DFS_READDIR_ENTRIES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(100_000);
     let threads = 8;
     std::thread::scope(|s| {
         for t in 0..threads {

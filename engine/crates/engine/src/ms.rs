@@ -799,7 +799,7 @@ impl Mgmt for MgmtService {
                 }
                 return Err(Status::new(
                     e.code(),
-                    format!("pool create {:?}: rank {rank}: {}", r.label, e.message()),
+                    format!("rank {rank}: {}", e.message()),
                 ));
             }
             done.push(rank);

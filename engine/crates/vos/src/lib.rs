@@ -232,14 +232,16 @@ impl Storage {
                 sb.device_bytes
             )));
         }
-        let scm_budget = opts.scm_bytes / sb.targets as u64;
-        if scm_budget > sb.ckpt_bytes / 2 {
-            // Checkpoints make the SCM tier durable; a fuller tier than a slot
-            // holds makes checkpoints fail and the WAL run out.
+        // Checkpoints make the SCM tier durable, so a target may hold no more
+        // metadata than a checkpoint slot can take (half of it: the encoded
+        // index is larger than the accounted bytes). Past that, updates get a
+        // clean ENOSPC instead of failing checkpoints and a WAL that fills.
+        let configured = opts.scm_bytes / sb.targets as u64;
+        let scm_budget = configured.min(sb.ckpt_bytes / 2);
+        if scm_budget < configured {
             tracing::warn!(
-                "scm.size {} gives {} bytes per target, more than half a checkpoint slot ({} bytes) of this device; metadata beyond that fails with ENOSPC once the WAL fills",
+                "scm.size {} gives {configured} bytes per target, but this device's checkpoint slots hold {} bytes; using {scm_budget} bytes per target (a larger device raises it)",
                 opts.scm_bytes,
-                scm_budget,
                 sb.ckpt_bytes
             );
         }

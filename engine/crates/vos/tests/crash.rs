@@ -141,7 +141,7 @@ fn crash_after_kill_keeps_acknowledged_updates() {
     format(&opts, "crash", 0, false).unwrap();
     let (pool, cont) = (Uuid::new_v4(), Uuid::new_v4());
     let st = Storage::open(&opts).unwrap();
-    st.pool_create(pool, 16 * MIB, 64 * MIB).unwrap();
+    st.pool_create(pool, 7 * MIB, 64 * MIB).unwrap();
     st.close();
     let exe = std::env::current_exe().unwrap();
     let mut rng = rand::thread_rng();

@@ -13,7 +13,9 @@ const LATEST: u64 = u64::MAX;
 fn open_with_pool(e: &Env, nvme: u64) -> (Storage, Uuid, Uuid) {
     let st = Storage::open(&e.opts).unwrap();
     let pool = Uuid::new_v4();
-    st.pool_create(pool, 8 * MIB, nvme).unwrap();
+    // The SCM budget per target is capped by the checkpoint slot of these small devices.
+    let scm_per_target = (st.device_space().3 / st.targets() as u64).min(8 * MIB);
+    st.pool_create(pool, scm_per_target, nvme).unwrap();
     (st, pool, Uuid::new_v4())
 }
 
@@ -271,7 +273,8 @@ fn enospc_and_space_reuse_after_punch_and_aggregation() {
     let st = Storage::open(&e.opts).unwrap();
     let (nvme_total, nvme_unres, scm_total, _) = st.device_space();
     assert_eq!(nvme_total, nvme_unres);
-    assert_eq!(scm_total, 64 * MIB);
+    // 64 MiB configured, capped to half of each target's checkpoint slot.
+    assert_eq!(scm_total, 2 * st.superblock().ckpt_bytes / 2);
     // Too big for the device: named tier, need and free.
     let err = st.pool_create(Uuid::new_v4(), MIB, nvme_total).unwrap_err();
     assert_eq!(err.errno(), -libc::ENOSPC);
