@@ -284,6 +284,38 @@ fn unformatted_engine_refuses_io_and_foreign_device_needs_force() {
     assert!(!scan.ranks[0].formatted);
     assert_eq!(scan.ranks[0].state, "maintenance");
 
+    // The data plane refuses I/O until the device is formatted, saying why.
+    {
+        use peregrine_proto::data;
+        use peregrine_proto::frame::{self, Opcode};
+        use prost::Message;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", c.engines[0].data_port)).unwrap();
+        let fetch = data::FetchReq {
+            addr: Some(data::Address {
+                pool: vec![1; 16],
+                cont: vec![2; 16],
+                oid: Some(data::ObjectId { hi: 1, lo: 1 }),
+                shard: 0,
+                target: 0,
+                map_version: 0,
+            }),
+            epoch: u64::MAX,
+            dkey: b"d".to_vec(),
+            iods: vec![data::Iod {
+                akey: b"a".to_vec(),
+                ..Default::default()
+            }],
+        };
+        frame::write_frame(&mut s, Opcode::Fetch, 0, 3, &fetch.encode_to_vec(), &[]).unwrap();
+        let f = frame::read_frame(&mut s).unwrap();
+        let st = data::Response::decode(f.msg.as_slice())
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(st.code, -libc::EAGAIN, "{st:?}");
+        assert!(st.message.contains("maintenance"), "{st:?}");
+    }
+
     // Put an ext4-like signature on the device: format must refuse without force.
     let mut e = c;
     e.engines[0].kill9();

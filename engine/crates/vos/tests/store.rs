@@ -788,3 +788,43 @@ fn batched_fetches_are_exact() {
         pattern(3, 9000)
     );
 }
+
+fn hugepages_free() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// With hugepages on the machine, a target's registered buffers come from
+/// them. Without any, the test reserves some (as root) and gives them back.
+#[test]
+fn buffers_come_from_hugepages_when_the_machine_has_them() {
+    const KNOB: &str = "/proc/sys/vm/nr_hugepages";
+    let original = std::fs::read_to_string(KNOB).unwrap_or_default();
+    let mut raised = false;
+    if hugepages_free() < 32 {
+        let n: u64 = original.trim().parse().unwrap_or(0);
+        raised = std::fs::write(KNOB, format!("{}", n + 64)).is_ok();
+    }
+    let free_before = hugepages_free();
+    if free_before < 32 {
+        eprintln!("SKIP: no hugepages available and cannot reserve any (not root?)");
+        return;
+    }
+    let e = env(64, 1);
+    let mut opts = e.opts.clone();
+    opts.hugepages = true;
+    let st = Storage::open(&opts).unwrap();
+    let used = free_before - hugepages_free();
+    st.close();
+    if raised {
+        let _ = std::fs::write(KNOB, original.trim());
+    }
+    assert!(
+        used >= 16,
+        "the target's 16 x 2 MiB buffers should be hugepages; {used} pages taken"
+    );
+}
