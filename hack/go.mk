@@ -38,8 +38,9 @@ kube-bin:
 kube-node-bin:
 	KUBE_VERSION=$(KUBE_VERSION) KUBE_CACHE_DIR=$(KUBE_CACHE_DIR) bash hack/build-kube.sh --node >/dev/null
 
+# The whole workspace, as test-engine builds it: the same feature set, so nothing recompiles.
 engine-bin:
-	cd $(ENGINE) && $(CARGO) build -p peregrine-engine -p peregrine-cli
+	cd $(ENGINE) && $(CARGO) build --workspace
 
 ## go-test: envtest suites on a real kube-apiserver + etcd, Pool/Container against real engines.
 go-test: kube-bin engine-bin
