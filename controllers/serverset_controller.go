@@ -108,20 +108,43 @@ func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.S
 	replicas := ss.Spec.Engines
 	current := &appsv1.StatefulSet{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: ss.Namespace, Name: ss.Name}, current)
+	found := err == nil
 	switch {
-	case err == nil:
+	case found:
 		if current.Spec.Replicas != nil && *current.Spec.Replicas > replicas {
 			replicas = *current.Spec.Replicas // scaling down is refused; setConditions says why
 		}
 	case !apierrors.IsNotFound(err):
 		return nil, 0, err
 	}
-	sts := renderStatefulSet(ss, replicas, configHash(cm))
+	desiredHash := templateHash(renderStatefulSet(ss, replicas, 0, configHash(cm)).Spec.Template)
+	partition := int32(0)
+	if found {
+		s := rollState{
+			replicas:     replicas,
+			partition:    currentPartition(current),
+			previousHash: current.Annotations[templateHashKey],
+			desiredHash:  desiredHash,
+			updated:      current.Status.UpdatedReplicas,
+			ready:        current.Status.ReadyReplicas,
+			observed:     current.Status.ObservedGeneration >= current.Generation,
+		}
+		if s.partition > 0 && s.previousHash == s.desiredHash {
+			s.systemHealthy = r.systemHealthy(ctx, ss, replicas)
+		}
+		partition = nextPartition(s)
+	}
+	sts := renderStatefulSet(ss, replicas, partition, configHash(cm))
+	sts.Annotations = map[string]string{templateHashKey: desiredHash}
 	if err := r.apply(ctx, ss, sts, func(existing client.Object) {
 		e := existing.(*appsv1.StatefulSet)
 		e.Spec.Replicas = sts.Spec.Replicas
 		e.Spec.Template = sts.Spec.Template
 		e.Spec.UpdateStrategy = sts.Spec.UpdateStrategy
+		if e.Annotations == nil {
+			e.Annotations = map[string]string{}
+		}
+		e.Annotations[templateHashKey] = desiredHash
 	}); err != nil {
 		return nil, 0, err
 	}

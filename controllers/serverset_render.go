@@ -226,7 +226,7 @@ func engineResources(ss *storagev1.ServerSet) corev1.ResourceRequirements {
 
 // renderStatefulSet renders the engines; replicas is what the reconciler decided (it refuses to
 // scale down).
-func renderStatefulSet(ss *storagev1.ServerSet, replicas int32, cfgHash string) *appsv1.StatefulSet {
+func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHash string) *appsv1.StatefulSet {
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
@@ -280,10 +280,14 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas int32, cfgHash string) 
 			Selector:    &metav1.LabelSelector{MatchLabels: engineSelector(ss)},
 			// Engines start together: the first format waits for all of them to join.
 			PodManagementPolicy: appsv1.ParallelPodManagement,
-			// One engine at a time; the readiness probe holds the roll until the engine serves again.
+			// One engine at a time: the operator lowers the partition (serverset_upgrade.go) only
+			// when the management service sees the system whole again.
 			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{
-				Type:          appsv1.RollingUpdateStatefulSetStrategyType,
-				RollingUpdate: &appsv1.RollingUpdateStatefulSetStrategy{MaxUnavailable: ptr.To(intstr.FromInt32(1))},
+				Type: appsv1.RollingUpdateStatefulSetStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateStatefulSetStrategy{
+					MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+					Partition:      ptr.To(partition),
+				},
 			},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{configHashKey: cfgHash}},

@@ -129,7 +129,7 @@ var _ = Describe("ServerSet", func() {
 		ss := newServerSet("nvme", "", 1)
 		ss.Spec.Storage.Emulated = nil
 		ss.Spec.Storage.Nvme = &storagev1.NvmeStorage{Device: "/dev/disk/by-id/nvme-eui.0001"}
-		sts := renderStatefulSet(ss, 1, "h")
+		sts := renderStatefulSet(ss, 1, 0, "h")
 		var vol corev1.Volume
 		for _, v := range sts.Spec.Template.Spec.Volumes {
 			if v.Name == "nvme" {
@@ -183,4 +183,56 @@ var _ = Describe("ServerSet", func() {
 		Expect(k8s.Update(ctx, ss)).To(Succeed())
 		Eventually(func() int32 { return getServerSet("foreign")().Status.ReadyEngines }, 60*time.Second).Should(Equal(int32(1)))
 	})
+
+	It("rolls a new template one engine at a time, holding while the system is not whole", func() {
+		e := startEngine("roll", false)
+		Expect(k8s.Create(ctx, newServerSet("roll", e.addr, 2))).To(Succeed())
+		sts := &appsv1.StatefulSet{}
+		key := client.ObjectKey{Namespace: "default", Name: "roll"}
+		Eventually(func() error { return k8s.Get(ctx, key, sts) }, 20*time.Second).Should(Succeed())
+		Expect(currentPartition(sts)).To(BeZero())
+
+		By("changing the image")
+		ss := getServerSet("roll")()
+		ss.Spec.Image = "peregrine:v2"
+		Expect(k8s.Update(ctx, ss)).To(Succeed())
+		Eventually(func() int32 {
+			Expect(k8s.Get(ctx, key, sts)).To(Succeed())
+			return currentPartition(sts)
+		}, 20*time.Second).Should(Equal(int32(1)), "only the highest rank takes the new template first")
+		Expect(sts.Spec.Template.Spec.Containers[0].Image).To(Equal("peregrine:v2"))
+
+		By("rank 1 updated and every pod ready, but the management service sees one engine of two")
+		sts.Status.Replicas, sts.Status.ReadyReplicas, sts.Status.UpdatedReplicas = 2, 2, 1
+		sts.Status.ObservedGeneration = sts.Generation
+		Expect(k8s.Status().Update(ctx, sts)).To(Succeed())
+		Consistently(func() int32 {
+			Expect(k8s.Get(ctx, key, sts)).To(Succeed())
+			return currentPartition(sts)
+		}, 4*time.Second, 500*time.Millisecond).Should(Equal(int32(1)))
+	})
+})
+
+var _ = Describe("nextPartition", func() {
+	base := rollState{replicas: 3, desiredHash: "b", previousHash: "b", observed: true}
+	with := func(f func(*rollState)) rollState { s := base; f(&s); return s }
+	DescribeTable("steps one engine at a time",
+		func(s rollState, want int32) { Expect(nextPartition(s)).To(Equal(want)) },
+		Entry("nothing to roll", base, int32(0)),
+		Entry("a new template starts at the highest rank", with(func(s *rollState) { s.previousHash = "a" }), int32(2)),
+		Entry("a single engine rolls at once", with(func(s *rollState) { s.previousHash = "a"; s.replicas = 1 }), int32(0)),
+		Entry("waits for the updated pod", with(func(s *rollState) { s.partition = 2; s.ready = 3; s.systemHealthy = true }), int32(2)),
+		Entry("waits for readiness", with(func(s *rollState) { s.partition = 2; s.updated = 1; s.ready = 2; s.systemHealthy = true }), int32(2)),
+		Entry("waits for the system", with(func(s *rollState) { s.partition = 2; s.updated = 1; s.ready = 3 }), int32(2)),
+		Entry("waits for the StatefulSet controller", with(func(s *rollState) {
+			s.partition = 2
+			s.updated = 1
+			s.ready = 3
+			s.systemHealthy = true
+			s.observed = false
+		}), int32(2)),
+		Entry("steps down when all hold", with(func(s *rollState) { s.partition = 2; s.updated = 1; s.ready = 3; s.systemHealthy = true }), int32(1)),
+		Entry("last step", with(func(s *rollState) { s.partition = 1; s.updated = 2; s.ready = 3; s.systemHealthy = true }), int32(0)),
+		Entry("a newer template mid-roll restarts from the top", with(func(s *rollState) { s.partition = 1; s.previousHash = "a" }), int32(2)),
+	)
 })
