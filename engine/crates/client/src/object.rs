@@ -18,6 +18,10 @@
 //!   engine's own "highest byte + 1" *is* the logical size; it only grows,
 //!   needs no read-modify-write and cannot race. Listing hides these akeys.
 //!   SINGLE values of EC objects are replicated to all `k + p` shards.
+//! - **Conditional insert** ([`Object::insert_single`]): the group's first
+//!   shard (index order) arbitrates; it takes the update with
+//!   `insert_only` first, the other shards get it only after it succeeded.
+//!   With that shard's target down the insert fails (`-EHOSTDOWN`).
 //! - **Checksums** (container property `checksum = crc32c`): every value
 //!   goes out with its CRC32C (`has_crc`) and every fetched value carrying a
 //!   CRC is verified; a mismatch counts as a failed shard, so the read moves
@@ -421,6 +425,70 @@ impl Object {
         .map_err(|e| e.context(self.what(dkey)))
     }
 
+    /// Create SINGLE value `akey` of `dkey` only if it does not exist:
+    /// fails with `-EEXIST` (and writes nothing) if it has a value, so of
+    /// several clients inserting the same key at once exactly one succeeds.
+    ///
+    /// The group's first shard (shard index order) is the arbiter: the
+    /// conditional update goes to it alone first, and only once it succeeds
+    /// are the other shards of the group (the other replicas; for EC
+    /// objects, whose single values are replicated to all `k + p` shards,
+    /// the other cells) written, unconditionally, at the same epoch. If the
+    /// first shard's target is down, the insert fails with `-EHOSTDOWN`
+    /// instead of choosing another arbiter: two clients with different pool
+    /// maps could otherwise both "win" on different shards. Down shards
+    /// other than the first are skipped as for [`Object::update_single`]
+    /// (within the class's fault tolerance). Should a later replica write
+    /// fail, the error is returned but the arbiter keeps the value: a retry
+    /// then sees `-EEXIST` (as DAOS, a failed conditional create may have
+    /// happened).
+    pub fn insert_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
+        check_keys(dkey, Some(akey))?;
+        if value.len() > peregrine_proto::frame::MAX_BULK as usize {
+            return Err(Error::inval(format!(
+                "{}: single value of {} bytes is too large",
+                self.what(dkey),
+                value.len()
+            )));
+        }
+        let epoch = hlc::now();
+        let iod = self.iod(akey, ValueKind::Single, 0, &[value]);
+        // The arbiter: a stale map (-ESTALE) is refreshed and retried, as
+        // the engine rejects it before storing anything.
+        self.with_map(|map| {
+            let g = self.group(map, dkey)?;
+            let first = g.shards[0];
+            if !map.targets[first.target].up {
+                return Err(Error::new(
+                    -libc::EHOSTDOWN,
+                    format!(
+                        "{}: conditional insert: the group's first shard {} (the arbiter) is on a down target (rank {})",
+                        self.where_(map, &first),
+                        first.shard,
+                        map.targets[first.target].rank
+                    ),
+                ));
+            }
+            self.check_redundancy(map, &g)?;
+            self.update_shard_cond(map, &first, epoch, dkey, vec![iod.clone()], &[value], true)
+        })
+        .map_err(|e| e.context(format!("{} akey {}", self.what(dkey), fmt_key(akey))))?;
+        // The other shards, unconditionally (retried separately: the
+        // arbiter must not be asked again).
+        self.with_map(|map| {
+            let g = self.group(map, dkey)?;
+            let rest = Group {
+                group: g.group,
+                shards: g.shards[1..].to_vec(),
+            };
+            self.check_redundancy(map, &g)?;
+            self.write_shards(map, &[rest], |loc| {
+                self.update_shard(map, loc, epoch, dkey, vec![iod.clone()], &[value])
+            })
+        })
+        .map_err(|e| e.context(self.what(dkey)))
+    }
+
     /// Write `data` at byte `offset` of ARRAY value `akey` of `dkey`.
     pub fn update_array(&self, dkey: &[u8], akey: &[u8], offset: u64, data: &[u8]) -> Result<()> {
         check_keys(dkey, Some(akey))?;
@@ -670,11 +738,28 @@ impl Object {
         iods: Vec<Iod>,
         bulk: &[&[u8]],
     ) -> Result<()> {
+        self.update_shard_cond(map, loc, epoch, dkey, iods, bulk, false)
+    }
+
+    /// [`Object::update_shard`], conditional on none of the akeys existing
+    /// on that shard when `insert_only` (the engine answers `-EEXIST`).
+    #[allow(clippy::too_many_arguments)]
+    fn update_shard_cond(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        iods: Vec<Iod>,
+        bulk: &[&[u8]],
+        insert_only: bool,
+    ) -> Result<()> {
         let req = UpdateReq {
             addr: Some(self.address(map, loc)),
             epoch,
             dkey: dkey.to_vec(),
             iods,
+            insert_only,
         };
         self.call(map, loc, Opcode::Update, &req, bulk).map(|_| ())
     }
@@ -877,24 +962,9 @@ impl Object {
         groups: &[Group],
         f: impl Fn(&ShardLoc) -> Result<()> + Sync,
     ) -> Result<()> {
-        let ft = self.class.fault_tolerance() as usize;
         let mut live = Vec::new();
         for g in groups {
-            let down: Vec<&ShardLoc> = g
-                .shards
-                .iter()
-                .filter(|l| !map.targets[l.target].up)
-                .collect();
-            if down.len() > ft {
-                let which: Vec<String> = down
-                    .iter()
-                    .map(|l| format!("rank {}", map.targets[l.target].rank))
-                    .collect();
-                return Err(Error::new(
-                    -libc::EHOSTDOWN,
-                    format!("pool {:?}: group {} has {} shards on down targets ({}), class {} tolerates {ft}", map.name(), g.group, down.len(), which.join(", "), self.class),
-                ));
-            }
+            self.check_redundancy(map, g)?;
             live.extend(
                 g.shards
                     .iter()
@@ -906,6 +976,28 @@ impl Object {
             .into_iter()
             .collect::<Result<Vec<()>>>()
             .map(|_| ())
+    }
+
+    /// `-EHOSTDOWN` if more of the group's shards are on down targets than
+    /// the class tolerates.
+    fn check_redundancy(&self, map: &PoolMap, g: &Group) -> Result<()> {
+        let ft = self.class.fault_tolerance() as usize;
+        let down: Vec<&ShardLoc> = g
+            .shards
+            .iter()
+            .filter(|l| !map.targets[l.target].up)
+            .collect();
+        if down.len() > ft {
+            let which: Vec<String> = down
+                .iter()
+                .map(|l| format!("rank {}", map.targets[l.target].rank))
+                .collect();
+            return Err(Error::new(
+                -libc::EHOSTDOWN,
+                format!("pool {:?}: group {} has {} shards on down targets ({}), class {} tolerates {ft}", map.name(), g.group, down.len(), which.join(", "), self.class),
+            ));
+        }
+        Ok(())
     }
 
     /// The group's shards in read order: rotation by hash so reads spread

@@ -41,11 +41,18 @@
 //!   it, and new subdirectories inherit the override.
 //!
 //! # Consistency (documented limits)
-//! The engine has no conditional update, so `create(O_EXCL)`, `mkdir` and
-//! `rename(NOREPLACE)` are atomic against other threads of this [`Dfs`]
-//! (striped locks by parent and name) but not against other clients;
-//! rename is "write new entry, then punch old" (a concurrent reader may
-//! briefly see both names). Rename of a directory into its own subtree is
+//! New directory entries (`create`, `mkdir`, `symlink`, the destination of
+//! `rename(NOREPLACE)`) are written with a conditional insert
+//! ([`Object::insert_single`]: the engine fails it with `EEXIST` if the
+//! name's `"inode"` akey has a value), so they are atomic against other
+//! clients too: of several mounts creating one name, exactly one wins and
+//! the others get `EEXIST` (a non-exclusive `create` opens the winner's
+//! file). The directory's first shard arbitrates; with it down such
+//! operations fail with `EHOSTDOWN`. Threads of one [`Dfs`] are also
+//! serialized by striped locks by parent and name. Plain `rename` and
+//! `RENAME_EXCHANGE` remain check-then-write across clients; rename is
+//! "write new entry, then punch old" (a concurrent reader may briefly see
+//! both names). Rename of a directory into its own subtree is
 //! not checked here (the kernel checks it for FUSE).
 
 use parking_lot::{Mutex, MutexGuard};
@@ -543,6 +550,20 @@ impl Dfs {
         self.obj(parent)?.update_single(name, INODE, &e.encode())
     }
 
+    /// Write a new entry only if the name is free (conditional insert,
+    /// atomic across clients); `EEXIST` otherwise.
+    fn insert_entry(&self, parent: ObjectId, name: &[u8], e: &Entry) -> Result<()> {
+        self.obj(parent)?
+            .insert_single(name, INODE, &e.encode())
+            .map_err(|x| {
+                if x.code == -libc::EEXIST {
+                    err(libc::EEXIST, format!("{:?} exists", show(name)))
+                } else {
+                    x
+                }
+            })
+    }
+
     fn class_for(&self, parent: &Node, dir: bool) -> ObjectClass {
         match ObjectClass::from_id(parent.entry.child_class) {
             Some(c) => c,
@@ -664,35 +685,47 @@ impl Dfs {
         Self::need_dir(parent)?;
         check_name(name)?;
         let _g = self.lock(&[(parent.oid(), name)]);
-        if let Some(e) = self.fetch_entry(parent.oid(), name)? {
-            if excl {
-                return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
+        // Another client may create (or remove) the name between our look
+        // and our insert: a lost insert race opens the winner's file
+        // (without O_EXCL), so try a few rounds before giving up.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if let Some(e) = self.fetch_entry(parent.oid(), name)? {
+                if excl {
+                    return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
+                }
+                if e.is_dir() {
+                    return Err(err(
+                        libc::EISDIR,
+                        format!("{:?} is a directory", show(name)),
+                    ));
+                }
+                let n = Node {
+                    parent: parent.oid(),
+                    name: name.to_vec(),
+                    entry: e,
+                };
+                return Ok((n, false));
             }
-            if e.is_dir() {
-                return Err(err(
-                    libc::EISDIR,
-                    format!("{:?} is a directory", show(name)),
-                ));
+            self.check_rw()?;
+            let oid = self.alloc_oid(self.class_for(parent, false));
+            let e = self.new_entry(libc::S_IFREG | (mode & 0o7777), uid, gid, oid);
+            match self.insert_entry(parent.oid(), name, &e) {
+                Ok(()) => {
+                    return Ok((
+                        Node {
+                            parent: parent.oid(),
+                            name: name.to_vec(),
+                            entry: e,
+                        },
+                        true,
+                    ))
+                }
+                Err(x) if x.code == -libc::EEXIST && !excl && tries < 5 => continue,
+                Err(x) => return Err(x),
             }
-            let n = Node {
-                parent: parent.oid(),
-                name: name.to_vec(),
-                entry: e,
-            };
-            return Ok((n, false));
         }
-        self.check_rw()?;
-        let oid = self.alloc_oid(self.class_for(parent, false));
-        let e = self.new_entry(libc::S_IFREG | (mode & 0o7777), uid, gid, oid);
-        self.put_entry(parent.oid(), name, &e)?;
-        Ok((
-            Node {
-                parent: parent.oid(),
-                name: name.to_vec(),
-                entry: e,
-            },
-            true,
-        ))
     }
 
     fn add_new(&self, parent: &Node, name: &[u8], e: Entry) -> Result<Node> {
@@ -700,10 +733,7 @@ impl Dfs {
         check_name(name)?;
         self.check_rw()?;
         let _g = self.lock(&[(parent.oid(), name)]);
-        if self.fetch_entry(parent.oid(), name)?.is_some() {
-            return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
-        }
-        self.put_entry(parent.oid(), name, &e)?;
+        self.insert_entry(parent.oid(), name, &e)?;
         Ok(Node {
             parent: parent.oid(),
             name: name.to_vec(),
@@ -841,7 +871,9 @@ impl Dfs {
     }
 
     /// Write entry `e` with xattrs `xs` at (dir, name), replacing what is
-    /// there (stale xattrs of the old occupant are punched).
+    /// there (stale xattrs of the old occupant are punched). With
+    /// `noreplace` the entry goes first, as a conditional insert (`EEXIST`
+    /// and nothing written if the name is taken), then its xattrs.
     fn install(
         &self,
         dir: ObjectId,
@@ -849,8 +881,16 @@ impl Dfs {
         e: &Entry,
         xs: &[(Vec<u8>, Vec<u8>)],
         had_entry: bool,
+        noreplace: bool,
     ) -> Result<()> {
         let o = self.obj(dir)?;
+        if noreplace {
+            self.insert_entry(dir, name, e)?;
+            for (k, v) in xs {
+                o.update_single(name, k, v)?;
+            }
+            return Ok(());
+        }
         if had_entry {
             let old = self.xattr_keys(dir, name)?;
             let stale: Vec<&[u8]> = old
@@ -931,8 +971,8 @@ impl Dfs {
             let t = now_ns();
             se2.ctime = t;
             de2.ctime = t;
-            self.install(d, dname, &se2, &sx, true)?;
-            self.install(s, sname, &de2, &dx, true)?;
+            self.install(d, dname, &se2, &sx, true, false)?;
+            self.install(s, sname, &de2, &dx, true, false)?;
             return Ok(None);
         }
         if let Some(de) = &de {
@@ -961,7 +1001,14 @@ impl Dfs {
         }
         let mut se2 = se.clone();
         se2.ctime = now_ns();
-        self.install(d, dname, &se2, &sx, de.is_some())?;
+        self.install(
+            d,
+            dname,
+            &se2,
+            &sx,
+            de.is_some(),
+            flags & RENAME_NOREPLACE != 0,
+        )?;
         self.obj(s)?.punch_dkey(sname)?;
         Ok(de)
     }

@@ -420,3 +420,79 @@ fn readdir_stable_cookies() {
     let h2 = fs.opendir(&dir).unwrap();
     assert_eq!(h2.len(), n + 1);
 }
+
+/// Two mounts (two clients, as two FUSE daemons on two nodes) racing to
+/// create the same names: the conditional insert lets exactly one win each.
+#[test]
+fn exclusive_creates_race_across_mounts() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let c = cluster(2);
+    let mut m = c.mgmt();
+    // Replicated directories: the insert is arbitrated by the first shard.
+    c.rt.block_on(m.cont_create(ContCreateReq {
+        pool: "pool".into(),
+        label: "race".into(),
+        oclass: "SX".into(),
+        dir_oclass: "RP_2G1".into(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let a = mount(&c, "race", false);
+    let b = mount(&c, "race", false);
+    for dir in [false, true] {
+        let names: Vec<Vec<u8>> = (0..200)
+            .map(|i| format!("{}{i:03}", if dir { "d" } else { "f" }).into_bytes())
+            .collect();
+        let (wins, lost) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for fs in [&a, &a, &b, &b] {
+                let (names, wins, lost) = (&names, &wins, &lost);
+                s.spawn(move || {
+                    let root = fs.root();
+                    for n in names {
+                        let r = if dir {
+                            fs.mkdir(&root, n, 0o755, 0, 0).map(|_| ())
+                        } else {
+                            fs.create(&root, n, 0o644, 0, 0, true).map(|_| ())
+                        };
+                        match r {
+                            Ok(()) => wins.fetch_add(1, Ordering::Relaxed),
+                            Err(e) if e.code == -libc::EEXIST => {
+                                lost.fetch_add(1, Ordering::Relaxed)
+                            }
+                            Err(e) => panic!("{:?}: {e}", String::from_utf8_lossy(n)),
+                        };
+                    }
+                });
+            }
+        });
+        let what = if dir { "mkdir" } else { "create" };
+        assert_eq!(wins.into_inner(), 200, "{what}: each name created once");
+        assert_eq!(lost.into_inner(), 600, "{what}: the losers get EEXIST");
+        for n in &names {
+            let (x, y) = (
+                a.lookup(&a.root(), n).unwrap(),
+                b.lookup(&b.root(), n).unwrap(),
+            );
+            assert_eq!(x.entry, y.entry, "both mounts see the one winner");
+            assert_eq!(x.is_dir(), dir);
+        }
+    }
+    // Without O_EXCL, a create of a taken name opens it; RENAME_NOREPLACE
+    // onto a taken name fails and leaves both.
+    let (f, created) = b.create(&b.root(), b"f000", 0o644, 0, 0, false).unwrap();
+    assert!(!created);
+    assert_eq!(f.entry, a.lookup(&a.root(), b"f000").unwrap().entry);
+    assert_eq!(
+        code(a.rename(&a.root(), b"f001", &a.root(), b"f002", RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+    a.rename(&a.root(), b"f001", &a.root(), b"g001", RENAME_NOREPLACE)
+        .unwrap();
+    assert_eq!(code(b.lookup(&b.root(), b"f001")), libc::ENOENT);
+    b.lookup(&b.root(), b"g001").unwrap();
+    assert_eq!(
+        code(b.symlink(&b.root(), b"g001", b"/x", 0, 0)),
+        libc::EEXIST
+    );
+}

@@ -118,6 +118,7 @@ fn malformed_frames_close_only_their_connection() {
             crc: 0,
             has_crc: false,
         }],
+        insert_only: false,
     };
     frame::write_frame(
         &mut s,

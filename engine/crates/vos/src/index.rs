@@ -386,6 +386,41 @@ impl TargetIndex {
         Some((a, floor))
     }
 
+    /// What decides whether an akey has a visible value at the latest
+    /// epoch: the newest epoch of any of its versions and the newest punch
+    /// covering it (object, dkey or akey level). It is visible at the latest
+    /// epoch exactly when the first is above the second (a punch hides its
+    /// own epoch). Both only grow as changes apply, so the state after
+    /// further changes is the maximum of each.
+    pub(crate) fn akey_latest(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        akey: &[u8],
+    ) -> (Option<u64>, Option<u64>) {
+        let Some(o) = self.cont(pool, cont).and_then(|c| c.objs.get(obj)) else {
+            return (None, None);
+        };
+        let r = u64::MAX;
+        let of = level_floor(&o.punches, r);
+        let Some(d) = o.dkeys.get(dkey) else {
+            return (None, of);
+        };
+        let df = of.max(level_floor(&d.punches, r));
+        let Some(a) = d.akeys.get(akey) else {
+            return (None, df);
+        };
+        let newest = a
+            .singles
+            .keys()
+            .next_back()
+            .copied()
+            .max(a.extents.iter().map(|x| x.epoch).max());
+        (newest, df.max(level_floor(&a.punches, r)))
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn plan_fetch(
         &self,

@@ -54,6 +54,11 @@
 //!   (0 means 1000); the reply's anchor is the last key returned.
 //! - Punches are not charged against the pool quota (so a full pool can always be
 //!   punched and aggregated), though their records count in the used bytes.
+//! - `UpdateReq.insert_only`: the update fails whole with `-EEXIST` (nothing
+//!   stored) if any of its akeys has a value visible at the latest epoch
+//!   (any epoch, not punched), judged on the index plus the updates and
+//!   punches prepared before it in the same batch (so of two conditional
+//!   inserts of one akey in one batch the second fails).
 //! - Updates at epoch `u64::MAX` are rejected (that epoch means "latest" for reads).
 //! - `pool_destroy` of an absent pool succeeds (idempotent, for retries);
 //!   `pool_create` of an existing pool succeeds for the same sizes and fails

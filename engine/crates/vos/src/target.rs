@@ -568,6 +568,21 @@ impl Target {
             }
             parsed.push((iod, kind, range, large));
         }
+        if u.insert_only {
+            for iod in &u.iods {
+                if self.visible_latest(&pool, &cont, &obj, &u.dkey, &iod.akey, batch) {
+                    return Err(Errno::new(
+                        -libc::EEXIST,
+                        format!(
+                            "update: dkey {dk:?} akey {:?}: insert_only, but the akey already has a value on target {} shard {}; nothing stored",
+                            show(&iod.akey),
+                            self.id,
+                            obj.shard
+                        ),
+                    ));
+                }
+            }
+        }
         let p = &self.index.pools[&pool];
         let (bs, bn) = batch.space.get(&pool).copied().unwrap_or_default();
         for (tier, need, total, used) in [
@@ -646,6 +661,53 @@ impl Target {
             values,
         });
         Ok(())
+    }
+
+    /// Whether `akey` has a visible value at the latest epoch once the
+    /// changes already prepared in `batch` (applied before this request,
+    /// in queue order) are applied too.
+    fn visible_latest(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        akey: &[u8],
+        batch: &Batch,
+    ) -> bool {
+        let (mut newest, mut floor) = self.index.akey_latest(pool, cont, obj, dkey, akey);
+        for op in &batch.ops {
+            match op {
+                WalOp::Update {
+                    pool: p,
+                    cont: c,
+                    obj: o,
+                    dkey: d,
+                    epoch,
+                    values,
+                } if (p, c, o, d.as_slice()) == (pool, cont, obj, dkey)
+                    && values.iter().any(|v| v.akey == akey) =>
+                {
+                    newest = newest.max(Some(*epoch));
+                }
+                WalOp::Punch {
+                    pool: p,
+                    cont: c,
+                    obj: o,
+                    dkey: d,
+                    akeys,
+                    epoch,
+                } if (p, c, o) == (pool, cont, obj)
+                    && (d.is_empty()
+                        || (d.as_slice() == dkey
+                            && (akeys.is_empty() || akeys.iter().any(|a| a == akey)))) =>
+                {
+                    floor = floor.max(Some(*epoch));
+                }
+                _ => {}
+            }
+        }
+        newest > floor
     }
 
     fn prepare_punch(&mut self, p: data::PunchReq) -> Result<WalOp, Errno> {

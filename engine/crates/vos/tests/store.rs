@@ -137,6 +137,7 @@ fn punches_and_listing_with_anchors() {
                 epoch: 10,
                 dkey: format!("k{i:05}").into_bytes(),
                 iods: vec![iod],
+                insert_only: false,
             };
             st.submit(Request::Update(req, v))
         })
@@ -597,6 +598,7 @@ fn malformed_requests_get_errnos() {
                 epoch: 1,
                 dkey: b"d".to_vec(),
                 iods: vec![iod.clone()],
+                insert_only: false,
             },
             bulk,
         )
@@ -765,6 +767,7 @@ fn batched_fetches_are_exact() {
                 epoch: 11,
                 dkey: b"other".to_vec(),
                 iods: vec![iod],
+                insert_only: false,
             };
             pending.push((st.submit(Request::Update(req, v)), Vec::new(), false));
         }
@@ -827,4 +830,122 @@ fn buffers_come_from_hugepages_when_the_machine_has_them() {
         used >= 16,
         "the target's 16 x 2 MiB buffers should be hugepages; {used} pages taken"
     );
+}
+
+fn insert_req(o: &Obj, epoch: u64, dkey: &str, akey: &str, v: &[u8]) -> Request {
+    let (iod, bulk) = single(akey, v);
+    let req = data::UpdateReq {
+        addr: o.addr(),
+        epoch,
+        dkey: dkey.as_bytes().to_vec(),
+        iods: vec![iod],
+        insert_only: true,
+    };
+    Request::Update(req, bulk)
+}
+
+#[test]
+fn insert_only_is_a_conditional_insert() {
+    let e = env(64, 1);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 9, 0);
+
+    // New akey: stored.
+    wait(&st, insert_req(&o, 10, "d", "a", b"one")).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "a").unwrap(), b"one");
+    // Existing akey: EEXIST naming the keys, nothing changed (not even the
+    // other, new akey of the same request).
+    let (i1, v1) = single("b", b"new");
+    let (i2, v2) = single("a", b"two");
+    let req = data::UpdateReq {
+        addr: o.addr(),
+        epoch: 20,
+        dkey: b"d".to_vec(),
+        iods: vec![i1, i2],
+        insert_only: true,
+    };
+    let err = wait(&st, Request::Update(req, [v1, v2].concat())).unwrap_err();
+    assert_eq!(err.code, -libc::EEXIST, "{err}");
+    assert!(
+        err.msg.contains("\"d\"") && err.msg.contains("\"a\""),
+        "{err}"
+    );
+    assert_eq!(get_single(&st, &o, LATEST, "d", "a").unwrap(), b"one");
+    assert_eq!(get_single(&st, &o, LATEST, "d", "b"), Err(-libc::ENOENT));
+    // After a punch (akey or dkey level) the insert succeeds again.
+    punch(&st, &o, 30, "d", &["a"]).unwrap();
+    wait(&st, insert_req(&o, 40, "d", "a", b"three")).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "a").unwrap(), b"three");
+    punch(&st, &o, 50, "d", &[]).unwrap();
+    wait(&st, insert_req(&o, 60, "d", "a", b"four")).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "a").unwrap(), b"four");
+    // A plain update still overwrites.
+    update(&st, &o, 70, "d", vec![single("a", b"five")]).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "d", "a").unwrap(), b"five");
+
+    // Pipelined: two conditional inserts per key queued back to back (so
+    // they mostly share a batch): exactly one of each pair wins, and the
+    // stored value is the winner's.
+    let n = 100;
+    let mut pending = Vec::new();
+    for i in 0..n {
+        let k = format!("k{i}");
+        for w in 0..2u8 {
+            pending.push((
+                i,
+                w,
+                st.submit(insert_req(&o, 100 + i as u64, &k, "inode", &[w])),
+            ));
+        }
+    }
+    let mut wins = vec![Vec::new(); n];
+    for (i, w, rx) in pending {
+        match rx.recv().unwrap() {
+            Ok(_) => wins[i].push(w),
+            Err(e) => assert_eq!(e.code, -libc::EEXIST, "{e}"),
+        }
+    }
+    for (i, w) in wins.iter().enumerate() {
+        assert_eq!(w.len(), 1, "key k{i}: winners {w:?}");
+        let k = format!("k{i}");
+        assert_eq!(
+            get_single(&st, &o, LATEST, &k, "inode").unwrap(),
+            vec![w[0]]
+        );
+    }
+    // Within one batch, a queued punch makes room and a queued update takes it.
+    let rp = st.submit(Request::Punch(data::PunchReq {
+        addr: o.addr(),
+        epoch: 1000,
+        dkey: b"k0".to_vec(),
+        akeys: vec![],
+    }));
+    let ri = st.submit(insert_req(&o, 1001, "k0", "inode", b"x"));
+    let ru = st.submit({
+        let (iod, bulk) = single("inode", b"y");
+        Request::Update(
+            data::UpdateReq {
+                addr: o.addr(),
+                epoch: 1002,
+                dkey: b"k1".to_vec(),
+                iods: vec![iod],
+                insert_only: false,
+            },
+            bulk,
+        )
+    });
+    let ri2 = st.submit(insert_req(&o, 1003, "k1", "inode", b"z"));
+    rp.recv().unwrap().unwrap();
+    ri.recv().unwrap().unwrap();
+    ru.recv().unwrap().unwrap();
+    assert_eq!(ri2.recv().unwrap().unwrap_err().code, -libc::EEXIST);
+    assert_eq!(get_single(&st, &o, LATEST, "k0", "inode").unwrap(), b"x");
+    assert_eq!(get_single(&st, &o, LATEST, "k1", "inode").unwrap(), b"y");
+
+    // The outcome survives replay.
+    drop(st);
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "k1", "inode").unwrap(), b"y");
+    let err = wait(&st, insert_req(&o, 2000, "k1", "inode", b"w")).unwrap_err();
+    assert_eq!(err.code, -libc::EEXIST);
 }

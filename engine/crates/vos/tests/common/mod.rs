@@ -121,6 +121,7 @@ pub fn update(
         epoch,
         dkey: dkey.as_bytes().to_vec(),
         iods,
+        insert_only: false,
     };
     wait(st, Request::Update(req, bulk)).map(|_| ())
 }
