@@ -10,9 +10,14 @@
 //! - **Erasure coding** (`EC_kPp`, cell [`EC_CELL_SIZE`]): array byte `o` is
 //!   in cell `c = o / cell`, stripe `s = c / k`, stored on data shard
 //!   `c % k` at shard offset `s * cell + o % cell`; parity shard `j` holds
-//!   stripe `s`'s parity cell `j` at `s * cell`. Writes always write whole
-//!   stripes (all `k + p` cells; partial stripes are read, merged and
-//!   re-encoded). The logical array size is kept in a companion ARRAY akey
+//!   stripe `s`'s parity cell `j` at `s * cell`. Whole-stripe writes
+//!   write all `k + p` cells. Partial-stripe writes write only the caller's
+//!   bytes to the data shards, then re-encode parity from a fresh read of
+//!   the data cells and write it (writers updating disjoint bytes of a
+//!   stripe from different processes keep each other's data; each writer
+//!   re-encodes until the parity matches what the data shards hold, see
+//!   `Object::ec_write_partial`). With a data shard down, partial stripes
+//!   are read (reconstructed), merged and re-encoded whole instead. The logical array size is kept in a companion ARRAY akey
 //!   `"\0prg.size\0" + akey` ([`EC_SIZE_PREFIX`]) replicated on all `k + p`
 //!   shards: each write also stores one zero byte at `end - 1`, so the
 //!   engine's own "highest byte + 1" *is* the logical size; it only grows,
@@ -61,6 +66,9 @@ pub const EC_SIZE_PREFIX: &[u8] = b"\0prg.size\0";
 pub const MAX_IO: usize = 8 << 20;
 /// Stripes per request round for EC arrays.
 pub const EC_BATCH_STRIPES: u64 = 32;
+/// Most parity re-encodings of one partial-stripe write racing other
+/// writers of the same stripe before it gives up with `-EAGAIN`.
+pub const EC_PARITY_ROUNDS: usize = 16;
 /// Keys per list request.
 pub const LIST_BATCH: u32 = 1024;
 /// Locks serializing this process's EC writes per stripe.
@@ -1045,6 +1053,19 @@ impl Object {
     }
 
     /// Write stripes `s0..s1` of a write of `data` at `offset`.
+    ///
+    /// Whole stripes are encoded from `data` and written to all cells.
+    /// Partial stripes (only the first and last of a batch can be) go
+    /// through [`Object::ec_write_partial`]: only the caller's bytes are
+    /// written to the data shards, then parity is recomputed from a fresh
+    /// read, so a writer in another process updating other bytes of the
+    /// same stripe does not get its data overwritten with stale bytes.
+    /// Degraded case: with any data shard of the group on a down target the
+    /// whole batch falls back to read (reconstructing) - merge - re-encode -
+    /// write all live cells, as a partial write to a down data shard is
+    /// impossible and a fresh read would have to reconstruct from parity
+    /// the write has not updated yet. That fallback has the cross-process
+    /// lost-update race again (only while degraded).
     #[allow(clippy::too_many_arguments)]
     fn ec_update_batch(
         &self,
@@ -1058,11 +1079,44 @@ impl Object {
     ) -> Result<()> {
         let _locks = self.lock_stripes(dkey, akey, s0, s1);
         let (k, _) = self.kp();
+        let stripe = k as u64 * EC_CELL_SIZE;
+        let end = offset + data.len() as u64;
+        let g = self.group(map, dkey)?;
+        let full = |s: u64| offset <= s * stripe && end >= (s + 1) * stripe;
+        let degraded = g.shards[..k].iter().any(|l| !map.targets[l.target].up);
+        if degraded || (s0..s1).all(full) {
+            return self.ec_write_stripes(map, &g, dkey, akey, offset, data, s0, s1);
+        }
+        // The write is contiguous: whole stripes form the range f0..f1.
+        let f0 = if full(s0) { s0 } else { s0 + 1 };
+        let f1 = if full(s1 - 1) { s1 } else { s1 - 1 };
+        if f0 < f1 {
+            self.ec_write_stripes(map, &g, dkey, akey, offset, data, f0, f1)?;
+        }
+        let partial: Vec<u64> = (s0..s1).filter(|&s| !full(s)).collect();
+        let logical_end = end.min(s1 * stripe);
+        self.ec_write_partial(map, &g, dkey, akey, offset, data, &partial, logical_end)
+    }
+
+    /// Write stripes `s0..s1` whole: all `k + p` cells, partial stripes read
+    /// (degraded if needed), merged and re-encoded.
+    #[allow(clippy::too_many_arguments)]
+    fn ec_write_stripes(
+        &self,
+        map: &PoolMap,
+        g: &Group,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        data: &[u8],
+        s0: u64,
+        s1: u64,
+    ) -> Result<()> {
+        let (k, _) = self.kp();
         let rs = self.rs.as_ref().unwrap();
         let cell = EC_CELL_SIZE as usize;
         let stripe = (k * cell) as u64;
         let end = offset + data.len() as u64;
-        let g = self.group(map, dkey)?;
         let mut stripes: Vec<Cow<[u8]>> = Vec::with_capacity((s1 - s0) as usize);
         for s in s0..s1 {
             let (lo, hi) = (s * stripe, (s + 1) * stripe);
@@ -1073,7 +1127,7 @@ impl Object {
             } else {
                 // Partial stripe: merge into what is there (read degraded if needed).
                 let mut buf = self
-                    .ec_read_stripe(map, &g, EPOCH_LATEST, dkey, akey, s, &[])?
+                    .ec_read_stripe(map, g, EPOCH_LATEST, dkey, akey, s, &[])?
                     .concat();
                 let (a, b) = (offset.max(lo), end.min(hi));
                 buf[(a - lo) as usize..(b - lo) as usize]
@@ -1098,7 +1152,7 @@ impl Object {
         );
         let epoch = hlc::now();
         let gs = self.gs();
-        self.write_shards(map, std::slice::from_ref(&g), |loc| {
+        self.write_shards(map, std::slice::from_ref(g), |loc| {
             let j = (loc.shard - g.group * gs) as usize;
             let mut parts: Vec<&[u8]> = (0..stripes.len())
                 .map(|i| {
@@ -1118,9 +1172,156 @@ impl Object {
         })
     }
 
-    /// Serialize this process's writes to the same stripes: a partial-stripe
-    /// write is read-merge-write, and two of them interleaving would lose
-    /// one's bytes (also a full-stripe write racing a merge). Striped locks
+    /// Partial-stripe update of `stripes` (all data shards of `g` up):
+    /// 1. write to each data shard only the byte ranges of `data` that fall
+    ///    on it (byte-granular extents; no other bytes are rewritten);
+    /// 2. once all those writes are acknowledged, read the stripes' `k` data
+    ///    cells afresh (directly, never reconstructed) and encode parity;
+    /// 3. write the parity cells.
+    ///
+    /// The size akey goes to the touched data shards in step 1 and to all
+    /// other shards in step 3.
+    ///
+    /// 4. re-read the data cells: if another writer changed them meanwhile,
+    ///    encode and write parity again (at most [`EC_PARITY_ROUNDS`] times).
+    ///
+    /// Two writers (in different processes; the stripe locks only cover
+    /// this one) updating the same stripe at once never lose each other's
+    /// data, and once both have returned the parity matches the data. While
+    /// they are in flight a degraded read of that stripe may reconstruct
+    /// from parity that is being replaced. Failures after step 1 leave the
+    /// data written and the parity stale until the next write of the stripe.
+    #[allow(clippy::too_many_arguments)]
+    fn ec_write_partial(
+        &self,
+        map: &PoolMap,
+        g: &Group,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        data: &[u8],
+        stripes: &[u64],
+        logical_end: u64,
+    ) -> Result<()> {
+        self.check_redundancy(map, g)?;
+        let (k, _) = self.kp();
+        let rs = self.rs.as_ref().unwrap();
+        let cell = EC_CELL_SIZE;
+        let stripe = k as u64 * cell;
+        let end = offset + data.len() as u64;
+        let zero = [0u8; 1];
+        let size_iod = self.iod(
+            &size_akey(akey),
+            ValueKind::Array,
+            logical_end - 1,
+            &[&zero],
+        );
+        // (shard offset, bytes) written to each data shard.
+        let mut ranges: Vec<Vec<(u64, &[u8])>> = vec![Vec::new(); k];
+        for &s in stripes {
+            for (j, r) in ranges.iter_mut().enumerate() {
+                let lo = s * stripe + j as u64 * cell;
+                let (a, b) = (offset.max(lo), end.min(lo + cell));
+                if a < b {
+                    r.push((
+                        s * cell + (a - lo),
+                        &data[(a - offset) as usize..(b - offset) as usize],
+                    ));
+                }
+            }
+        }
+        let touched: Vec<usize> = (0..k).filter(|&j| !ranges[j].is_empty()).collect();
+        let epoch = hlc::now();
+        par_map(&touched, |&j| {
+            let mut iods: Vec<Iod> = ranges[j]
+                .iter()
+                .map(|&(o, d)| self.iod(akey, ValueKind::Array, o, &[d]))
+                .collect();
+            iods.push(size_iod.clone());
+            let mut parts: Vec<&[u8]> = ranges[j].iter().map(|r| r.1).collect();
+            parts.push(&zero);
+            self.update_shard(map, &g.shards[j], epoch, dkey, iods, &parts)
+        })
+        .into_iter()
+        .collect::<Result<Vec<()>>>()?;
+        // Fresh read, after the data writes: this includes any other
+        // writer's bytes already acknowledged on the data shards.
+        let data_idx: Vec<usize> = (0..k).collect();
+        let read_cells = || -> Result<Vec<Vec<Vec<u8>>>> {
+            stripes
+                .iter()
+                .map(|&s| {
+                    par_map(&data_idx, |&j| {
+                        self.fetch_extent(
+                            map,
+                            &g.shards[j],
+                            EPOCH_LATEST,
+                            dkey,
+                            akey,
+                            s * cell,
+                            cell as usize,
+                        )
+                    })
+                    .into_iter()
+                    .collect::<Result<Vec<Vec<u8>>>>()
+                })
+                .collect()
+        };
+        let gs = self.gs();
+        let mut used = read_cells()?;
+        // Write parity, then check the data it was computed from is still
+        // what the shards hold; if another writer changed it meanwhile,
+        // encode again. A writer returns only after such a check passed, so
+        // once concurrent writers have all returned, the last parity
+        // written matches the data (any data write after a writer's check
+        // is followed by that other writer's own, later, parity write).
+        for _ in 0..EC_PARITY_ROUNDS {
+            let parity: Vec<Vec<Vec<u8>>> = used
+                .iter()
+                .map(|cells| {
+                    let cells: Vec<&[u8]> = cells.iter().map(|c| &c[..]).collect();
+                    rs.encode(&cells).map_err(|e| Error::io(e.to_string()))
+                })
+                .collect::<Result<_>>()?;
+            let epoch = hlc::now();
+            self.write_shards(map, std::slice::from_ref(g), |loc| {
+                let j = (loc.shard - g.group * gs) as usize;
+                let mut iods = Vec::new();
+                let mut parts: Vec<&[u8]> = Vec::new();
+                if j >= k {
+                    for (i, &s) in stripes.iter().enumerate() {
+                        let pc = &parity[i][j - k][..];
+                        iods.push(self.iod(akey, ValueKind::Array, s * cell, &[pc]));
+                        parts.push(pc);
+                    }
+                } else if !ranges[j].is_empty() {
+                    return Ok(()); // data and size already written
+                }
+                iods.push(size_iod.clone());
+                parts.push(&zero);
+                self.update_shard(map, loc, epoch, dkey, iods, &parts)
+            })?;
+            let now = read_cells()?;
+            if now == used {
+                return Ok(());
+            }
+            used = now;
+        }
+        Err(Error::new(
+            -libc::EAGAIN,
+            format!(
+                "object {} dkey {}: parity of stripes {stripes:?} kept changing under concurrent writers; the data is written, retry to settle parity",
+                self.oid,
+                fmt_key(dkey)
+            ),
+        ))
+    }
+
+    /// Serialize this process's writes to the same stripes: a degraded
+    /// partial-stripe write is read-merge-write, and two of them
+    /// interleaving would lose one's bytes (also a full-stripe write racing
+    /// a merge); a non-degraded partial write's parity (fresh read, then
+    /// write) must not be overtaken by another's. Striped locks
     /// by hash of (container, object, dkey, akey, stripe), taken in index
     /// order so batches cannot deadlock. Writers in other processes are not
     /// covered (documented limitation, as the engine does not arbitrate).
