@@ -405,6 +405,19 @@ impl Object {
         &self.cont
     }
 
+    /// Keys valid and the value small enough for one frame.
+    fn check_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
+        check_keys(dkey, Some(akey))?;
+        if value.len() > peregrine_proto::frame::MAX_BULK as usize {
+            return Err(Error::inval(format!(
+                "{}: single value of {} bytes is too large",
+                self.what(dkey),
+                value.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Reads at `epoch` (e.g. a snapshot's); [`EPOCH_LATEST`] is the latest.
     pub fn at(&self, epoch: u64) -> ObjectAt<'_> {
         ObjectAt { obj: self, epoch }
@@ -414,14 +427,7 @@ impl Object {
 
     /// Replace SINGLE value `akey` of `dkey`.
     pub fn update_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
-        check_keys(dkey, Some(akey))?;
-        if value.len() > peregrine_proto::frame::MAX_BULK as usize {
-            return Err(Error::inval(format!(
-                "{}: single value of {} bytes is too large",
-                self.what(dkey),
-                value.len()
-            )));
-        }
+        self.check_single(dkey, akey, value)?;
         self.with_map(|map| {
             let g = self.group(map, dkey)?;
             let epoch = hlc::now();
@@ -451,14 +457,7 @@ impl Object {
     /// then sees `-EEXIST` (as DAOS, a failed conditional create may have
     /// happened).
     pub fn insert_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
-        check_keys(dkey, Some(akey))?;
-        if value.len() > peregrine_proto::frame::MAX_BULK as usize {
-            return Err(Error::inval(format!(
-                "{}: single value of {} bytes is too large",
-                self.what(dkey),
-                value.len()
-            )));
-        }
+        self.check_single(dkey, akey, value)?;
         let epoch = hlc::now();
         let iod = self.iod(akey, ValueKind::Single, 0, &[value]);
         // The arbiter: a stale map (-ESTALE) is refreshed and retried, as

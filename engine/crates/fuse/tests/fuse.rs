@@ -9,107 +9,13 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const FUSE_BIN: &str = env!("CARGO_BIN_EXE_peregrine-fuse");
-
-fn fuse_available() -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIP: /dev/fuse is absent; FUSE tests need it");
-        return false;
-    }
-    true
-}
+use common::mount::{fuse_available, is_mounted as mounted, FuseMount as Mount, FUSE_BIN};
 
 fn mounts() -> String {
     fs::read_to_string("/proc/mounts").unwrap()
-}
-
-fn mounted(dir: &Path) -> bool {
-    let d = dir.to_str().unwrap();
-    mounts()
-        .lines()
-        .any(|l| l.split(' ').nth(1) == Some(d) && l.split(' ').nth(2) == Some("fuse.peregrine"))
-}
-
-struct Mount {
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl Mount {
-    fn start(c: &Cluster, cont: &str, dir: &Path, extra: &[&str]) -> Mount {
-        fs::create_dir_all(dir).unwrap();
-        let log = fs::File::create(dir.with_extension("log")).unwrap();
-        let child = Command::new(FUSE_BIN)
-            .args(["--mgmt", &c.mgmt_addr(), "--pool", "pool", "--cont", cont])
-            .arg("--mountpoint")
-            .arg(dir)
-            .arg("--foreground")
-            .args(extra)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let mut m = Mount {
-            dir: dir.canonicalize().unwrap(),
-            child: Some(child),
-        };
-        m.wait_mounted();
-        m
-    }
-
-    fn wait_mounted(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !mounted(&self.dir) {
-            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("peregrine-fuse exited with {st}: {}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not mounted in 30 s: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.dir.join(rel)
-    }
-
-    /// SIGTERM; the daemon must unmount and exit 0.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                if let Some(st) = c.try_wait().unwrap() {
-                    assert!(st.success(), "exit status {st}: {}", self.log());
-                    break;
-                }
-                assert!(Instant::now() < deadline, "no exit 20 s after SIGTERM");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        assert!(!mounted(&self.dir), "still in /proc/mounts after SIGTERM");
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let cs = CString::new(self.dir.as_os_str().as_bytes()).unwrap();
-        unsafe { libc::umount2(cs.as_ptr(), libc::MNT_DETACH) };
-    }
 }
 
 fn cluster(engines: u32) -> Cluster {
