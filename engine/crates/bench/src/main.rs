@@ -132,28 +132,12 @@ fn parse_transport(s: &str) -> Result<peregrine::TransportKind, String> {
     s.parse().map_err(|e: peregrine::Error| e.msg)
 }
 
-/// Sizes as the CLI takes them (binary units): 4096, 4KiB, 1M, 1GiB.
+/// Sizes as the CLI takes them (binary units): 4096, 4KiB, 1M, 1GiB; zero is no size here.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let i = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let n: u64 = t[..i]
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 4096, 4KiB, 1GiB)"))?;
-    let mult: u64 = match t[i..].trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        "T" | "TB" | "TIB" => 1 << 40,
-        u => {
-            return Err(format!(
-                "unknown unit {u:?} (use K/KiB, M/MiB, G/GiB, T/TiB)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| format!("{s:?}: must be positive and fit 64 bits"))
+    match peregrine_proto::size::parse_size(s) {
+        Ok(0) => Err(format!("{s:?}: must be positive")),
+        r => r.map_err(|e| format!("{s:?}: {e}")),
+    }
 }
 
 fn main() -> ExitCode {

@@ -79,32 +79,9 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
-/// Parse a size with an optional binary unit (K, M, G, T with or without `iB`/`B`).
+/// Parse a size, naming the value in the error.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => {
-            return Err(format!(
-                "invalid size {s:?}: unknown unit {unit:?} (use K, M, G, T)"
-            ))
-        }
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
-    if !(n.is_finite() && n >= 0.0) {
-        return Err(format!("invalid size {s:?}"));
-    }
-    Ok((n * (1u64 << shift) as f64) as u64)
+    peregrine_proto::size::parse_size(s).map_err(|e| format!("invalid size {s:?}: {e}"))
 }
 
 fn default_name() -> String {

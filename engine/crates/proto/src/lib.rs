@@ -9,6 +9,7 @@
 pub mod frame;
 pub mod oclass;
 pub mod shm;
+pub mod size;
 
 pub mod mgmt {
     tonic::include_proto!("peregrine.mgmt.v1");
