@@ -15,10 +15,11 @@
 use crate::bufpool::{BufPool, BUF_BYTES};
 use crate::superblock::BLOCK;
 use io_uring::{opcode, squeue, types, IoUring};
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::Path;
 
 /// Buffers per target (32 MiB): enough to keep a batch of 1 MiB updates, or
@@ -29,7 +30,7 @@ const BUFS_PER_TARGET: usize = 16;
 /// completion of a lone read before it sleeps (0: never polls).
 const SPIN_US: u64 = 150;
 
-fn spin_us() -> u64 {
+pub(crate) fn spin_us() -> u64 {
     static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *C.get_or_init(|| {
         std::env::var("PEREGRINE_VOS_SPIN_US")
@@ -39,26 +40,50 @@ fn spin_us() -> u64 {
     })
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum OpKind {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum OpKind {
     Read,
     Write,
     Sync,
 }
 
 /// One device operation on `len` bytes at `buf_off` inside registered buffer `buf`.
-struct Op {
-    kind: OpKind,
-    off: u64,
-    len: usize,
-    buf: usize,
-    buf_off: usize,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Op {
+    pub(crate) kind: OpKind,
+    pub(crate) off: u64,
+    pub(crate) len: usize,
+    pub(crate) buf: usize,
+    pub(crate) buf_off: usize,
     /// IOSQE_IO_LINK: the next op starts only after this one succeeded.
-    link: bool,
+    pub(crate) link: bool,
 }
 
 impl Op {
-    fn sync() -> Op {
+    pub(crate) fn read(off: u64, (buf, buf_off, len): (usize, usize, usize)) -> Op {
+        Op {
+            kind: OpKind::Read,
+            off,
+            len,
+            buf,
+            buf_off,
+            link: false,
+        }
+    }
+
+    /// A write linked to the next op of its chain.
+    pub(crate) fn linked_write(off: u64, (buf, buf_off, len): (usize, usize, usize)) -> Op {
+        Op {
+            kind: OpKind::Write,
+            off,
+            len,
+            buf,
+            buf_off,
+            link: true,
+        }
+    }
+
+    pub(crate) fn sync() -> Op {
         Op {
             kind: OpKind::Sync,
             off: 0,
@@ -76,6 +101,73 @@ pub(crate) struct DeviceIo {
     bufs: BufPool,
     /// Buffers registered with the ring (ReadFixed/WriteFixed usable).
     fixed: bool,
+    arena: Arena,
+    /// Operations started with [`DeviceIo::start`] and not reaped yet, by user_data.
+    inflight: HashMap<u64, Op>,
+    /// Completions of started operations not handed out yet (the no-ring
+    /// fallback runs them at once and parks their outcome here).
+    ready: Vec<Done>,
+    /// The eventfd whose read, kept in the ring, ends [`DeviceIo::wait`]
+    /// when a request arrives, and the 8 bytes that read lands in.
+    wake: Option<(RawFd, Box<[u8; 8]>)>,
+    wake_armed: bool,
+}
+
+/// The outcome of one operation started with [`DeviceIo::start`].
+pub(crate) struct Done {
+    pub(crate) tag: u64,
+    pub(crate) idx: usize,
+    pub(crate) res: io::Result<()>,
+}
+
+/// user_data of the wake-up read (job tags stay below it).
+const WAKE: u64 = u64::MAX;
+/// Bits of user_data that hold an op's index inside its job.
+const IDX_BITS: u32 = 20;
+
+/// The registered buffers handed out as regions to operations in flight:
+/// a bump allocator per buffer, a buffer reused once every region in it is
+/// released. Regions never cross buffers (ReadFixed/WriteFixed address one).
+struct Arena {
+    fill: Vec<usize>,
+    users: Vec<u32>,
+    cur: usize,
+}
+
+impl Arena {
+    fn new(count: usize) -> Arena {
+        Arena {
+            fill: vec![0; count],
+            users: vec![0; count],
+            cur: 0,
+        }
+    }
+
+    fn alloc(&mut self, len: usize) -> Option<(usize, usize)> {
+        let padded = len.div_ceil(BLOCK as usize) * BLOCK as usize;
+        if padded > BUF_BYTES {
+            return None;
+        }
+        if self.fill[self.cur] + padded > BUF_BYTES {
+            self.cur = self.users.iter().position(|&u| u == 0)?;
+            self.fill[self.cur] = 0;
+        }
+        let off = self.fill[self.cur];
+        self.fill[self.cur] += padded;
+        self.users[self.cur] += 1;
+        Some((self.cur, off))
+    }
+
+    fn release(&mut self, buf: usize) {
+        self.users[buf] -= 1;
+        if self.users[buf] == 0 {
+            self.fill[buf] = 0;
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.users.iter().all(|&u| u == 0)
+    }
 }
 
 /// Open a device for a target with O_DIRECT, falling back (with a warning)
@@ -120,136 +212,322 @@ impl DeviceIo {
         Ok(DeviceIo {
             file,
             ring,
+            arena: Arena::new(bufs.count()),
             bufs,
             fixed,
+            inflight: HashMap::new(),
+            ready: Vec::new(),
+            wake: None,
+            wake_armed: false,
         })
     }
 
-    /// Run prepared operations, all submitted at once; returns each op's outcome.
-    /// An `Err` of the outer result means the ring itself failed.
+    fn sqe(&self, op: &Op) -> squeue::Entry {
+        let fd = types::Fd(self.file.as_raw_fd());
+        let sqe = match op.kind {
+            OpKind::Sync => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            OpKind::Write | OpKind::Read => {
+                debug_assert!(op.buf_off + op.len <= BUF_BYTES);
+                let buf = unsafe { self.bufs.ptr(op.buf).add(op.buf_off) };
+                let (len, idx) = (op.len as u32, op.buf as u16);
+                match (op.kind == OpKind::Write, self.fixed) {
+                    (true, true) => opcode::WriteFixed::new(fd, buf, len, idx)
+                        .offset(op.off)
+                        .build(),
+                    (true, false) => opcode::Write::new(fd, buf, len).offset(op.off).build(),
+                    (false, true) => opcode::ReadFixed::new(fd, buf, len, idx)
+                        .offset(op.off)
+                        .build(),
+                    (false, false) => opcode::Read::new(fd, buf, len).offset(op.off).build(),
+                }
+            }
+        };
+        if op.link {
+            sqe.flags(squeue::Flags::IO_LINK)
+        } else {
+            sqe
+        }
+    }
+
+    /// The outcome of `op` from its completion's result.
+    fn outcome(op: &Op, res: i32) -> io::Result<()> {
+        if res < 0 {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        if op.kind != OpKind::Sync && res as usize != op.len {
+            let what = if op.kind == OpKind::Write {
+                "write"
+            } else {
+                "read"
+            };
+            return Err(io::Error::other(format!(
+                "short {what} at offset {}: {res} of {} bytes",
+                op.off, op.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Run ops one after the other with plain system calls (no io_uring):
+    /// as with io_uring, the rest of a failed link chain is cancelled.
+    fn run_plain(&mut self, ops: &[Op]) -> Vec<io::Result<()>> {
+        let mut failed = false;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            if failed {
+                out.push(Err(io::Error::from_raw_os_error(libc::ECANCELED)));
+                failed = op.link;
+                continue;
+            }
+            let (b, o, l) = (op.buf, op.buf_off, op.len);
+            let r = match op.kind {
+                OpKind::Sync => self.file.sync_data(),
+                OpKind::Write => self
+                    .file
+                    .write_all_at(&self.bufs.slice(b)[o..o + l], op.off),
+                OpKind::Read => self
+                    .file
+                    .read_exact_at(&mut self.bufs.slice_mut(b)[o..o + l], op.off),
+            };
+            failed = r.is_err() && op.link;
+            out.push(r);
+        }
+        out
+    }
+
+    /// Run prepared operations, all submitted at once, and wait for them;
+    /// returns each op's outcome. An `Err` of the outer result means the
+    /// ring itself failed. Only while nothing started with
+    /// [`DeviceIo::start`] is in flight (their buffers are the same).
     fn run(&mut self, ops: &[Op]) -> io::Result<Vec<io::Result<()>>> {
-        let fd = self.file.as_raw_fd();
+        assert!(
+            self.inflight.is_empty(),
+            "blocking device I/O while started operations are in flight"
+        );
+        if self.ring.is_none() {
+            return Ok(self.run_plain(ops));
+        }
+        let sqes: Vec<squeue::Entry> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| self.sqe(op).user_data(i as u64))
+            .collect();
         let mut out: Vec<io::Result<()>> = (0..ops.len()).map(|_| Ok(())).collect();
-        match &mut self.ring {
+        let mut woken = false;
+        let ring = self.ring.as_mut().expect("ring");
+        for sqe in &sqes {
+            // Safety: the buffers stay valid until the completions are reaped below.
+            unsafe { ring.submission().push(sqe) }
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        }
+        let spin = spin_us();
+        if spin > 0 && ops.len() == 1 && ops[0].kind == OpKind::Read {
+            // A lone read (QD1): poll its completion for a short while
+            // rather than sleep, saving a wake-up on the way back.
+            ring.submit()?;
+            let t = std::time::Instant::now();
+            while ring.completion().is_empty()
+                && t.elapsed() < std::time::Duration::from_micros(spin)
+            {
+                std::hint::spin_loop();
+            }
+        } else {
+            ring.submit()?;
+        }
+        let mut reaped = 0;
+        while reaped < ops.len() {
+            let mut any = false;
+            for cqe in ring.completion() {
+                if cqe.user_data() == WAKE {
+                    woken = true;
+                    continue;
+                }
+                any = true;
+                reaped += 1;
+                let i = cqe.user_data() as usize;
+                out[i] = Self::outcome(&ops[i], cqe.result());
+            }
+            if !any && reaped < ops.len() {
+                ring.submit_and_wait(1)?;
+            }
+        }
+        if woken {
+            self.wake_armed = false;
+            self.arm_wake()?;
+        }
+        Ok(out)
+    }
+
+    /// Take a region of `len` bytes (rounded up to whole blocks) of the
+    /// registered buffers for an operation to start; None when the buffers
+    /// are taken (try again after completions) or `len` exceeds a buffer.
+    pub(crate) fn region(&mut self, len: usize) -> Option<(usize, usize, usize)> {
+        let padded = len.div_ceil(BLOCK as usize) * BLOCK as usize;
+        self.arena.alloc(len).map(|(buf, off)| (buf, off, padded))
+    }
+
+    /// A region of `bytes.len()` bytes holding `bytes`, zero-padded to whole blocks.
+    pub(crate) fn region_with(&mut self, bytes: &[u8]) -> Option<(usize, usize, usize)> {
+        let (buf, off, padded) = self.region(bytes.len())?;
+        let b = &mut self.bufs.slice_mut(buf)[off..off + padded];
+        b[..bytes.len()].copy_from_slice(bytes);
+        b[bytes.len()..].fill(0);
+        Some((buf, off, padded))
+    }
+
+    /// Give back a region taken with [`DeviceIo::region`].
+    pub(crate) fn release(&mut self, buf: usize) {
+        self.arena.release(buf)
+    }
+
+    /// `len` bytes of a region (what a completed read brought in).
+    pub(crate) fn bytes(&self, buf: usize, off: usize, len: usize) -> &[u8] {
+        &self.bufs.slice(buf)[off..off + len]
+    }
+
+    /// Whether no region is taken (then everything may go through the blocking calls).
+    pub(crate) fn regions_idle(&self) -> bool {
+        self.arena.idle()
+    }
+
+    /// Queue `ops` (their regions taken by the caller) for the next
+    /// submission, without waiting; their outcomes come back from [`DeviceIo::reap`] as `Done { tag, idx }`,
+    /// `idx` the op's position in `ops`.
+    pub(crate) fn start(&mut self, tag: u64, ops: &[Op]) -> io::Result<()> {
+        assert!(tag < WAKE >> IDX_BITS && ops.len() < 1 << IDX_BITS);
+        if self.ring.is_none() {
+            for (idx, res) in self.run_plain(ops).into_iter().enumerate() {
+                self.ready.push(Done { tag, idx, res });
+            }
+            return Ok(());
+        }
+        let sqes: Vec<squeue::Entry> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| self.sqe(op).user_data(tag << IDX_BITS | i as u64))
+            .collect();
+        let ring = self.ring.as_mut().expect("ring");
+        let room = {
+            let sq = ring.submission();
+            sq.capacity() - sq.len()
+        };
+        if room < sqes.len() {
+            ring.submit()?;
+        }
+        for (i, sqe) in sqes.iter().enumerate() {
+            // Safety: the regions stay taken until the completion is reaped.
+            unsafe { ring.submission().push(sqe) }
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+            self.inflight.insert(tag << IDX_BITS | i as u64, ops[i]);
+        }
+        Ok(())
+    }
+
+    /// Hand the operations started since the last submission to the kernel
+    /// ([`DeviceIo::wait`] does too, in the same system call).
+    pub(crate) fn submit(&mut self) -> io::Result<()> {
+        match self.ring.as_mut() {
             Some(ring) => {
-                for (i, op) in ops.iter().enumerate() {
-                    let sqe = match op.kind {
-                        OpKind::Sync => opcode::Fsync::new(types::Fd(fd))
-                            .flags(types::FsyncFlags::DATASYNC)
-                            .build(),
-                        OpKind::Write | OpKind::Read => {
-                            let buf = unsafe { self.bufs.ptr(op.buf).add(op.buf_off) };
-                            debug_assert!(op.buf_off + op.len <= BUF_BYTES);
-                            let write = op.kind == OpKind::Write;
-                            match (write, self.fixed) {
-                                (true, true) => opcode::WriteFixed::new(
-                                    types::Fd(fd),
-                                    buf,
-                                    op.len as u32,
-                                    op.buf as u16,
-                                )
-                                .offset(op.off)
-                                .build(),
-                                (true, false) => {
-                                    opcode::Write::new(types::Fd(fd), buf, op.len as u32)
-                                        .offset(op.off)
-                                        .build()
-                                }
-                                (false, true) => opcode::ReadFixed::new(
-                                    types::Fd(fd),
-                                    buf,
-                                    op.len as u32,
-                                    op.buf as u16,
-                                )
-                                .offset(op.off)
-                                .build(),
-                                (false, false) => {
-                                    opcode::Read::new(types::Fd(fd), buf, op.len as u32)
-                                        .offset(op.off)
-                                        .build()
-                                }
-                            }
-                        }
-                    };
-                    let sqe = if op.link {
-                        sqe.flags(squeue::Flags::IO_LINK)
-                    } else {
-                        sqe
-                    };
-                    // Safety: the buffer stays valid until the completion is reaped below.
-                    unsafe { ring.submission().push(&sqe.user_data(i as u64)) }
-                        .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-                }
-                let mut reaped = 0;
-                let spin = spin_us();
-                if spin > 0 && ops.len() == 1 && ops[0].kind == OpKind::Read {
-                    // A lone read (QD1): poll its completion for a short while
-                    // rather than sleep, saving a wake-up on the way back.
+                if !ring.submission().is_empty() {
                     ring.submit()?;
-                    let t = std::time::Instant::now();
-                    while ring.completion().is_empty()
-                        && t.elapsed() < std::time::Duration::from_micros(spin)
-                    {
-                        std::hint::spin_loop();
-                    }
-                } else {
-                    ring.submit_and_wait(ops.len())?;
                 }
-                while reaped < ops.len() {
-                    let mut any = false;
-                    for cqe in ring.completion() {
-                        any = true;
-                        reaped += 1;
-                        let i = cqe.user_data() as usize;
-                        let op = &ops[i];
-                        let res = cqe.result();
-                        if res < 0 {
-                            out[i] = Err(io::Error::from_raw_os_error(-res));
-                        } else if op.kind != OpKind::Sync && res as usize != op.len {
-                            out[i] = Err(io::Error::other(format!(
-                                "short {} at offset {}: {res} of {} bytes",
-                                if op.kind == OpKind::Write {
-                                    "write"
-                                } else {
-                                    "read"
-                                },
-                                op.off,
-                                op.len
-                            )));
-                        }
-                    }
-                    if !any {
-                        ring.submit_and_wait(1)?;
-                    }
-                }
-                Ok(out)
+                Ok(())
             }
-            None => {
-                let mut failed = false;
-                for (i, op) in ops.iter().enumerate() {
-                    if failed {
-                        // Mirror io_uring: the rest of a failed link chain is cancelled.
-                        out[i] = Err(io::Error::from_raw_os_error(libc::ECANCELED));
-                        failed = op.link;
-                        continue;
-                    }
-                    let r = match op.kind {
-                        OpKind::Sync => self.file.sync_data(),
-                        OpKind::Write => self.file.write_all_at(
-                            &self.bufs.slice(op.buf)[op.buf_off..op.buf_off + op.len],
-                            op.off,
-                        ),
-                        OpKind::Read => {
-                            let (b, o, l) = (op.buf, op.buf_off, op.len);
-                            self.file
-                                .read_exact_at(&mut self.bufs.slice_mut(b)[o..o + l], op.off)
-                        }
-                    };
-                    failed = r.is_err() && op.link;
-                    out[i] = r;
-                }
-                Ok(out)
+            None => Ok(()),
+        }
+    }
+
+    /// Operations started and not reaped yet.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.inflight.len() + self.ready.len()
+    }
+
+    /// Whether a completion is waiting to be reaped.
+    pub(crate) fn completed(&mut self) -> bool {
+        !self.ready.is_empty()
+            || self
+                .ring
+                .as_mut()
+                .is_some_and(|r| !r.completion().is_empty())
+    }
+
+    /// Hand out the completions that arrived (never blocks).
+    pub(crate) fn reap(&mut self, out: &mut Vec<Done>) -> io::Result<()> {
+        out.append(&mut self.ready);
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        let mut woken = false;
+        for cqe in ring.completion() {
+            let ud = cqe.user_data();
+            if ud == WAKE {
+                woken = true;
+                continue;
             }
+            let Some(op) = self.inflight.remove(&ud) else {
+                continue;
+            };
+            out.push(Done {
+                tag: ud >> IDX_BITS,
+                idx: (ud & ((1 << IDX_BITS) - 1)) as usize,
+                res: Self::outcome(&op, cqe.result()),
+            });
+        }
+        if woken {
+            self.wake_armed = false;
+        }
+        self.arm_wake()
+    }
+
+    /// Keep a read of `fd` (an eventfd) in the ring, so that [`DeviceIo::wait`]
+    /// also returns when someone writes to it.
+    pub(crate) fn set_wake(&mut self, fd: RawFd) -> io::Result<()> {
+        self.wake = Some((fd, Box::new([0; 8])));
+        self.arm_wake()
+    }
+
+    fn arm_wake(&mut self) -> io::Result<()> {
+        let (Some(ring), Some((fd, buf)), false) =
+            (self.ring.as_mut(), self.wake.as_mut(), self.wake_armed)
+        else {
+            return Ok(());
+        };
+        let sqe = opcode::Read::new(types::Fd(*fd), buf.as_mut_ptr(), 8)
+            .build()
+            .user_data(WAKE);
+        // Safety: the 8-byte buffer lives (boxed) as long as `self`.
+        unsafe { ring.submission().push(&sqe) }
+            .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        self.wake_armed = true;
+        Ok(())
+    }
+
+    /// Submit what is queued, then sleep until a completion arrives (a
+    /// started op, or the wake-up read), or `spin` has passed polling when
+    /// given. Returns at once without a ring.
+    pub(crate) fn wait(&mut self, spin: Option<std::time::Duration>) -> io::Result<()> {
+        if !self.ready.is_empty() {
+            return Ok(());
+        }
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        if let Some(spin) = spin {
+            if !ring.submission().is_empty() {
+                ring.submit()?;
+            }
+            let t = std::time::Instant::now();
+            while ring.completion().is_empty() && t.elapsed() < spin {
+                std::hint::spin_loop();
+            }
+            return Ok(());
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

@@ -18,16 +18,19 @@
 //!
 //! # Crash consistency
 //! The index changes only by applying a logged operation, and an operation is
-//! applied only after it is durable. A target drains its queue, writes the data
-//! of every queued update to blocks no durable state references, appends ONE
-//! WAL record for the batch (header and payload CRC, device uuid, sequence
+//! applied only after it is durable. A target gathers queued updates into a
+//! batch, writes their data to blocks no durable state references, appends
+//! ONE WAL record for the batch (header and payload CRC, device uuid, sequence
 //! number), issues ONE fdatasync, and only then applies the batch to the index
-//! and acknowledges it. So an acknowledged update has its data and its record
-//! on stable storage. A batch torn by a crash fails its CRC or sequence check
-//! and is dropped whole: nothing of it was acknowledged. Should the device
+//! and acknowledges it; several batches may be in flight, applied and
+//! acknowledged in sequence order. So an acknowledged update has its data and
+//! its record on stable storage, and so has every batch before it. A batch
+//! torn by a crash fails its CRC or sequence check and is dropped whole with
+//! everything after it: none of that was acknowledged. Should the device
 //! persist a record but not the data before it (power loss before the fsync
-//! returned), only the last record can be affected; replay verifies the data
-//! checksums of the last record and drops it if they fail.
+//! returned), only the records of the batches that were in flight together
+//! can be affected; replay verifies the data checksums of the last
+//! `MAX_COMMITS` (4) records and drops from the first that fails.
 //!
 //! When the WAL passes half full, the target serializes its index to the
 //! inactive checkpoint slot (stamped with the last applied sequence), fsyncs,
@@ -89,14 +92,13 @@ mod wal;
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
 
-use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use peregrine_proto::data;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use target::{Ctl, CtlOut, Msg, Target};
+use target::{Ctl, CtlOut, Mailbox, Msg, Target};
 use uuid::Uuid;
 
 /// Kind of block device.
@@ -190,7 +192,7 @@ pub struct TargetStats {
 /// An open device with its running target threads.
 pub struct Storage {
     sb: Superblock,
-    senders: Vec<Sender<Msg>>,
+    senders: Vec<Mailbox>,
     threads: Vec<JoinHandle<()>>,
     mgmt: Mutex<mgmt::MgmtSlots>,
 }
@@ -254,7 +256,8 @@ impl Storage {
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         for t in 0..sb.targets {
-            let (tx, rx) = crossbeam_channel::unbounded();
+            let (tx, rx) = target::mailbox()
+                .map_err(|e| StorageError::io(format!("target {t}: eventfd"), e))?;
             let (rtx, rrx) = mpsc::channel();
             let (sb2, path, huge) = (sb.clone(), opts.bdev.path.clone(), opts.hugepages);
             let h = std::thread::Builder::new()

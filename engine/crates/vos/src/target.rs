@@ -1,28 +1,45 @@
 //! One target: a thread that owns its index, WAL, allocator, device fd,
 //! io_uring ring and buffers (shared-nothing).
 //!
-//! Each turn of the loop drains up to [`MAX_BATCH`] queued messages. Lists and
-//! size queries are answered at once from the index. Fetches are collected;
-//! updates and punches are validated, their large values assigned freshly
-//! allocated blocks, and their index changes collected. At the end of the
-//! drain the fetches run first, together: all of them are planned against
-//! the index, ALL their device reads are submitted to the ring at once
-//! (packed into the registered buffers; split into groups when those are
-//! full), then each is verified, assembled and answered. So a fetch is
-//! answered before the updates of its own batch commit; it sees exactly what
-//! it would have seen had it run alone at its arrival: the index changes only
-//! when a batch commits, and the batch's updates are not acknowledged yet.
-//! Then the updates commit: data written to the new blocks, ONE WAL record for
-//! the whole batch written and ONE fdatasync makes data and record durable
-//! together (all in one io_uring submission, linked so that the record is
-//! written only after all the data was and the fdatasync runs only after the
-//! record was; a failure cancels the rest of the chain); only then are
-//! the changes applied to the index (freeing replaced blocks) and the callers
-//! answered (group commit).
+//! The thread is an event loop over two sources: its queue and its ring.
+//! Each turn it reaps the device completions, drains up to [`MAX_BATCH`]
+//! queued messages, and starts what it can. Lists and size queries are
+//! answered at once from the index. Fetches are queued and started together:
+//! all of them are planned against the index and ALL their device reads go
+//! to the ring in one submission (packed into regions of the registered
+//! buffers); each is verified, assembled and answered when its reads
+//! complete. Updates and punches are validated, their large values assigned
+//! freshly allocated blocks, and gathered into the open batch. The open
+//! batch starts as one linked chain: data written to the new blocks, ONE WAL
+//! record for the whole batch, ONE fdatasync (IOSQE_IO_LINK: the record is
+//! written only after all the data was, the fdatasync runs only after the
+//! record was; a failure cancels the rest). Up to [`MAX_COMMITS`] batches are
+//! in flight at once; while they are, new updates gather into the next batch
+//! (group commit that grows as the device slows). A batch is applied to the
+//! index (freeing replaced blocks) and answered when its chain completes and
+//! every batch before it has been applied. When nothing is in flight the
+//! thread sleeps on its queue; otherwise in its ring, where a read of an
+//! eventfd that senders write to stands for the queue.
+//!
+//! What the pipeline must not change, and how it does not:
+//! - A fetch sees applied (durable) state only: the index changes only when a
+//!   batch is applied, and the batches in flight are not acknowledged yet.
+//! - A conditional insert and the space checks count the batches in flight
+//!   as if applied (they will be, in order, or the target stops accepting
+//!   updates, below).
+//! - Blocks freed while reads are in flight return to the allocator only
+//!   after every fetch started before they were freed is done.
+//! - Batch N+1's record follows batch N's in the WAL; replay stops at the
+//!   first missing record, so N+1 is never acknowledged before N. If a
+//!   batch's device writes fail, it and every later batch in flight fail,
+//!   and the target refuses updates from then on (a failed fdatasync leaves
+//!   the device's state unknown; the engine must restart to re-read it).
+//! - Checkpoints and control operations run with nothing in flight.
 
 use crate::alloc::BlockAlloc;
 use crate::bufpool::BUF_BYTES;
 use crate::device::DeviceIo;
+use crate::device::{spin_us, Op};
 use crate::error::{Errno, StorageError};
 use crate::index::{
     value_scm, DevExtent, Kind, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
@@ -30,17 +47,25 @@ use crate::index::{
 use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
 use crate::{PoolSpace, Reply, Request, Responder};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use peregrine_proto::data;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 use uuid::Uuid;
 
 /// Most messages drained into one group commit.
 const MAX_BATCH: usize = 128;
+/// Most commits in flight at once: while they are, new updates gather into
+/// the next batch, so the batches grow as the device slows.
+pub(crate) const MAX_COMMITS: usize = 4;
+/// A batch closes once its values to data blocks reach this many bytes.
+const BATCH_DATA: usize = 8 << 20;
 /// Idle time after which a target aggregates the pools it changed.
 const IDLE_AGGREGATE: Duration = Duration::from_secs(30);
 /// Largest value a single fetch iod may ask for (guards against absurd array lengths).
@@ -109,6 +134,100 @@ struct Batch {
     runs: Vec<(u64, u64)>,
     /// Space the batch already claims per pool: (scm, nvme).
     space: HashMap<Uuid, (u64, u64)>,
+    /// Bytes of values going to data blocks.
+    data: usize,
+}
+
+/// A batch whose data, WAL record and fdatasync are in flight.
+struct InCommit {
+    tag: u64,
+    seq: u64,
+    ops: Vec<WalOp>,
+    replies: Vec<Responder>,
+    runs: Vec<(u64, u64)>,
+    space: HashMap<Uuid, (u64, u64)>,
+    /// Per device op: the buffer its region is in (None: the fdatasync).
+    regions: Vec<Option<usize>>,
+    pending: usize,
+    err: Option<std::io::Error>,
+    t0: Instant,
+}
+
+/// Fetches whose device reads are in flight.
+struct InFetch {
+    fetches: Vec<(data::FetchReq, Responder)>,
+    plans: Vec<Result<Vec<IodRead>, Errno>>,
+    /// Per device op: where its bytes go, and its region (buffer, offset).
+    reads: Vec<(PieceDst, usize, usize)>,
+    pending: usize,
+}
+
+/// Where the bytes of one device read of a fetch go: (fetch, iod, seg,
+/// start of the piece in the value, bytes wanted).
+#[derive(Clone, Copy)]
+struct PieceDst {
+    fetch: usize,
+    iod: usize,
+    seg: usize,
+    start: u64,
+    len: usize,
+}
+
+/// The receiving end of a target's queue, with its wake-up eventfd.
+pub(crate) struct Inbox {
+    rx: Receiver<Msg>,
+    wake: Arc<Wake>,
+}
+
+/// The sending end of a target's queue: a send wakes the target if it
+/// sleeps in its ring (waiting for device completions) rather than on the queue.
+#[derive(Clone)]
+pub(crate) struct Mailbox {
+    tx: Sender<Msg>,
+    wake: Arc<Wake>,
+}
+
+struct Wake {
+    fd: OwnedFd,
+    /// The target is about to sleep, or sleeps, in its ring.
+    ring_sleep: AtomicBool,
+}
+
+pub(crate) fn mailbox() -> std::io::Result<(Mailbox, Inbox)> {
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // Safety: a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let wake = Arc::new(Wake {
+        fd,
+        ring_sleep: AtomicBool::new(false),
+    });
+    let (tx, rx) = crossbeam_channel::unbounded();
+    Ok((
+        Mailbox {
+            tx,
+            wake: wake.clone(),
+        },
+        Inbox { rx, wake },
+    ))
+}
+
+impl Mailbox {
+    /// A refused message comes back whole, so that its sender can answer it.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn send(&self, m: Msg) -> Result<(), crossbeam_channel::SendError<Msg>> {
+        self.tx.send(m)?;
+        // Pairs with the fence in Target::sleep: either the target sees the
+        // message before it sleeps, or this sees it asleep and wakes it.
+        fence(Ordering::SeqCst);
+        if self.wake.ring_sleep.swap(false, Ordering::SeqCst) {
+            let one = 1u64.to_ne_bytes();
+            unsafe { libc::write(self.wake.fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+        Ok(())
+    }
 }
 
 pub(crate) struct Target {
@@ -117,8 +236,10 @@ pub(crate) struct Target {
     dev: DeviceIo,
     index: TargetIndex,
     alloc: BlockAlloc,
-    /// Sequence number of the last durable WAL record.
+    /// Sequence number of the last durable (and applied) WAL record.
     seq: u64,
+    /// Sequence number of the last WAL record written or being written.
+    seq_started: u64,
     /// Byte offset inside the WAL where the next record goes.
     wal_tail: u64,
     /// Checkpoint slot the next checkpoint goes to (the other holds the newest).
@@ -130,6 +251,26 @@ pub(crate) struct Target {
     /// Bytes of value per data checksum (the device's format).
     chunk: u64,
     prof: Prof,
+    /// The batch being gathered.
+    open: Batch,
+    /// Commits in flight, oldest first (applied and answered in this order).
+    commits: VecDeque<InCommit>,
+    /// Space claimed by the commits in flight per pool: (scm, nvme).
+    claimed: HashMap<Uuid, (u64, u64)>,
+    /// Fetches waiting to start (for buffers, or for a checkpoint).
+    queued: Vec<(data::FetchReq, Responder)>,
+    fetch_jobs: HashMap<u64, InFetch>,
+    /// Tag of the next job started on the device (increasing).
+    next_tag: u64,
+    /// Blocks freed while reads were in flight, with the tag from which on
+    /// fetches no longer see them: they return to the allocator once every
+    /// fetch started before that tag is done (a read in flight never reads
+    /// a block rewritten under it).
+    deferred: Vec<(u64, Vec<(u64, u64)>)>,
+    /// A checkpoint is due: no new device work starts until it is written.
+    ckpt_due: bool,
+    /// Set by a failed device write: updates are refused from then on.
+    broken: Option<Errno>,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -196,6 +337,7 @@ impl Target {
             index: TargetIndex::default(),
             alloc,
             seq: 0,
+            seq_started: 0,
             wal_tail: 0,
             next_ckpt: 0,
             scm_budget,
@@ -203,6 +345,15 @@ impl Target {
             checkpoints: 0,
             chunk: 0,
             prof: Prof::default(),
+            open: Batch::default(),
+            commits: VecDeque::new(),
+            claimed: HashMap::new(),
+            queued: Vec::new(),
+            fetch_jobs: HashMap::new(),
+            next_tag: 0,
+            deferred: Vec::new(),
+            ckpt_due: false,
+            broken: None,
         };
         t.chunk = t.sb.csum_chunk();
         t.replay()?;
@@ -279,15 +430,20 @@ impl Target {
             seq += 1;
             tail += h.record_bytes();
         }
-        // Only the last record can be ahead of its data (a power cut between
-        // the device writing the record and the data, before the batch's
-        // fsync returned: the batch was never acknowledged). Drop it then.
-        if let Some((off, ops)) = records.last() {
-            if !self.data_intact(ops)? {
-                tracing::warn!(target = self.id, seq, "last WAL batch references data that never reached the device; dropping the unacknowledged batch");
-                tail = *off;
-                seq -= 1;
-                records.pop();
+        // Only the records of the last commits that were in flight together
+        // can be ahead of their data (a power cut between the device writing
+        // a record and the data, before the batch's fsync returned: the batch
+        // was never acknowledged, nor anything after it). Drop from the
+        // oldest such record on.
+        let first = records.len().saturating_sub(MAX_COMMITS);
+        for i in first..records.len() {
+            if !self.data_intact(&records[i].1)? {
+                let dropped = records.len() - i;
+                tracing::warn!(target = self.id, seq, dropped, "a WAL batch references data that never reached the device; dropping it and the later unacknowledged batches");
+                tail = records[i].0;
+                seq -= dropped as u64;
+                records.truncate(i);
+                break;
             }
         }
         let n = records.len();
@@ -297,6 +453,7 @@ impl Target {
             }
         }
         self.seq = seq;
+        self.seq_started = seq;
         self.wal_tail = tail;
         self.index.recount();
         for (b, n) in self.index.device_runs() {
@@ -346,71 +503,81 @@ impl Target {
         self.sb.data_offset(self.id) + block * BLOCK
     }
 
-    pub(crate) fn run(mut self, rx: Receiver<Msg>) {
+    pub(crate) fn run(mut self, inbox: Inbox) {
+        if let Err(e) = self.dev.set_wake(inbox.wake.fd.as_raw_fd()) {
+            tracing::warn!(target = self.id, error = %e, "wake-up read not armed; requests wait for device completions");
+        }
+        let mut halt = false;
+        let mut stopping = false;
+        let mut spun = false;
         loop {
-            let first = match rx.recv_timeout(IDLE_AGGREGATE) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => {
-                    let dirty: Vec<Uuid> = self.dirty.iter().copied().collect();
-                    for pool in dirty {
-                        self.auto_aggregate(pool, "idle");
+            self.complete();
+            if !stopping {
+                let first = if self.busy() {
+                    inbox.rx.try_recv().ok()
+                } else {
+                    match inbox.rx.recv_timeout(IDLE_AGGREGATE) {
+                        Ok(m) => Some(m),
+                        Err(RecvTimeoutError::Timeout) => {
+                            let dirty: Vec<Uuid> = self.dirty.iter().copied().collect();
+                            for pool in dirty {
+                                self.auto_aggregate(pool, "idle");
+                            }
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => {
+                            stopping = true;
+                            None
+                        }
                     }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
-            let mut batch = Batch::default();
-            let mut stop = false;
-            let mut halt = false;
-            let mut fetches = Vec::new();
-            let mut next = Some(first);
-            let mut n = 0;
-            while let Some(m) = next {
-                match m {
-                    Msg::Data(Request::Fetch(f), tx) => fetches.push((f, tx)),
-                    Msg::Data(req, tx) => self.handle(req, tx, &mut batch),
-                    Msg::Ctl(c, tx) => {
-                        // Control ops see (and log after) everything queued before them.
-                        self.fetch_all(&mut fetches);
-                        self.commit(&mut batch);
-                        let _ = tx.send(self.control(c));
+                };
+                let mut next = first;
+                let mut n = 0;
+                while let Some(m) = next {
+                    match m {
+                        Msg::Data(Request::Fetch(f), tx) => self.queued.push((f, tx)),
+                        Msg::Data(req, tx) => self.handle(req, tx),
+                        Msg::Ctl(c, tx) => {
+                            // Control ops see (and log after) everything queued before them.
+                            self.drain();
+                            let _ = tx.send(self.control(c));
+                        }
+                        Msg::Stop => stopping = true,
+                        Msg::Halt => (stopping, halt) = (true, true),
                     }
-                    Msg::Stop => {
-                        stop = true;
+                    n += 1;
+                    if stopping || n >= MAX_BATCH || self.open.data >= BATCH_DATA {
                         break;
                     }
-                    Msg::Halt => {
-                        halt = true;
-                        break;
-                    }
+                    next = inbox.rx.try_recv().ok();
                 }
-                n += 1;
-                if n >= MAX_BATCH {
+            }
+            self.pump();
+            if !self.busy() {
+                if stopping {
                     break;
                 }
-                next = rx.try_recv().ok();
+                self.aggregate_full();
+                continue;
             }
-            self.fetch_all(&mut fetches);
-            self.commit(&mut batch);
-            if halt {
-                return;
+            if self.dev.in_flight() == 0 || self.dev.completed() {
+                self.submit();
+                continue;
             }
-            let full: Vec<Uuid> = self
-                .dirty
-                .iter()
-                .filter(|p| {
-                    self.index.pools.get(p).is_some_and(|pt| {
-                        pt.nvme_total > 0 && pt.nvme_used() * 10 > pt.nvme_total * 8
-                    })
-                })
-                .copied()
-                .collect();
-            for pool in full {
-                self.auto_aggregate(pool, "nvme usage above 80%");
+            // A lone read in flight (QD1): poll for a short while rather
+            // than sleep, a wake-up less on the way back.
+            let spin = spin_us();
+            let lone = self.dev.in_flight() == 1 && self.fetch_jobs.len() == 1;
+            if spin > 0 && !spun && lone && inbox.rx.is_empty() {
+                spun = true;
+                self.wait(&inbox, Some(Duration::from_micros(spin)), stopping);
+            } else {
+                spun = false;
+                self.wait(&inbox, None, stopping);
             }
-            if stop {
-                break;
-            }
+        }
+        if halt {
+            return;
         }
         let p = &self.prof;
         tracing::info!(
@@ -431,6 +598,177 @@ impl Target {
         }
     }
 
+    /// Sleep in the ring until a device completion or a new message (or
+    /// poll for `spin`).
+    fn wait(&mut self, inbox: &Inbox, spin: Option<Duration>, stopping: bool) {
+        if spin.is_none() && !stopping {
+            inbox.wake.ring_sleep.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !inbox.rx.is_empty() {
+                inbox.wake.ring_sleep.store(false, Ordering::SeqCst);
+                return;
+            }
+        }
+        let r = self.dev.wait(spin);
+        inbox.wake.ring_sleep.store(false, Ordering::SeqCst);
+        if let Err(e) = r {
+            tracing::error!(target = self.id, error = %e, "waiting for device completions failed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Whether anything is gathered, queued or in flight.
+    fn busy(&self) -> bool {
+        !self.open.ops.is_empty()
+            || !self.queued.is_empty()
+            || !self.commits.is_empty()
+            || !self.fetch_jobs.is_empty()
+    }
+
+    /// Start what can start: a due checkpoint once nothing is in flight,
+    /// the queued fetches, the gathered batch.
+    fn pump(&mut self) {
+        if self.ckpt_due && self.dev.in_flight() == 0 {
+            self.ckpt_due = false;
+            if let Err(e) = self.checkpoint() {
+                tracing::warn!(target = self.id, error = %e, "checkpoint failed; WAL keeps growing");
+            }
+        }
+        if !self.ckpt_due {
+            self.start_fetches();
+            self.start_commit();
+        }
+    }
+
+    /// Finish everything gathered, queued and in flight (before a control
+    /// operation, which runs alone).
+    fn drain(&mut self) {
+        loop {
+            self.pump();
+            if !self.busy() && !self.ckpt_due {
+                return;
+            }
+            if self.dev.in_flight() > 0 && !self.dev.completed() {
+                if let Err(e) = self.dev.wait(None) {
+                    tracing::error!(target = self.id, error = %e, "waiting for device completions failed");
+                }
+            } else {
+                self.submit();
+            }
+            self.complete();
+        }
+    }
+
+    fn submit(&mut self) {
+        if let Err(e) = self.dev.submit() {
+            tracing::error!(target = self.id, error = %e, "submitting device operations failed");
+        }
+    }
+
+    /// Aggregate the pools whose data region is filling up (needs the device to itself).
+    fn aggregate_full(&mut self) {
+        let full: Vec<Uuid> =
+            self.dirty
+                .iter()
+                .filter(|p| {
+                    self.index.pools.get(p).is_some_and(|pt| {
+                        pt.nvme_total > 0 && pt.nvme_used() * 10 > pt.nvme_total * 8
+                    })
+                })
+                .copied()
+                .collect();
+        for pool in full {
+            self.auto_aggregate(pool, "nvme usage above 80%");
+        }
+    }
+
+    /// Take the device's completions and finish what they complete.
+    fn complete(&mut self) {
+        let mut done = Vec::new();
+        if let Err(e) = self.dev.reap(&mut done) {
+            tracing::error!(target = self.id, error = %e, "reaping device completions failed");
+        }
+        for d in done {
+            if let Some(job) = self.fetch_jobs.get_mut(&d.tag) {
+                let (dst, buf, off) = job.reads[d.idx];
+                let res = d.res.map(|()| self.dev.bytes(buf, off, dst.len));
+                absorb_piece(self.id, self.chunk, &mut job.plans, dst, res);
+                self.dev.release(buf);
+                job.pending -= 1;
+                if job.pending == 0 {
+                    let job = self.fetch_jobs.remove(&d.tag).expect("job");
+                    for ((f, tx), p) in job.fetches.into_iter().zip(job.plans) {
+                        tx.send(p.map(|iods| self.assemble(&f, iods)));
+                    }
+                    self.release_deferred();
+                }
+            } else if let Some(c) = self.commits.iter_mut().find(|c| c.tag == d.tag) {
+                if let Some(buf) = c.regions[d.idx] {
+                    self.dev.release(buf);
+                }
+                c.pending -= 1;
+                if let Err(e) = d.res {
+                    // The first failure; the rest of the chain reports ECANCELED.
+                    if c.err
+                        .as_ref()
+                        .is_none_or(|x| x.raw_os_error() == Some(libc::ECANCELED))
+                    {
+                        c.err = Some(e);
+                    }
+                }
+            }
+        }
+        self.retire_commits();
+    }
+
+    /// Apply and answer the commits done, oldest first: a commit whose
+    /// device writes failed fails, and so does every later one (its record
+    /// follows a record that may be missing, so replay would not reach it).
+    fn retire_commits(&mut self) {
+        while self.commits.front().is_some_and(|c| c.pending == 0) {
+            let c = self.commits.pop_front().expect("front");
+            for (pool, (scm, nvme)) in &c.space {
+                let e = self.claimed.entry(*pool).or_default();
+                e.0 -= scm;
+                e.1 -= nvme;
+            }
+            self.prof.commits += 1;
+            self.prof.committed_ops += c.ops.len() as u64;
+            self.prof.commit_ns += c.t0.elapsed().as_nanos() as u64;
+            if let Some(e) = c.err {
+                self.broken.get_or_insert_with(|| {
+                    tracing::error!(target = self.id, seq = c.seq, error = %e, "device write failed; this target refuses updates until the engine restarts");
+                    Errno::new(
+                        -libc::EIO,
+                        format!("target {}: a device write failed ({e}); the target refuses updates until the engine restarts", self.id),
+                    )
+                });
+            }
+            if let Some(e) = &self.broken {
+                for (b, n) in c.runs {
+                    self.alloc.free(b, n);
+                }
+                for tx in c.replies {
+                    tx.send(Err(e.clone()));
+                }
+                continue;
+            }
+            self.seq = c.seq;
+            for op in c.ops {
+                if let WalOp::Update { pool, .. } | WalOp::Punch { pool, .. } = &op {
+                    self.dirty.insert(*pool);
+                }
+                self.apply(op);
+            }
+            for tx in c.replies {
+                tx.send(Ok((ok_response(None), Vec::new())));
+            }
+        }
+        if self.wal_tail > self.sb.wal_bytes / 2 {
+            self.ckpt_due = true;
+        }
+    }
+
     fn auto_aggregate(&mut self, pool: Uuid, why: &str) {
         match self.commit_ctl(WalOp::Aggregate { pool }) {
             Ok(rel) => {
@@ -443,26 +781,25 @@ impl Target {
         self.dirty.remove(&pool);
     }
 
-    fn handle(&mut self, req: Request, tx: Responder, batch: &mut Batch) {
+    fn handle(&mut self, req: Request, tx: Responder) {
         let r = match req {
-            Request::Update(u, bulk) => match self.prepare_update(u, bulk, batch) {
+            Request::Update(u, bulk) => match self.prepare_update(u, bulk) {
                 Ok(()) => {
-                    batch.replies.push(tx);
+                    self.open.replies.push(tx);
                     return;
                 }
                 Err(e) => Err(e),
             },
             Request::Punch(p) => match self.prepare_punch(p) {
                 Ok(op) => {
-                    batch.ops.push(op);
-                    batch.replies.push(tx);
+                    self.open.ops.push(op);
+                    self.open.replies.push(tx);
                     return;
                 }
                 Err(e) => Err(e),
             },
             Request::Fetch(f) => {
-                let mut one = vec![(f, tx)];
-                self.fetch_all(&mut one);
+                self.queued.push((f, tx));
                 return;
             }
             Request::List(l) => self.list(l),
@@ -504,12 +841,10 @@ impl Target {
         ))
     }
 
-    fn prepare_update(
-        &mut self,
-        u: data::UpdateReq,
-        bulk: Vec<u8>,
-        batch: &mut Batch,
-    ) -> Result<(), Errno> {
+    fn prepare_update(&mut self, u: data::UpdateReq, bulk: Vec<u8>) -> Result<(), Errno> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
         let (pool, cont, obj) = self.addr(u.addr.as_ref(), "update")?;
         if u.dkey.is_empty() {
             return Err(Errno::inval("update: empty dkey"));
@@ -570,7 +905,7 @@ impl Target {
         }
         if u.insert_only {
             for iod in &u.iods {
-                if self.visible_latest(&pool, &cont, &obj, &u.dkey, &iod.akey, batch) {
+                if self.visible_latest(&pool, &cont, &obj, &u.dkey, &iod.akey) {
                     return Err(Errno::new(
                         -libc::EEXIST,
                         format!(
@@ -584,7 +919,9 @@ impl Target {
             }
         }
         let p = &self.index.pools[&pool];
-        let (bs, bn) = batch.space.get(&pool).copied().unwrap_or_default();
+        let (os, on) = self.open.space.get(&pool).copied().unwrap_or_default();
+        let (cs, cn) = self.claimed.get(&pool).copied().unwrap_or_default();
+        let (bs, bn) = (os + cs, on + cn);
         for (tier, need, total, used) in [
             ("scm", scm_need, p.scm_total, p.scm_used() + bs),
             ("nvme", nvme_need, p.nvme_total, p.nvme_used() + bn),
@@ -604,31 +941,34 @@ impl Target {
         let mut values = Vec::with_capacity(parsed.len());
         let mut runs = Vec::new();
         let mut writes = Vec::new();
+        let (id, chunk, data_off) = (self.id, self.chunk, self.sb.data_offset(self.id));
+        let alloc = &mut self.alloc;
+        let batch = &mut self.open;
         let bi = batch.bulks.len();
         for (iod, kind, range, large) in parsed {
             let v = &bulk[range.clone()];
             let payload = if large {
                 let n = wal::round_up(v.len() as u64) / BLOCK;
-                let Some(block) = self.alloc.alloc(n) else {
-                    let free = self.alloc.free_blocks();
+                let Some(block) = alloc.alloc(n) else {
+                    let free = alloc.free_blocks();
                     for (b, n) in runs {
-                        self.alloc.free(b, n);
+                        alloc.free(b, n);
                     }
                     return Err(Errno::new(
                         -libc::ENOSPC,
                         format!(
-                            "update: pool {pool}: target {} data region has no free run of {n} blocks ({free} blocks free)",
-                            self.id
+                            "update: pool {pool}: target {id} data region has no free run of {n} blocks ({free} blocks free)"
                         ),
                     ));
                 };
                 runs.push((block, n));
-                writes.push((self.data_off(block), bi, range.start, range.len()));
+                writes.push((data_off + block * BLOCK, bi, range.start, range.len()));
+                batch.data += range.len();
                 Payload::Device(DevExtent {
                     block,
                     nblocks: n,
                     csums: v
-                        .chunks(self.chunk as usize)
+                        .chunks(chunk as usize)
                         .map(peregrine_isal::crc32c)
                         .collect(),
                 })
@@ -664,8 +1004,8 @@ impl Target {
     }
 
     /// Whether `akey` has a visible value at the latest epoch once the
-    /// changes already prepared in `batch` (applied before this request,
-    /// in queue order) are applied too.
+    /// commits in flight and the changes already gathered in the open batch
+    /// (applied before this request, in queue order) are applied too.
     fn visible_latest(
         &self,
         pool: &Uuid,
@@ -673,10 +1013,10 @@ impl Target {
         obj: &ObjKey,
         dkey: &[u8],
         akey: &[u8],
-        batch: &Batch,
     ) -> bool {
         let (mut newest, mut floor) = self.index.akey_latest(pool, cont, obj, dkey, akey);
-        for op in &batch.ops {
+        let pending = self.commits.iter().flat_map(|c| &c.ops);
+        for op in pending.chain(&self.open.ops) {
             match op {
                 WalOp::Update {
                     pool: p,
@@ -711,6 +1051,9 @@ impl Target {
     }
 
     fn prepare_punch(&mut self, p: data::PunchReq) -> Result<WalOp, Errno> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
         let (pool, cont, obj) = self.addr(p.addr.as_ref(), "punch")?;
         if p.dkey.is_empty() && !p.akeys.is_empty() {
             return Err(Errno::inval("punch: akeys given without a dkey"));
@@ -725,12 +1068,112 @@ impl Target {
         })
     }
 
-    /// Make the batch durable (data, one WAL record, one fsync), apply it, answer.
-    fn commit(&mut self, batch: &mut Batch) {
-        if batch.ops.is_empty() {
+    /// Start the gathered batch: its data to the new blocks, its WAL record,
+    /// then an fdatasync, one linked chain (IOSQE_IO_LINK: the record is
+    /// written only after all the data was, the fdatasync runs only after
+    /// the record was; a failure cancels the rest). It is applied and
+    /// answered when the chain completes, after the commits before it.
+    fn start_commit(&mut self) {
+        if self.open.ops.is_empty() || self.commits.len() >= MAX_COMMITS {
             return;
         }
-        let b = std::mem::take(batch);
+        if let Some(e) = self.broken.clone() {
+            let b = std::mem::take(&mut self.open);
+            self.fail_batch(b, e);
+            return;
+        }
+        let rec = match self.wal_record(&self.open.ops) {
+            Ok(r) => r,
+            Err(e) => {
+                let b = std::mem::take(&mut self.open);
+                self.fail_batch(b, e);
+                return;
+            }
+        };
+        if self.wal_tail + rec.len() as u64 > self.sb.wal_bytes {
+            // The WAL restarts after a checkpoint, which waits for the device.
+            self.ckpt_due = true;
+            return;
+        }
+        let b = std::mem::take(&mut self.open);
+        let wal_off = self.sb.wal_offset(self.id) + self.wal_tail;
+        let mut ops = Vec::new();
+        let mut regions = Vec::new();
+        let pieces = b.writes.iter().flat_map(|&(off, bi, s, l)| {
+            b.bulks[bi][s..s + l]
+                .chunks(BUF_BYTES)
+                .enumerate()
+                .map(move |(k, p)| (off + (k * BUF_BYTES) as u64, p))
+        });
+        let recs = rec
+            .chunks(BUF_BYTES)
+            .enumerate()
+            .map(|(k, p)| (wal_off + (k * BUF_BYTES) as u64, p));
+        for (off, piece) in pieces.chain(recs) {
+            let Some(r) = self.dev.region_with(piece) else {
+                for &buf in regions.iter().flatten() {
+                    self.dev.release(buf);
+                }
+                if self.dev.in_flight() == 0 && self.dev.regions_idle() {
+                    // Larger than the buffers: the blocking path writes it in groups.
+                    self.commit_sync(b);
+                } else {
+                    self.open = b;
+                }
+                return;
+            };
+            ops.push(Op::linked_write(off, r));
+            regions.push(Some(r.0));
+        }
+        ops.push(Op::sync());
+        regions.push(None);
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        if let Err(e) = self.dev.start(tag, &ops) {
+            for &buf in regions.iter().flatten() {
+                self.dev.release(buf);
+            }
+            let e = Errno::new(
+                -libc::EIO,
+                format!("target {}: submit commit: {e}", self.id),
+            );
+            self.broken = Some(e.clone());
+            self.fail_batch(b, e);
+            return;
+        }
+        self.seq_started += 1;
+        self.wal_tail += rec.len() as u64;
+        for (pool, (scm, nvme)) in &b.space {
+            let e = self.claimed.entry(*pool).or_default();
+            e.0 += scm;
+            e.1 += nvme;
+        }
+        self.commits.push_back(InCommit {
+            tag,
+            seq: self.seq_started,
+            ops: b.ops,
+            replies: b.replies,
+            runs: b.runs,
+            space: b.space,
+            pending: ops.len(),
+            regions,
+            err: None,
+            t0: Instant::now(),
+        });
+    }
+
+    fn fail_batch(&mut self, b: Batch, e: Errno) {
+        for (blk, n) in b.runs {
+            self.alloc.free(blk, n);
+        }
+        for tx in b.replies {
+            tx.send(Err(e.clone()));
+        }
+    }
+
+    /// Commit a batch with blocking I/O (nothing else in flight): for
+    /// batches larger than the registered buffers.
+    fn commit_sync(&mut self, b: Batch) {
         let t0 = Instant::now();
         let writes: Vec<(u64, &[u8])> = b
             .writes
@@ -754,25 +1197,38 @@ impl Target {
                 }
                 self.maybe_checkpoint();
             }
-            Err(e) => {
-                for (blk, n) in b.runs {
-                    self.alloc.free(blk, n);
-                }
-                for tx in b.replies {
-                    tx.send(Err(e.clone()));
-                }
-            }
+            Err(e) => self.fail_batch(b, e),
         }
     }
 
     fn apply(&mut self, op: WalOp) -> Released {
         let mut rel = Released::default();
         self.index.apply(op, &mut rel);
-        // Durable now: the freed blocks may be reused.
-        for &(b, n) in &rel.runs {
-            self.alloc.free(b, n);
+        // Durable now: the freed blocks may be reused, once no read in
+        // flight can still be reading them.
+        if self.fetch_jobs.is_empty() {
+            for &(b, n) in &rel.runs {
+                self.alloc.free(b, n);
+            }
+        } else if !rel.runs.is_empty() {
+            self.deferred.push((self.next_tag, rel.runs.clone()));
         }
         rel
+    }
+
+    /// Return the deferred blocks no fetch in flight can still read.
+    fn release_deferred(&mut self) {
+        let oldest = self.fetch_jobs.keys().min().copied().unwrap_or(u64::MAX);
+        let alloc = &mut self.alloc;
+        self.deferred.retain(|(from, runs)| {
+            if oldest < *from {
+                return true;
+            }
+            for &(b, n) in runs {
+                alloc.free(b, n);
+            }
+            false
+        });
     }
 
     /// Log and apply one control change.
@@ -795,20 +1251,10 @@ impl Target {
     /// the record is written only after all the data was, and the fdatasync
     /// runs only after the record was (a failure cancels the rest).
     fn log_with(&mut self, ops: &[WalOp], data: &[(u64, &[u8])]) -> Result<(), Errno> {
-        let payload = bincode::serialize(ops)
-            .map_err(|e| Errno::new(-libc::EIO, format!("target {}: encode WAL: {e}", self.id)))?;
-        let rec = wal::encode(WAL_MAGIC, self.sb.device_uuid, self.seq + 1, &payload);
-        if rec.len() as u64 > self.sb.wal_bytes / 2 {
-            return Err(Errno::new(
-                -libc::ENOSPC,
-                format!(
-                    "target {}: batch of {} bytes exceeds half the WAL ({} bytes)",
-                    self.id,
-                    rec.len(),
-                    self.sb.wal_bytes
-                ),
-            ));
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
         }
+        let rec = self.wal_record(ops)?;
         if self.wal_tail + rec.len() as u64 > self.sb.wal_bytes {
             self.checkpoint().map_err(|e| {
                 Errno::new(
@@ -827,8 +1273,33 @@ impl Target {
             )
         })?;
         self.seq += 1;
+        self.seq_started = self.seq;
         self.wal_tail += rec.len() as u64;
         Ok(())
+    }
+
+    /// The WAL record holding `ops`, numbered after the last one started.
+    fn wal_record(&self, ops: &[WalOp]) -> Result<Vec<u8>, Errno> {
+        let payload = bincode::serialize(ops)
+            .map_err(|e| Errno::new(-libc::EIO, format!("target {}: encode WAL: {e}", self.id)))?;
+        let rec = wal::encode(
+            WAL_MAGIC,
+            self.sb.device_uuid,
+            self.seq_started + 1,
+            &payload,
+        );
+        if rec.len() as u64 > self.sb.wal_bytes / 2 {
+            return Err(Errno::new(
+                -libc::ENOSPC,
+                format!(
+                    "target {}: batch of {} bytes exceeds half the WAL ({} bytes)",
+                    self.id,
+                    rec.len(),
+                    self.sb.wal_bytes
+                ),
+            ));
+        }
+        Ok(rec)
     }
 
     fn maybe_checkpoint(&mut self) {
@@ -868,6 +1339,7 @@ impl Target {
         );
         self.next_ckpt ^= 1;
         self.wal_tail = 0;
+        self.seq_started = self.seq;
         self.checkpoints += 1;
         Ok(())
     }
@@ -917,20 +1389,11 @@ impl Target {
         Ok(iods)
     }
 
-    /// Run a batch of fetches: plan them all, submit all their device reads
-    /// at once, verify the chunk checksums, assemble and answer each.
-    fn fetch_all(&mut self, fetches: &mut Vec<(data::FetchReq, Responder)>) {
-        if fetches.is_empty() {
-            return;
-        }
-        let fetches = std::mem::take(fetches);
-        let mut plans: Vec<Result<Vec<IodRead>, Errno>> =
-            fetches.iter().map(|(f, _)| self.plan(f)).collect();
-        // Device pieces: whole checksum chunks, at most one buffer each.
+    /// The device reads a planned batch of fetches needs: whole checksum
+    /// chunks, at most one buffer each.
+    fn pieces(&self, plans: &[Result<Vec<IodRead>, Errno>]) -> Vec<(u64, PieceDst)> {
         let chunk = self.chunk;
-        let mut pieces: Vec<(u64, usize)> = Vec::new();
-        // (fetch, iod, seg, start of the piece in the value)
-        let mut dst: Vec<(usize, usize, usize, u64)> = Vec::new();
+        let mut pieces = Vec::new();
         for (fi, p) in plans.iter().enumerate() {
             let Ok(iods) = p else { continue };
             for (ii, r) in iods.iter().enumerate() {
@@ -949,59 +1412,96 @@ impl Target {
                     let mut ps = start;
                     while ps < end {
                         let pe = (ps + BUF_BYTES as u64).min(end);
-                        pieces.push((self.data_off(ext.block) + ps, (pe - ps) as usize));
-                        dst.push((fi, ii, si, ps));
+                        let dst = PieceDst {
+                            fetch: fi,
+                            iod: ii,
+                            seg: si,
+                            start: ps,
+                            len: (pe - ps) as usize,
+                        };
+                        pieces.push((self.data_off(ext.block) + ps, dst));
                         ps = pe;
                     }
                 }
             }
         }
+        pieces
+    }
+
+    /// Start the queued fetches: plan them all against the index, then
+    /// submit all their device reads at once, packed into the registered
+    /// buffers; each is verified, assembled and answered when its reads
+    /// complete. Without room in the buffers they wait for completions.
+    fn start_fetches(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let fetches = std::mem::take(&mut self.queued);
+        let plans: Vec<Result<Vec<IodRead>, Errno>> =
+            fetches.iter().map(|(f, _)| self.plan(f)).collect();
+        let pieces = self.pieces(&plans);
+        let mut ops = Vec::with_capacity(pieces.len());
+        let mut reads = Vec::with_capacity(pieces.len());
+        for &(off, dst) in &pieces {
+            let Some(r) = self.dev.region(dst.len) else {
+                for &(_, buf, _) in &reads {
+                    self.dev.release(buf);
+                }
+                if self.dev.in_flight() == 0 && self.dev.regions_idle() {
+                    // Larger than the buffers: the blocking path reads it in groups.
+                    self.fetch_sync(fetches, plans, &pieces);
+                } else {
+                    self.queued = fetches;
+                }
+                return;
+            };
+            ops.push(Op::read(off, r));
+            reads.push((dst, r.0, r.1));
+        }
         self.prof.fetch_rounds += 1;
         self.prof.fetches += fetches.len() as u64;
         self.prof.read_pieces += pieces.len() as u64;
-        let id = self.id;
-        let ring = self.dev.read_many(&pieces, |k, res| {
-            let (fi, ii, si, ps) = dst[k];
-            let Ok(iods) = &mut plans[fi] else { return };
-            let r = &mut iods[ii];
-            let s = &r.segs[si];
-            let Src::Dev {
-                ext, value_off, ..
-            } = &s.src
-            else {
-                return;
-            };
-            let bytes = match res {
-                Ok(b) => b,
-                Err(e) => {
-                    plans[fi] = Err(Errno::new(
-                        -libc::EIO,
-                        format!("target {id}: read block {}: {e}", ext.block),
-                    ));
-                    return;
-                }
-            };
-            let c0 = (ps / chunk) as usize;
-            for (i, b) in bytes.chunks(chunk as usize).enumerate() {
-                let c = c0 + i;
-                if ext.csums.get(c).copied() != Some(peregrine_isal::crc32c(b)) {
-                    r.bad.get_or_insert(Errno::new(
-                        -peregrine_proto::CSUM_ERRNO,
-                        format!(
-                            "target {id}: checksum mismatch in chunk {c} ({chunk} bytes) of the extent at data block {} (device corruption)",
-                            ext.block
-                        ),
-                    ));
-                    return;
-                }
+        if ops.is_empty() {
+            for ((f, tx), p) in fetches.into_iter().zip(plans) {
+                tx.send(p.map(|iods| self.assemble(&f, iods)));
             }
-            // The part of the piece the caller asked for.
-            let (from, to) = (ps.max(*value_off), (ps + bytes.len() as u64).min(value_off + s.len));
-            if from < to {
-                let o = (s.out_off + from - value_off) as usize;
-                r.out[o..o + (to - from) as usize]
-                    .copy_from_slice(&bytes[(from - ps) as usize..(to - ps) as usize]);
+            return;
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        if let Err(e) = self.dev.start(tag, &ops) {
+            for &(_, buf, _) in &reads {
+                self.dev.release(buf);
             }
+            let e = Errno::new(-libc::EIO, format!("target {}: submit reads: {e}", self.id));
+            for (_, tx) in fetches {
+                tx.send(Err(e.clone()));
+            }
+            return;
+        }
+        self.fetch_jobs.insert(
+            tag,
+            InFetch {
+                fetches,
+                plans,
+                pending: reads.len(),
+                reads,
+            },
+        );
+    }
+
+    /// Serve planned fetches with blocking reads (nothing else in flight):
+    /// for rounds larger than the registered buffers.
+    fn fetch_sync(
+        &mut self,
+        fetches: Vec<(data::FetchReq, Responder)>,
+        mut plans: Vec<Result<Vec<IodRead>, Errno>>,
+        pieces: &[(u64, PieceDst)],
+    ) {
+        let (id, chunk) = (self.id, self.chunk);
+        let offs: Vec<(u64, usize)> = pieces.iter().map(|&(o, d)| (o, d.len)).collect();
+        let ring = self.dev.read_many(&offs, |k, res| {
+            absorb_piece(id, chunk, &mut plans, pieces[k].1, res)
         });
         if let Err(e) = ring {
             let e = Errno::new(-libc::EIO, format!("target {id}: read: {e}"));
@@ -1186,5 +1686,166 @@ impl Target {
                 free_blocks: self.alloc.free_blocks(),
             })),
         }
+    }
+}
+
+/// Take the bytes of one device read of a fetch: verify its checksum chunks
+/// and copy the part the caller asked for into the iod's output (or record
+/// the read's or checksum's failure).
+fn absorb_piece(
+    id: u32,
+    chunk: u64,
+    plans: &mut [Result<Vec<IodRead>, Errno>],
+    dst: PieceDst,
+    res: std::io::Result<&[u8]>,
+) {
+    let Ok(iods) = &mut plans[dst.fetch] else {
+        return;
+    };
+    let r = &mut iods[dst.iod];
+    let s = &r.segs[dst.seg];
+    let Src::Dev { ext, value_off, .. } = &s.src else {
+        return;
+    };
+    let bytes = match res {
+        Ok(b) => b,
+        Err(e) => {
+            let e = Errno::new(
+                -libc::EIO,
+                format!("target {id}: read block {}: {e}", ext.block),
+            );
+            plans[dst.fetch] = Err(e);
+            return;
+        }
+    };
+    let ps = dst.start;
+    let c0 = (ps / chunk) as usize;
+    for (i, b) in bytes.chunks(chunk as usize).enumerate() {
+        let c = c0 + i;
+        if ext.csums.get(c).copied() != Some(peregrine_isal::crc32c(b)) {
+            r.bad.get_or_insert(Errno::new(
+                -peregrine_proto::CSUM_ERRNO,
+                format!(
+                    "target {id}: checksum mismatch in chunk {c} ({chunk} bytes) of the extent at data block {} (device corruption)",
+                    ext.block
+                ),
+            ));
+            return;
+        }
+    }
+    // The part of the piece the caller asked for.
+    let (from, to) = (
+        ps.max(*value_off),
+        (ps + bytes.len() as u64).min(value_off + s.len),
+    );
+    if from < to {
+        let o = (s.out_off + from - value_off) as usize;
+        r.out[o..o + (to - from) as usize]
+            .copy_from_slice(&bytes[(from - ps) as usize..(to - ps) as usize]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BdevClass, BdevSpec, ScanState, StorageOptions};
+
+    const MIB: u64 = 1 << 20;
+
+    fn addr(pool: Uuid) -> Option<data::Address> {
+        Some(data::Address {
+            pool: pool.as_bytes().to_vec(),
+            cont: Uuid::nil().as_bytes().to_vec(),
+            oid: Some(data::ObjectId { hi: 1, lo: 2 }),
+            shard: 0,
+            target: 0,
+            map_version: 1,
+        })
+    }
+
+    fn iod(len: u64) -> data::Iod {
+        data::Iod {
+            akey: b"v".to_vec(),
+            kind: data::ValueKind::Single as i32,
+            len,
+            ..Default::default()
+        }
+    }
+
+    fn update(pool: Uuid, byte: u8, len: usize) -> Request {
+        let u = data::UpdateReq {
+            addr: addr(pool),
+            epoch: 1,
+            dkey: b"d".to_vec(),
+            iods: vec![iod(len as u64)],
+            insert_only: false,
+        };
+        Request::Update(u, vec![byte; len])
+    }
+
+    /// Deterministic form of tests/pipeline.rs: an overwrite applied while a
+    /// fetch's read of the old value is in flight (not reaped) does not give
+    /// the old blocks back to the allocator until that fetch is done.
+    #[test]
+    fn blocks_freed_under_a_read_in_flight_wait_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = StorageOptions {
+            bdev: BdevSpec {
+                class: BdevClass::File,
+                path: dir.path().join("nvme.img"),
+                size: 64 * MIB,
+            },
+            scm_bytes: 16 * MIB,
+            targets: 1,
+            hugepages: false,
+        };
+        crate::format(&opts, "t", 0, false).unwrap();
+        let ScanState::Formatted(sb) = crate::scan(&opts.bdev).unwrap() else {
+            panic!("not formatted")
+        };
+        let mut t = Target::open(sb, &opts.bdev.path, false, 0, 8 * MIB).unwrap();
+        let pool = Uuid::new_v4();
+        t.control(Ctl::PoolCreate {
+            pool,
+            scm: 4 * MIB,
+            nvme: 32 * MIB,
+        })
+        .unwrap();
+        let len = 64 << 10;
+        let blocks = (len as u64) / BLOCK;
+        t.handle(update(pool, 1, len), Responder(None));
+        t.drain();
+        let free = t.alloc.free_blocks();
+
+        let (rtx, rrx) = std::sync::mpsc::channel();
+        let fetch = data::FetchReq {
+            addr: addr(pool),
+            epoch: u64::MAX,
+            dkey: b"d".to_vec(),
+            iods: vec![iod(len as u64)],
+        };
+        let reply = Responder(Some(Box::new(move |r| rtx.send(r).unwrap())));
+        t.queued.push((fetch, reply));
+        t.start_fetches();
+        assert_eq!(t.fetch_jobs.len(), 1, "the fetch is in flight");
+
+        // The same epoch: the new value replaces the old one and frees its blocks.
+        t.handle(update(pool, 2, len), Responder(None));
+        for op in std::mem::take(&mut t.open.ops) {
+            t.apply(op);
+        }
+        assert_eq!(
+            t.alloc.free_blocks(),
+            free - blocks,
+            "the old value's blocks must stay taken while the read is in flight"
+        );
+        t.drain();
+        assert_eq!(
+            t.alloc.free_blocks(),
+            free,
+            "released once the fetch is done"
+        );
+        let (_, bytes) = rrx.recv().unwrap().unwrap();
+        assert_eq!(bytes, vec![1u8; len], "the fetch read the old value");
     }
 }
