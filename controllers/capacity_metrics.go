@@ -20,3 +20,15 @@ var (
 func init() {
 	metrics.Registry.MustRegister(poolBytes, containerUsedBytes)
 }
+
+// forgetPoolMetrics drops the series of a Pool that is gone from Kubernetes or from the store:
+// a gauge of a pool that no longer exists would report space nobody has.
+func forgetPoolMetrics(namespace, pool string) {
+	poolBytes.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "pool": pool})
+}
+
+// forgetContainerMetrics drops the series of a Container that is gone from Kubernetes or from
+// the store.
+func forgetContainerMetrics(namespace, container string) {
+	containerUsedBytes.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "container": container})
+}

@@ -131,6 +131,7 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 			}
 			cont.Status.State = "lost"
 			r.setReady(cont, metav1.ConditionFalse, "ContainerLost", msg)
+			forgetContainerMetrics(cont.Namespace, cont.Name)
 			return nil, nil
 		}
 		if err != nil {
@@ -216,7 +217,7 @@ func (r *ContainerReconciler) reconcileDelete(ctx context.Context, cont, before 
 	} else if cont.Status.UUID != "" {
 		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "Retained", "container %q (%s) retained in the store", label, cont.Status.UUID)
 	}
-	containerUsedBytes.DeletePartialMatch(map[string]string{"namespace": cont.Namespace, "container": cont.Name})
+	forgetContainerMetrics(cont.Namespace, cont.Name)
 	controllerutil.RemoveFinalizer(cont, storagev1.Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Update(ctx, cont))
 }

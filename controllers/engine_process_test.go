@@ -7,17 +7,24 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
 )
 
-// engineProcess is one real peregrine-engine on a sparse device file, hosting its own
-// management service (a one-engine system), as engine/crates/engine/tests/common does.
+// engineProcess is one real peregrine-engine on a sparse device file: either a one-engine
+// system hosting its own management service, as engine/crates/engine/tests/common does
+// (startEngine), or one pod of a ServerSet's StatefulSet run from the operator's rendered
+// ConfigMap (startEnginePod).
 type engineProcess struct {
 	name string
 	addr string
@@ -62,20 +69,110 @@ func startEngine(name string, foreign bool) *engineProcess {
 	Expect(err).NotTo(HaveOccurred())
 	cmd := exec.Command(engineBin, "--config", cfgPath)
 	cmd.Stdout, cmd.Stderr = out, out
-	Expect(cmd.Start()).To(Succeed())
-	e := &engineProcess{name: name, addr: addr, dir: dir, cmd: cmd}
+	e := launch(&engineProcess{name: name, addr: addr, dir: dir, cmd: cmd})
+	Expect(out.Close()).To(Succeed()) // the child holds its own descriptor
+	waitForRank(addr, 0, dir)
+	return e
+}
+
+// launch starts e's command and registers it for stopAllEngines.
+func launch(e *engineProcess) *engineProcess {
+	Expect(e.cmd.Start()).To(Succeed())
 	enginesMu.Lock()
 	engines = append(engines, e)
 	enginesMu.Unlock()
+	return e
+}
 
-	ms := msClient(addr)
-	Eventually(func() ([]*mgmtpb.Member, error) {
+// waitForRank waits until the management service at msAddr lists rank as a member (in any
+// state: a blank engine joins in maintenance).
+func waitForRank(msAddr string, rank uint32, dir string) {
+	ms := msClient(msAddr)
+	Eventually(func() ([]uint32, error) {
 		r, err := ms.SystemQuery(context.Background(), &mgmtpb.SystemQueryReq{})
 		if err != nil {
 			return nil, err
 		}
-		return r.Members, nil
-	}, 60*time.Second, 100*time.Millisecond).Should(HaveLen(1), "engine %s did not join; see %s", name, dir)
+		var ranks []uint32
+		for _, m := range r.Members {
+			ranks = append(ranks, m.Rank)
+		}
+		return ranks, nil
+	}, 60*time.Second, 100*time.Millisecond).Should(ContainElement(rank), "rank %d did not join %s; see %s", rank, msAddr, dir)
+}
+
+// podIP is the stand-in IP of a simulated engine pod: every ordinal gets its own loopback
+// address, so that all ranks use the ServerSet's one control and data port, as pods do.
+func podIP(ordinal int) string { return fmt.Sprintf("127.0.0.%d", ordinal+1) }
+
+// startEnginePod runs ordinal `ordinal` of the ServerSet's StatefulSet the way its pod would:
+// the container's command, the start script and engine config template from the operator's
+// ConfigMap, and the container's environment, with the field references filled in as the
+// kubelet would. What a node provides has stand-ins: the pod IP is podIP(ordinal); the config
+// volume (/etc/peregrine), /run/peregrine and the device volume are directories of the test;
+// the image's PATH is the engine binary's directory; and the headless Service's names of the
+// other ranks resolve to their pod IPs. It returns when the engine has joined the management
+// service at msAddr.
+func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, msAddr string) *engineProcess {
+	podName := fmt.Sprintf("%s-%d", sts.Name, ordinal)
+	dir := filepath.Join(workDir, podName)
+	etc, run := filepath.Join(dir, "etc"), filepath.Join(dir, "run")
+	for _, d := range []string{etc, run} {
+		Expect(os.MkdirAll(d, 0o755)).To(Succeed())
+	}
+
+	// The device volume: a host directory shared by the ranks of one node; here, of the test.
+	devices := filepath.Join(workDir, sts.Name+"-devices")
+	Expect(os.MkdirAll(devices, 0o755)).To(Succeed())
+	tmpl := strings.ReplaceAll(cm.Data["engine.yaml.in"], deviceMountPath+"/", devices+"/")
+	// Cluster DNS: the other ranks' names behind the headless Service.
+	peer := regexp.MustCompile(`"` + regexp.QuoteMeta(sts.Name) + `-(\d+)\.` + regexp.QuoteMeta(sts.Spec.ServiceName+"."+sts.Namespace+".svc") + `:`)
+	tmpl = peer.ReplaceAllStringFunc(tmpl, func(m string) string {
+		k, _ := strconv.Atoi(peer.FindStringSubmatch(m)[1])
+		if k == ordinal {
+			return m // the start script names the pod itself by its IP
+		}
+		return `"` + podIP(k) + `:`
+	})
+	Expect(os.WriteFile(filepath.Join(etc, "engine.yaml.in"), []byte(tmpl), 0o644)).To(Succeed())
+	script := strings.NewReplacer(configMountPath+"/", etc+"/", "/run/peregrine", run).Replace(cm.Data["start-engine.sh"])
+	Expect(os.WriteFile(filepath.Join(etc, "start-engine.sh"), []byte(script), 0o755)).To(Succeed())
+
+	c := sts.Spec.Template.Spec.Containers[0]
+	Expect(c.Command).To(Equal([]string{"/bin/sh", configMountPath + "/start-engine.sh"}))
+	env := []string{"PATH=" + filepath.Dir(engineBin) + ":/usr/bin:/bin"}
+	for _, v := range c.Env {
+		val := v.Value
+		if v.ValueFrom != nil {
+			Expect(v.ValueFrom.FieldRef).NotTo(BeNil(), "env %s", v.Name)
+			switch v.ValueFrom.FieldRef.FieldPath {
+			case "metadata.name":
+				val = podName
+			case "metadata.namespace":
+				val = sts.Namespace
+			case "status.podIP":
+				val = podIP(ordinal)
+			case "spec.nodeName":
+				val = fmt.Sprintf("node%d", ordinal)
+			default:
+				Fail("env " + v.Name + ": field " + v.ValueFrom.FieldRef.FieldPath + " has no stand-in")
+			}
+		}
+		env = append(env, v.Name+"="+val)
+	}
+	out, err := os.Create(filepath.Join(dir, "engine.out"))
+	Expect(err).NotTo(HaveOccurred())
+	cmd := exec.Command(c.Command[0], filepath.Join(etc, "start-engine.sh"))
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, out, out
+	var port int32
+	for _, p := range c.Ports {
+		if p.Name == "control" {
+			port = p.ContainerPort
+		}
+	}
+	e := launch(&engineProcess{name: podName, addr: fmt.Sprintf("%s:%d", podIP(ordinal), port), dir: dir, cmd: cmd})
+	Expect(out.Close()).To(Succeed())
+	waitForRank(msAddr, uint32(ordinal), dir)
 	return e
 }
 

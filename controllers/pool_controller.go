@@ -114,6 +114,7 @@ func (r *PoolReconciler) ensurePool(ctx context.Context, pool *storagev1.Pool, m
 			}
 			pool.Status.State = "lost"
 			r.setReady(pool, metav1.ConditionFalse, "PoolLost", msg)
+			forgetPoolMetrics(pool.Namespace, pool.Name)
 			return nil, nil
 		}
 		if err != nil {

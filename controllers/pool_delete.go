@@ -57,7 +57,7 @@ func (r *PoolReconciler) reconcileDelete(ctx context.Context, pool, before *stor
 	} else if pool.Status.UUID != "" {
 		r.Recorder.Eventf(pool, corev1.EventTypeNormal, "Retained", "pool %q (%s) retained in the store", poolLabel(pool), pool.Status.UUID)
 	}
-	poolBytes.DeletePartialMatch(map[string]string{"namespace": pool.Namespace, "pool": pool.Name})
+	forgetPoolMetrics(pool.Namespace, pool.Name)
 	controllerutil.RemoveFinalizer(pool, storagev1.Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Update(ctx, pool))
 }

@@ -234,6 +234,8 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 		{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
 		{Name: "SERVICE_NAME", Value: ss.Name},
 	}
+	// The engine config has no fabric keys (engine/crates/engine/src/config.rs rejects unknown
+	// ones), so the fabric settings travel as environment only.
 	if ss.Spec.Fabric.Provider != "" {
 		env = append(env, corev1.EnvVar{Name: "PEREGRINE_FABRIC_PROVIDER", Value: ss.Spec.Fabric.Provider})
 	}

@@ -51,9 +51,13 @@ func (r *ServerSetReconciler) query(ctx context.Context, ms mgmtpb.MgmtClient) (
 	return sys, scan, nil
 }
 
-// formatIfNeeded formats the ranks waiting in maintenance once all engines have joined. Devices
-// with a foreign signature are only overwritten when the ServerSet carries the force annotation
-// and no engine of the system is formatted yet (a first start). It reports whether it formatted.
+// formatIfNeeded formats the ranks waiting in maintenance. On a first start (no rank formatted
+// yet) it waits until all engines have joined, so that the system is formatted at once; once the
+// system runs, a rank that joins later (scaling up) is formatted as soon as it joins, without
+// waiting for the other new ranks (a pod that cannot be scheduled holds nobody else back).
+// Formatting is idempotent on ranks that are formatted already. Devices with a foreign signature
+// are only overwritten when the ServerSet carries the force annotation and no engine of the
+// system is formatted yet (a first start). It reports whether it formatted.
 func (r *ServerSetReconciler) formatIfNeeded(ctx context.Context, ss *storagev1.ServerSet, ms mgmtpb.MgmtClient, sys *mgmtpb.SystemQueryResp) bool {
 	var waiting, joined []string
 	for _, m := range sys.Members {
@@ -71,9 +75,9 @@ func (r *ServerSetReconciler) formatIfNeeded(ctx context.Context, ss *storagev1.
 		cond.Message = "no engine has joined the management service yet"
 	case len(waiting) == 0:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Formatted", "every joined engine has formatted storage"
-	case int32(len(sys.Members)) < ss.Spec.Engines:
+	case len(joined) == 0 && int32(len(sys.Members)) < ss.Spec.Engines:
 		cond.Status, cond.Reason = metav1.ConditionFalse, "WaitingForEngines"
-		cond.Message = fmt.Sprintf("%d of %d engines have joined; storage is formatted once all have", len(sys.Members), ss.Spec.Engines)
+		cond.Message = fmt.Sprintf("%d of %d engines have joined; a first start formats storage once all have", len(sys.Members), ss.Spec.Engines)
 	default:
 		force := ss.Annotations[storagev1.AnnotationForceFormat] == "true" && len(joined) == 0
 		cctx, cancel := r.MS.callContext(ctx)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,6 +46,32 @@ func getServerSet(name string) func() *storagev1.ServerSet {
 	}
 }
 
+// updateServerSet applies change to the latest ServerSet, again when the update races the
+// controller's status writes (a conflict).
+func updateServerSet(name string, change func(*storagev1.ServerSet)) {
+	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ss := &storagev1.ServerSet{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, ss); err != nil {
+			return err
+		}
+		change(ss)
+		return k8s.Update(ctx, ss)
+	})).To(Succeed())
+}
+
+// updateStatefulSetStatus writes what the StatefulSet controller would into the status of the
+// latest StatefulSet, again when the update races the operator's writes.
+func updateStatefulSetStatus(key client.ObjectKey, change func(*appsv1.StatefulSet)) {
+	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		sts := &appsv1.StatefulSet{}
+		if err := k8s.Get(ctx, key, sts); err != nil {
+			return err
+		}
+		change(sts)
+		return k8s.Status().Update(ctx, sts)
+	})).To(Succeed())
+}
+
 func condition(conds []metav1.Condition, t string) metav1.Condition {
 	if c := meta.FindStatusCondition(conds, t); c != nil {
 		return *c
@@ -57,6 +84,7 @@ var _ = Describe("ServerSet", func() {
 		ss := newServerSet("render", "127.0.0.1:1", 3)
 		ss.Spec.Hugepages = ptr.To(resource.MustParse("512Mi"))
 		ss.Spec.NodeSelector = map[string]string{"peregrine.dev/storage": "true"}
+		ss.Spec.Fabric = storagev1.Fabric{Provider: "tcp", Interface: "eth1"}
 		Expect(k8s.Create(ctx, ss)).To(Succeed())
 
 		sts := &appsv1.StatefulSet{}
@@ -76,6 +104,12 @@ var _ = Describe("ServerSet", func() {
 		Expect(c.Resources.Limits[hp]).To(Equal(resource.MustParse("512Mi")))
 		Expect(c.Resources.Requests).To(HaveKey(corev1.ResourceMemory))
 		Expect(c.VolumeMounts).To(ContainElement(HaveField("MountPath", "/dev/hugepages")))
+		// The engine config has no fabric keys (engine/crates/engine/src/config.rs rejects unknown
+		// ones): provider and interface reach the engine container as environment variables.
+		Expect(c.Env).To(ContainElements(
+			corev1.EnvVar{Name: "PEREGRINE_FABRIC_PROVIDER", Value: "tcp"},
+			corev1.EnvVar{Name: "PEREGRINE_FABRIC_INTERFACE", Value: "eth1"},
+		))
 		vols := map[string]corev1.Volume{}
 		for _, v := range pod.Volumes {
 			vols[v.Name] = v
@@ -96,6 +130,8 @@ var _ = Describe("ServerSet", func() {
 		Expect(cfg).To(ContainSubstring("bdev: {class: file, path: /var/lib/peregrine/render-nvme@RANK@.img, size: 1GiB}\n"))
 		Expect(cfg).To(ContainSubstring(`mgmt_svc_replicas: ["render-0.render.default.svc:10001"]`))
 		Expect(cm.Data["start-engine.sh"]).To(ContainSubstring("ulimit -l unlimited"))
+		Expect(cfg).NotTo(ContainSubstring("fabric"))
+		Expect(cfg).NotTo(ContainSubstring("eth1"))
 
 		svc := &corev1.Service{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render"}, svc)).To(Succeed())
@@ -116,8 +152,7 @@ var _ = Describe("ServerSet", func() {
 		Expect(got.Status.Engines).To(BeEmpty())
 
 		By("refusing to scale down")
-		got.Spec.Engines = 2
-		Expect(k8s.Update(ctx, got)).To(Succeed())
+		updateServerSet("render", func(ss *storagev1.ServerSet) { ss.Spec.Engines = 2 })
 		Eventually(func() metav1.Condition {
 			return condition(getServerSet("render")().Status.Conditions, storagev1.ConditionProgressing)
 		}).Should(HaveField("Reason", "ScaleDownRefused"))
@@ -179,8 +214,7 @@ var _ = Describe("ServerSet", func() {
 		Expect(condition(ss.Status.Conditions, storagev1.ConditionReady).Reason).To(Equal("FormatRefused"))
 
 		By("forcing with the annotation")
-		ss.Annotations[storagev1.AnnotationForceFormat] = "true"
-		Expect(k8s.Update(ctx, ss)).To(Succeed())
+		updateServerSet("foreign", func(ss *storagev1.ServerSet) { ss.Annotations[storagev1.AnnotationForceFormat] = "true" })
 		Eventually(func() int32 { return getServerSet("foreign")().Status.ReadyEngines }, 60*time.Second).Should(Equal(int32(1)))
 	})
 
@@ -192,10 +226,14 @@ var _ = Describe("ServerSet", func() {
 		Eventually(func() error { return k8s.Get(ctx, key, sts) }, 20*time.Second).Should(Succeed())
 		Expect(currentPartition(sts)).To(BeZero())
 
+		By("a first start formats nothing until every engine has joined")
+		Eventually(func() metav1.Condition {
+			return condition(getServerSet("roll")().Status.Conditions, storagev1.ConditionStorageFormatted)
+		}, 20*time.Second).Should(And(HaveField("Reason", "WaitingForEngines"), HaveField("Message", ContainSubstring("1 of 2 engines have joined"))))
+		Expect(getServerSet("roll")().Status.Engines).To(ConsistOf(HaveField("State", "maintenance")))
+
 		By("changing the image")
-		ss := getServerSet("roll")()
-		ss.Spec.Image = "peregrine:v2"
-		Expect(k8s.Update(ctx, ss)).To(Succeed())
+		updateServerSet("roll", func(ss *storagev1.ServerSet) { ss.Spec.Image = "peregrine:v2" })
 		Eventually(func() int32 {
 			Expect(k8s.Get(ctx, key, sts)).To(Succeed())
 			return currentPartition(sts)
@@ -203,9 +241,10 @@ var _ = Describe("ServerSet", func() {
 		Expect(sts.Spec.Template.Spec.Containers[0].Image).To(Equal("peregrine:v2"))
 
 		By("rank 1 updated and every pod ready, but the management service sees one engine of two")
-		sts.Status.Replicas, sts.Status.ReadyReplicas, sts.Status.UpdatedReplicas = 2, 2, 1
-		sts.Status.ObservedGeneration = sts.Generation
-		Expect(k8s.Status().Update(ctx, sts)).To(Succeed())
+		updateStatefulSetStatus(key, func(sts *appsv1.StatefulSet) {
+			sts.Status.Replicas, sts.Status.ReadyReplicas, sts.Status.UpdatedReplicas = 2, 2, 1
+			sts.Status.ObservedGeneration = sts.Generation
+		})
 		Consistently(func() int32 {
 			Expect(k8s.Get(ctx, key, sts)).To(Succeed())
 			return currentPartition(sts)

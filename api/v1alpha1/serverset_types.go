@@ -38,7 +38,7 @@ type ServerSetSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="storage is immutable: engines keep their devices"
 	Storage EngineStorage `json:"storage"`
 
-	// Fabric the data plane uses.
+	// Fabric the data plane uses; passed to the engine container as environment variables.
 	// +optional
 	Fabric Fabric `json:"fabric,omitempty"`
 
@@ -112,7 +112,10 @@ type EmulatedStorage struct {
 	Size Size `json:"size"`
 }
 
-// Fabric selects the data-plane transport.
+// Fabric selects the data-plane transport. The engine's configuration has no fabric keys (its
+// data plane is TCP on the pod IP and data port, plus shared memory for clients on the same
+// node), so the operator does not write these into the engine config: they reach the engine
+// container as the environment variables PEREGRINE_FABRIC_PROVIDER and PEREGRINE_FABRIC_INTERFACE.
 type Fabric struct {
 	// Provider: "tcp" (plain TCP or libfabric tcp), "shm" (one node) or "verbs".
 	// +optional
