@@ -148,6 +148,7 @@ direct=1
 ioengine=psync
 group_reporting=1
 stonewall
+thread=1
 
 [seq_write]
 rw=write
@@ -198,7 +199,12 @@ run_fio mount "$MNT/fio.data"
 rm -f "$MNT/fio.data"
 if [[ -f $IL ]]; then
   run_fio il "$MNT/fio-il.data" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
-  grep -i "intercept\|peregrine" "$WORK/il.err" || true
+  # fio runs its jobs as threads (thread=1), so the report covers all of them;
+  # (b) means nothing unless the library really carried the data.
+  report=$(grep "peregrine-il.*intercepted" "$WORK/il.err" || true)
+  echo "$report"
+  [[ $report =~ reads=[1-9] && $report =~ writes=[1-9] ]] ||
+    die "the interception library did not intercept fio's reads and writes: ${report:-no report}"
   rm -f "$MNT/fio-il.data"
 else
   echo "==> interception library not built: skipped ($IL is absent)"

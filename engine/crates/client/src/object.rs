@@ -271,6 +271,7 @@ impl Container {
             oid,
             class,
             rs,
+            layout: Arc::default(),
         })
     }
 
@@ -386,7 +387,11 @@ pub struct Object {
     oid: ObjectId,
     class: ObjectClass,
     rs: Option<Arc<ReedSolomon>>,
+    layout: Arc<Mutex<Option<CachedLayout>>>,
 }
+
+/// An object's groups under the pool map of the given version.
+type CachedLayout = (u64, Arc<Vec<Group>>);
 
 /// A read-only view of an object at one epoch (a snapshot's, or latest).
 pub struct ObjectAt<'a> {
@@ -527,9 +532,7 @@ impl Object {
     /// Punch the whole object (every shard of every group).
     pub fn punch(&self) -> Result<()> {
         self.with_map(|map| {
-            let groups = (0..placement::num_groups(self.class, map))
-                .map(|g| placement::group_layout(map, self.oid, self.class, g))
-                .collect::<Result<Vec<_>>>()?;
+            let groups = self.layout(map)?;
             let epoch = hlc::now();
             self.write_shards(map, &groups, |loc| {
                 self.punch_shard(map, loc, epoch, b"", &[])
@@ -644,7 +647,22 @@ impl Object {
     }
 
     pub(crate) fn group(&self, map: &PoolMap, dkey: &[u8]) -> Result<Group> {
-        placement::place(map, self.oid, self.class, dkey)
+        let layout = self.layout(map)?;
+        let g = placement::dkey_group(self.oid, dkey, layout.len() as u32);
+        Ok(layout[g as usize].clone())
+    }
+
+    /// Every group of the object under `map` (computed once per map version).
+    fn layout(&self, map: &PoolMap) -> Result<Arc<Vec<Group>>> {
+        let mut cached = self.layout.lock();
+        if let Some((version, l)) = &*cached {
+            if *version == map.version {
+                return Ok(l.clone());
+            }
+        }
+        let l = Arc::new(placement::layout(map, self.oid, self.class)?);
+        *cached = Some((map.version, l.clone()));
+        Ok(l)
     }
 
     fn iod(&self, akey: &[u8], kind: ValueKind, offset: u64, parts: &[&[u8]]) -> Iod {
@@ -1605,11 +1623,10 @@ impl ObjectAt<'_> {
         let o = self.obj;
         let what = format!("object {}", o.oid);
         o.with_map(|map| {
-            let groups: Vec<u32> = (0..placement::num_groups(o.class, map)).collect();
-            let lists = par_map(&groups, |&gi| {
-                let g = placement::group_layout(map, o.oid, o.class, gi)?;
+            let groups = o.layout(map)?;
+            let lists = par_map(&groups, |g| {
                 // Any shard of the group has every dkey of the group.
-                let order = o.read_order(map, &g, &gi.to_le_bytes());
+                let order = o.read_order(map, g, &g.group.to_le_bytes());
                 o.try_each(&order, &what, |loc| o.list_shard(map, loc, self.epoch, b""))
             });
             let mut all = BTreeSet::new();

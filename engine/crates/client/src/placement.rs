@@ -7,12 +7,15 @@
 //! - Shard `i` of group `g` (shard number `g * group_size + i`) is placed by
 //!   jump consistent hash (Lamping & Veach) of `hash(oid, g, i, attempt)`
 //!   over the map's targets, retrying with the next `attempt` while the
-//!   target's engine (rank) already holds a shard of the group; after
-//!   [`MAX_ATTEMPTS`] it walks the targets in map order from the last
-//!   candidate. Shard 0 is thus exactly "jump hash of hash(oid, group)", and
-//!   each shard keeps jump hash's minimal movement when targets are added.
-//!   Distinct ranks per group is what makes replicas and EC cells survive
-//!   an engine loss.
+//!   target's engine (rank) already holds a shard of the group, or while an
+//!   earlier shard of the object holds the target (until every target holds
+//!   one); after [`MAX_ATTEMPTS`] it walks the targets in map order from the
+//!   last candidate. Shard 0 of group 0 is thus exactly "jump hash of
+//!   hash(oid, 0)", and one-group objects keep jump hash's minimal movement
+//!   when targets are added. Distinct ranks per group is what makes replicas
+//!   and EC cells survive an engine loss; distinct targets per object is
+//!   what makes a striped object (S2, SX, ...) use every target: without it,
+//!   two groups on two targets share one half of the time.
 //!
 //! The hashes are defined here (splitmix64 / FNV-1a), not taken from std,
 //! because every client of every version must compute the same layout.
@@ -184,41 +187,81 @@ pub fn dkey_group(oid: ObjectId, dkey: &[u8], groups: u32) -> u32 {
     (hash_dkey(oid, dkey) % groups as u64) as u32
 }
 
-/// The shards of group `group` of object `oid`.
+/// Every group of object `oid`, in group order.
+pub fn layout(map: &PoolMap, oid: ObjectId, class: ObjectClass) -> Result<Vec<Group>> {
+    layout_upto(map, oid, class, num_groups(class, map) - 1)
+}
+
+/// The shards of group `group` of object `oid` (see [`layout`]).
 pub fn group_layout(map: &PoolMap, oid: ObjectId, class: ObjectClass, group: u32) -> Result<Group> {
+    Ok(layout_upto(map, oid, class, group)?.pop().expect("a group"))
+}
+
+/// Groups `0..=last` of `oid`. Each shard, in shard order, takes the first
+/// jump-hash candidate whose engine holds no other shard of its group
+/// (required) and that no earlier shard of the object took (wanted: the
+/// object's groups spread over distinct targets, so that a striped object
+/// keeps every target busy; once every target holds one of its shards, the
+/// targets are free to take again). Group 0's layout is therefore that of
+/// a one-group object.
+fn layout_upto(map: &PoolMap, oid: ObjectId, class: ObjectClass, last: u32) -> Result<Vec<Group>> {
     check_class(class, map)?;
     let n = map.targets.len();
     let gs = class.group_size();
-    let seed = mix64(hash_oid(oid) ^ mix64(group as u64 ^ 0x5eed_0000_0000_0000));
-    let mut used: Vec<u32> = Vec::with_capacity(gs as usize);
-    let mut shards = Vec::with_capacity(gs as usize);
-    for i in 0..gs {
-        let mut chosen = None;
-        let mut last = 0usize;
-        for attempt in 0..MAX_ATTEMPTS {
-            let key = mix64(seed ^ mix64(((i as u64) << 32) | attempt as u64));
-            let c = jump_hash(key, n as u32) as usize;
-            last = c;
-            if !used.contains(&map.targets[c].rank) {
-                chosen = Some(c);
-                break;
+    let mut taken = vec![false; n];
+    let mut free = n;
+    let mut groups = Vec::with_capacity(last as usize + 1);
+    for group in 0..=last {
+        let seed = mix64(hash_oid(oid) ^ mix64(group as u64 ^ 0x5eed_0000_0000_0000));
+        let mut ranks: Vec<u32> = Vec::with_capacity(gs as usize);
+        let mut shards = Vec::with_capacity(gs as usize);
+        for i in 0..gs {
+            let rank_ok = |c: usize| !ranks.contains(&map.targets[c].rank);
+            let mut fallback = None;
+            let mut chosen = None;
+            let mut last_c = 0usize;
+            for attempt in 0..MAX_ATTEMPTS {
+                let key = mix64(seed ^ mix64(((i as u64) << 32) | attempt as u64));
+                let c = jump_hash(key, n as u32) as usize;
+                last_c = c;
+                if rank_ok(c) {
+                    if !taken[c] {
+                        chosen = Some(c);
+                        break;
+                    }
+                    fallback.get_or_insert(c);
+                }
             }
+            // A linear walk from the last candidate finds a free target
+            // (when one suits the group), else the first suitable candidate.
+            let walk = |want_free: bool| {
+                (1..=n)
+                    .map(|d| (last_c + d) % n)
+                    .find(|&c| rank_ok(c) && (!want_free || !taken[c]))
+            };
+            let c = chosen
+                .or_else(|| walk(true))
+                .or(fallback)
+                .or_else(|| walk(false))
+                // check_class guarantees an unused rank exists.
+                .expect("enough engines");
+            ranks.push(map.targets[c].rank);
+            if !taken[c] {
+                taken[c] = true;
+                free -= 1;
+                if free == 0 {
+                    taken.iter_mut().for_each(|t| *t = false);
+                    free = n;
+                }
+            }
+            shards.push(ShardLoc {
+                shard: group * gs + i,
+                target: c,
+            });
         }
-        let c = match chosen {
-            Some(c) => c,
-            // check_class guarantees an unused rank exists.
-            None => (1..=n)
-                .map(|d| (last + d) % n)
-                .find(|&c| !used.contains(&map.targets[c].rank))
-                .expect("enough engines"),
-        };
-        used.push(map.targets[c].rank);
-        shards.push(ShardLoc {
-            shard: group * gs + i,
-            target: c,
-        });
+        groups.push(Group { group, shards });
     }
-    Ok(Group { group, shards })
+    Ok(groups)
 }
 
 /// The group holding `dkey` of `oid`.
@@ -437,6 +480,45 @@ mod tests {
                 .count();
         }
         assert!(kept as f64 > 0.9 * 4000.0, "kept {kept} of 4000 shards");
+    }
+
+    #[test]
+    fn striped_objects_spread_over_distinct_targets() {
+        for (engines, tgts) in [(1, 2), (1, 8), (3, 2), (4, 4)] {
+            let map = test_map(engines, tgts);
+            let n = map.targets.len();
+            for i in 0..500 {
+                let o = oid(ObjectClass::SX, i);
+                let l = layout(&map, o, ObjectClass::SX).unwrap();
+                let mut t: Vec<usize> = l.iter().map(|g| g.shards[0].target).collect();
+                t.sort();
+                t.dedup();
+                assert_eq!(t.len(), n, "SX object {i} over {engines}x{tgts}: {l:?}");
+                for (g, grp) in l.iter().enumerate() {
+                    assert_eq!(
+                        group_layout(&map, o, ObjectClass::SX, g as u32).unwrap(),
+                        *grp
+                    );
+                }
+            }
+            // Replicated groups over every target: distinct ranks in a group, all targets used.
+            if engines >= 3 {
+                let l = layout(&map, oid(ObjectClass::Rp2GX, 7), ObjectClass::Rp2GX).unwrap();
+                let mut all = Vec::new();
+                for g in &l {
+                    let r: Vec<u32> = g
+                        .shards
+                        .iter()
+                        .map(|s| map.targets[s.target].rank)
+                        .collect();
+                    assert_ne!(r[0], r[1], "{l:?}");
+                    all.extend(g.shards.iter().map(|s| s.target));
+                }
+                all.sort();
+                all.dedup();
+                assert_eq!(all.len(), l.len() * 2, "{l:?}");
+            }
+        }
     }
 
     #[test]

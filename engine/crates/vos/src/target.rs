@@ -553,11 +553,17 @@ impl Target {
                 }
             }
             self.pump();
+            if !self.filling().is_empty() {
+                // Aggregation needs the device to itself; it gives the space back.
+                self.drain();
+                for pool in self.filling() {
+                    self.auto_aggregate(pool, "nvme usage above 80%");
+                }
+            }
             if !self.busy() {
                 if stopping {
                     break;
                 }
-                self.aggregate_full();
                 continue;
             }
             if self.dev.in_flight() == 0 || self.dev.completed() {
@@ -665,21 +671,19 @@ impl Target {
         }
     }
 
-    /// Aggregate the pools whose data region is filling up (needs the device to itself).
-    fn aggregate_full(&mut self) {
-        let full: Vec<Uuid> =
-            self.dirty
-                .iter()
-                .filter(|p| {
-                    self.index.pools.get(p).is_some_and(|pt| {
-                        pt.nvme_total > 0 && pt.nvme_used() * 10 > pt.nvme_total * 8
-                    })
-                })
-                .copied()
-                .collect();
-        for pool in full {
-            self.auto_aggregate(pool, "nvme usage above 80%");
-        }
+    /// The pools changed since their last aggregation whose data region is
+    /// more than 80% used.
+    fn filling(&self) -> Vec<Uuid> {
+        self.dirty
+            .iter()
+            .filter(|p| {
+                self.index
+                    .pools
+                    .get(p)
+                    .is_some_and(|pt| pt.nvme_total > 0 && pt.nvme_used() * 10 > pt.nvme_total * 8)
+            })
+            .copied()
+            .collect()
     }
 
     /// Take the device's completions and finish what they complete.

@@ -135,3 +135,47 @@ fn reads_in_flight_never_see_reused_blocks() {
         "too few reads to mean anything"
     );
 }
+
+/// A target that never goes idle still aggregates a pool that fills with
+/// old versions: overwrites at new epochs of three times the pool's size,
+/// with readers keeping the device busy throughout, never get ENOSPC.
+#[test]
+fn a_busy_target_still_aggregates_a_filling_pool() {
+    let e = env(128, 1);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 5, 0);
+    let len = 256 << 10;
+    let rounds = 3 * 16 * MIB as usize / len / 2;
+    let epoch = AtomicU64::new(1);
+    let stop = AtomicBool::new(false);
+    update(&st, &o, 1, "d0", vec![single("v", &vec![0u8; len])]).unwrap();
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let (st, o, epoch) = (&st, &o, &epoch);
+                s.spawn(move || {
+                    for i in 0..rounds {
+                        let ep = epoch.fetch_add(1, Ordering::Relaxed) + 1;
+                        let k = (i + w) % 4;
+                        let v = vec![(ep % 251) as u8; len];
+                        update(st, o, ep, &format!("d{k}"), vec![single("v", &v)])
+                            .unwrap_or_else(|e| panic!("update {i} of writer {w}: {e}"));
+                    }
+                })
+            })
+            .collect();
+        let (st2, o2, stop2) = (&st, &o, &stop);
+        s.spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                get_single(st2, o2, LATEST, "d0", "v").unwrap();
+            }
+        });
+        let done: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
+        stop.store(true, Ordering::Relaxed);
+        for d in done {
+            if let Err(p) = d {
+                std::panic::resume_unwind(p);
+            }
+        }
+    });
+}
