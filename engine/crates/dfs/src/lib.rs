@@ -19,7 +19,10 @@
 //!   holds the entry ([`Entry::encode`]: mode, uid, gid, a/m/ctime ns,
 //!   object id, chunk size, size hint (not authoritative), inherited object
 //!   class, symlink target); xattrs are akeys `"x:" + name` of the same
-//!   dkey. A directory's own attributes live in its parent's entry.
+//!   dkey. A directory's own attributes live in its parent's entry;
+//!   creating, removing or renaming an entry in a directory sets the
+//!   directory's mtime and ctime there (one read and one write of that
+//!   entry after the operation, last writer wins).
 //! - **File**: an array object; byte `o` is in dkey = chunk index
 //!   `o / chunk_size` (8 bytes big-endian, so dkeys sort in file order)
 //!   akey `"d"` at offset `o % chunk_size`; chunks spread over the class's
@@ -55,11 +58,11 @@
 //! both names). Rename of a directory into its own subtree is
 //! not checked here (the kernel checks it for FUSE).
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use peregrine::{Container, Error, Object, ObjectClass, ObjectId, Result};
 use peregrine_proto::mgmt::PoolQueryReq;
 use peregrine_proto::oclass::ALL_CLASSES;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -302,6 +305,32 @@ struct Inner {
     oid_hi: u64,
     next_lo: AtomicU64,
     locks: Vec<Mutex<()>>,
+    /// Directory time updates in progress, by directory ([`Dfs::touch_dir`]).
+    touches: Mutex<HashMap<ObjectId, Arc<Touch>>>,
+}
+
+/// Granularity of directory times set by entry changes (as Linux's coarse
+/// clock for file times at HZ=250): one stamp per directory and tick.
+pub const DIR_TIME_TICK_NS: i64 = 4_000_000;
+
+/// The time updates of one directory: requests are numbered; a round
+/// stamps the directory once for every request made before it started
+/// (group commit), and a round started in the current tick covers every
+/// request of that tick.
+#[derive(Default)]
+struct Touch {
+    st: Mutex<TouchState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct TouchState {
+    requested: u64,
+    /// Requests up to this number are covered by a finished round.
+    covered: u64,
+    running: bool,
+    /// Tick in which the last finished round started (0: none).
+    tick: i64,
 }
 
 /// A mounted POSIX namespace in one container. Cheap to clone.
@@ -481,6 +510,7 @@ impl Dfs {
                 oid_hi,
                 next_lo: AtomicU64::new(1),
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+                touches: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -682,6 +712,22 @@ impl Dfs {
         gid: u32,
         excl: bool,
     ) -> Result<(Node, bool)> {
+        let r = self.create_locked(parent, name, mode, uid, gid, excl)?;
+        if r.1 {
+            self.touch_dir(parent);
+        }
+        Ok(r)
+    }
+
+    fn create_locked(
+        &self,
+        parent: &Node,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        excl: bool,
+    ) -> Result<(Node, bool)> {
         Self::need_dir(parent)?;
         check_name(name)?;
         let _g = self.lock(&[(parent.oid(), name)]);
@@ -729,6 +775,12 @@ impl Dfs {
     }
 
     fn add_new(&self, parent: &Node, name: &[u8], e: Entry) -> Result<Node> {
+        let n = self.add_new_locked(parent, name, e)?;
+        self.touch_dir(parent);
+        Ok(n)
+    }
+
+    fn add_new_locked(&self, parent: &Node, name: &[u8], e: Entry) -> Result<Node> {
         Self::need_dir(parent)?;
         check_name(name)?;
         self.check_rw()?;
@@ -796,6 +848,12 @@ impl Dfs {
     /// Remove a non-directory's entry and return it; its data stays until
     /// [`Dfs::release_object`] (for files still open).
     pub fn unlink_deferred(&self, parent: &Node, name: &[u8]) -> Result<Entry> {
+        let e = self.unlink_locked(parent, name)?;
+        self.touch_dir(parent);
+        Ok(e)
+    }
+
+    fn unlink_locked(&self, parent: &Node, name: &[u8]) -> Result<Entry> {
         Self::need_dir(parent)?;
         check_name(name)?;
         self.check_rw()?;
@@ -826,6 +884,12 @@ impl Dfs {
     }
 
     pub fn rmdir(&self, parent: &Node, name: &[u8]) -> Result<()> {
+        self.rmdir_locked(parent, name)?;
+        self.touch_dir(parent);
+        Ok(())
+    }
+
+    fn rmdir_locked(&self, parent: &Node, name: &[u8]) -> Result<()> {
         Self::need_dir(parent)?;
         check_name(name)?;
         self.check_rw()?;
@@ -926,6 +990,24 @@ impl Dfs {
     /// its object (the caller calls [`Dfs::release_object`] when the file
     /// is no longer open).
     pub fn rename_deferred(
+        &self,
+        sp: &Node,
+        sname: &[u8],
+        dp: &Node,
+        dname: &[u8],
+        flags: u32,
+    ) -> Result<Option<Entry>> {
+        let r = self.rename_locked(sp, sname, dp, dname, flags)?;
+        if sp.oid() != dp.oid() || sname != dname {
+            self.touch_dir(sp);
+            if dp.oid() != sp.oid() {
+                self.touch_dir(dp);
+            }
+        }
+        Ok(r)
+    }
+
+    fn rename_locked(
         &self,
         sp: &Node,
         sname: &[u8],
@@ -1055,7 +1137,74 @@ impl Dfs {
         e.ctime = now_ns();
         self.put_entry(n.parent, &n.name, &n.entry)?;
         drop(_g);
+        if n.is_dir() {
+            self.forget_touch(n.oid());
+        }
         self.getattr(&n)
+    }
+
+    /// POSIX: an entry created, removed or renamed in directory `dir`
+    /// moves the directory's mtime and ctime to now: a read and a write of
+    /// the directory's own entry (in its parent), after the operation and
+    /// outside its locks. Cheap by sharing: concurrent operations in one
+    /// directory share rounds (group commit), and one round per
+    /// [`DIR_TIME_TICK_NS`] serves a directory (the times have that
+    /// granularity, as with a coarse clock). Across clients the last
+    /// writer wins. A failure (a full pool, an engine down) neither undoes
+    /// nor fails the operation, which has happened.
+    fn touch_dir(&self, dir: &Node) {
+        let t = {
+            let mut m = self.inner.touches.lock();
+            if m.len() > 4096 {
+                // Forget directories idle for a tick or more.
+                let now = now_ns() / DIR_TIME_TICK_NS;
+                m.retain(|_, t| Arc::strong_count(t) > 1 || t.st.lock().tick == now);
+            }
+            m.entry(dir.oid()).or_default().clone()
+        };
+        let mut st = t.st.lock();
+        st.requested += 1;
+        let me = st.requested;
+        while st.covered < me && st.tick != now_ns() / DIR_TIME_TICK_NS {
+            if st.running {
+                t.done.wait(&mut st);
+                continue;
+            }
+            st.running = true;
+            let round = st.requested;
+            drop(st);
+            let tick = now_ns() / DIR_TIME_TICK_NS;
+            let ok = self.touch_dir_once(dir).is_ok();
+            st = t.st.lock();
+            st.running = false;
+            st.covered = round;
+            if ok {
+                st.tick = tick;
+            }
+            t.done.notify_all();
+        }
+    }
+
+    /// After an explicit change of a directory's attributes, the next entry
+    /// change stamps it again even within the tick.
+    fn forget_touch(&self, dir: ObjectId) {
+        if let Some(t) = self.inner.touches.lock().get(&dir) {
+            t.st.lock().tick = 0;
+        }
+    }
+
+    fn touch_dir_once(&self, dir: &Node) -> Result<()> {
+        let _g = self.lock(&[(dir.parent, &dir.name)]);
+        match self.fetch_entry(dir.parent, &dir.name)? {
+            // Still this directory (not renamed away and replaced).
+            Some(mut e) if e.oid == dir.oid() => {
+                let t = now_ns();
+                e.mtime = t;
+                e.ctime = t;
+                self.put_entry(dir.parent, &dir.name, &e)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Record a size hint and mtime after writes (called on close).

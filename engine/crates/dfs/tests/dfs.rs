@@ -496,3 +496,86 @@ fn exclusive_creates_race_across_mounts() {
         libc::EEXIST
     );
 }
+
+/// POSIX: creating, removing or renaming an entry moves the directory's
+/// mtime and ctime; other changes to entries (chmod, writes) and a rename
+/// onto itself do not. Seen by another mount too (the times are stored).
+#[test]
+fn directory_times_follow_its_entries() {
+    let c = cluster(1);
+    let fs = mount(&c, "cont", false);
+    let other = mount(&c, "cont", false);
+    let root = fs.root();
+    let a = fs.mkdir(&root, b"a", 0o755, 0, 0).unwrap();
+    let b = fs.mkdir(&root, b"b", 0o755, 0, 0).unwrap();
+    let times = |d: &Node| {
+        let st = other.getattr(d).unwrap().1;
+        (st.mtime, st.ctime)
+    };
+    let step = |what: &str, dirs: &[&Node], changes: bool, op: &dyn Fn()| {
+        let before: Vec<(i64, i64)> = dirs.iter().map(|d| times(d)).collect();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        op();
+        for (d, (m0, c0)) in dirs.iter().zip(before) {
+            let (m1, c1) = times(d);
+            let name = String::from_utf8_lossy(&d.name).into_owned();
+            if changes {
+                assert!(m1 > m0 && c1 > c0, "{what}: {name} times did not advance");
+            } else {
+                assert_eq!((m1, c1), (m0, c0), "{what}: {name} times changed");
+            }
+        }
+    };
+    step("mkdir in the root", &[&root], true, &|| {
+        fs.mkdir(&root, b"c", 0o755, 0, 0).unwrap();
+    });
+    step("create", &[&a], true, &|| {
+        fs.create(&a, b"f", 0o644, 0, 0, true).unwrap();
+    });
+    step("open of an existing file", &[&a], false, &|| {
+        fs.create(&a, b"f", 0o644, 0, 0, false).unwrap();
+    });
+    step("write and chmod of an entry", &[&a], false, &|| {
+        let f = fs.lookup(&a, b"f").unwrap();
+        fs.open(&f).unwrap().write_at(0, b"data").unwrap();
+        fs.touch_written(&f, 4).unwrap();
+        fs.setattr(
+            &f,
+            &SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    });
+    step("symlink", &[&a], true, &|| {
+        fs.symlink(&a, b"l", b"f", 0, 0).unwrap();
+    });
+    step("rename within", &[&a], true, &|| {
+        fs.rename(&a, b"f", &a, b"g", 0).unwrap();
+    });
+    step("rename onto itself", &[&a], false, &|| {
+        fs.rename(&a, b"g", &a, b"g", 0).unwrap();
+    });
+    step("rename across", &[&a, &b], true, &|| {
+        fs.rename(&a, b"g", &b, b"g", 0).unwrap();
+    });
+    step("exchange across", &[&a, &b], true, &|| {
+        fs.rename(&b, b"g", &a, b"l", RENAME_EXCHANGE).unwrap();
+    });
+    step("unlink", &[&b], true, &|| fs.unlink(&b, b"g").unwrap());
+    step("rmdir", &[&root], true, &|| fs.rmdir(&root, b"c").unwrap());
+    step("a failed unlink", &[&a], false, &|| {
+        assert_eq!(code(fs.unlink(&a, b"missing")), libc::ENOENT);
+    });
+    // The directory's other attributes survive the updates.
+    let st = other.getattr(&a).unwrap().1;
+    assert_eq!(st.mode, libc::S_IFDIR | 0o755);
+    // A renamed directory: its new name is updated, nothing at the old.
+    fs.rename(&root, b"a", &root, b"a2", 0).unwrap();
+    let a2 = fs.lookup(&root, b"a2").unwrap();
+    step("create in a renamed directory", &[&a2], true, &|| {
+        fs.create(&a2, b"h", 0o644, 0, 0, true).unwrap();
+    });
+    assert_eq!(code(fs.lookup(&root, b"a")), libc::ENOENT);
+}
