@@ -365,6 +365,67 @@ impl PeregrineFs {
         self.dfs.release_object(&e)
     }
 
+    /// The entry of an inode that is open here although its name is gone
+    /// (removed here, or by another client): what it was when removed.
+    fn orphan(&self, ino: u64) -> Option<Entry> {
+        let t = self.inodes.lock();
+        let i = t.get(&ino)?;
+        if i.open == 0 {
+            return None;
+        }
+        Some(i.unlinked.clone().unwrap_or_else(|| i.node.entry.clone()))
+    }
+
+    fn orphan_stat(&self, e: &Entry) -> Result<Stat, Error> {
+        let size = if e.is_file() {
+            File::new(self.dfs.container(), e.oid, e.chunk_size, true)?.size()?
+        } else {
+            0
+        };
+        Ok(self.dfs.stat_of(e, size))
+    }
+
+    /// setattr of an orphan: the size on its object, the rest on the
+    /// remembered entry (there is no stored one any more).
+    fn orphan_setattr(&self, ino: u64, a: &SetAttr) -> Result<Stat, Error> {
+        if self.opts.read_only {
+            return Err(Error::new(-libc::EROFS, "file system mounted read-only"));
+        }
+        let mut e = self.orphan(ino).ok_or_else(stale)?;
+        let now = now_ns();
+        if let Some(size) = a.size {
+            if !e.is_file() {
+                return Err(Error::inval("truncate of a non-regular file"));
+            }
+            File::new(self.dfs.container(), e.oid, e.chunk_size, false)?.truncate(size)?;
+            e.mtime = now;
+        }
+        if let Some(m) = a.mode {
+            e.mode = (e.mode & libc::S_IFMT) | (m & 0o7777);
+        }
+        if let Some(u) = a.uid {
+            e.uid = u;
+        }
+        if let Some(g) = a.gid {
+            e.gid = g;
+        }
+        if let Some(t) = a.atime {
+            e.atime = t;
+        }
+        if let Some(t) = a.mtime {
+            e.mtime = t;
+        }
+        e.ctime = now;
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            if i.unlinked.is_some() {
+                i.unlinked = Some(e.clone());
+            } else {
+                i.node.entry = e.clone();
+            }
+        }
+        self.orphan_stat(&e)
+    }
+
     fn handle_bytes(&self, file: &File) -> Vec<u8> {
         let cont = self.dfs.container();
         let mut b = Vec::with_capacity(HANDLE_SIZE);
@@ -419,9 +480,21 @@ impl Filesystem for PeregrineFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let n = tryr!(reply, self.node(ino));
-        let (n, st) = tryr!(reply, self.dfs.getattr(&n));
-        self.update(&n);
-        reply.attr(&self.opts.attr_ttl, &self.attr(&st));
+        match self.dfs.getattr(&n) {
+            Ok((n, st)) => {
+                self.update(&n);
+                reply.attr(&self.opts.attr_ttl, &self.attr(&st));
+            }
+            Err(e) if e.code == -libc::ENOENT => match self.orphan(ino.0) {
+                // fstat of a file removed while open.
+                Some(entry) => {
+                    let st = tryr!(reply, self.orphan_stat(&entry));
+                    reply.attr(&self.opts.attr_ttl, &self.attr(&st));
+                }
+                None => reply.error(errno(&e)),
+            },
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn setattr(
@@ -451,7 +524,19 @@ impl Filesystem for PeregrineFs {
             atime: atime.map(time_ns),
             mtime: mtime.map(time_ns),
         };
-        let (n, st) = tryr!(reply, self.dfs.setattr(&n, &a));
+        let (n, st) = match self.dfs.setattr(&n, &a) {
+            Ok(r) => r,
+            Err(e) if e.code == -libc::ENOENT && self.orphan(ino.0).is_some() => {
+                // ftruncate/fchmod/futimens of a file removed while open.
+                let st = tryr!(reply, self.orphan_setattr(ino.0, &a));
+                reply.attr(&self.opts.attr_ttl, &self.attr(&st));
+                return;
+            }
+            Err(e) => {
+                reply.error(errno(&e));
+                return;
+            }
+        };
         if mtime.is_some() {
             // An explicit mtime (cp -a, touch -d) wins over the "written, so
             // now" stamp that release would apply for earlier writes.
@@ -690,10 +775,28 @@ impl Filesystem for PeregrineFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // close(2) waits for FLUSH but not for RELEASE: record the write's
+        // mtime now, so that a stat right after close sees it (and not a
+        // second, later change when RELEASE arrives).
+        if let Ok(h) = self.handle(fh) {
+            if let Handle::File { ino, file, written } = &*h {
+                if written.swap(false, Ordering::Relaxed) {
+                    let node = self.inodes.lock().get(ino).map(|i| i.node.clone());
+                    if let Some(n) = node {
+                        if let Err(e) = self.dfs.touch_written(&n, file.cached_size()) {
+                            // The data is written; only its stamp is not
+                            // (full pool, engine down): RELEASE tries again.
+                            eprintln!("peregrine-fuse: flush: recording mtime: {e}");
+                            written.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }
         reply.ok();
     }
 

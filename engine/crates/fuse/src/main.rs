@@ -6,12 +6,22 @@
 //!     [--read-only] [--foreground]
 //! peregrine-fuse [SOURCE] DIR -o pool=P,cont=C,mgmt=ADDR[,ro][,threads=N]...
 //! ```
-//! The second form is the mount-helper convention: with a symlink
-//! `/sbin/mount.fuse.peregrine -> peregrine-fuse`, `mount -t fuse.peregrine
-//! pool/cont DIR -o mgmt=ADDR` and fstab entries work. SOURCE may be
-//! `POOL/CONT`. Without `--foreground` the daemon detaches once the mount
-//! is ready (errors before that are reported by the parent's exit status).
+//! The second form is the mount-helper convention (what mount.fuse3
+//! runs): with the helper script `mount.fuse.peregrine` (in this crate)
+//! installed as /sbin/mount.fuse.peregrine, `mount -t fuse.peregrine -o
+//! pool=P,cont=C[,mgmt=ADDR] peregrine DIR` and fstab lines work (the
+//! helper goes through mount.fuse3 because mount.fuse3 alone would run
+//! `peregrine`, the admin CLI). SOURCE may be `POOL/CONT`; `-t TYPE`, `-n`,
+//! `-s`, `-v` from mount(8) are accepted and ignored, so a plain symlink
+//! `/sbin/mount.fuse.peregrine -> peregrine-fuse` works too. Without
+//! `--foreground` the daemon detaches once the mount is ready (errors
+//! before that are reported by the parent's exit status).
 //! SIGTERM/SIGINT/SIGHUP unmount (lazily if busy) and exit 0.
+//!
+//! As root the daemon mounts with mount(2); as any other user through the
+//! setuid `fusermount3` (package fuse3; the user must be able to open
+//! /dev/fuse), which then also unmounts: the mount belongs to that user,
+//! and only that user can use it.
 
 mod fs;
 
@@ -68,6 +78,9 @@ struct Args {
     _sloppy: bool,
     #[arg(short = 'v', hide = true)]
     _verbose: bool,
+    /// Ignored (mount(8) passes the file system type to helpers).
+    #[arg(short = 't', hide = true)]
+    _fstype: Option<String>,
     /// [SOURCE] MOUNTPOINT (mount helper form).
     positional: Vec<String>,
 }
@@ -380,6 +393,8 @@ fn main() {
             o.push(MountOption::RO);
         }
         fcfg.mount_options = o;
+        // fuser: mount(2) if permitted (a user namespace), else through
+        // the setuid fusermount3.
         Session::new(fs, &mp, &fcfg)
     };
     let session = session.unwrap_or_else(|e| {

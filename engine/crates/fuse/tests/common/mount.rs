@@ -37,10 +37,15 @@ impl FuseMount {
     /// Mount container `cont` of pool `pool` on `dir` (created if needed),
     /// foreground daemon, extra daemon flags in `extra`.
     pub fn start(c: &Cluster, cont: &str, dir: &Path, extra: &[&str]) -> FuseMount {
+        FuseMount::start_on(c, "pool", cont, dir, extra)
+    }
+
+    /// As [`FuseMount::start`], for a container of pool `pool`.
+    pub fn start_on(c: &Cluster, pool: &str, cont: &str, dir: &Path, extra: &[&str]) -> FuseMount {
         fs::create_dir_all(dir).unwrap();
         let log = fs::File::create(dir.with_extension("log")).unwrap();
         let child = Command::new(FUSE_BIN)
-            .args(["--mgmt", &c.mgmt_addr(), "--pool", "pool", "--cont", cont])
+            .args(["--mgmt", &c.mgmt_addr(), "--pool", pool, "--cont", cont])
             .arg("--mountpoint")
             .arg(dir)
             .arg("--foreground")
