@@ -722,7 +722,14 @@ fn a_record_whose_data_never_arrived_is_dropped_with_the_later_ones() {
     let o = Obj::new(pool, cont, 1, 0);
     let vals: Vec<Vec<u8>> = (0..3).map(|i| pattern(100 + i, 64 << 10)).collect();
     for (i, v) in vals.iter().enumerate() {
-        update(&st, &o, 10 + i as u64, &format!("k{i}"), vec![single("a", v)]).unwrap();
+        update(
+            &st,
+            &o,
+            10 + i as u64,
+            &format!("k{i}"),
+            vec![single("a", v)],
+        )
+        .unwrap();
     }
     let seq = st.target_stats()[0].seq;
     st.abandon();
