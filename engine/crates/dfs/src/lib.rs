@@ -255,6 +255,29 @@ pub struct SetAttr {
     pub mtime: Option<i64>,
 }
 
+impl SetAttr {
+    /// Set the mode bits, owner and times asked for on `e` (the size is
+    /// the caller's: it lives in the file's object); `now` becomes its ctime.
+    pub fn apply_to(&self, e: &mut Entry, now: i64) {
+        if let Some(m) = self.mode {
+            e.mode = (e.mode & libc::S_IFMT) | (m & 0o7777);
+        }
+        if let Some(u) = self.uid {
+            e.uid = u;
+        }
+        if let Some(g) = self.gid {
+            e.gid = g;
+        }
+        if let Some(t) = self.atime {
+            e.atime = t;
+        }
+        if let Some(t) = self.mtime {
+            e.mtime = t;
+        }
+        e.ctime = now;
+    }
+}
+
 /// File system figures for `statfs`.
 #[derive(Clone, Debug)]
 pub struct StatFs {
@@ -1118,23 +1141,7 @@ impl Dfs {
             n.entry.size_hint = size;
             n.entry.mtime = now_ns();
         }
-        let e = &mut n.entry;
-        if let Some(m) = a.mode {
-            e.mode = (e.mode & libc::S_IFMT) | (m & 0o7777);
-        }
-        if let Some(u) = a.uid {
-            e.uid = u;
-        }
-        if let Some(g) = a.gid {
-            e.gid = g;
-        }
-        if let Some(t) = a.atime {
-            e.atime = t;
-        }
-        if let Some(t) = a.mtime {
-            e.mtime = t;
-        }
-        e.ctime = now_ns();
+        a.apply_to(&mut n.entry, now_ns());
         self.put_entry(n.parent, &n.name, &n.entry)?;
         drop(_g);
         if n.is_dir() {

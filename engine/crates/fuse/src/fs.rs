@@ -400,22 +400,7 @@ impl PeregrineFs {
             File::new(self.dfs.container(), e.oid, e.chunk_size, false)?.truncate(size)?;
             e.mtime = now;
         }
-        if let Some(m) = a.mode {
-            e.mode = (e.mode & libc::S_IFMT) | (m & 0o7777);
-        }
-        if let Some(u) = a.uid {
-            e.uid = u;
-        }
-        if let Some(g) = a.gid {
-            e.gid = g;
-        }
-        if let Some(t) = a.atime {
-            e.atime = t;
-        }
-        if let Some(t) = a.mtime {
-            e.mtime = t;
-        }
-        e.ctime = now;
+        a.apply_to(&mut e, now);
         if let Some(i) = self.inodes.lock().get_mut(&ino) {
             if i.unlinked.is_some() {
                 i.unlinked = Some(e.clone());

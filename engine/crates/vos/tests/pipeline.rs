@@ -7,17 +7,8 @@ use common::*;
 use peregrine_proto::data;
 use peregrine_vos::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use uuid::Uuid;
 
 const LATEST: u64 = u64::MAX;
-
-fn open_with_pool(e: &Env, nvme: u64) -> (Storage, Uuid, Uuid) {
-    let st = Storage::open(&e.opts).unwrap();
-    let pool = Uuid::new_v4();
-    let scm_per_target = (st.device_space().3 / st.targets() as u64).min(8 * MIB);
-    st.pool_create(pool, scm_per_target, nvme).unwrap();
-    (st, pool, Uuid::new_v4())
-}
 
 fn insert_req(o: &Obj, epoch: u64, dkey: &str, v: &[u8]) -> Request {
     let (iod, bulk) = single("inode", v);

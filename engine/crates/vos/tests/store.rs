@@ -10,15 +10,6 @@ use uuid::Uuid;
 
 const LATEST: u64 = u64::MAX;
 
-fn open_with_pool(e: &Env, nvme: u64) -> (Storage, Uuid, Uuid) {
-    let st = Storage::open(&e.opts).unwrap();
-    let pool = Uuid::new_v4();
-    // The SCM budget per target is capped by the checkpoint slot of these small devices.
-    let scm_per_target = (st.device_space().3 / st.targets() as u64).min(8 * MIB);
-    st.pool_create(pool, scm_per_target, nvme).unwrap();
-    (st, pool, Uuid::new_v4())
-}
-
 #[test]
 fn single_and_array_round_trips() {
     let e = env(64, 2);

@@ -37,6 +37,16 @@ pub fn env(mib: u64, targets: u32) -> Env {
     Env { dir, opts }
 }
 
+/// Open the device and create a pool on it: the SCM budget per target is
+/// capped by the checkpoint slots of these small devices.
+pub fn open_with_pool(e: &Env, nvme: u64) -> (Storage, Uuid, Uuid) {
+    let st = Storage::open(&e.opts).unwrap();
+    let pool = Uuid::new_v4();
+    let scm_per_target = (st.device_space().3 / st.targets() as u64).min(8 * MIB);
+    st.pool_create(pool, scm_per_target, nvme).unwrap();
+    (st, pool, Uuid::new_v4())
+}
+
 #[derive(Clone, Copy)]
 pub struct Obj {
     pub pool: Uuid,
