@@ -125,13 +125,10 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 	if cont.Status.UUID != "" {
 		info, err := ms.ContQuery(cctx, &mgmtpb.ContQueryReq{Pool: pool.Status.UUID, Id: cont.Status.UUID})
 		if grpcCode(err) == codes.NotFound {
-			msg := fmt.Sprintf("container %q (%s) no longer exists in pool %q; it is not re-created", label, cont.Status.UUID, pool.Status.Label)
-			if cont.Status.State != "lost" {
+			wasLost := cont.Status.State == "lost"
+			if msg := markContainerLost(cont, pool, label, err); !wasLost {
 				r.Recorder.Event(cont, corev1.EventTypeWarning, "ContainerLost", msg)
 			}
-			cont.Status.State = "lost"
-			r.setReady(cont, metav1.ConditionFalse, "ContainerLost", msg)
-			forgetContainerMetrics(cont.Namespace, cont.Name)
 			return nil, nil
 		}
 		if err != nil {
@@ -179,6 +176,22 @@ func copyContainerStatus(cont *storagev1.Container, pool *storagev1.Pool, info *
 	setCondition(&st.Conditions, cont.Generation, storagev1.ConditionReady, metav1.ConditionTrue, "ContainerReady",
 		fmt.Sprintf("container %q (%s) in pool %q: type %s, object class %s, rf %d, chunk %s",
 			info.Label, info.Uuid, pool.Status.Label, info.Type, info.Oclass, info.RedundancyFactor, humanBytes(info.ChunkSize)))
+}
+
+// markContainerLost records that the management service no longer has the container (it, or its
+// pool, was destroyed outside Kubernetes): state "lost", the figures the last ContQuery reported
+// cleared, Ready False saying why. UUID and pool UUID stay: they name what was lost. It returns
+// the condition's message.
+func markContainerLost(cont *storagev1.Container, pool *storagev1.Pool, label string, err error) string {
+	st := &cont.Status
+	st.State = "lost"
+	st.ObjectClass, st.RedundancyFactor = "", 0
+	st.UsedBytes, st.Used, st.Snapshots = 0, "", 0
+	forgetContainerMetrics(cont.Namespace, cont.Name)
+	msg := fmt.Sprintf("the management service no longer has container %q (%s) in pool %q: %s; it was destroyed outside Kubernetes and is not re-created",
+		label, st.UUID, pool.Status.Label, grpcMessage(err))
+	setCondition(&st.Conditions, cont.Generation, storagev1.ConditionReady, metav1.ConditionFalse, lostReason, msg)
+	return msg
 }
 
 func (r *ContainerReconciler) setReady(cont *storagev1.Container, s metav1.ConditionStatus, reason, msg string) {

@@ -184,6 +184,12 @@ func msClient(addr string) mgmtpb.MgmtClient {
 	return c
 }
 
+// stop kills the engine, as a crashed or powered-off node would leave it.
+func (e *engineProcess) stop() {
+	Expect(e.cmd.Process.Kill()).To(Succeed())
+	_, _ = e.cmd.Process.Wait()
+}
+
 func stopAllEngines() {
 	enginesMu.Lock()
 	defer enginesMu.Unlock()

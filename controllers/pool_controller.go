@@ -108,13 +108,10 @@ func (r *PoolReconciler) ensurePool(ctx context.Context, pool *storagev1.Pool, m
 	if pool.Status.UUID != "" {
 		info, err := ms.PoolQuery(cctx, &mgmtpb.PoolQueryReq{Id: pool.Status.UUID})
 		if grpcCode(err) == codes.NotFound {
-			msg := fmt.Sprintf("pool %q (%s) no longer exists in the store; it is not re-created", label, pool.Status.UUID)
-			if pool.Status.State != "lost" {
+			wasLost := pool.Status.State == "lost"
+			if msg := markPoolLost(pool, label, err); !wasLost {
 				r.Recorder.Event(pool, corev1.EventTypeWarning, "PoolLost", msg)
 			}
-			pool.Status.State = "lost"
-			r.setReady(pool, metav1.ConditionFalse, "PoolLost", msg)
-			forgetPoolMetrics(pool.Namespace, pool.Name)
 			return nil, nil
 		}
 		if err != nil {

@@ -51,6 +51,28 @@ func copyPoolStatus(pool *storagev1.Pool, info *mgmtpb.PoolInfo) {
 	}
 }
 
+// lostReason is the Ready reason of a Pool or Container whose object the management service no
+// longer has (destroyed outside Kubernetes): it is not re-created, and its status keeps only what
+// names it.
+const lostReason = "NotFoundInManagementService"
+
+// markPoolLost records that the management service no longer has the pool: state "lost", the
+// figures the last PoolQuery reported cleared (status comes only from the management service, and
+// it has nothing to say about this pool any more), Ready False and Degraded Unknown saying why.
+// UUID and label stay: they name what was lost. It returns the conditions' message.
+func markPoolLost(pool *storagev1.Pool, label string, err error) string {
+	st := &pool.Status
+	st.State = "lost"
+	st.MapVersion, st.Ranks, st.TotalTargets, st.DisabledTargets, st.Containers = 0, nil, 0, 0, 0
+	st.Tiers, st.Size, st.Free = nil, "", ""
+	forgetPoolMetrics(pool.Namespace, pool.Name)
+	msg := fmt.Sprintf("the management service no longer has pool %q (%s): %s; it was destroyed outside Kubernetes and is not re-created",
+		label, st.UUID, grpcMessage(err))
+	setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionFalse, lostReason, msg)
+	setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionUnknown, lostReason, msg)
+	return msg
+}
+
 // recordStateChange emits an event when the store's state of the pool changed since the last copy.
 func (r *PoolReconciler) recordStateChange(pool, before *storagev1.Pool) {
 	if pool.Status.State != "" && pool.Status.State != before.Status.State && before.Status.State != "" {

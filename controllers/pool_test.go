@@ -53,10 +53,14 @@ func gone(obj client.Object) func() bool {
 }
 
 var _ = Describe("Pool and Container on a real engine", Ordered, func() {
-	var ms mgmtpb.MgmtClient
+	var (
+		ms     mgmtpb.MgmtClient
+		msAddr string
+	)
 
 	BeforeAll(func() {
 		e := startEngine("tank", false)
+		msAddr = e.addr
 		ms = msClient(e.addr)
 		Expect(k8s.Create(ctx, newServerSet("tank", e.addr, 1))).To(Succeed())
 		Eventually(func() int32 { return getServerSet("tank")().Status.ReadyEngines }, 60*time.Second).Should(Equal(int32(1)))
@@ -185,6 +189,70 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 		}, 30*time.Second).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "ManagementServiceError"),
 			HaveField("Message", ContainSubstring("too-safe"))))
 		GinkgoWriter.Println("refusal:", condition(getContainer("too-safe").Status.Conditions, storagev1.ConditionReady).Message)
+	})
+
+	It("clears the figures of a pool and a container the management service no longer has", func() {
+		// Small: the pools retained by the specs above hold most of the engine's device; SCM still
+		// needs 1 MiB per target.
+		small := newPool("vanish", "tank", "32MiB")
+		small.Spec.TierRatio = "0.1"
+		Expect(k8s.Create(ctx, small)).To(Succeed())
+		waitPoolReady("vanish")
+		Expect(k8s.Create(ctx, newContainer("vanish-data", "vanish"))).To(Succeed())
+		waitContainerReady("vanish-data")
+		putObject(msAddr, "vanish", "vanish-data", "SX:1.1", make([]byte, 1<<20))
+		Eventually(func() int64 { return getContainer("vanish-data").Status.UsedBytes }, 30*time.Second).Should(BeNumerically(">", 0))
+		p, c := getPool("vanish"), getContainer("vanish-data")
+		Expect(p.Status.Tiers).NotTo(BeEmpty())
+		Expect(p.Status.Size).NotTo(BeEmpty())
+		Expect(p.Status.TotalTargets).To(BeNumerically(">", 0))
+		Expect(c.Status.Used).NotTo(BeEmpty())
+		puuid, cuuid := p.Status.UUID, c.Status.UUID
+
+		By("destroying both in the store, behind the operator's back")
+		_, err := ms.ContDestroy(ctx, &mgmtpb.ContDestroyReq{Pool: puuid, Id: cuuid})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = ms.PoolDestroy(ctx, &mgmtpb.PoolDestroyReq{Id: puuid})
+		Expect(err).NotTo(HaveOccurred())
+
+		By("the status keeps only what names the lost objects, and the conditions say why")
+		Eventually(func(g Gomega) {
+			p := &storagev1.Pool{}
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "vanish"}, p)).To(Succeed())
+			g.Expect(p.Status.State).To(Equal("lost"))
+			g.Expect(p.Status).To(And(
+				HaveField("UUID", puuid), HaveField("Label", "vanish"),
+				HaveField("Tiers", BeEmpty()), HaveField("Size", ""), HaveField("Free", ""),
+				HaveField("MapVersion", BeZero()), HaveField("Ranks", BeEmpty()), HaveField("TotalTargets", BeZero()),
+				HaveField("DisabledTargets", BeZero()), HaveField("Containers", BeZero()),
+			))
+			g.Expect(condition(p.Status.Conditions, storagev1.ConditionReady)).To(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "NotFoundInManagementService"),
+				HaveField("Message", And(ContainSubstring("management service"), ContainSubstring(puuid)))))
+			g.Expect(condition(p.Status.Conditions, storagev1.ConditionDegraded)).To(And(
+				HaveField("Status", metav1.ConditionUnknown), HaveField("Reason", "NotFoundInManagementService")))
+		}, 30*time.Second).Should(Succeed())
+		Eventually(func(g Gomega) {
+			c := &storagev1.Container{}
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "vanish-data"}, c)).To(Succeed())
+			g.Expect(c.Status.State).To(Equal("lost"))
+			g.Expect(c.Status).To(And(
+				HaveField("UUID", cuuid), HaveField("PoolUUID", puuid),
+				HaveField("UsedBytes", BeZero()), HaveField("Used", ""), HaveField("Snapshots", BeZero()),
+				HaveField("ObjectClass", ""), HaveField("RedundancyFactor", BeZero()),
+			))
+			g.Expect(condition(c.Status.Conditions, storagev1.ConditionReady)).To(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "NotFoundInManagementService"),
+				HaveField("Message", And(ContainSubstring("management service"), ContainSubstring(cuuid)))))
+		}, 30*time.Second).Should(Succeed())
+		GinkgoWriter.Println("lost pool:", condition(getPool("vanish").Status.Conditions, storagev1.ConditionReady).Message)
+		GinkgoWriter.Println("lost container:", condition(getContainer("vanish-data").Status.Conditions, storagev1.ConditionReady).Message)
+
+		By("cleaning up the objects")
+		c, p = getContainer("vanish-data"), getPool("vanish")
+		Expect(k8s.Delete(ctx, c)).To(Succeed())
+		Expect(k8s.Delete(ctx, p)).To(Succeed())
+		Eventually(gone(p), 60*time.Second).Should(BeTrue())
 	})
 })
 

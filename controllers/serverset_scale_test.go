@@ -151,4 +151,59 @@ var _ = Describe("ServerSet scale-up", func() {
 		Expect(info.Ranks).To(Equal([]uint32{0}))
 		Expect(info.State).To(Equal("ready"))
 	})
+
+	It("names an unreachable rank, not a foreign signature, when formatting new ranks meets a stopped one", func() {
+		const name = "limp"
+		key := client.ObjectKey{Namespace: "default", Name: name}
+		cp, dp := freePort(), freePort()
+		msAddr := fmt.Sprintf("%s:%d", podIP(0), cp)
+		ss := newServerSet(name, msAddr, 2)
+		ss.Spec.ControlPort, ss.Spec.DataPort = int32(cp), int32(dp)
+		ss.Spec.Storage.Emulated.Size = "256MiB"
+		Expect(k8s.Create(ctx, ss)).To(Succeed())
+		sts, cm := &appsv1.StatefulSet{}, &corev1.ConfigMap{}
+		Eventually(func() error { return k8s.Get(ctx, key, sts) }, 20*time.Second).Should(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-config"}, cm)).To(Succeed())
+
+		By("ranks 0 and 1 start and are formatted")
+		startEnginePod(sts, cm, 0, msAddr)
+		rank1 := startEnginePod(sts, cm, 1, msAddr)
+		markPodsReady(key, 2)
+		Eventually(func() []storagev1.EngineStatus { return getServerSet(name)().Status.Engines }, 60*time.Second).
+			Should(ConsistOf(joinedRank(0), joinedRank(1)))
+
+		By("rank 1 stops")
+		rank1.stop()
+		markPodsReady(key, 1)
+		Eventually(func() []storagev1.EngineStatus { return getServerSet(name)().Status.Engines }, 30*time.Second).
+			Should(ContainElement(And(HaveField("Rank", int32(1)), HaveField("State", "stopped"))))
+
+		By("scaling to three engines: rank 2 joins blank while rank 1 is stopped")
+		updateServerSet(name, func(ss *storagev1.ServerSet) { ss.Spec.Engines = 3 })
+		Eventually(func() int32 {
+			Expect(k8s.Get(ctx, key, sts)).To(Succeed())
+			return *sts.Spec.Replicas
+		}, 20*time.Second).Should(Equal(int32(3)))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(cm), cm)).To(Succeed())
+		startEnginePod(sts, cm, 2, msAddr)
+
+		By("the failed format names the unreachable rank and the management service's error, without the force hint")
+		var unreachable []corev1.Event
+		Eventually(func() []corev1.Event { return serverSetEvents(name) }, 30*time.Second).Should(ContainElement(
+			And(HaveField("Reason", "RankUnreachable"), HaveField("Message", And(
+				ContainSubstring("rank 1"), ContainSubstring("engine is stopped"), Not(ContainSubstring(storagev1.AnnotationForceFormat))))),
+			&unreachable))
+		GinkgoWriter.Println("format failure:", unreachable[0].Message)
+		Expect(serverSetEvents(name)).NotTo(ContainElement(HaveField("Reason", "FormatRefused")),
+			"no device of this system carries a foreign signature")
+
+		By("the management service formatted rank 2 all the same; rank 1 shows as down")
+		Eventually(func(g Gomega) {
+			got := getServerSet(name)()
+			g.Expect(got.Status.Engines).To(ContainElement(joinedRank(2)))
+			g.Expect(condition(got.Status.Conditions, storagev1.ConditionStorageFormatted).Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(condition(got.Status.Conditions, storagev1.ConditionDegraded)).To(And(
+				HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("rank 1 stopped"))))
+		}, 30*time.Second).Should(Succeed())
+	})
 })

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -93,18 +94,18 @@ func (r *ServerSetReconciler) formatIfNeeded(ctx context.Context, ss *storagev1.
 			meta.SetStatusCondition(&ss.Status.Conditions, cond)
 			return true
 		}
-		cond.Status, cond.Reason = metav1.ConditionFalse, "FormatRefused"
-		if grpcCode(err) != codes.FailedPrecondition {
-			cond.Reason = "FormatFailed"
-		}
-		cond.Message = grpcMessage(err)
-		switch {
-		case ss.Annotations[storagev1.AnnotationForceFormat] == "true" && len(joined) > 0:
-			cond.Message += fmt.Sprintf("; %s=true only applies to a first start, and ranks %s are formatted already",
-				storagev1.AnnotationForceFormat, strings.Join(joined, ", "))
-		case !force:
-			cond.Message += fmt.Sprintf("; waiting: set annotation %s: \"true\" on the ServerSet to overwrite",
-				storagev1.AnnotationForceFormat)
+		cond.Status = metav1.ConditionFalse
+		cond.Reason, cond.Message = formatFailure(err, sys)
+		if cond.Reason == "FormatRefused" {
+			// Only a refusal to overwrite a device is what the force annotation is about.
+			switch {
+			case ss.Annotations[storagev1.AnnotationForceFormat] == "true" && len(joined) > 0:
+				cond.Message += fmt.Sprintf("; %s=true only applies to a first start, and ranks %s are formatted already",
+					storagev1.AnnotationForceFormat, strings.Join(joined, ", "))
+			case !force:
+				cond.Message += fmt.Sprintf("; waiting: set annotation %s: \"true\" on the ServerSet to overwrite",
+					storagev1.AnnotationForceFormat)
+			}
 		}
 		if old := meta.FindStatusCondition(ss.Status.Conditions, cond.Type); old == nil || old.Message != cond.Message {
 			r.Recorder.Event(ss, corev1.EventTypeWarning, cond.Reason, cond.Message)
@@ -112,6 +113,58 @@ func (r *ServerSetReconciler) formatIfNeeded(ctx context.Context, ss *storagev1.
 	}
 	meta.SetStatusCondition(&ss.Status.Conditions, cond)
 	return false
+}
+
+// What the management service's StorageFormat error says, in the words of the engine: it fails
+// the whole call with FAILED_PRECONDITION "storage format: <failure>; <failure>..." where a
+// failure is "rank N: engine is stopped" (no heartbeat, engine/crates/engine/src/ms.rs),
+// "engine at HOST:PORT: ..." (the MS could not connect to the rank's control address), or the
+// rank's own answer "rank N: format DEVICE: ..." whose refusal to overwrite a device with a
+// foreign signature or another system's format ends in "without force" (vos superblock format).
+var (
+	formatRankStopped      = regexp.MustCompile(`rank (\d+): engine is stopped`)
+	formatEngineNotReached = regexp.MustCompile(`engine at (\S+?): `)
+)
+
+const formatRefusedMarker = "without force"
+
+// formatFailure sorts a failed StorageFormat into the condition's reason and message:
+// FormatRefused when a device carries a foreign signature (the force annotation can help),
+// RankUnreachable when the management service could not reach a rank (it names the ranks),
+// FormatFailed otherwise. The message always carries the management service's own error.
+func formatFailure(err error, sys *mgmtpb.SystemQueryResp) (reason, msg string) {
+	msg = grpcMessage(err)
+	code := grpcCode(err)
+	if code != codes.FailedPrecondition {
+		return "FormatFailed", fmt.Sprintf("storage format: %s (%s)", msg, code)
+	}
+	if strings.Contains(msg, formatRefusedMarker) {
+		return "FormatRefused", msg
+	}
+	var unreachable []string
+	seen := map[string]bool{}
+	add := func(rank string) {
+		if !seen[rank] {
+			seen[rank] = true
+			unreachable = append(unreachable, rank)
+		}
+	}
+	for _, m := range formatRankStopped.FindAllStringSubmatch(msg, -1) {
+		add("rank " + m[1])
+	}
+	for _, m := range formatEngineNotReached.FindAllStringSubmatch(msg, -1) {
+		who := "engine at " + m[1]
+		for _, mem := range sys.Members {
+			if mem.ControlAddr == m[1] {
+				who = fmt.Sprintf("rank %d", mem.Rank)
+			}
+		}
+		add(who)
+	}
+	if len(unreachable) == 0 {
+		return "FormatFailed", msg
+	}
+	return "RankUnreachable", fmt.Sprintf("the management service cannot reach %s: %s", strings.Join(unreachable, ", "), msg)
 }
 
 // copySystemStatus copies ranks, their states and the capacity per tier from the management service.

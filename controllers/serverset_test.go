@@ -6,6 +6,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -17,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
 )
 
 func newServerSet(name, mgmtAddr string, engines int32) *storagev1.ServerSet {
@@ -273,5 +276,37 @@ var _ = Describe("nextPartition", func() {
 		Entry("steps down when all hold", with(func(s *rollState) { s.partition = 2; s.updated = 1; s.ready = 3; s.systemHealthy = true }), int32(1)),
 		Entry("last step", with(func(s *rollState) { s.partition = 1; s.updated = 2; s.ready = 3; s.systemHealthy = true }), int32(0)),
 		Entry("a newer template mid-roll restarts from the top", with(func(s *rollState) { s.partition = 1; s.previousHash = "a" }), int32(2)),
+	)
+})
+
+var _ = Describe("formatFailure", func() {
+	sys := &mgmtpb.SystemQueryResp{Members: []*mgmtpb.Member{
+		{Rank: 0, ControlAddr: "10.0.0.1:10001"}, {Rank: 1, ControlAddr: "10.0.0.2:10001"}, {Rank: 2, ControlAddr: "10.0.0.3:10001"},
+	}}
+	fp := func(msg string) error { return status.Error(codes.FailedPrecondition, msg) }
+	DescribeTable("names the cause the management service gave",
+		func(err error, reason string, parts ...string) {
+			got, msg := formatFailure(err, sys)
+			Expect(got).To(Equal(reason))
+			for _, p := range parts {
+				Expect(msg).To(ContainSubstring(p))
+			}
+		},
+		Entry("a foreign signature", fp("storage format: rank 2: format /dev/x: device /dev/x holds non-zero data at offset 4096; refusing to format it without force"),
+			"FormatRefused", "non-zero data"),
+		Entry("another system's format", fp("storage format: rank 2: format /dev/x: device /dev/x is already formatted (system a, rank 0); refusing to reformat without force"),
+			"FormatRefused", "system a"),
+		Entry("a stopped rank", fp("storage format: rank 1: engine is stopped"),
+			"RankUnreachable", "cannot reach rank 1: storage format: rank 1: engine is stopped"),
+		Entry("a rank whose control address does not answer", fp("storage format: engine at 10.0.0.2:10001: transport error; rank 0: engine is stopped"),
+			"RankUnreachable", "cannot reach rank 0, rank 1: ", "engine at 10.0.0.2:10001: transport error"),
+		Entry("an engine the system map does not know", fp("storage format: engine at 10.9.9.9:1: transport error"),
+			"RankUnreachable", "cannot reach engine at 10.9.9.9:1: "),
+		Entry("a foreign signature beside a stopped rank still asks for force", fp("storage format: rank 1: engine is stopped; rank 2: format /dev/x: device /dev/x holds an ext4 file system; refusing to format it without force"),
+			"FormatRefused", "rank 1: engine is stopped", "ext4"),
+		Entry("a busy rank", fp("storage format: rank 2: storage is busy with I/O; stop clients before a forced format"),
+			"FormatFailed", "storage is busy"),
+		Entry("no answer in time", status.Error(codes.DeadlineExceeded, "context deadline exceeded"),
+			"FormatFailed", "storage format: context deadline exceeded (DeadlineExceeded)"),
 	)
 })

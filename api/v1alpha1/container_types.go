@@ -69,7 +69,8 @@ type ContainerStatus struct {
 	UUID string `json:"uuid,omitempty"`
 	// +optional
 	PoolUUID string `json:"poolUUID,omitempty"`
-	// State: "ready" while the store holds the container, "lost" when it no longer does.
+	// State: "ready" while the store holds the container, "lost" when it no longer does: then only
+	// uuid and poolUUID remain, the figures are cleared.
 	// +optional
 	State string `json:"state,omitempty"`
 	// +optional

@@ -69,7 +69,8 @@ type PoolStatus struct {
 	// Label of the pool in the store.
 	// +optional
 	Label string `json:"label,omitempty"`
-	// State as the store reports it ("ready", "degraded").
+	// State as the store reports it ("ready", "degraded"), or "lost" when the management service
+	// no longer has the pool: then only uuid and label remain, the figures are cleared.
 	// +optional
 	State string `json:"state,omitempty"`
 	// MapVersion of the pool map.
