@@ -251,23 +251,39 @@ impl DeviceIo {
         }
     }
 
-    /// The outcome of `op` from its completion's result.
-    fn outcome(op: &Op, res: i32) -> io::Result<()> {
+    /// The outcome of `op` from its completion's result. A short transfer
+    /// is finished with plain system calls: it either completes or yields
+    /// the real error (e.g. ENOSPC from a full host file system).
+    fn outcome(&mut self, op: &Op, res: i32) -> io::Result<()> {
         if res < 0 {
             return Err(io::Error::from_raw_os_error(-res));
         }
-        if op.kind != OpKind::Sync && res as usize != op.len {
+        let done = res as usize;
+        if op.kind == OpKind::Sync || done == op.len {
+            return Ok(());
+        }
+        let (b, from, to) = (op.buf, op.buf_off + done, op.buf_off + op.len);
+        let at = op.off + done as u64;
+        let r = match op.kind {
+            OpKind::Write => self.file.write_all_at(&self.bufs.slice(b)[from..to], at),
+            _ => self
+                .file
+                .read_exact_at(&mut self.bufs.slice_mut(b)[from..to], at),
+        };
+        r.map_err(|e| {
             let what = if op.kind == OpKind::Write {
                 "write"
             } else {
                 "read"
             };
-            return Err(io::Error::other(format!(
-                "short {what} at offset {}: {res} of {} bytes",
-                op.off, op.len
-            )));
-        }
-        Ok(())
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "{what} at offset {}: {e} after {done} of {} bytes",
+                    op.off, op.len
+                ),
+            )
+        })
     }
 
     /// Run ops one after the other with plain system calls (no io_uring):
@@ -314,7 +330,7 @@ impl DeviceIo {
             .enumerate()
             .map(|(i, op)| self.sqe(op).user_data(i as u64))
             .collect();
-        let mut out: Vec<io::Result<()>> = (0..ops.len()).map(|_| Ok(())).collect();
+        let mut res = vec![0i32; ops.len()];
         let mut woken = false;
         let ring = self.ring.as_mut().expect("ring");
         for sqe in &sqes {
@@ -346,8 +362,7 @@ impl DeviceIo {
                 }
                 any = true;
                 reaped += 1;
-                let i = cqe.user_data() as usize;
-                out[i] = Self::outcome(&ops[i], cqe.result());
+                res[cqe.user_data() as usize] = cqe.result();
             }
             if !any && reaped < ops.len() {
                 ring.submit_and_wait(1)?;
@@ -357,7 +372,11 @@ impl DeviceIo {
             self.wake_armed = false;
             self.arm_wake()?;
         }
-        Ok(out)
+        Ok(ops
+            .iter()
+            .zip(res)
+            .map(|(op, r)| self.outcome(op, r))
+            .collect())
     }
 
     /// Take a region of `len` bytes (rounded up to whole blocks) of the
@@ -460,8 +479,11 @@ impl DeviceIo {
             return Ok(());
         };
         let mut woken = false;
-        for cqe in ring.completion() {
-            let ud = cqe.user_data();
+        let done: Vec<(u64, i32)> = ring
+            .completion()
+            .map(|cqe| (cqe.user_data(), cqe.result()))
+            .collect();
+        for (ud, res) in done {
             if ud == WAKE {
                 woken = true;
                 continue;
@@ -472,7 +494,7 @@ impl DeviceIo {
             out.push(Done {
                 tag: ud >> IDX_BITS,
                 idx: (ud & ((1 << IDX_BITS) - 1)) as usize,
-                res: Self::outcome(&op, cqe.result()),
+                res: self.outcome(&op, res),
             });
         }
         if woken {
