@@ -117,7 +117,7 @@ var _ = Describe("ServerSet scale-up", func() {
 			var nvme, scm int64
 			for _, m := range sys.Members {
 				want = append(want, storagev1.EngineStatus{Rank: int32(m.Rank), UUID: m.Uuid, State: m.State,
-					ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain, Formatted: true})
+					ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain, Formatted: true, StorageState: "ready"})
 			}
 			for _, r := range scan.Ranks {
 				g.Expect(r.Formatted).To(BeTrue(), "rank %d", r.Rank)

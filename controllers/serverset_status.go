@@ -188,6 +188,7 @@ func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan
 		}
 		if rs := storage[m.Rank]; rs != nil {
 			e.Formatted = rs.Formatted && rs.System == sys.System
+			e.StorageState = rs.State
 			e.Message = rs.Message
 		}
 		if m.State == "joined" {
@@ -219,6 +220,8 @@ func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv
 		for _, e := range ss.Status.Engines {
 			if e.State != "joined" && e.State != "maintenance" {
 				down = append(down, fmt.Sprintf("rank %d %s", e.Rank, e.State))
+			} else if e.StorageState == "degraded" {
+				down = append(down, fmt.Sprintf("rank %d degraded: %s", e.Rank, e.Message))
 			}
 		}
 		if len(down) > 0 {

@@ -310,3 +310,31 @@ var _ = Describe("formatFailure", func() {
 			"FormatFailed", "storage format: context deadline exceeded (DeadlineExceeded)"),
 	)
 })
+
+var _ = Describe("ServerSet status from the management service", func() {
+	It("reports a rank whose storage refuses updates as Degraded, with the engine's reason", func() {
+		ss := &storagev1.ServerSet{}
+		ss.Spec.Engines = 2
+		sys := &mgmtpb.SystemQueryResp{System: "s", Members: []*mgmtpb.Member{
+			{Rank: 0, State: "joined"}, {Rank: 1, State: "joined"},
+		}}
+		scan := &mgmtpb.StorageScanResp{Ranks: []*mgmtpb.RankStorage{
+			{Rank: 0, Formatted: true, System: "s", State: "ready"},
+			{Rank: 1, Formatted: true, System: "s", State: "degraded",
+				Message: "target 1: a device write failed (No space left on device (os error 28))"},
+		}}
+		copySystemStatus(ss, sys, scan)
+		Expect(ss.Status.Engines[1].StorageState).To(Equal("degraded"))
+		r := &ServerSetReconciler{}
+		r.setConditions(ss, nil, 2, nil)
+		c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionDegraded)
+		Expect(c).NotTo(BeNil())
+		Expect(c.Status).To(Equal(metav1.ConditionTrue))
+		Expect(c.Message).To(ContainSubstring("rank 1 degraded: target 1: a device write failed"))
+
+		scan.Ranks[1].State, scan.Ranks[1].Message = "ready", ""
+		copySystemStatus(ss, sys, scan)
+		r.setConditions(ss, nil, 2, nil)
+		Expect(meta.IsStatusConditionFalse(ss.Status.Conditions, storagev1.ConditionDegraded)).To(BeTrue())
+	})
+})

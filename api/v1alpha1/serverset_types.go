@@ -135,7 +135,11 @@ type EngineStatus struct {
 	FaultDomain string `json:"faultDomain,omitempty"`
 	// Formatted reports whether the rank's device carries this system's format.
 	Formatted bool `json:"formatted,omitempty"`
-	// Message explains a rank in maintenance.
+	// StorageState is the rank's storage as its engine reports it: "ready", "maintenance"
+	// (not formatted or not openable), or "degraded" (targets refuse updates after a device
+	// write failed; the engine must restart).
+	StorageState string `json:"storageState,omitempty"`
+	// Message explains a rank in maintenance or degraded.
 	Message string `json:"message,omitempty"`
 }
 

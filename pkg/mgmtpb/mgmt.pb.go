@@ -319,8 +319,8 @@ type RankStorage struct {
 	Formatted     bool                   `protobuf:"varint,6,opt,name=formatted,proto3" json:"formatted,omitempty"`
 	System        string                 `protobuf:"bytes,7,opt,name=system,proto3" json:"system,omitempty"` // from the superblock, "" when unformatted
 	EngineUuid    string                 `protobuf:"bytes,8,opt,name=engine_uuid,json=engineUuid,proto3" json:"engine_uuid,omitempty"`
-	State         string                 `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`      // "ready", "maintenance"
-	Message       string                 `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"` // why it is in maintenance, if it is
+	State         string                 `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`      // "ready", "maintenance", "degraded" (targets refuse updates)
+	Message       string                 `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"` // why it is in maintenance or degraded, if it is
 	NvmeFree      uint64                 `protobuf:"varint,11,opt,name=nvme_free,json=nvmeFree,proto3" json:"nvme_free,omitempty"`
 	ScmFree       uint64                 `protobuf:"varint,12,opt,name=scm_free,json=scmFree,proto3" json:"scm_free,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -134,6 +134,11 @@ impl Node {
             rs.bdev_bytes = nvme_total;
             rs.nvme_free = nvme_free;
             rs.scm_free = scm_free;
+            let faults = st.faults();
+            if !faults.is_empty() {
+                rs.state = "degraded".into();
+                rs.message = faults.join("; ");
+            }
         } else {
             rs.message = self.maintenance_reason.lock().clone();
             if let Ok(ScanState::Formatted(sb)) = peregrine_vos::scan(&opts.bdev) {

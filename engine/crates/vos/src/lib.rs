@@ -193,6 +193,8 @@ pub struct TargetStats {
 pub struct Storage {
     sb: Superblock,
     senders: Vec<Mailbox>,
+    /// Per target: why it refuses updates (a failed device write), if it does.
+    faults: Vec<std::sync::Arc<Mutex<Option<String>>>>,
     threads: Vec<JoinHandle<()>>,
     mgmt: Mutex<mgmt::MgmtSlots>,
 }
@@ -253,6 +255,7 @@ impl Storage {
             );
         }
         let mut senders = Vec::new();
+        let mut faults = Vec::new();
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         for t in 0..sb.targets {
@@ -260,10 +263,12 @@ impl Storage {
                 .map_err(|e| StorageError::io(format!("target {t}: eventfd"), e))?;
             let (rtx, rrx) = mpsc::channel();
             let (sb2, path, huge) = (sb.clone(), opts.bdev.path.clone(), opts.hugepages);
+            let fault = std::sync::Arc::new(Mutex::new(None));
+            faults.push(fault.clone());
             let h = std::thread::Builder::new()
                 .name(format!("vos-target-{t}"))
                 .spawn(
-                    move || match Target::open(sb2, &path, huge, t, scm_budget) {
+                    move || match Target::open(sb2, &path, huge, t, scm_budget, fault) {
                         Ok(target) => {
                             let _ = rtx.send(Ok(()));
                             target.run(rx);
@@ -282,6 +287,7 @@ impl Storage {
             mgmt: Mutex::new(mgmt::MgmtSlots::new(f, sb.clone())),
             sb,
             senders,
+            faults,
             threads,
         };
         for (t, r) in ready.into_iter().enumerate() {
@@ -471,6 +477,17 @@ impl Storage {
     }
 
     /// Per-target counters (diagnostics).
+    /// Why targets refuse updates, one line per such target (empty: none
+    /// does). A target stops taking updates after a device write failed:
+    /// what the device holds is unknown until the engine restarts and
+    /// replays it.
+    pub fn faults(&self) -> Vec<String> {
+        self.faults
+            .iter()
+            .filter_map(|f| f.lock().clone())
+            .collect()
+    }
+
     pub fn target_stats(&self) -> Vec<TargetStats> {
         (0..self.senders.len())
             .map(|t| match self.ctl(t, Ctl::Stats) {

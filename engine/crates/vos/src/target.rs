@@ -272,6 +272,8 @@ pub(crate) struct Target {
     ckpt_due: bool,
     /// Set by a failed device write: updates are refused from then on.
     broken: Option<Errno>,
+    /// Why updates are refused, for whoever asks the storage (no queue hop).
+    fault: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -326,6 +328,7 @@ impl Target {
         hugepages: bool,
         id: u32,
         scm_budget: u64,
+        fault: Arc<parking_lot::Mutex<Option<String>>>,
     ) -> Result<Target, StorageError> {
         let dev = DeviceIo::open(path, hugepages, id).map_err(|e| {
             StorageError::io(format!("target {id}: open device {}", path.display()), e)
@@ -355,6 +358,7 @@ impl Target {
             deferred: Vec::new(),
             ckpt_due: false,
             broken: None,
+            fault,
         };
         t.chunk = t.sb.csum_chunk();
         t.replay()?;
@@ -741,13 +745,13 @@ impl Target {
             self.prof.committed_ops += c.ops.len() as u64;
             self.prof.commit_ns += c.t0.elapsed().as_nanos() as u64;
             if let Some(e) = c.err {
-                self.broken.get_or_insert_with(|| {
+                if self.broken.is_none() {
                     tracing::error!(target = self.id, seq = c.seq, error = %e, "device write failed; this target refuses updates until the engine restarts");
-                    Errno::new(
+                    self.stop_updates(Errno::new(
                         -libc::EIO,
                         format!("target {}: a device write failed ({e}); the target refuses updates until the engine restarts", self.id),
-                    )
-                });
+                    ));
+                }
             }
             if let Some(e) = &self.broken {
                 for (b, n) in c.runs {
@@ -1147,7 +1151,7 @@ impl Target {
                 -libc::EIO,
                 format!("target {}: submit commit: {e}", self.id),
             );
-            self.broken = Some(e.clone());
+            self.stop_updates(e.clone());
             self.fail_batch(b, e);
             return;
         }
@@ -1170,6 +1174,12 @@ impl Target {
             err: None,
             t0: Instant::now(),
         });
+    }
+
+    /// Refuse updates from now on, and say why to [`crate::Storage::faults`].
+    fn stop_updates(&mut self, e: Errno) {
+        *self.fault.lock() = Some(e.msg.clone());
+        self.broken = Some(e);
     }
 
     fn fail_batch(&mut self, b: Batch, e: Errno) {
@@ -1813,7 +1823,8 @@ mod tests {
         let ScanState::Formatted(sb) = crate::scan(&opts.bdev).unwrap() else {
             panic!("not formatted")
         };
-        let mut t = Target::open(sb, &opts.bdev.path, false, 0, 8 * MIB).unwrap();
+        let mut t =
+            Target::open(sb, &opts.bdev.path, false, 0, 8 * MIB, Default::default()).unwrap();
         let pool = Uuid::new_v4();
         t.control(Ctl::PoolCreate {
             pool,

@@ -62,6 +62,9 @@ fn a_failed_device_write_stops_updates_and_loses_nothing_acknowledged() {
         "the error names the failed device write and ENOSPC: {failure}"
     );
     assert!(acked.len() > 10, "only {} updates fit", acked.len());
+    let faults = st.faults();
+    assert_eq!(faults.len(), 1, "{faults:?}");
+    assert!(faults[0].contains("device write failed"), "{faults:?}");
     // From now on updates are refused with the same reason, small ones too.
     let again = update(&st, &o, 500, "small", vec![single("v", b"x")]).unwrap_err();
     assert!(again.msg.contains("refuses updates"), "{again}");
@@ -76,6 +79,7 @@ fn a_failed_device_write_stops_updates_and_loses_nothing_acknowledged() {
     // Restart on the still-full host file system (the closing checkpoint
     // may fail; replay does not need it): every acknowledged update is there.
     let st = Storage::open(&e.opts).unwrap();
+    assert!(st.faults().is_empty(), "a restart starts afresh");
     for (i, v) in &acked {
         assert_eq!(
             &get_single(&st, &o, LATEST, &format!("k{i}"), "v").unwrap(),
