@@ -369,6 +369,23 @@ fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `sh -c script` in a private mount namespace (mounts made there vanish
+/// with it), killed after two minutes.
+fn sh_in_private_mount_ns(script: &str) -> Command {
+    let mut cmd = Command::new("timeout");
+    cmd.args([
+        "-k",
+        "5",
+        "120",
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+    ])
+    .args(["sh", "-c", script]);
+    cmd
+}
+
 fn mount_line(dir: &Path) -> String {
     let d = dir.to_str().unwrap();
     mounts()
@@ -510,17 +527,7 @@ umount "$DIR"
 echo done
 "#;
     let out = run_ok(
-        Command::new("timeout")
-            .args([
-                "-k",
-                "5",
-                "120",
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-            ])
-            .args(["sh", "-c", script])
+        sh_in_private_mount_ns(script)
             .env("EXTRA", &extra)
             .env("EXTRA2", extra2.path())
             .env("SBIN", &sbin)
@@ -600,17 +607,7 @@ wait $pid && echo "daemon exit 0 after SIGTERM"
 grep -q " $DIR " /proc/self/mounts || echo unmounted
 "#;
     let out = run_ok(
-        Command::new("timeout")
-            .args([
-                "-k",
-                "5",
-                "120",
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-            ])
-            .args(["sh", "-c", script])
+        sh_in_private_mount_ns(script)
             .env("FUSE_BIN", FUSE_BIN)
             .env("MGMT", c.mgmt_addr())
             .env("DIR", &dir)
