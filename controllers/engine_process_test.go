@@ -37,11 +37,26 @@ var (
 	engines   []*engineProcess
 )
 
+var (
+	portsMu sync.Mutex
+	ports   = map[int]bool{}
+)
+
+// freePort is a loopback port nothing listens on, never the same twice in this process (the
+// kernel may hand a just-released port out again).
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	Expect(err).NotTo(HaveOccurred())
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		p := l.Addr().(*net.TCPAddr).Port
+		Expect(l.Close()).To(Succeed())
+		if !ports[p] {
+			ports[p] = true
+			return p
+		}
+	}
 }
 
 // startEngine starts an unformatted engine of system `name`; foreign puts non-zero bytes on its

@@ -32,12 +32,23 @@ pub fn engine_bin() -> PathBuf {
     p
 }
 
+/// A loopback port nothing listens on, never the same twice in this process:
+/// the kernel may hand a just-released port out again, and two engines of one
+/// cluster given the same port fail to start.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let p = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&p) {
+            given.push(p);
+            return p;
+        }
+    }
 }
 
 pub struct EngineProc {
