@@ -51,7 +51,7 @@ struct Handle {
 }
 
 /// The POSIX calls and error codes are in the suite (tests/posix.rs runs
-/// src/bin/posix_suite.rs through a mount, with and without the
+/// src/bin/posix_suite/ through a mount, with and without the
 /// interception library); here: the mount itself, the daemon's handle
 /// ioctl, and real programs.
 #[test]

@@ -1,4 +1,4 @@
-//! The POSIX suite (`peregrine-posix-suite`, src/bin/posix_suite.rs) through
+//! The POSIX suite (`peregrine-posix-suite`, src/bin/posix_suite/) through
 //! a real peregrine-fuse mount over real engines, twice: on the kernel path,
 //! then with `LD_PRELOAD=libperegrine_il.so PEREGRINE_IL_REPORT=1`. Both runs
 //! must pass, print the same transcript (every check's observation), and
