@@ -902,6 +902,23 @@ impl Dfs {
         Ok(())
     }
 
+    /// ENOTDIR unless `e` (named `name`) is a directory, ENOTEMPTY unless it is empty.
+    fn check_empty_dir(&self, e: &Entry, name: &[u8]) -> Result<()> {
+        if !e.is_dir() {
+            return Err(err(
+                libc::ENOTDIR,
+                format!("{:?} is not a directory", show(name)),
+            ));
+        }
+        if !self.dir_is_empty(e.oid)? {
+            return Err(err(
+                libc::ENOTEMPTY,
+                format!("directory {:?} is not empty", show(name)),
+            ));
+        }
+        Ok(())
+    }
+
     fn dir_is_empty(&self, dir: ObjectId) -> Result<bool> {
         Ok(self.obj(dir)?.list_dkeys()?.is_empty())
     }
@@ -920,18 +937,7 @@ impl Dfs {
         let e = self
             .fetch_entry(parent.oid(), name)?
             .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
-        if !e.is_dir() {
-            return Err(err(
-                libc::ENOTDIR,
-                format!("{:?} is not a directory", show(name)),
-            ));
-        }
-        if !self.dir_is_empty(e.oid)? {
-            return Err(err(
-                libc::ENOTEMPTY,
-                format!("directory {:?} is not empty", show(name)),
-            ));
-        }
+        self.check_empty_dir(&e, name)?;
         self.obj(parent.oid())?.punch_dkey(name)?;
         self.release_object(&e)
     }
@@ -1085,18 +1091,7 @@ impl Dfs {
                 return Err(err(libc::EEXIST, format!("{:?} exists", show(dname))));
             }
             if se.is_dir() {
-                if !de.is_dir() {
-                    return Err(err(
-                        libc::ENOTDIR,
-                        format!("{:?} is not a directory", show(dname)),
-                    ));
-                }
-                if !self.dir_is_empty(de.oid)? {
-                    return Err(err(
-                        libc::ENOTEMPTY,
-                        format!("directory {:?} is not empty", show(dname)),
-                    ));
-                }
+                self.check_empty_dir(de, dname)?;
             } else if de.is_dir() {
                 return Err(err(
                     libc::EISDIR,
