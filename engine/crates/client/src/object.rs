@@ -730,7 +730,7 @@ impl Object {
             .pool()
             .client()
             .transport()
-            .call(&t.addr, op, &msg.encode_to_vec(), bulk)
+            .call(&t.addr, t.index, op, &msg.encode_to_vec(), bulk)
             .map_err(|e| e.context(at()))?;
         let resp = data::Response::decode(reply.msg.as_slice()).map_err(|e| {
             Error::new(

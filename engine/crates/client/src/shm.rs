@@ -1,14 +1,18 @@
 //! Shared-memory transport to an engine on this node (protocol in
 //! [`peregrine_proto::shm`]).
 //!
-//! Each connection owns a sealed memfd with a request and a response region
-//! ([`REGION_LEN`] each, sparse), handed to the engine over its unix socket.
-//! A call writes the request frame (the same frame as over TCP) into the
-//! request region, rings the engine with its length, and reads the response
-//! frame the engine wrote into the response region: bulk data crosses once
-//! each way through memory the two processes share, never through a socket.
-//! One request is in flight per connection; [`ShmTransport`] keeps a pool of
-//! idle connections per engine socket, like [`crate::TcpTransport`].
+//! Each connection is to one target of an engine and owns a sealed memfd
+//! with a control block, a request and a response region ([`REGION_LEN`]
+//! each, sparse), handed to the engine over its unix socket. A call writes
+//! the request frame (the same frame as over TCP) into the request region
+//! and marks it pending; the target polls for it (it is woken through its
+//! eventfd only if it sleeps) and writes the response frame into the
+//! response region: bulk data crosses once each way through memory the two
+//! processes share, never through a socket. The caller polls for the reply
+//! for up to `PEREGRINE_SHM_SPIN_US` (one polling thread per process at a
+//! time), then sleeps on the socket. One request is in flight per
+//! connection; [`ShmTransport`] keeps a pool of idle connections per engine
+//! socket and target, like [`crate::TcpTransport`].
 
 use crate::error::{Error, Result};
 use crate::transport::{Reply, Transport};
@@ -18,10 +22,29 @@ pub use peregrine_proto::shm::REGION_LEN;
 use peregrine_proto::shm::{self as wire, Hello, Mapping};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Default of `PEREGRINE_SHM_SPIN_US`: how long a call polls for its reply
+/// before it sleeps (about a device read and the target's work around it).
+const SPIN_US: u64 = 200;
+/// Threads of a process that poll for a reply at once; the others sleep
+/// at once (many polling threads would take the cores from the engine).
+const MAX_SPINNERS: usize = 1;
+static SPINNERS: AtomicUsize = AtomicUsize::new(0);
+
+fn spin_budget() -> Duration {
+    static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    Duration::from_micros(*C.get_or_init(|| {
+        std::env::var("PEREGRINE_SHM_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SPIN_US)
+    }))
+}
 
 #[derive(Clone, Debug)]
 pub struct ShmConfig {
@@ -46,11 +69,14 @@ impl Default for ShmConfig {
     }
 }
 
-/// One connection: the socket for doorbells and the shared regions.
+/// One connection to one target: the socket for reply doorbells, the
+/// shared regions, and the target's wake-up eventfd and page.
 pub struct ShmConn {
     sock: UnixStream,
     map: Mapping,
     hello: Hello,
+    wake: OwnedFd,
+    target_page: Mapping,
     /// The data address the engine named in its ack.
     pub engine_addr: String,
 }
@@ -78,7 +104,8 @@ struct Endpoint {
 
 pub struct ShmTransport {
     cfg: ShmConfig,
-    endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
+    /// By engine socket path and target.
+    endpoints: Mutex<HashMap<(String, u32), Arc<Endpoint>>>,
     next_id: AtomicU64,
 }
 
@@ -94,30 +121,52 @@ fn io_err(what: &str, e: &std::io::Error) -> Error {
     Error { msg, ..err }
 }
 
-/// Open one shared-memory connection to the engine socket at `path`.
-/// With `expect_addr`, the engine must name that data address in its ack.
-pub fn connect(cfg: &ShmConfig, path: &str, expect_addr: Option<&str>) -> Result<ShmConn> {
+/// Open one shared-memory connection to target `target` of the engine
+/// socket at `path`. With `expect_addr`, the engine must name that data
+/// address in its ack.
+pub fn connect(
+    cfg: &ShmConfig,
+    path: &str,
+    expect_addr: Option<&str>,
+    target: u32,
+) -> Result<ShmConn> {
     let sock = UnixStream::connect(path).map_err(|e| io_err(&format!("connect {path}"), &e))?;
-    let hello = Hello::standard(cfg.region_len);
+    let hello = Hello::standard(cfg.region_len, target);
     let fd = wire::memfd_sealed("peregrine-shm", hello.total)
         .map_err(|e| io_err("shared memory", &e))?;
     let map = Mapping::map(fd.as_raw_fd(), hello.total).map_err(|e| io_err("shared memory", &e))?;
-    let setup = || -> std::io::Result<[u8; wire::ACK_LEN]> {
+    let setup = || -> std::io::Result<([u8; wire::ACK_LEN], Vec<OwnedFd>)> {
         sock.set_read_timeout(Some(cfg.connect_timeout))?;
         sock.set_write_timeout(Some(cfg.io_timeout))?;
-        wire::send_with_fd(sock.as_raw_fd(), &hello.encode(), Some(fd.as_raw_fd()))?;
+        wire::send_with_fds(sock.as_raw_fd(), &hello.encode(), &[fd.as_raw_fd()])?;
         let mut ack = [0u8; wire::ACK_LEN];
-        if !wire::recv_exact(sock.as_raw_fd(), &mut ack)? {
+        let (n, fds) = wire::recv_with_fds(sock.as_raw_fd(), &mut ack)?;
+        if n == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionRefused,
                 "the engine closed the connection (handshake refused; see its log)",
             ));
         }
+        if n != wire::ACK_LEN {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("short ack ({n} of {} bytes)", wire::ACK_LEN),
+            ));
+        }
         sock.set_read_timeout(Some(cfg.io_timeout))?;
-        Ok(ack)
+        Ok((ack, fds))
     };
-    let ack = setup().map_err(|e| io_err(&format!("shm handshake with {path}"), &e))?;
+    let (ack, fds) = setup().map_err(|e| io_err(&format!("shm handshake with {path}"), &e))?;
     let engine_addr = wire::check_ack(&ack).map_err(|m| Error::new(-libc::EPROTO, m))?;
+    let [wake, page]: [OwnedFd; 2] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
+        proto_err(format!(
+            "the ack came with {} descriptors, expected the target's eventfd and page",
+            v.len()
+        ))
+    })?;
+    wire::check_memfd(page.as_raw_fd(), wire::TARGET_PAGE_LEN).map_err(proto_err)?;
+    let target_page = Mapping::map_read_only(page.as_raw_fd(), wire::TARGET_PAGE_LEN)
+        .map_err(|e| io_err("map the target's page", &e))?;
     if let Some(want) = expect_addr {
         if want != engine_addr {
             return Err(Error::new(
@@ -130,6 +179,8 @@ pub fn connect(cfg: &ShmConfig, path: &str, expect_addr: Option<&str>) -> Result
         sock,
         map,
         hello,
+        wake,
+        target_page,
         engine_addr,
     })
 }
@@ -139,6 +190,46 @@ fn proto_err(m: impl Into<String>) -> Error {
 }
 
 impl ShmConn {
+    fn word(&self, at: u64) -> Result<&AtomicU64> {
+        self.map
+            .word(self.hello.ctl_off + at)
+            .map_err(|e| io_err("shm", &e))
+    }
+
+    /// Poll for the reply for a while (if no other thread of this process
+    /// polls), then sleep on the socket until the target rings it.
+    fn wait_reply(&self) -> Result<()> {
+        let state = self.word(wire::RESP_STATE)?;
+        if SPINNERS.fetch_add(1, Ordering::AcqRel) < MAX_SPINNERS {
+            let (t, budget) = (Instant::now(), spin_budget());
+            while state.load(Ordering::Acquire) != wire::RESP_DONE && t.elapsed() < budget {
+                // Give the core away if anything else (the target itself) wants it.
+                std::thread::yield_now();
+            }
+        }
+        SPINNERS.fetch_sub(1, Ordering::AcqRel);
+        match state.compare_exchange(
+            wire::RESP_WAITING,
+            wire::RESP_SLEEPING,
+            Ordering::SeqCst,
+            Ordering::Acquire,
+        ) {
+            Err(wire::RESP_DONE) => return Ok(()),
+            Err(other) => return Err(proto_err(format!("response state {other} while waiting"))),
+            Ok(_) => {}
+        }
+        let mut db = [0u8; wire::DOORBELL_LEN];
+        match wire::recv_exact(self.sock.as_raw_fd(), &mut db) {
+            Ok(true) if state.load(Ordering::Acquire) == wire::RESP_DONE => Ok(()),
+            Ok(true) => Err(proto_err("reply doorbell before the reply")),
+            Ok(false) => Err(Error::new(
+                -libc::ECONNRESET,
+                "connection closed by the engine",
+            )),
+            Err(e) => Err(io_err("shm reply", &e)),
+        }
+    }
+
     /// Send one request frame and wait for its reply.
     pub fn round_trip(&mut self, id: u64, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
         let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
@@ -175,21 +266,24 @@ impl ShmConn {
             w(off, b)?;
             off += b.len() as u64;
         }
-        let fd = self.sock.as_raw_fd();
-        wire::send_doorbell(fd, total).map_err(|e| io_err("shm doorbell", &e))?;
-        let mut db = [0u8; wire::DOORBELL_LEN];
-        match wire::recv_exact(fd, &mut db) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(Error::new(
-                    -libc::ECONNRESET,
-                    "connection closed by the engine",
-                ))
+        self.word(wire::REQ_LEN)?.store(total, Ordering::Relaxed);
+        self.word(wire::RESP_STATE)?
+            .store(wire::RESP_WAITING, Ordering::Relaxed);
+        self.word(wire::REQ_STATE)?
+            .store(wire::REQ_PENDING, Ordering::SeqCst);
+        // Pairs with the target's fence before it sleeps: either it sees the
+        // request, or this sees it asleep and wakes it.
+        fence(Ordering::SeqCst);
+        if self.target_page.load(0).map_err(|e| io_err("shm", &e))? != 0 {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes from a live buffer to our eventfd.
+            if unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) } != 8 {
+                return Err(io_err("wake the target", &std::io::Error::last_os_error()));
             }
-            Err(e) => return Err(io_err("shm reply", &e)),
         }
-        // The engine's region is as untrusted as ours is to it.
-        let len = u64::from_le_bytes(db);
+        self.wait_reply()?;
+        // The engine's memory is as untrusted as ours is to it.
+        let len = self.word(wire::RESP_LEN)?.load(Ordering::Acquire);
         if len < HEADER_LEN as u64 || len > self.hello.resp_len {
             return Err(proto_err(format!(
                 "reply length {len} outside the {}-byte response region",
@@ -202,7 +296,7 @@ impl ShmConn {
         let rh = Header::decode(&hb).map_err(|e| proto_err(e.to_string()))?;
         if HEADER_LEN as u64 + rh.msg_len as u64 + rh.bulk_len as u64 != len {
             return Err(proto_err(format!(
-                "reply frame does not match its doorbell length {len}"
+                "reply frame does not match its length {len}"
             )));
         }
         if rh.flags & FLAG_RESPONSE == 0 || rh.request_id != id || rh.opcode != op as u16 {
@@ -227,37 +321,38 @@ impl ShmTransport {
         }
     }
 
-    fn endpoint(&self, path: &str) -> Arc<Endpoint> {
+    fn endpoint(&self, path: &str, target: u32) -> Arc<Endpoint> {
         self.endpoints
             .lock()
-            .entry(path.to_string())
+            .entry((path.to_string(), target))
             .or_default()
             .clone()
     }
 
-    /// One call over the socket at `path`, telling a failure to reach the
-    /// engine apart from a failure of the request.
+    /// One call to target `target` of the engine at socket `path`, telling a
+    /// failure to reach the engine apart from a failure of the request.
     pub fn try_call(
         &self,
         path: &str,
         expect_addr: Option<&str>,
+        target: u32,
         op: Opcode,
         msg: &[u8],
         bulk: &[&[u8]],
     ) -> std::result::Result<Reply, ShmError> {
-        let ep = self.endpoint(path);
+        let ep = self.endpoint(path, target);
         let idle = ep.idle.lock().pop();
         let reused = idle.is_some();
         let mut conn = match idle {
             Some(c) => c,
-            None => connect(&self.cfg, path, expect_addr).map_err(ShmError::Connect)?,
+            None => connect(&self.cfg, path, expect_addr, target).map_err(ShmError::Connect)?,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let res = match conn.round_trip(id, op, msg, bulk) {
             // An idle connection may be to an engine that has since restarted:
             // retry once on a fresh one (requests are idempotent, as over TCP).
             Err(e) if reused && e.code != -libc::ETIMEDOUT && e.code != -libc::EPROTO => {
-                conn = connect(&self.cfg, path, expect_addr).map_err(ShmError::Connect)?;
+                conn = connect(&self.cfg, path, expect_addr, target).map_err(ShmError::Connect)?;
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 conn.round_trip(id, op, msg, bulk)
             }
@@ -278,8 +373,15 @@ impl ShmTransport {
 
 impl Transport for ShmTransport {
     /// `endpoint` is the engine's socket path.
-    fn call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
-        self.try_call(endpoint, None, op, msg, bulk)
+    fn call(
+        &self,
+        endpoint: &str,
+        target: u32,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+    ) -> Result<Reply> {
+        self.try_call(endpoint, None, target, op, msg, bulk)
             .map_err(Error::from)
     }
 }

@@ -29,10 +29,17 @@ pub struct Reply {
 }
 
 pub trait Transport: Send + Sync {
-    /// Send one request to the engine at `endpoint` ("host:port") and wait
-    /// for its reply. Errors carry an errno and a short message (the caller
-    /// adds which pool/rank it was).
-    fn call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply>;
+    /// Send one request for target `target` of the engine at `endpoint`
+    /// ("host:port") and wait for its reply. Errors carry an errno and a
+    /// short message (the caller adds which pool/rank it was).
+    fn call(
+        &self,
+        endpoint: &str,
+        target: u32,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+    ) -> Result<Reply>;
 
     /// Learn from a pool map that the engine at `endpoint` also serves
     /// shared memory on `shm_path` ("" when it does not). Transports that
@@ -138,12 +145,19 @@ impl MultiTransport {
 
     fn tcp_call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
         self.tcp_calls.fetch_add(1, Ordering::Relaxed);
-        self.tcp.call(endpoint, op, msg, bulk)
+        self.tcp.call(endpoint, 0, op, msg, bulk)
     }
 }
 
 impl Transport for MultiTransport {
-    fn call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
+    fn call(
+        &self,
+        endpoint: &str,
+        target: u32,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+    ) -> Result<Reply> {
         if self.kind == TransportKind::Tcp {
             return self.tcp_call(endpoint, op, msg, bulk);
         }
@@ -164,7 +178,10 @@ impl Transport for MultiTransport {
             }
             return self.tcp_call(endpoint, op, msg, bulk);
         };
-        match self.shm.try_call(&path, Some(endpoint), op, msg, bulk) {
+        match self
+            .shm
+            .try_call(&path, Some(endpoint), target, op, msg, bulk)
+        {
             Ok(r) => {
                 self.shm_calls.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
@@ -331,7 +348,15 @@ impl TcpTransport {
 }
 
 impl Transport for TcpTransport {
-    fn call(&self, endpoint: &str, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
+    /// The engine routes by the address inside the message; `target` is not needed.
+    fn call(
+        &self,
+        endpoint: &str,
+        _target: u32,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+    ) -> Result<Reply> {
         let ep = self.endpoint(endpoint);
         let idle = ep.idle.lock().pop();
         let reused = idle.is_some();

@@ -1,23 +1,25 @@
 //! The shared-memory data plane for clients on this node (see
 //! [`peregrine_proto::shm`] for the protocol).
 //!
-//! The engine listens on a unix socket in `shm_dir`; each connection is
-//! served by its own thread, one request at a time: wait for the client's
-//! doorbell, copy the frame out of the (untrusted) request region, validate
-//! and decode it exactly as a TCP frame ([`crate::dataplane::decode_request`]),
-//! dispatch it to its target, and go back to waiting on the socket. The
-//! target's thread writes the response frame (fetched bulk copied once) into
-//! the response region and rings back itself, from the reply callback
-//! ([`peregrine_vos::Storage::submit_with`]): no thread waits for the target,
-//! and the client is woken one thread hop sooner. One request per connection
-//! is in flight; a doorbell that arrives before the previous reply was rung
-//! back is a protocol violation and closes the connection. Anything malformed (handshake, memfd,
-//! doorbell length, frame) closes that one connection with a logged reason.
+//! The engine listens on a unix socket in `shm_dir`. A connection is for one
+//! target: after the handshake it becomes a [`peregrine_vos::Source`] of
+//! that target, which polls it between its other work. The target copies
+//! the frame out of the (untrusted) request region, validates and decodes it
+//! exactly as a TCP frame ([`crate::dataplane::decode_request`]), serves it,
+//! writes the response frame (fetched bulk copied once) into the response
+//! region and tells the client, waking it only if it went to sleep. No
+//! thread stands between a client and its target: the connection's own
+//! thread only watches the socket for the client going away. One request
+//! per connection is in flight; a request that arrives before the previous
+//! one was answered is a protocol violation and closes the connection, as
+//! does anything malformed (handshake, memfd, lengths, frame, a request for
+//! another target), with a logged reason.
 
 use crate::dataplane::{self, Reply};
 use crate::node::Node;
 use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 use peregrine_proto::shm::{self as wire, Hello, Mapping};
+use peregrine_vos::{Polled, Source};
 use prost::Message;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
@@ -159,11 +161,20 @@ struct Conn {
     map: Mapping,
 }
 
-fn handshake(sock: &UnixStream, data_addr: &str) -> Result<Conn, String> {
+impl Conn {
+    fn word(&self, at: u64) -> &std::sync::atomic::AtomicU64 {
+        // In bounds and aligned: Hello::decode checked the control block.
+        self.map
+            .word(self.hello.ctl_off + at)
+            .expect("control word inside the checked control block")
+    }
+}
+
+fn handshake(sock: &UnixStream) -> Result<Conn, String> {
     sock.set_read_timeout(Some(HELLO_TIMEOUT))
         .map_err(|e| e.to_string())?;
     let mut buf = [0u8; wire::HELLO_LEN];
-    let (n, fd) = wire::recv_with_fd(sock.as_raw_fd(), &mut buf)
+    let (n, fds) = wire::recv_with_fds(sock.as_raw_fd(), &mut buf)
         .map_err(|e| format!("receive hello: {e}"))?;
     if n == 0 {
         return Err("closed before the hello".into());
@@ -171,106 +182,216 @@ fn handshake(sock: &UnixStream, data_addr: &str) -> Result<Conn, String> {
     if n != wire::HELLO_LEN {
         return Err(format!("short hello ({n} of {} bytes)", wire::HELLO_LEN));
     }
-    let fd = fd.ok_or("hello came without a memfd")?;
+    let [fd]: [std::os::fd::OwnedFd; 1] = fds.try_into().map_err(|v: Vec<_>| {
+        format!(
+            "hello came with {} descriptors, expected one memfd",
+            v.len()
+        )
+    })?;
     let hello = Hello::decode(&buf)?;
     wire::check_memfd(fd.as_raw_fd(), hello.total)?;
     let map = Mapping::map(fd.as_raw_fd(), hello.total).map_err(|e| e.to_string())?;
     drop(fd); // the mapping keeps the memory
-    wire::send_with_fd(sock.as_raw_fd(), &wire::ack(data_addr), None)
-        .map_err(|e| format!("send ack: {e}"))?;
     sock.set_read_timeout(None).map_err(|e| e.to_string())?;
     Ok(Conn { hello, map })
 }
 
-/// One mapped connection and its socket, shared with the reply callbacks.
+/// One mapped connection and its socket, shared by its [`Channel`], its
+/// reply callbacks and the thread watching its socket.
 struct Live {
     conn: Conn,
     sock: UnixStream,
     pid: i32,
     stats: Arc<ShmStats>,
-    /// A request is with its target: its reply has not been rung back yet.
+    /// A request is with the target: its reply has not been written yet.
     busy: AtomicBool,
+    /// The client hung up, or broke the protocol: the target drops the channel.
+    closed: AtomicBool,
 }
 
 impl Live {
-    /// Write the response frame and ring the client's doorbell; on failure
-    /// shut the socket down, which ends the connection thread.
+    fn close(&self, why: &str) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            tracing::warn!("shm pid {}: closing connection: {why}", self.pid);
+        }
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Write the response frame and tell the client; on failure close.
     fn reply(&self, header: &Header, reply: Reply) {
         match write_response(&self.conn, header, reply) {
             Ok(n) => {
                 self.stats.requests.fetch_add(1, Ordering::Relaxed);
-                // Not busy before the doorbell: the client may answer it at once.
                 self.busy.store(false, Ordering::Release);
-                if let Err(e) = wire::send_doorbell(self.sock.as_raw_fd(), n) {
-                    tracing::debug!("shm pid {}: reply doorbell: {e}", self.pid);
-                    let _ = self.sock.shutdown(std::net::Shutdown::Both);
+                self.conn.word(wire::RESP_LEN).store(n, Ordering::Relaxed);
+                // Pairs with the client's swap to sleeping: either it sees
+                // DONE, or this sees it asleep and rings its socket.
+                let was = self
+                    .conn
+                    .word(wire::RESP_STATE)
+                    .swap(wire::RESP_DONE, Ordering::SeqCst);
+                if was == wire::RESP_SLEEPING {
+                    if let Err(e) = wire::send_doorbell(self.sock.as_raw_fd(), n) {
+                        self.close(&format!("reply doorbell: {e}"));
+                    }
                 }
             }
             Err(e) => {
                 self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("shm pid {}: closing connection: {e}", self.pid);
-                let _ = self.sock.shutdown(std::net::Shutdown::Both);
+                self.close(&e);
             }
         }
     }
 }
 
-fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
-    let conn = match handshake(&sock, &node.cfg.data_addr()) {
-        Ok(c) => c,
-        Err(e) => {
-            stats.rejected.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("shm pid {pid}: closing connection: handshake: {e}");
-            return;
+/// A connection as its target sees it.
+struct Channel {
+    live: Arc<Live>,
+    target: u32,
+}
+
+impl Drop for Channel {
+    /// The target let go (the client left, or the target stopped): the
+    /// client sees the end of the socket rather than waiting for a reply.
+    fn drop(&mut self) {
+        self.live.closed.store(true, Ordering::Release);
+        let _ = self.live.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Source for Channel {
+    fn pending(&self) -> bool {
+        self.live.closed.load(Ordering::Acquire)
+            || self.live.conn.word(wire::REQ_STATE).load(Ordering::Acquire) == wire::REQ_PENDING
+    }
+
+    fn poll(&mut self) -> Polled {
+        let live = &self.live;
+        if live.closed.load(Ordering::Acquire) {
+            return Polled::Closed;
         }
-    };
-    stats.connections.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(
-        "shm connection from pid {pid} (regions {} + {} bytes)",
-        conn.hello.req_len,
-        conn.hello.resp_len
-    );
-    let live = Arc::new(Live {
-        conn,
-        sock,
-        pid,
-        stats,
-        busy: AtomicBool::new(false),
-    });
-    loop {
-        let mut db = [0u8; wire::DOORBELL_LEN];
-        match wire::recv_exact(live.sock.as_raw_fd(), &mut db) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
-                tracing::warn!("shm pid {pid}: closing connection: doorbell: {e}");
-                break;
-            }
+        let state = live.conn.word(wire::REQ_STATE);
+        if state.load(Ordering::Acquire) != wire::REQ_PENDING {
+            return Polled::Idle;
         }
         if live.busy.load(Ordering::Acquire) {
             live.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                "shm pid {pid}: closing connection: a request arrived before the previous one was answered"
-            );
-            break;
+            live.close("a request arrived before the previous one was answered");
+            return Polled::Closed;
         }
-        let len = u64::from_le_bytes(db);
+        state.store(wire::REQ_TAKEN, Ordering::Release);
+        let len = live.conn.word(wire::REQ_LEN).load(Ordering::Acquire);
         let (header, req) = match decode_one(&live.conn, len) {
             Ok(d) => d,
             Err(e) => {
                 live.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("shm pid {pid}: closing connection: {e}");
-                break;
+                live.close(&e);
+                return Polled::Closed;
             }
         };
-        // The target's thread writes the reply and rings the client itself
-        // (see the module docs); this thread goes straight back to the socket.
         live.busy.store(true, Ordering::Release);
+        let Some(req) = req else {
+            live.reply(&header, dataplane::error_reply(0, String::new()));
+            return Polled::Idle;
+        };
+        if let Some(t) = peregrine_vos::request_target(&req).filter(|t| *t != self.target) {
+            live.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            live.close(&format!(
+                "request for target {t} on a connection to target {}",
+                self.target
+            ));
+            return Polled::Closed;
+        }
         let l = live.clone();
-        dataplane::dispatch(node, req, move |reply| l.reply(&header, reply));
+        Polled::Request(
+            req,
+            Box::new(move |r| {
+                l.reply(
+                    &header,
+                    r.unwrap_or_else(|e| dataplane::error_reply(e.code, e.msg)),
+                )
+            }),
+        )
     }
-    let _ = live.sock.shutdown(std::net::Shutdown::Both);
+}
+
+fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
+    let refuse = |why: String| {
+        stats.rejected.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("shm pid {pid}: closing connection: handshake: {why}");
+    };
+    let conn = match handshake(&sock) {
+        Ok(c) => c,
+        Err(e) => return refuse(e),
+    };
+    let storage = match node.storage() {
+        Ok(s) => s,
+        Err(st) => return refuse(st.message().to_string()),
+    };
+    let target = conn.hello.target;
+    let (hello_req, hello_resp) = (conn.hello.req_len, conn.hello.resp_len);
+    let live = Arc::new(Live {
+        conn,
+        sock,
+        pid,
+        stats: stats.clone(),
+        busy: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
+    });
+    let channel = Box::new(Channel {
+        live: live.clone(),
+        target,
+    });
+    let (wake_fd, page_fd) = match storage.attach(target, channel) {
+        Ok(fds) => fds,
+        Err(e) => return refuse(e.to_string()),
+    };
+    let ack = wire::ack(&node.cfg.data_addr());
+    // The target keeps the descriptors open while `storage` is held.
+    if let Err(e) = wire::send_with_fds(live.sock.as_raw_fd(), &ack, &[wake_fd, page_fd]) {
+        live.close(&format!("send ack: {e}"));
+        return;
+    }
+    drop(storage);
+    stats.connections.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        "shm connection from pid {pid} to target {target} (regions {hello_req} + {hello_resp} bytes)"
+    );
+    watch(&live);
     tracing::debug!("shm pid {pid}: connection closed");
+}
+
+/// Wait for the client to hang up (it sends nothing on the socket after the
+/// hello), then mark the connection closed for its target.
+fn watch(live: &Live) {
+    let fd = live.sock.as_raw_fd();
+    while !live.closed.load(Ordering::Acquire) {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd that lives across the call. poll's wake-ups are
+        // filtered by event, unlike a blocked recv's: the client consuming a
+        // reply doorbell does not wake this thread.
+        let n = unsafe { libc::poll(&mut p, 1, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            break;
+        }
+        if p.revents & libc::POLLIN != 0 {
+            live.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            live.close("the client wrote to the socket after its hello");
+            return;
+        }
+    }
+    live.closed.store(true, Ordering::Release);
+    let _ = live.sock.shutdown(std::net::Shutdown::Both);
 }
 
 /// Copy out, check and decode the request of `len` bytes in the request region.
@@ -278,7 +399,7 @@ fn decode_one(c: &Conn, len: u64) -> Result<(Header, Option<peregrine_vos::Reque
     let h = &c.hello;
     if len < HEADER_LEN as u64 || len > h.req_len {
         return Err(format!(
-            "doorbell length {len} is outside the {}-byte request region (min {HEADER_LEN})",
+            "request length {len} is outside the {}-byte request region (min {HEADER_LEN})",
             h.req_len
         ));
     }
@@ -289,7 +410,7 @@ fn decode_one(c: &Conn, len: u64) -> Result<(Header, Option<peregrine_vos::Reque
     let need = HEADER_LEN as u64 + header.msg_len as u64 + header.bulk_len as u64;
     if need != len {
         return Err(format!(
-            "doorbell length {len} does not match the frame's {need} bytes"
+            "request length {len} does not match the frame's {need} bytes"
         ));
     }
     let msg_off = h.req_off + HEADER_LEN as u64;

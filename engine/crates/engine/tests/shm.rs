@@ -11,6 +11,7 @@ use peregrine_proto::shm::{self as wire, Hello, Mapping, REGION_LEN};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn socket(c: &Cluster) -> PathBuf {
@@ -148,24 +149,104 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
     assert!(!sock.exists(), "socket left behind after SIGTERM");
 }
 
-/// Connect and send a hello (with `fd`, if any) as a hostile client would.
-fn raw_hello(sock: &PathBuf, hello: &Hello, fd: Option<&OwnedFd>) -> UnixStream {
+/// Connect and send a hello (with `fds`) as a hostile client would.
+fn raw_hello(sock: &PathBuf, hello: &Hello, fds: &[&OwnedFd]) -> UnixStream {
     let s = UnixStream::connect(sock).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    wire::send_with_fd(s.as_raw_fd(), &hello.encode(), fd.map(|f| f.as_raw_fd())).unwrap();
+    let fds: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    wire::send_with_fds(s.as_raw_fd(), &hello.encode(), &fds).unwrap();
     s
 }
 
-/// A well-behaved handshake, for the doorbell and frame abuse that follows.
-fn raw_connect(sock: &PathBuf) -> (UnixStream, Mapping) {
-    let hello = Hello::standard(REGION_LEN);
+/// A connection that speaks the protocol by hand, for the abuse below.
+struct Raw {
+    s: UnixStream,
+    map: Mapping,
+    hello: Hello,
+    wake: OwnedFd,
+    page: OwnedFd,
+}
+
+/// A well-behaved handshake with target `target`.
+fn raw_connect(sock: &PathBuf, target: u32) -> Raw {
+    let hello = Hello::standard(REGION_LEN, target);
     let fd = wire::memfd_sealed("hostile", hello.total).unwrap();
-    let s = raw_hello(sock, &hello, Some(&fd));
+    let s = raw_hello(sock, &hello, &[&fd]);
     let mut ack = [0u8; wire::ACK_LEN];
-    assert!(wire::recv_exact(s.as_raw_fd(), &mut ack).unwrap());
+    let (n, fds) = wire::recv_with_fds(s.as_raw_fd(), &mut ack).unwrap();
+    assert_eq!(n, wire::ACK_LEN);
     wire::check_ack(&ack).unwrap();
+    let [wake, page]: [OwnedFd; 2] = fds.try_into().unwrap();
     let map = Mapping::map(fd.as_raw_fd(), hello.total).unwrap();
-    (s, map)
+    Raw {
+        s,
+        map,
+        hello,
+        wake,
+        page,
+    }
+}
+
+impl Raw {
+    fn word(&self, at: u64) -> &AtomicU64 {
+        self.map.word(self.hello.ctl_off + at).unwrap()
+    }
+
+    /// Put `bytes` in the request region.
+    fn write(&self, bytes: &[u8]) {
+        self.map.write(self.hello.req_off, bytes).unwrap();
+    }
+
+    /// Mark a request of `len` bytes pending and wake the target.
+    fn post(&self, len: u64) {
+        self.word(wire::REQ_LEN).store(len, Ordering::Relaxed);
+        self.word(wire::RESP_STATE)
+            .store(wire::RESP_WAITING, Ordering::Relaxed);
+        self.word(wire::REQ_STATE)
+            .store(wire::REQ_PENDING, Ordering::SeqCst);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes to the target's eventfd.
+        assert_eq!(
+            unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) },
+            8
+        );
+    }
+
+    /// The reply's length, or None if the engine closed the connection.
+    fn reply(&self) -> Option<u64> {
+        let st = self.word(wire::RESP_STATE);
+        if st
+            .compare_exchange(
+                wire::RESP_WAITING,
+                wire::RESP_SLEEPING,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+        {
+            let mut db = [0u8; 8];
+            match wire::recv_exact(self.s.as_raw_fd(), &mut db) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("waiting for a reply: {e}"),
+            }
+        }
+        assert_eq!(st.load(Ordering::SeqCst), wire::RESP_DONE);
+        Some(self.word(wire::RESP_LEN).load(Ordering::SeqCst))
+    }
+
+    fn ping(&self, id: u64) -> bool {
+        let f = frame::encode_frame(Opcode::Ping, 0, id, &[], &[]).unwrap();
+        self.write(&f);
+        self.post(f.len() as u64);
+        let Some(n) = self.reply() else {
+            return false;
+        };
+        let buf = self.map.read_vec(self.hello.resp_off, n as usize).unwrap();
+        let (f, _) = frame::decode_frame(&buf).unwrap();
+        f.header.request_id == id && f.header.flags & frame::FLAG_RESPONSE != 0
+    }
 }
 
 /// The engine must close the connection: end of stream, not an answer or a hang.
@@ -178,20 +259,8 @@ fn expect_closed(s: &UnixStream, what: &str) {
     }
 }
 
-fn ping(s: &UnixStream, map: &Mapping, id: u64) -> bool {
-    let f = frame::encode_frame(Opcode::Ping, 0, id, &[], &[]).unwrap();
-    map.write(0, &f).unwrap();
-    if wire::send_doorbell(s.as_raw_fd(), f.len() as u64).is_err() {
-        return false;
-    }
-    let mut db = [0u8; 8];
-    if !matches!(wire::recv_exact(s.as_raw_fd(), &mut db), Ok(true)) {
-        return false;
-    }
-    let n = u64::from_le_bytes(db) as usize;
-    let buf = map.read_vec(REGION_LEN, n).unwrap();
-    let (f, _) = frame::decode_frame(&buf).unwrap();
-    f.header.request_id == id && f.header.flags & frame::FLAG_RESPONSE != 0
+fn expect_refused(raw: &Raw, what: &str) {
+    assert_eq!(raw.reply(), None, "{what}: expected the connection closed");
 }
 
 #[test]
@@ -200,13 +269,15 @@ fn hostile_shm_client_loses_only_its_connection() {
     let sock = socket(&c);
     let pid = std::process::id();
     // A good connection opened first must survive everything below.
-    let (good, good_map) = raw_connect(&sock);
-    assert!(ping(&good, &good_map, 1));
+    let good = raw_connect(&sock, 0);
+    assert!(good.ping(1));
+    // The target's page is published read-only.
+    assert!(Mapping::map(good.page.as_raw_fd(), wire::TARGET_PAGE_LEN).is_err());
 
     // Handshake abuse.
-    let std_hello = Hello::standard(REGION_LEN);
+    let std_hello = Hello::standard(REGION_LEN, 0);
     let small = wire::memfd_sealed("small", 1 << 20).unwrap();
-    let s = raw_hello(&sock, &std_hello, Some(&small));
+    let s = raw_hello(&sock, &std_hello, &[&small]);
     expect_closed(&s, "memfd smaller than announced");
     wait_log(&c, "smaller than the announced");
 
@@ -217,39 +288,45 @@ fn hostile_shm_client_loses_only_its_connection() {
         assert_eq!(libc::ftruncate(fd, std_hello.total as libc::off_t), 0);
         OwnedFd::from_raw_fd(fd)
     };
-    let s = raw_hello(&sock, &std_hello, Some(&unsealed));
+    let s = raw_hello(&sock, &std_hello, &[&unsealed]);
     expect_closed(&s, "unsealed memfd");
     wait_log(&c, "not sealed against shrinking");
 
-    let s = raw_hello(&sock, &std_hello, None);
+    let s = raw_hello(&sock, &std_hello, &[]);
     expect_closed(&s, "hello without fd");
-    wait_log(&c, "hello came without a memfd");
+    wait_log(&c, "hello came with 0 descriptors");
 
     let mut bad = std_hello;
     bad.resp_off = 4096;
     let fd = wire::memfd_sealed("overlap", bad.total).unwrap();
-    let s = raw_hello(&sock, &bad, Some(&fd));
+    let s = raw_hello(&sock, &bad, &[&fd]);
     expect_closed(&s, "overlapping regions");
     wait_log(&c, "regions overlap");
 
-    // Doorbell beyond the request region.
-    let (s, _map) = raw_connect(&sock);
-    wire::send_doorbell(s.as_raw_fd(), REGION_LEN + 1).unwrap();
-    expect_closed(&s, "doorbell beyond the region");
+    let far = Hello::standard(REGION_LEN, 7);
+    let fd = wire::memfd_sealed("far", far.total).unwrap();
+    let s = raw_hello(&sock, &far, &[&fd]);
+    expect_closed(&s, "target out of range");
+    wait_log(&c, "target 7 out of range (this engine has 2 targets)");
+
+    // Request lengths beyond the request region.
+    let raw = raw_connect(&sock, 0);
+    raw.post(REGION_LEN + 1);
+    expect_refused(&raw, "length beyond the region");
     wait_log(&c, &format!("outside the {REGION_LEN}-byte request region"));
-    let (s, _map) = raw_connect(&sock);
-    wire::send_doorbell(s.as_raw_fd(), u64::MAX).unwrap();
-    expect_closed(&s, "doorbell u64::MAX");
+    let raw = raw_connect(&sock, 1);
+    raw.post(u64::MAX);
+    expect_refused(&raw, "length u64::MAX");
 
     // Garbage frame.
-    let (s, map) = raw_connect(&sock);
-    map.write(0, &pattern(7, 4096)).unwrap();
-    wire::send_doorbell(s.as_raw_fd(), 4096).unwrap();
-    expect_closed(&s, "garbage frame");
+    let raw = raw_connect(&sock, 0);
+    raw.write(&pattern(7, 4096));
+    raw.post(4096);
+    expect_refused(&raw, "garbage frame");
     wait_log(&c, "request frame: bad magic");
 
-    // A valid header whose lengths disagree with the doorbell.
-    let (s, map) = raw_connect(&sock);
+    // A valid header whose lengths disagree with the posted length.
+    let raw = raw_connect(&sock, 0);
     let h = Header {
         opcode: Opcode::Update as u16,
         flags: 0,
@@ -257,36 +334,63 @@ fn hostile_shm_client_loses_only_its_connection() {
         msg_len: 10,
         bulk_len: 60 << 20,
     };
-    map.write(0, &h.encode()).unwrap();
-    wire::send_doorbell(s.as_raw_fd(), HEADER_LEN as u64 + 10).unwrap();
-    expect_closed(&s, "length mismatch");
+    raw.write(&h.encode());
+    raw.post(HEADER_LEN as u64 + 10);
+    expect_refused(&raw, "length mismatch");
     wait_log(&c, "does not match the frame's");
 
     // Right lengths, undecodable message.
-    let (s, map) = raw_connect(&sock);
+    let raw = raw_connect(&sock, 0);
     let f = frame::encode_frame(Opcode::Fetch, 0, 3, &[0xff; 17], &[]).unwrap();
-    map.write(0, &f).unwrap();
-    wire::send_doorbell(s.as_raw_fd(), f.len() as u64).unwrap();
-    expect_closed(&s, "undecodable message");
+    raw.write(&f);
+    raw.post(f.len() as u64);
+    expect_refused(&raw, "undecodable message");
     wait_log(&c, "undecodable fetch message");
 
+    // A well-formed request for the other target.
+    let raw = raw_connect(&sock, 0);
+    let req = peregrine_proto::data::ListReq {
+        addr: Some(peregrine_proto::data::Address {
+            pool: vec![0; 16],
+            cont: vec![0; 16],
+            oid: Some(Default::default()),
+            target: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let f = frame::encode_frame(
+        Opcode::List,
+        0,
+        5,
+        &prost::Message::encode_to_vec(&req),
+        &[],
+    )
+    .unwrap();
+    raw.write(&f);
+    raw.post(f.len() as u64);
+    expect_refused(&raw, "request for another target");
+    wait_log(&c, "request for target 1 on a connection to target 0");
+
+    // Bytes on the socket after the hello.
+    let raw = raw_connect(&sock, 1);
+    wire::send_doorbell(raw.s.as_raw_fd(), 8).unwrap();
+    expect_closed(&raw.s, "socket write after the hello");
+    wait_log(&c, "wrote to the socket after its hello");
+
     // A client that vanishes mid-request.
-    let (s, map) = raw_connect(&sock);
+    let raw = raw_connect(&sock, 0);
     let f = frame::encode_frame(Opcode::Ping, 0, 4, &[], &[]).unwrap();
-    map.write(0, &f).unwrap();
-    wire::send_doorbell(s.as_raw_fd(), f.len() as u64).unwrap();
-    drop(s);
+    raw.write(&f);
+    raw.post(f.len() as u64);
+    drop(raw);
 
     // Every rejection was logged against this process, and the engine
     // still serves the old connection, new ones, and TCP.
     wait_log(&c, &format!("shm pid {pid}: closing connection"));
-    assert!(
-        ping(&good, &good_map, 2),
-        "good connection broken:\n{}",
-        c.logs()
-    );
-    let (s, map) = raw_connect(&sock);
-    assert!(ping(&s, &map, 3));
+    assert!(good.ping(2), "good connection broken:\n{}", c.logs());
+    let raw = raw_connect(&sock, 1);
+    assert!(raw.ping(3));
     c.wait_serving(0);
     let shm = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Shm).unwrap();
     let cont = shm.pool_connect("pool").unwrap().cont_open("cont").unwrap();

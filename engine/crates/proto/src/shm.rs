@@ -1,33 +1,69 @@
-//! Shared-memory data plane on one node: the handshake, the doorbells, and
-//! the bounds-checked mapping both sides use.
+//! Shared-memory data plane on one node: the handshake, the control words,
+//! and the bounds-checked mapping both sides use.
 //!
-//! A client creates a memfd holding a request region and a response region
-//! ([`REGION_LEN`] each by default, sparse: only touched pages cost memory),
-//! seals it against shrinking, and hands it to the engine over the engine's
-//! unix socket with `SCM_RIGHTS`, together with a [`Hello`] naming the
-//! regions. The engine checks the memfd (size and seals) and answers with an
-//! 8-byte ack. Then, one request at a time: the client writes an ordinary
-//! data-plane frame ([`crate::frame`]: header, message, bulk) at the start
-//! of the request region and sends an 8-byte doorbell (the frame's length,
-//! u64 little endian); the engine answers with the response frame at the
-//! start of the response region and a doorbell with its length.
+//! A client creates a memfd holding a control block ([`CTL_LEN`] bytes), a
+//! request region and a response region ([`REGION_LEN`] each by default,
+//! sparse: only touched pages cost memory), seals it against shrinking, and
+//! hands it to the engine over the engine's unix socket with `SCM_RIGHTS`,
+//! together with a [`Hello`] naming the regions and the target the
+//! connection is for. The engine checks the memfd (size and seals), gives
+//! the connection to that target, and answers with an ack and two
+//! descriptors: the target's wake-up eventfd and its page (a memfd the
+//! client can only map read-only, sealed with `F_SEAL_FUTURE_WRITE`), whose
+//! first word is non-zero while the target sleeps.
 //!
-//! Each side treats the other's region as untrusted: every access goes
-//! through [`Mapping`], which checks offsets against the mapping, and the
-//! frame header is copied out before it is validated. The shrink seal is
-//! what makes a mapping safe to touch at all: without it a peer could
-//! truncate the memfd under the engine and turn its next access into SIGBUS.
+//! Then, one request at a time, with no thread between the client and the
+//! target (the target polls its connections between its other work):
+//! - the client writes an ordinary data-plane frame ([`crate::frame`]:
+//!   header, message, bulk) at the start of the request region, its length
+//!   in [`REQ_LEN`], sets [`RESP_STATE`] to [`RESP_WAITING`] and
+//!   [`REQ_STATE`] to [`REQ_PENDING`], and writes the eventfd only if the
+//!   target's page says it sleeps (a polling target needs no wake-up);
+//! - the target takes it ([`REQ_TAKEN`]), answers with the response frame at
+//!   the start of the response region, its length in [`RESP_LEN`], and swaps
+//!   [`RESP_STATE`] to [`RESP_DONE`]; if the client had gone to sleep
+//!   ([`RESP_SLEEPING`]) it also sends it an 8-byte doorbell on the socket;
+//! - the client polls [`RESP_STATE`] for a short while, then swaps it from
+//!   waiting to sleeping and blocks on the socket (whose end of stream also
+//!   tells it that the engine died).
+//!
+//! Both "sleeps" checks pair a store, a full fence and a load on each side
+//! (as a Dekker lock): either the sleeper sees the work, or the worker sees
+//! the sleeper and wakes it. Each side treats the other's memory as
+//! untrusted: every access goes through [`Mapping`], which checks offsets
+//! against the mapping, lengths are validated, and the frame header is
+//! copied out before it is validated. The shrink seal is what makes a
+//! mapping safe to touch at all: without it a peer could truncate the memfd
+//! under the engine and turn its next access into SIGBUS.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const MAGIC: [u8; 4] = *b"PRGS";
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// One region: a frame header, the largest message and the largest bulk, rounded up.
 pub const REGION_LEN: u64 = 72 << 20;
 /// Largest region an engine accepts.
 pub const MAX_REGION_LEN: u64 = 128 << 20;
-pub const HELLO_LEN: usize = 48;
+pub const HELLO_LEN: usize = 64;
+/// The control block: the words below, each on its own cache line pair.
+pub const CTL_LEN: u64 = 4096;
+/// Offsets of the control words (u64, native byte order) in the control block.
+pub const REQ_STATE: u64 = 0;
+pub const REQ_LEN: u64 = 8;
+pub const RESP_STATE: u64 = 128;
+pub const RESP_LEN: u64 = 136;
+/// [`REQ_STATE`]: no request, a request written and not yet taken, taken by the target.
+pub const REQ_IDLE: u64 = 0;
+pub const REQ_PENDING: u64 = 1;
+pub const REQ_TAKEN: u64 = 2;
+/// [`RESP_STATE`]: the client waits (polling), sleeps on the socket, the response is there.
+pub const RESP_WAITING: u64 = 0;
+pub const RESP_SLEEPING: u64 = 1;
+pub const RESP_DONE: u64 = 2;
+/// A target's page: word 0 is non-zero while the target sleeps.
+pub const TARGET_PAGE_LEN: u64 = 4096;
 /// The ack: magic, version, the length of the engine's data address, and
 /// the address itself (zero padded), so a client can tell that the socket
 /// belongs to the engine it meant (two systems on one node may both have a
@@ -40,26 +76,31 @@ pub fn socket_name(rank: u32) -> String {
     format!("peregrine-rank{rank}.sock")
 }
 
-/// The client's hello: where the two regions are in the memfd it passes.
+/// The client's hello: where the control block and the two regions are in
+/// the memfd it passes, and which target the connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
+    pub ctl_off: u64,
     pub req_off: u64,
     pub req_len: u64,
     pub resp_off: u64,
     pub resp_len: u64,
     /// Size of the memfd the client announces (at least the end of both regions).
     pub total: u64,
+    pub target: u32,
 }
 
 impl Hello {
-    /// The standard layout: request region, then response region.
-    pub fn standard(region: u64) -> Hello {
+    /// The standard layout: control block, request region, response region.
+    pub fn standard(region: u64, target: u32) -> Hello {
         Hello {
-            req_off: 0,
+            ctl_off: 0,
+            req_off: CTL_LEN,
             req_len: region,
-            resp_off: region,
+            resp_off: CTL_LEN + region,
             resp_len: region,
-            total: 2 * region,
+            total: CTL_LEN + 2 * region,
+            target,
         }
     }
 
@@ -73,6 +114,8 @@ impl Hello {
             self.resp_off,
             self.resp_len,
             self.total,
+            self.ctl_off,
+            self.target as u64,
         ]
         .iter()
         .enumerate()
@@ -103,6 +146,9 @@ impl Hello {
             resp_off: u(2),
             resp_len: u(3),
             total: u(4),
+            ctl_off: u(5),
+            target: u32::try_from(u(6))
+                .map_err(|_| format!("hello: target {} out of range", u(6)))?,
         };
         if h.total > 4 * MAX_REGION_LEN {
             return Err(format!(
@@ -131,8 +177,22 @@ impl Hello {
                 }
             }
         }
-        if h.req_off < h.resp_off + h.resp_len && h.resp_off < h.req_off + h.req_len {
+        if !h.ctl_off.is_multiple_of(64)
+            || h.ctl_off.checked_add(CTL_LEN).is_none_or(|e| e > h.total)
+        {
+            return Err(format!(
+                "hello: control block at {} is unaligned or ends beyond the announced {} bytes",
+                h.ctl_off, h.total
+            ));
+        }
+        let overlap = |a: u64, al: u64, b: u64, bl: u64| a < b + bl && b < a + al;
+        if overlap(h.req_off, h.req_len, h.resp_off, h.resp_len) {
             return Err("hello: request and response regions overlap".into());
+        }
+        if overlap(h.ctl_off, CTL_LEN, h.req_off, h.req_len)
+            || overlap(h.ctl_off, CTL_LEN, h.resp_off, h.resp_len)
+        {
+            return Err("hello: the control block overlaps a region".into());
         }
         Ok(h)
     }
@@ -188,6 +248,31 @@ pub fn memfd_sealed(name: &str, len: u64) -> io::Result<OwnedFd> {
     }
 }
 
+/// A memfd of `len` bytes mapped read-write here and sealed so that nobody
+/// else can ever write it (`F_SEAL_FUTURE_WRITE`) or resize it: a page the
+/// engine publishes to its clients.
+pub fn memfd_published(name: &str, len: u64) -> io::Result<(OwnedFd, Mapping)> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: plain syscalls on a fd we own.
+    unsafe {
+        let fd = libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+        if fd < 0 {
+            return Err(last_os("memfd_create"));
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0 {
+            return Err(last_os("ftruncate memfd"));
+        }
+        let map = Mapping::map(fd.as_raw_fd(), len)?;
+        let seals =
+            libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
+            return Err(last_os("seal memfd"));
+        }
+        Ok((fd, map))
+    }
+}
+
 /// Check a memfd handed over by a peer: a regular file of at least `need`
 /// bytes that can never shrink.
 pub fn check_memfd(fd: RawFd, need: u64) -> Result<(), String> {
@@ -220,6 +305,7 @@ pub fn check_memfd(fd: RawFd, need: u64) -> Result<(), String> {
 pub struct Mapping {
     ptr: *mut u8,
     len: usize,
+    writable: bool,
 }
 
 // SAFETY: the mapping is plain shared memory; all access is by copy.
@@ -228,6 +314,15 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     pub fn map(fd: RawFd, len: u64) -> io::Result<Mapping> {
+        Self::map_with(fd, len, true)
+    }
+
+    /// A mapping that can only be read (of a page the peer publishes).
+    pub fn map_read_only(fd: RawFd, len: u64) -> io::Result<Mapping> {
+        Self::map_with(fd, len, false)
+    }
+
+    fn map_with(fd: RawFd, len: u64, writable: bool) -> io::Result<Mapping> {
         let len = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
         if len == 0 {
             return Err(io::ErrorKind::InvalidInput.into());
@@ -237,7 +332,11 @@ impl Mapping {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                if writable {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                },
                 libc::MAP_SHARED,
                 fd,
                 0,
@@ -249,6 +348,7 @@ impl Mapping {
         Ok(Mapping {
             ptr: p as *mut u8,
             len,
+            writable,
         })
     }
 
@@ -290,9 +390,39 @@ impl Mapping {
         Ok(v)
     }
 
+    /// The control word at `off` (8-byte aligned), for atomic access.
+    pub fn word(&self, off: u64) -> io::Result<&AtomicU64> {
+        let o = self.check(off, 8)?;
+        if !off.is_multiple_of(8) || !self.writable {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("shm word at {off}: unaligned or read-only"),
+            ));
+        }
+        // SAFETY: in bounds, aligned, writable shared memory that lives as
+        // long as `self`; AtomicU64 has the layout of u64.
+        Ok(unsafe { &*(self.ptr.add(o) as *const AtomicU64) })
+    }
+
+    /// Load the word at `off` (8-byte aligned); works on read-only mappings.
+    pub fn load(&self, off: u64) -> io::Result<u64> {
+        let o = self.check(off, 8)?;
+        if !off.is_multiple_of(8) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        // SAFETY: in bounds and aligned; an atomic load only reads.
+        Ok(unsafe { (*(self.ptr.add(o) as *const AtomicU64)).load(Ordering::Acquire) })
+    }
+
     /// Copy `data` into the mapping at `off`.
     pub fn write(&self, off: u64, data: &[u8]) -> io::Result<()> {
         let o = self.check(off, data.len())?;
+        if !self.writable {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "read-only shm mapping",
+            ));
+        }
         // SAFETY: in bounds (checked).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o), data.len()) };
         Ok(())
@@ -306,28 +436,33 @@ impl Drop for Mapping {
     }
 }
 
-/// Send `data` (and `fd`, if any, as SCM_RIGHTS) on a unix socket, without SIGPIPE.
-pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+/// Send `data` (and `fds`, if any, as SCM_RIGHTS) on a unix socket, without SIGPIPE.
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    // Room for one fd, aligned for cmsghdr.
+    // Room for MAX_FDS fds, aligned for cmsghdr.
     let mut cbuf = [0u64; 8];
     // SAFETY: msghdr points at live buffers for the duration of the call.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
-        if let Some(fd) = fd {
-            let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+        if !fds.is_empty() {
+            let bytes = std::mem::size_of_val(fds) as u32;
             msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-            msg.msg_controllen = space as _;
+            msg.msg_controllen = libc::CMSG_SPACE(bytes) as _;
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+            (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
+            for (i, fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned((libc::CMSG_DATA(c) as *mut RawFd).add(i), *fd);
+            }
         }
         let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
         if n < 0 {
@@ -343,9 +478,12 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<(
     Ok(())
 }
 
-/// Receive up to `buf.len()` bytes and at most one passed fd (extra fds are
-/// closed). Returns the byte count (0 at end of stream) and the fd.
-pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+/// Most descriptors passed with one message.
+pub const MAX_FDS: usize = 4;
+
+/// Receive up to `buf.len()` bytes and the fds passed with them. Returns
+/// the byte count (0 at end of stream) and the fds.
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
@@ -368,7 +506,7 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Ow
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        let mut got: Option<OwnedFd> = None;
+        let mut got = Vec::new();
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
@@ -376,10 +514,7 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Ow
                 let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
                 for i in 0..bytes / std::mem::size_of::<RawFd>() {
                     let fd = std::ptr::read_unaligned((data as *const RawFd).add(i));
-                    let owned = OwnedFd::from_raw_fd(fd);
-                    if got.is_none() {
-                        got = Some(owned);
-                    } // else: dropped, i.e. closed
+                    got.push(OwnedFd::from_raw_fd(fd));
                 }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
@@ -394,9 +529,26 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Ow
     }
 }
 
-/// Send an 8-byte doorbell (a frame length), without SIGPIPE.
+/// Send an 8-byte doorbell (a frame length), without SIGPIPE and without
+/// blocking: a peer that lets doorbells pile up gets an error, not a stuck sender.
 pub fn send_doorbell(sock: RawFd, len: u64) -> io::Result<()> {
-    send_with_fd(sock, &len.to_le_bytes(), None)
+    let b = len.to_le_bytes();
+    // SAFETY: sending 8 bytes from a live buffer.
+    let n = unsafe {
+        libc::send(
+            sock,
+            b.as_ptr().cast(),
+            b.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != b.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "short doorbell"));
+    }
+    Ok(())
 }
 
 /// Receive exactly `buf.len()` bytes; `Ok(false)` on a clean end of stream
@@ -437,8 +589,18 @@ mod tests {
 
     #[test]
     fn hello_round_trip_and_bounds() {
-        let h = Hello::standard(REGION_LEN);
+        let h = Hello::standard(REGION_LEN, 3);
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let mut bad = h;
+        bad.ctl_off = CTL_LEN + 8;
+        assert!(Hello::decode(&bad.encode())
+            .unwrap_err()
+            .contains("control block"));
+        let mut bad = h;
+        bad.ctl_off = 4;
+        assert!(Hello::decode(&bad.encode())
+            .unwrap_err()
+            .contains("unaligned"));
         let mut bad = h;
         bad.total = REGION_LEN;
         assert!(Hello::decode(&bad.encode()).unwrap_err().contains("beyond"));
@@ -467,5 +629,24 @@ mod tests {
         assert_eq!(m.read_vec(100, 5).unwrap(), b"hello");
         assert!(m.write((1 << 20) - 2, b"abc").is_err());
         assert!(m.read_vec(u64::MAX, 2).is_err());
+        m.word(64).unwrap().store(7, Ordering::Release);
+        assert_eq!(m.load(64).unwrap(), 7);
+        assert!(m.word(65).is_err() && m.word(1 << 20).is_err());
+    }
+
+    #[test]
+    fn a_published_page_cannot_be_written_by_others() {
+        let (fd, mine) = memfd_published("p", TARGET_PAGE_LEN).unwrap();
+        mine.word(0).unwrap().store(1, Ordering::Release);
+        let theirs = Mapping::map_read_only(fd.as_raw_fd(), TARGET_PAGE_LEN).unwrap();
+        assert_eq!(theirs.load(0).unwrap(), 1);
+        assert!(theirs.word(0).is_err() && theirs.write(0, b"x").is_err());
+        // Nobody can map it writable any more, nor change its size.
+        assert!(Mapping::map(fd.as_raw_fd(), TARGET_PAGE_LEN).is_err());
+        // SAFETY: test of the seals.
+        assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }, 0);
+        // SAFETY: as above.
+        let w = unsafe { libc::write(fd.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+        assert!(w < 0);
     }
 }

@@ -553,6 +553,50 @@ impl DeviceIo {
         }
     }
 
+    /// Sleep until the wake-up eventfd `wake` is written (or a completion
+    /// arrives), at most `timeout`; false if the timeout passed.
+    pub(crate) fn wait_idle(
+        &mut self,
+        wake: RawFd,
+        timeout: std::time::Duration,
+    ) -> io::Result<bool> {
+        if !self.ready.is_empty() {
+            return Ok(true);
+        }
+        let Some(ring) = self.ring.as_mut() else {
+            let mut p = libc::pollfd {
+                fd: wake,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // Safety: one pollfd that lives across the call.
+            let n =
+                unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return if e.kind() == io::ErrorKind::Interrupted {
+                    Ok(true)
+                } else {
+                    Err(e)
+                };
+            }
+            if n > 0 {
+                let mut b = [0u8; 8];
+                // Safety: reading 8 bytes into our buffer; poll said it won't block.
+                unsafe { libc::read(wake, b.as_mut_ptr().cast(), 8) };
+            }
+            return Ok(n > 0);
+        };
+        let ts = types::Timespec::from(timeout);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(!ring.completion().is_empty()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Most operations submitted at once (the submission queue's size).
     fn max_ops(&self) -> usize {
         self.ring

@@ -141,6 +141,27 @@ pub enum Request {
 /// A response and its bulk (fetched values concatenated in iod order), or an errno.
 pub type Reply = Result<(data::Response, Vec<u8>), Errno>;
 
+/// A source of requests that a target polls itself, between its other work
+/// ([`Storage::attach`]): the engine's shared-memory connections of local
+/// clients. No thread stands between such a client and its target, and
+/// while the target polls (it is busy, or answered the source less than
+/// `PEREGRINE_VOS_POLL_US` ago) the client needs no wake-up either.
+pub trait Source: Send {
+    /// Take the request waiting, if any. Called on the target's thread; must not block.
+    fn poll(&mut self) -> Polled;
+    /// Whether a request is waiting (without taking it), or the source closed.
+    fn pending(&self) -> bool;
+}
+
+/// What a [`Source`] had.
+pub enum Polled {
+    Idle,
+    /// A request and the function that takes its one reply (on the target's thread).
+    Request(Request, Box<dyn FnOnce(Reply) + Send>),
+    /// The source is gone: the target drops it.
+    Closed,
+}
+
 /// Delivers the one reply of a request submitted with [`Storage::submit_with`]
 /// (on the target's thread). Dropped unanswered (a target stopping with the
 /// request still queued), it answers `-ESHUTDOWN`, so no caller waits forever.
@@ -197,6 +218,11 @@ pub struct Storage {
     faults: Vec<std::sync::Arc<Mutex<Option<String>>>>,
     threads: Vec<JoinHandle<()>>,
     mgmt: Mutex<mgmt::MgmtSlots>,
+}
+
+/// The target a request names, if it has an address.
+pub fn request_target(req: &Request) -> Option<u32> {
+    request_addr(req).map(|a| a.target)
 }
 
 fn request_addr(req: &Request) -> Option<&data::Address> {
@@ -259,7 +285,7 @@ impl Storage {
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         for t in 0..sb.targets {
-            let (tx, rx) = target::mailbox()
+            let (tx, rx) = target::mailbox(t)
                 .map_err(|e| StorageError::io(format!("target {t}: eventfd"), e))?;
             let (rtx, rrx) = mpsc::channel();
             let (sb2, path, huge) = (sb.clone(), opts.bdev.path.clone(), opts.hugepages);
@@ -321,6 +347,28 @@ impl Storage {
             let _ = tx.send(r);
         });
         rx
+    }
+
+    /// Let target `target` poll `src` for requests from now on. Returns the
+    /// two descriptors that the source's client needs to wake the target
+    /// when it sleeps: its eventfd and its page (read-only for anyone but
+    /// the target; word 0 non-zero while the target sleeps).
+    pub fn attach(
+        &self,
+        target: u32,
+        src: Box<dyn Source>,
+    ) -> Result<(std::os::fd::RawFd, std::os::fd::RawFd), StorageError> {
+        use std::os::fd::AsRawFd;
+        let n = self.senders.len();
+        let mb = self.senders.get(target as usize).ok_or_else(|| {
+            StorageError::Invalid(format!(
+                "target {target} out of range (this engine has {n} targets)"
+            ))
+        })?;
+        mb.send(Msg::Attach(src))
+            .map_err(|_| StorageError::Shutdown(format!("target {target}: stopped")))?;
+        let w = mb.wake();
+        Ok((w.fd.as_raw_fd(), w.page_fd.as_raw_fd()))
     }
 
     /// Queue one data-plane request on its target; `reply` is called exactly

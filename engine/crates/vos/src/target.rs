@@ -47,13 +47,14 @@ use crate::index::{
 };
 use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
-use crate::{PoolSpace, Reply, Request, Responder};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crate::{Polled, PoolSpace, Reply, Request, Responder, Source};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use peregrine_proto::data;
+use peregrine_proto::shm::{self, Mapping};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,20 @@ const MAX_BATCH: usize = 128;
 pub(crate) const MAX_COMMITS: usize = 4;
 /// A batch closes once its values to data blocks reach this many bytes.
 const BATCH_DATA: usize = 8 << 20;
+/// Default of `PEREGRINE_VOS_POLL_US`: how long a target keeps polling its
+/// sources after taking a request from one, rather than sleep.
+const POLL_US: u64 = 200;
+
+fn poll_us() -> u64 {
+    static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *C.get_or_init(|| {
+        std::env::var("PEREGRINE_VOS_POLL_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(POLL_US)
+    })
+}
+
 /// Idle time after which a target aggregates the pools it changed.
 const IDLE_AGGREGATE: Duration = Duration::from_secs(30);
 /// Largest value a single fetch iod may ask for (guards against absurd array lengths).
@@ -117,6 +132,8 @@ pub(crate) enum CtlOut {
 
 pub(crate) enum Msg {
     Data(Request, Responder),
+    /// A source of requests the target polls from now on.
+    Attach(Box<dyn Source>),
     Ctl(Ctl, SyncSender<Result<CtlOut, StorageError>>),
     Stop,
     /// Stop without the closing checkpoint (tests: leaves the WAL to replay).
@@ -188,23 +205,32 @@ pub(crate) struct Mailbox {
     wake: Arc<Wake>,
 }
 
-struct Wake {
-    fd: OwnedFd,
-    /// The target is about to sleep, or sleeps, in its ring.
-    ring_sleep: AtomicBool,
+pub(crate) struct Wake {
+    /// The eventfd a read of which the target keeps in its ring.
+    pub(crate) fd: OwnedFd,
+    /// The page whose first word is non-zero while the target is about to
+    /// sleep, or sleeps, in its ring: local clients that poke the target
+    /// directly ([`crate::Source`]) map it read-only and write `fd` only then.
+    pub(crate) page_fd: OwnedFd,
+    page: Mapping,
 }
 
-pub(crate) fn mailbox() -> std::io::Result<(Mailbox, Inbox)> {
+impl Wake {
+    fn asleep(&self) -> &AtomicU64 {
+        self.page.word(0).expect("word 0 of the target page")
+    }
+}
+
+pub(crate) fn mailbox(id: u32) -> std::io::Result<(Mailbox, Inbox)> {
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // Safety: a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let wake = Arc::new(Wake {
-        fd,
-        ring_sleep: AtomicBool::new(false),
-    });
+    let (page_fd, page) =
+        shm::memfd_published(&format!("peregrine-target-{id}"), shm::TARGET_PAGE_LEN)?;
+    let wake = Arc::new(Wake { fd, page_fd, page });
     let (tx, rx) = crossbeam_channel::unbounded();
     Ok((
         Mailbox {
@@ -216,6 +242,10 @@ pub(crate) fn mailbox() -> std::io::Result<(Mailbox, Inbox)> {
 }
 
 impl Mailbox {
+    pub(crate) fn wake(&self) -> &Wake {
+        &self.wake
+    }
+
     /// A refused message comes back whole, so that its sender can answer it.
     #[allow(clippy::result_large_err)]
     pub(crate) fn send(&self, m: Msg) -> Result<(), crossbeam_channel::SendError<Msg>> {
@@ -223,7 +253,7 @@ impl Mailbox {
         // Pairs with the fence in Target::sleep: either the target sees the
         // message before it sleeps, or this sees it asleep and wakes it.
         fence(Ordering::SeqCst);
-        if self.wake.ring_sleep.swap(false, Ordering::SeqCst) {
+        if self.wake.asleep().swap(0, Ordering::SeqCst) != 0 {
             let one = 1u64.to_ne_bytes();
             unsafe { libc::write(self.wake.fd.as_raw_fd(), one.as_ptr().cast(), 8) };
         }
@@ -274,6 +304,11 @@ pub(crate) struct Target {
     broken: Option<Errno>,
     /// Why updates are refused, for whoever asks the storage (no queue hop).
     fault: Arc<parking_lot::Mutex<Option<String>>>,
+    /// Sources polled between the other work (local clients).
+    sources: Vec<Box<dyn Source>>,
+    /// Keep polling, rather than sleep, until then: a source's next request
+    /// usually follows its reply closely.
+    poll_until: Option<Instant>,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -359,6 +394,8 @@ impl Target {
             ckpt_due: false,
             broken: None,
             fault,
+            sources: Vec::new(),
+            poll_until: None,
         };
         t.chunk = t.sb.csum_chunk();
         t.replay()?;
@@ -515,33 +552,23 @@ impl Target {
         let mut halt = false;
         let mut stopping = false;
         let mut spun = false;
+        let mut idle_since = Instant::now();
         loop {
             self.complete();
             if !stopping {
-                let first = if self.busy() {
-                    inbox.rx.try_recv().ok()
-                } else {
-                    match inbox.rx.recv_timeout(IDLE_AGGREGATE) {
-                        Ok(m) => Some(m),
-                        Err(RecvTimeoutError::Timeout) => {
-                            let dirty: Vec<Uuid> = self.dirty.iter().copied().collect();
-                            for pool in dirty {
-                                self.auto_aggregate(pool, "idle");
-                            }
-                            continue;
-                        }
-                        Err(RecvTimeoutError::Disconnected) => {
-                            stopping = true;
-                            None
-                        }
-                    }
-                };
-                let mut next = first;
                 let mut n = 0;
-                while let Some(m) = next {
+                while n < MAX_BATCH && self.open.data < BATCH_DATA {
+                    let m = match inbox.rx.try_recv() {
+                        Ok(m) => m,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            stopping = true;
+                            break;
+                        }
+                    };
                     match m {
-                        Msg::Data(Request::Fetch(f), tx) => self.queued.push((f, tx)),
-                        Msg::Data(req, tx) => self.handle(req, tx),
+                        Msg::Data(req, tx) => self.take(req, tx),
+                        Msg::Attach(src) => self.sources.push(src),
                         Msg::Ctl(c, tx) => {
                             // Control ops see (and log after) everything queued before them.
                             self.drain();
@@ -551,10 +578,12 @@ impl Target {
                         Msg::Halt => (stopping, halt) = (true, true),
                     }
                     n += 1;
-                    if stopping || n >= MAX_BATCH || self.open.data >= BATCH_DATA {
+                    if stopping {
                         break;
                     }
-                    next = inbox.rx.try_recv().ok();
+                }
+                if !stopping {
+                    self.poll_sources();
                 }
             }
             self.pump();
@@ -569,8 +598,24 @@ impl Target {
                 if stopping {
                     break;
                 }
+                if self.poll_until.is_some_and(|t| Instant::now() < t) {
+                    // Polling for a source's next request: let others have the core meanwhile.
+                    std::thread::yield_now();
+                    continue;
+                }
+                self.poll_until = None;
+                if self.sleep_idle(&inbox) {
+                    idle_since = Instant::now();
+                } else if idle_since.elapsed() >= IDLE_AGGREGATE {
+                    let dirty: Vec<Uuid> = self.dirty.iter().copied().collect();
+                    for pool in dirty {
+                        self.auto_aggregate(pool, "idle");
+                    }
+                    idle_since = Instant::now();
+                }
                 continue;
             }
+            idle_since = Instant::now();
             if self.dev.in_flight() == 0 || self.dev.completed() {
                 self.submit();
                 continue;
@@ -581,10 +626,10 @@ impl Target {
             let lone = self.dev.in_flight() == 1 && self.fetch_jobs.len() == 1;
             if spin > 0 && !spun && lone && inbox.rx.is_empty() {
                 spun = true;
-                self.wait(&inbox, Some(Duration::from_micros(spin)), stopping);
+                self.wait(&inbox, Some(Duration::from_micros(spin)));
             } else {
                 spun = false;
-                self.wait(&inbox, None, stopping);
+                self.wait(&inbox, None);
             }
         }
         if halt {
@@ -609,19 +654,74 @@ impl Target {
         }
     }
 
-    /// Sleep in the ring until a device completion or a new message (or
-    /// poll for `spin`).
-    fn wait(&mut self, inbox: &Inbox, spin: Option<Duration>, stopping: bool) {
-        if spin.is_none() && !stopping {
-            inbox.wake.ring_sleep.store(true, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if !inbox.rx.is_empty() {
-                inbox.wake.ring_sleep.store(false, Ordering::SeqCst);
-                return;
+    /// Start (fetches: queue) one data-plane request.
+    fn take(&mut self, req: Request, tx: Responder) {
+        match req {
+            Request::Fetch(f) => self.queued.push((f, tx)),
+            req => self.handle(req, tx),
+        }
+    }
+
+    /// Take the request each source has waiting; forget closed sources.
+    fn poll_sources(&mut self) {
+        let mut i = 0;
+        while i < self.sources.len() {
+            match self.sources[i].poll() {
+                Polled::Idle => i += 1,
+                Polled::Request(req, reply) => {
+                    self.poll_until = Some(Instant::now() + Duration::from_micros(poll_us()));
+                    self.take(req, Responder(Some(reply)));
+                    i += 1;
+                }
+                Polled::Closed => {
+                    self.sources.swap_remove(i);
+                }
             }
         }
+    }
+
+    /// Mark the target asleep and sleep in the ring until a message, a
+    /// source's request or [`IDLE_AGGREGATE`]; false if it slept that long.
+    fn sleep_idle(&mut self, inbox: &Inbox) -> bool {
+        if !self.going_to_sleep(inbox) {
+            return true;
+        }
+        let r = self
+            .dev
+            .wait_idle(inbox.wake.fd.as_raw_fd(), IDLE_AGGREGATE);
+        inbox.wake.asleep().store(0, Ordering::SeqCst);
+        match r {
+            Ok(woken) => woken,
+            Err(e) => {
+                tracing::error!(target = self.id, error = %e, "waiting for requests failed");
+                std::thread::sleep(Duration::from_millis(1));
+                true
+            }
+        }
+    }
+
+    /// Publish that the target sleeps; false (and awake again) if a message
+    /// or a source's request arrived meanwhile.
+    fn going_to_sleep(&self, inbox: &Inbox) -> bool {
+        inbox.wake.asleep().store(1, Ordering::SeqCst);
+        // Pairs with the fence of a sender (Mailbox::send, a source's client):
+        // either the target sees its work now, or the sender sees it asleep.
+        fence(Ordering::SeqCst);
+        if !inbox.rx.is_empty() || self.sources.iter().any(|s| s.pending()) {
+            inbox.wake.asleep().store(0, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Sleep in the ring until a device completion or a new message (or
+    /// poll for `spin`).
+    fn wait(&mut self, inbox: &Inbox, spin: Option<Duration>) {
+        if spin.is_none() && !self.going_to_sleep(inbox) {
+            return;
+        }
         let r = self.dev.wait(spin);
-        inbox.wake.ring_sleep.store(false, Ordering::SeqCst);
+        inbox.wake.asleep().store(0, Ordering::SeqCst);
         if let Err(e) = r {
             tracing::error!(target = self.id, error = %e, "waiting for device completions failed");
             std::thread::sleep(Duration::from_millis(1));
