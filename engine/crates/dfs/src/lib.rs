@@ -52,11 +52,36 @@
 //! the others get `EEXIST` (a non-exclusive `create` opens the winner's
 //! file). The directory's first shard arbitrates; with it down such
 //! operations fail with `EHOSTDOWN`. Threads of one [`Dfs`] are also
-//! serialized by striped locks by parent and name. Plain `rename` and
-//! `RENAME_EXCHANGE` remain check-then-write across clients; rename is
-//! "write new entry, then punch old" (a concurrent reader may briefly see
-//! both names). Rename of a directory into its own subtree is
-//! not checked here (the kernel checks it for FUSE).
+//! serialized by striped locks by parent and name. Rename of a directory
+//! into its own subtree is not checked here (the kernel checks it for FUSE).
+//!
+//! # Renames
+//! A rename changes two entries, possibly in two directory objects on two
+//! engines, and the engine makes only single-value updates atomic. So a
+//! rename is a small roll-forward protocol whose every step is one atomic
+//! update, and a client killed between any two steps leaves one name per
+//! object, never two (removing one of two names would punch the object the
+//! other still names):
+//! 1. the source entry gets an intent ([`Move`]: where it goes, when, and
+//!    for `RENAME_EXCHANGE` the destination's entry and xattrs);
+//! 2. the destination is written: the entry, its xattrs, and `from` naming
+//!    the source. The destination naming the source's object is the
+//!    rename's commit point (object ids are unique and never hard-linked);
+//! 3. the source is punched (exchange: the destination's old entry is
+//!    written there).
+//!
+//! Whoever reads an entry with an intent settles it first (`Dfs::settle`):
+//! committed, it finishes step 3; not committed, the entry stands as it
+//! was (the rename is in flight), and once the intent is older than the
+//! lease (30 s) the rename counts as abandoned and the intent is removed.
+//! Before an entry with `from` is removed, replaced or renamed again, its
+//! source is settled, so an abandoned source can never come back naming an
+//! object that is gone. Renaming an entry that holds another client's
+//! intent fails with `EBUSY`. What is still not atomic across clients: two
+//! clients renaming the same entry at the same moment (both pass the
+//! intent check) can both succeed, and a rename whose client stalls for
+//! longer than the lease between steps 1 and 2 can be undone under it.
+//! Closing those needs multi-object transactions in the engine (as DAOS DTX).
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use peregrine::{Container, Error, Object, ObjectClass, ObjectId, Result};
@@ -128,9 +153,35 @@ pub struct Entry {
     pub child_class: u8,
     /// Symlink target.
     pub target: Vec<u8>,
+    /// Set while a rename moves this entry away (see "Renames" in the
+    /// module docs): the rename is done once the destination names the
+    /// same object.
+    pub moving: Option<Box<Move>>,
+    /// Where a rename moved this entry from: that source entry may still
+    /// hold the rename's intent, to be settled before this one goes away.
+    pub from: Option<(ObjectId, Vec<u8>)>,
 }
 
-const ENTRY_VERSION: u8 = 1;
+/// An entry's xattrs: (akey with the "x:" prefix, value).
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A rename's intent, kept in its source entry until the rename is done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub to_dir: ObjectId,
+    pub to_name: Vec<u8>,
+    /// When the rename started (ns); also the ctime it gives.
+    pub since: i64,
+    /// RENAME_EXCHANGE: the destination's entry and xattrs, which come here.
+    pub exchange: Option<(Entry, Xattrs)>,
+}
+
+/// Version 1 entries end after the symlink target; version 2 adds the
+/// rename fields. Both are read.
+const ENTRY_VERSION: u8 = 2;
+/// A rename whose intent is older than this and whose destination does not
+/// name its object is taken as abandoned (its client died) and undone.
+const RENAME_LEASE_NS: i64 = 30_000_000_000;
 
 impl Entry {
     pub fn is_dir(&self) -> bool {
@@ -153,13 +204,40 @@ impl Entry {
         b.extend_from_slice(&self.atime.to_le_bytes());
         b.extend_from_slice(&self.mtime.to_le_bytes());
         b.extend_from_slice(&self.ctime.to_le_bytes());
-        b.extend_from_slice(&self.oid.hi.to_le_bytes());
-        b.extend_from_slice(&self.oid.lo.to_le_bytes());
+        put_oid(&mut b, self.oid);
         b.extend_from_slice(&self.chunk_size.to_le_bytes());
         b.extend_from_slice(&self.size_hint.to_le_bytes());
         b.push(self.child_class);
-        b.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
-        b.extend_from_slice(&self.target);
+        put_bytes(&mut b, &self.target);
+        match &self.moving {
+            None => b.push(0),
+            Some(m) => {
+                b.push(1);
+                put_oid(&mut b, m.to_dir);
+                put_bytes(&mut b, &m.to_name);
+                b.extend_from_slice(&m.since.to_le_bytes());
+                match &m.exchange {
+                    None => b.push(0),
+                    Some((e, xs)) => {
+                        b.push(1);
+                        put_bytes(&mut b, &e.encode());
+                        b.extend_from_slice(&(xs.len() as u32).to_le_bytes());
+                        for (k, v) in xs {
+                            put_bytes(&mut b, k);
+                            put_bytes(&mut b, v);
+                        }
+                    }
+                }
+            }
+        }
+        match &self.from {
+            None => b.push(0),
+            Some((dir, name)) => {
+                b.push(1);
+                put_oid(&mut b, *dir);
+                put_bytes(&mut b, name);
+            }
+        }
         b
     }
 
@@ -170,44 +248,115 @@ impl Entry {
                 format!("corrupt directory entry ({} bytes)", b.len()),
             )
         };
-        if b.first() != Some(&ENTRY_VERSION) {
+        let version = *b.first().ok_or_else(bad)?;
+        if version != 1 && version != ENTRY_VERSION {
             return Err(bad());
         }
-        let mut p = 1usize;
-        let mut take = |n: usize| -> Result<&[u8]> {
-            let s = b.get(p..p + n).ok_or_else(bad)?;
-            p += n;
-            Ok(s)
+        let mut r = Reader(&b[1..]);
+        let mut fields = || -> Option<Entry> {
+            let mut e = Entry {
+                mode: r.u32()?,
+                uid: r.u32()?,
+                gid: r.u32()?,
+                atime: r.u64()? as i64,
+                mtime: r.u64()? as i64,
+                ctime: r.u64()? as i64,
+                oid: r.oid()?,
+                chunk_size: r.u64()?,
+                size_hint: r.u64()?,
+                child_class: r.u8()?,
+                target: r.bytes()?,
+                moving: None,
+                from: None,
+            };
+            if version >= 2 {
+                (e.moving, e.from) = decode_rename_fields(r.0)?;
+            }
+            Some(e)
         };
-        let u32_ = |s: &[u8]| u32::from_le_bytes(s.try_into().unwrap());
-        let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
-        let mode = u32_(take(4)?);
-        let uid = u32_(take(4)?);
-        let gid = u32_(take(4)?);
-        let atime = u64_(take(8)?) as i64;
-        let mtime = u64_(take(8)?) as i64;
-        let ctime = u64_(take(8)?) as i64;
-        let hi = u64_(take(8)?);
-        let lo = u64_(take(8)?);
-        let chunk_size = u64_(take(8)?);
-        let size_hint = u64_(take(8)?);
-        let child_class = take(1)?[0];
-        let tl = u32_(take(4)?) as usize;
-        let target = take(tl)?.to_vec();
-        Ok(Entry {
-            mode,
-            uid,
-            gid,
-            atime,
-            mtime,
-            ctime,
-            oid: ObjectId { hi, lo },
-            chunk_size,
-            size_hint,
-            child_class,
-            target,
+        fields().ok_or_else(bad)
+    }
+}
+
+fn put_bytes(b: &mut Vec<u8>, v: &[u8]) {
+    b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    b.extend_from_slice(v);
+}
+
+fn put_oid(b: &mut Vec<u8>, o: ObjectId) {
+    b.extend_from_slice(&o.hi.to_le_bytes());
+    b.extend_from_slice(&o.lo.to_le_bytes());
+}
+
+type RenameFields = (Option<Box<Move>>, Option<(ObjectId, Vec<u8>)>);
+
+/// Reads the fields of an encoded entry; None past the end.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (h, t) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = t;
+        Some(h)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        let n = self.u32()? as usize;
+        Some(self.take(n)?.to_vec())
+    }
+    fn oid(&mut self) -> Option<ObjectId> {
+        Some(ObjectId {
+            hi: self.u64()?,
+            lo: self.u64()?,
         })
     }
+}
+
+/// The version 2 tail of an entry: the rename intent and origin.
+fn decode_rename_fields(b: &[u8]) -> Option<RenameFields> {
+    let mut r = Reader(b);
+    let moving = match r.u8()? {
+        0 => None,
+        1 => {
+            let to_dir = r.oid()?;
+            let to_name = r.bytes()?;
+            let since = r.u64()? as i64;
+            let exchange = match r.u8()? {
+                0 => None,
+                1 => {
+                    let e = Entry::decode(&r.bytes()?).ok()?;
+                    let n = r.u32()? as usize;
+                    let mut xs = Vec::with_capacity(n.min(1024));
+                    for _ in 0..n {
+                        xs.push((r.bytes()?, r.bytes()?));
+                    }
+                    Some((e, xs))
+                }
+                _ => return None,
+            };
+            Some(Box::new(Move {
+                to_dir,
+                to_name,
+                since,
+                exchange,
+            }))
+        }
+        _ => return None,
+    };
+    let from = match r.u8()? {
+        0 => None,
+        1 => Some((r.oid()?, r.bytes()?)),
+        _ => return None,
+    };
+    r.0.is_empty().then_some((moving, from))
 }
 
 /// A named entry: where it lives (parent directory object + name) and what
@@ -330,6 +479,10 @@ struct Inner {
     locks: Vec<Mutex<()>>,
     /// Directory time updates in progress, by directory ([`Dfs::touch_dir`]).
     touches: Mutex<HashMap<ObjectId, Arc<Touch>>>,
+    /// [`RENAME_LEASE_NS`]; tests shorten it.
+    rename_lease_ns: std::sync::atomic::AtomicI64,
+    /// Tests: the rename step after which renames stop, as a killed client would.
+    stop_rename_after: Mutex<Option<&'static str>>,
 }
 
 /// Granularity of directory times set by entry changes (as Linux's coarse
@@ -481,6 +634,8 @@ impl Dfs {
                     size_hint: 0,
                     child_class: 0,
                     target: vec![],
+                    moving: None,
+                    from: None,
                 };
                 // Root entry first: a superblock never points at nothing.
                 if obj.fetch_single(ROOT_NAME, INODE).map_err(what)?.is_none() {
@@ -534,6 +689,8 @@ impl Dfs {
                 next_lo: AtomicU64::new(1),
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
                 touches: Mutex::new(HashMap::new()),
+                rename_lease_ns: RENAME_LEASE_NS.into(),
+                stop_rename_after: Mutex::new(None),
             }),
         })
     }
@@ -590,7 +747,17 @@ impl Dfs {
             .collect()
     }
 
+    /// The entry at (parent, name), with any rename it is the source of
+    /// settled ([`Dfs::settle`]).
     fn fetch_entry(&self, parent: ObjectId, name: &[u8]) -> Result<Option<Entry>> {
+        match self.fetch_raw(parent, name)? {
+            Some(e) if e.moving.is_some() => self.settle(parent, name, e),
+            e => Ok(e),
+        }
+    }
+
+    /// The entry at (parent, name) as stored.
+    fn fetch_raw(&self, parent: ObjectId, name: &[u8]) -> Result<Option<Entry>> {
         match self.obj(parent)?.fetch_single(name, INODE)? {
             Some(v) => Entry::decode(&v)
                 .map(Some)
@@ -721,6 +888,8 @@ impl Dfs {
             size_hint: 0,
             child_class: 0,
             target: vec![],
+            moving: None,
+            from: None,
         }
     }
 
@@ -890,6 +1059,7 @@ impl Dfs {
                 format!("{:?} is a directory", show(name)),
             ));
         }
+        self.settle_from(&e)?;
         self.obj(parent.oid())?.punch_dkey(name)?;
         Ok(e)
     }
@@ -938,6 +1108,7 @@ impl Dfs {
             .fetch_entry(parent.oid(), name)?
             .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
         self.check_empty_dir(&e, name)?;
+        self.settle_from(&e)?;
         self.obj(parent.oid())?.punch_dkey(name)?;
         self.release_object(&e)
     }
@@ -952,7 +1123,7 @@ impl Dfs {
             .collect())
     }
 
-    fn xattrs(&self, parent: ObjectId, name: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn xattrs(&self, parent: ObjectId, name: &[u8]) -> Result<Xattrs> {
         let o = self.obj(parent)?;
         let mut out = Vec::new();
         for k in self.xattr_keys(parent, name)? {
@@ -1072,18 +1243,33 @@ impl Dfs {
                 "rename would make a directory its own ancestor",
             ));
         }
+        for (e, n) in [(Some(&se), sname), (de.as_ref(), dname)] {
+            if e.is_some_and(|e| e.moving.is_some()) {
+                return Err(err(
+                    libc::EBUSY,
+                    format!("{:?} is being renamed by another client", show(n)),
+                ));
+            }
+        }
+        // Both entries are about to move or go: finish the renames that put them here.
+        self.settle_from(&se)?;
+        if let Some(de) = &de {
+            self.settle_from(de)?;
+        }
         let sx = self.xattrs(s, sname)?;
+        let since = now_ns();
+        let mut moved = se.clone();
+        moved.ctime = since;
+        moved.from = Some((s, sname.to_vec()));
         if flags & RENAME_EXCHANGE != 0 {
             let de =
                 de.ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(dname))))?;
             let dx = self.xattrs(d, dname)?;
-            let mut se2 = se.clone();
-            let mut de2 = de.clone();
-            let t = now_ns();
-            se2.ctime = t;
-            de2.ctime = t;
-            self.install(d, dname, &se2, &sx, true, false)?;
-            self.install(s, sname, &de2, &dx, true, false)?;
+            let intent = self.put_intent(s, sname, &se, d, dname, since, Some((de, dx)))?;
+            self.rename_step("exchange intent")?;
+            self.install(d, dname, &moved, &sx, true, false)?;
+            self.rename_step("exchange destination")?;
+            self.settle(s, sname, intent)?;
             return Ok(None);
         }
         if let Some(de) = &de {
@@ -1099,18 +1285,113 @@ impl Dfs {
                 ));
             }
         }
-        let mut se2 = se.clone();
-        se2.ctime = now_ns();
-        self.install(
-            d,
-            dname,
-            &se2,
-            &sx,
-            de.is_some(),
-            flags & RENAME_NOREPLACE != 0,
-        )?;
+        self.put_intent(s, sname, &se, d, dname, since, None)?;
+        self.rename_step("intent")?;
+        let noreplace = flags & RENAME_NOREPLACE != 0;
+        if let Err(e) = self.install(d, dname, &moved, &sx, de.is_some(), noreplace) {
+            // Nothing moved: withdraw the intent (or leave it to the lease).
+            let _ = self.put_entry(s, sname, &se);
+            return Err(e);
+        }
+        self.rename_step("destination")?;
         self.obj(s)?.punch_dkey(sname)?;
         Ok(de)
+    }
+
+    /// Step 1 of a rename: record in the source entry where it goes (and,
+    /// for an exchange, what comes back). Returns the entry as written.
+    #[allow(clippy::too_many_arguments)]
+    fn put_intent(
+        &self,
+        s: ObjectId,
+        sname: &[u8],
+        se: &Entry,
+        d: ObjectId,
+        dname: &[u8],
+        since: i64,
+        exchange: Option<(Entry, Xattrs)>,
+    ) -> Result<Entry> {
+        let mut intent = se.clone();
+        intent.moving = Some(Box::new(Move {
+            to_dir: d,
+            to_name: dname.to_vec(),
+            since,
+            exchange,
+        }));
+        self.put_entry(s, sname, &intent)?;
+        Ok(intent)
+    }
+
+    /// Settle the rename whose intent source entry `e` (at parent/name)
+    /// holds. The destination naming the same object is the rename's commit
+    /// point: then the rename is finished here (the source punched, or for
+    /// an exchange the destination's old entry written to the source) and
+    /// the result returned. Otherwise the rename is in progress (`e` stands,
+    /// intent and all) or, once its intent is older than the lease,
+    /// abandoned by a client that died: undone.
+    fn settle(&self, parent: ObjectId, name: &[u8], e: Entry) -> Result<Option<Entry>> {
+        let Some(m) = e.moving.as_deref() else {
+            return Ok(Some(e));
+        };
+        let dest = self.fetch_raw(m.to_dir, &m.to_name)?;
+        if dest.is_some_and(|d| d.oid == e.oid) {
+            return match &m.exchange {
+                None => {
+                    self.obj(parent)?.punch_dkey(name)?;
+                    Ok(None)
+                }
+                Some((other, xs)) => {
+                    let mut back = other.clone();
+                    back.ctime = m.since;
+                    self.install(parent, name, &back, xs, true, false)?;
+                    Ok(Some(back))
+                }
+            };
+        }
+        let lease = self.inner.rename_lease_ns.load(Ordering::Relaxed);
+        if now_ns().saturating_sub(m.since) < lease {
+            return Ok(Some(e));
+        }
+        let mut back = e.clone();
+        back.moving = None;
+        self.put_entry(parent, name, &back)?;
+        Ok(Some(back))
+    }
+
+    /// Before entry `e` moves again or goes away: settle the rename that
+    /// put it where it is, if that rename's source still holds its intent
+    /// (else, e.g., the source would be undone once its lease ran out, and
+    /// name an object removed here).
+    fn settle_from(&self, e: &Entry) -> Result<()> {
+        if let Some((dir, name)) = &e.from {
+            self.fetch_entry(*dir, name)?;
+        }
+        Ok(())
+    }
+
+    fn rename_step(&self, step: &'static str) -> Result<()> {
+        if *self.inner.stop_rename_after.lock() == Some(step) {
+            return Err(err(
+                libc::EIO,
+                format!("rename stopped after its {step} (test)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tests: renames stop after `step` ("intent", "destination",
+    /// "exchange intent", "exchange destination"), as if their client died there.
+    #[doc(hidden)]
+    pub fn stop_renames_after(&self, step: Option<&'static str>) {
+        *self.inner.stop_rename_after.lock() = step;
+    }
+
+    /// Tests: how old a rename's intent must be to count as abandoned.
+    #[doc(hidden)]
+    pub fn set_rename_lease(&self, lease: std::time::Duration) {
+        self.inner
+            .rename_lease_ns
+            .store(lease.as_nanos() as i64, Ordering::Relaxed);
     }
 
     /// chmod / chown / utimens / truncate in one call; returns the new

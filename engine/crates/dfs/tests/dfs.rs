@@ -579,3 +579,147 @@ fn directory_times_follow_its_entries() {
     });
     assert_eq!(code(fs.lookup(&root, b"a")), libc::ENOENT);
 }
+
+/// The names in `dir` (as a fresh reader sees them).
+fn names(fs: &Dfs, dir: &Node) -> Vec<Vec<u8>> {
+    let h = fs.opendir(dir).unwrap();
+    fs.readdir(&h, 0, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
+fn read_all(fs: &Dfs, n: &Node) -> Vec<u8> {
+    let f = fs.open(n).unwrap();
+    let mut buf = vec![0u8; f.size().unwrap() as usize];
+    let got = f.read_at(0, &mut buf).unwrap();
+    buf.truncate(got);
+    buf
+}
+
+/// A rename interrupted after any of its steps (its client killed: every
+/// step before is durable, nothing after happens) leaves one name per
+/// object, never two: another client sees the rename either not done yet
+/// (and undone once its intent outlives the lease) or done, and removing
+/// the one visible name never takes the other's data.
+#[test]
+fn renames_interrupted_at_any_step_leave_one_name_per_object() {
+    let c = cluster(1);
+    let a = mount(&c, "cont", false);
+    let root = a.root();
+    let d1 = a.mkdir(&root, b"d1", 0o755, 0, 0).unwrap();
+    let d2 = a.mkdir(&root, b"d2", 0o755, 0, 0).unwrap();
+    let file = |fs: &Dfs, dir: &Node, name: &[u8], data: &[u8]| {
+        let (n, _) = fs.create(dir, name, 0o644, 0, 0, true).unwrap();
+        fs.open(&n).unwrap().write_at(0, data).unwrap();
+        fs.setxattr(&n, b"user.tag", data, 0).unwrap();
+        n
+    };
+    let reader = || mount(&c, "cont", false);
+
+    // Plain rename over an existing file, stopped after the intent: the
+    // source stands (in progress), then is undone once the lease passed.
+    let src = file(&a, &d1, b"src1", b"one");
+    file(&a, &d2, b"dst1", b"old");
+    a.stop_renames_after(Some("intent"));
+    assert_eq!(code(a.rename(&d1, b"src1", &d2, b"dst1", 0)), libc::EIO);
+    let b = reader();
+    assert_eq!(b.lookup(&d1, b"src1").unwrap().oid(), src.oid());
+    assert_eq!(read_all(&b, &b.lookup(&d2, b"dst1").unwrap()), b"old");
+    // Another client may not rename it meanwhile (it is someone's rename in flight).
+    assert_eq!(code(b.rename(&d1, b"src1", &root, b"x", 0)), libc::EBUSY);
+    b.set_rename_lease(std::time::Duration::ZERO);
+    let n = b.lookup(&d1, b"src1").unwrap();
+    assert!(n.entry.moving.is_none(), "abandoned rename undone");
+    assert_eq!(read_all(&b, &n), b"one");
+    assert_eq!(read_all(&b, &b.lookup(&d2, b"dst1").unwrap()), b"old");
+    // ... and renames fine afterwards.
+    a.stop_renames_after(None);
+    b.rename(&d1, b"src1", &d2, b"dst1", 0).unwrap();
+    assert_eq!(read_all(&a, &a.lookup(&d2, b"dst1").unwrap()), b"one");
+    assert_eq!(code(a.lookup(&d1, b"src1")), libc::ENOENT);
+
+    // Stopped after the destination was written (the commit point): the
+    // rename is done for everybody, whatever the lease.
+    let src = file(&a, &d1, b"src2", b"two");
+    a.stop_renames_after(Some("destination"));
+    assert_eq!(code(a.rename(&d1, b"src2", &d2, b"dst2", 0)), libc::EIO);
+    a.stop_renames_after(None);
+    let b = reader();
+    assert_eq!(
+        names(&b, &d1),
+        Vec::<Vec<u8>>::new(),
+        "source gone in readdir"
+    );
+    assert_eq!(code(b.lookup(&d1, b"src2")), libc::ENOENT);
+    let moved = b.lookup(&d2, b"dst2").unwrap();
+    assert_eq!(moved.oid(), src.oid());
+    assert_eq!(b.getxattr(&moved, b"user.tag").unwrap(), b"two");
+
+    // Stopped after the destination again, and the destination is removed
+    // before anybody looked at the source: the source must not come back
+    // (it would name the removed file's object) when the lease passes.
+    file(&a, &d1, b"src3", b"three");
+    a.stop_renames_after(Some("destination"));
+    assert_eq!(code(a.rename(&d1, b"src3", &d2, b"dst3", 0)), libc::EIO);
+    a.stop_renames_after(None);
+    let b = reader();
+    b.set_rename_lease(std::time::Duration::ZERO);
+    b.unlink(&d2, b"dst3").unwrap();
+    assert_eq!(code(b.lookup(&d1, b"src3")), libc::ENOENT);
+    assert_eq!(code(b.lookup(&d2, b"dst3")), libc::ENOENT);
+    // Likewise when the destination moves on before the source was looked at.
+    file(&a, &d1, b"src4", b"four");
+    a.stop_renames_after(Some("destination"));
+    assert_eq!(code(a.rename(&d1, b"src4", &d2, b"dst4", 0)), libc::EIO);
+    a.stop_renames_after(None);
+    b.rename(&d2, b"dst4", &root, b"final4", 0).unwrap();
+    assert_eq!(code(b.lookup(&d1, b"src4")), libc::ENOENT);
+    assert_eq!(read_all(&b, &b.lookup(&root, b"final4").unwrap()), b"four");
+
+    // RENAME_EXCHANGE stopped after each step.
+    for (step, done) in [("exchange intent", false), ("exchange destination", true)] {
+        let x = file(&a, &d1, b"x", b"ex");
+        let y = file(&a, &d2, b"y", b"why");
+        a.stop_renames_after(Some(step));
+        assert_eq!(
+            code(a.rename(&d1, b"x", &d2, b"y", RENAME_EXCHANGE)),
+            libc::EIO
+        );
+        a.stop_renames_after(None);
+        let b = reader();
+        b.set_rename_lease(std::time::Duration::ZERO);
+        let (at1, at2) = (b.lookup(&d1, b"x").unwrap(), b.lookup(&d2, b"y").unwrap());
+        let (want1, want2) = if done { (&y, &x) } else { (&x, &y) };
+        assert_eq!((at1.oid(), at2.oid()), (want1.oid(), want2.oid()), "{step}");
+        assert_ne!(at1.oid(), at2.oid());
+        let tag = |n: &Node| b.getxattr(n, b"user.tag").unwrap();
+        assert_eq!(
+            (read_all(&b, &at1), tag(&at1)),
+            (
+                read_all(&b, &at1),
+                if done {
+                    b"why".to_vec()
+                } else {
+                    b"ex".to_vec()
+                }
+            ),
+            "{step}: data and xattrs follow the object"
+        );
+        assert_eq!(
+            read_all(&b, &at2),
+            if done {
+                b"ex".to_vec()
+            } else {
+                b"why".to_vec()
+            }
+        );
+        assert_eq!(tag(&at2), read_all(&b, &at2));
+        b.unlink(&d1, b"x").unwrap();
+        b.unlink(&d2, b"y").unwrap();
+    }
+    // Nothing left behind in either directory but what the test kept.
+    assert_eq!(names(&a, &d1), Vec::<Vec<u8>>::new());
+    assert_eq!(names(&a, &d2), vec![b"dst1".to_vec(), b"dst2".to_vec()]);
+}
