@@ -52,7 +52,9 @@ pub struct ShmConfig {
     pub connect_timeout: Duration,
     /// How long one request may take.
     pub io_timeout: Duration,
-    /// Idle connections kept per engine socket.
+    /// Idle connections kept per engine socket and target: as many as
+    /// requests run at once (a connection carries one), or they are
+    /// opened and closed per call.
     pub max_idle: usize,
     /// Size of each of the two regions.
     pub region_len: u64,
@@ -63,7 +65,7 @@ impl Default for ShmConfig {
         ShmConfig {
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
-            max_idle: 8,
+            max_idle: 32,
             region_len: REGION_LEN,
         }
     }

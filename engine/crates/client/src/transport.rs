@@ -229,7 +229,8 @@ impl Transport for MultiTransport {
 pub struct TcpConfig {
     pub connect_timeout: Duration,
     pub io_timeout: Duration,
-    /// Idle connections kept per engine address.
+    /// Idle connections kept per engine address: as many as requests run
+    /// at once, or they are opened and closed per call.
     pub max_idle: usize,
 }
 
@@ -238,7 +239,7 @@ impl Default for TcpConfig {
         TcpConfig {
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
-            max_idle: 8,
+            max_idle: 32,
         }
     }
 }
