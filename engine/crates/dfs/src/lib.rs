@@ -62,13 +62,15 @@
 //! update, and a client killed between any two steps leaves one name per
 //! object, never two (removing one of two names would punch the object the
 //! other still names):
+//! 0. the source entry is claimed by a conditional insert (of several
+//!    clients renaming one entry, one wins; the others get `EBUSY`);
 //! 1. the source entry gets an intent ([`Move`]: where it goes, when, and
 //!    for `RENAME_EXCHANGE` the destination's entry and xattrs);
 //! 2. the destination is written: the entry, its xattrs, and `from` naming
 //!    the source. The destination naming the source's object is the
 //!    rename's commit point (object ids are unique and never hard-linked);
 //! 3. the source is punched (exchange: the destination's old entry is
-//!    written there).
+//!    written there, and the claim removed).
 //!
 //! Whoever reads an entry with an intent settles it first (`Dfs::settle`):
 //! committed, it finishes step 3; not committed, the entry stands as it
@@ -76,12 +78,11 @@
 //! lease (30 s) the rename counts as abandoned and the intent is removed.
 //! Before an entry with `from` is removed, replaced or renamed again, its
 //! source is settled, so an abandoned source can never come back naming an
-//! object that is gone. Renaming an entry that holds another client's
-//! intent fails with `EBUSY`. What is still not atomic across clients: two
-//! clients renaming the same entry at the same moment (both pass the
-//! intent check) can both succeed, and a rename whose client stalls for
-//! longer than the lease between steps 1 and 2 can be undone under it.
-//! Closing those needs multi-object transactions in the engine (as DAOS DTX).
+//! object that is gone. What is still not atomic across clients: a rename
+//! whose client stalls for longer than the lease (30 s) between its steps
+//! can be undone or taken over under it, and a client killed after step 0
+//! leaves the entry unrenamable (`EBUSY`) until the lease passes. Closing
+//! those needs multi-object transactions in the engine (as DAOS DTX).
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use peregrine::{Container, Error, Object, ObjectClass, ObjectId, Result};
@@ -106,6 +107,10 @@ const SB_LAYOUT: &[u8] = b"layout";
 const SB_MAGIC: &[u8] = b"PRGDFS";
 const ROOT_NAME: &[u8] = b"/";
 const INODE: &[u8] = b"inode";
+/// Akey of a rename's claim on its source entry (when it started, ns):
+/// written by conditional insert, so one of several clients renaming one
+/// entry wins it.
+const RENAME_CLAIM: &[u8] = b"rename";
 const XPREFIX: &[u8] = b"x:";
 /// The akey of file data in each chunk dkey.
 pub const DATA_AKEY: &[u8] = b"d";
@@ -1256,6 +1261,17 @@ impl Dfs {
         if let Some(de) = &de {
             self.settle_from(de)?;
         }
+        self.claim_rename(s, sname)?;
+        // A rename that won the claim before this one may have finished since
+        // the source was read: it must still be there, unchanged.
+        if self.fetch_raw(s, sname)?.map(|e| e.oid) != Some(se.oid) {
+            self.obj(s)?.punch_akeys(sname, &[RENAME_CLAIM])?;
+            return Err(err(
+                libc::ENOENT,
+                format!("{:?}: renamed or removed meanwhile", show(sname)),
+            ));
+        }
+        self.rename_step("claim")?;
         let sx = self.xattrs(s, sname)?;
         let since = now_ns();
         let mut moved = se.clone();
@@ -1289,8 +1305,10 @@ impl Dfs {
         self.rename_step("intent")?;
         let noreplace = flags & RENAME_NOREPLACE != 0;
         if let Err(e) = self.install(d, dname, &moved, &sx, de.is_some(), noreplace) {
-            // Nothing moved: withdraw the intent (or leave it to the lease).
-            let _ = self.put_entry(s, sname, &se);
+            // Nothing moved: withdraw the intent and the claim (or leave them to the lease).
+            if self.put_entry(s, sname, &se).is_ok() {
+                let _ = self.obj(s)?.punch_akeys(sname, &[RENAME_CLAIM]);
+            }
             return Err(e);
         }
         self.rename_step("destination")?;
@@ -1344,6 +1362,7 @@ impl Dfs {
                     let mut back = other.clone();
                     back.ctime = m.since;
                     self.install(parent, name, &back, xs, true, false)?;
+                    self.obj(parent)?.punch_akeys(name, &[RENAME_CLAIM])?;
                     Ok(Some(back))
                 }
             };
@@ -1355,7 +1374,46 @@ impl Dfs {
         let mut back = e.clone();
         back.moving = None;
         self.put_entry(parent, name, &back)?;
+        self.obj(parent)?.punch_akeys(name, &[RENAME_CLAIM])?;
         Ok(Some(back))
+    }
+
+    /// Step 0 of a rename: claim the source entry by conditional insert, so
+    /// that of several clients renaming it one goes on and the others get
+    /// `EBUSY`. A claim older than the lease is a rename whose client died
+    /// before it wrote its intent: it is taken over.
+    fn claim_rename(&self, dir: ObjectId, name: &[u8]) -> Result<()> {
+        let o = self.obj(dir)?;
+        let busy = || {
+            err(
+                libc::EBUSY,
+                format!("{:?} is being renamed by another client", show(name)),
+            )
+        };
+        let claim = |o: &Object| match o.insert_single(name, RENAME_CLAIM, &now_ns().to_le_bytes())
+        {
+            Err(e) if e.code == -libc::EEXIST => Err(busy()),
+            r => r,
+        };
+        match claim(&o) {
+            Err(e) if e.code == -libc::EBUSY => {}
+            r => return r,
+        }
+        let since = o
+            .fetch_single(name, RENAME_CLAIM)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map(i64::from_le_bytes);
+        // No claim to read: it is still being committed (a conditional
+        // insert sees those, a fetch does not yet) or was just released.
+        // Either way somebody else's rename is under way.
+        let lease = self.inner.rename_lease_ns.load(Ordering::Relaxed);
+        match since {
+            Some(t) if now_ns().saturating_sub(t) >= lease => {
+                o.punch_akeys(name, &[RENAME_CLAIM])?;
+                claim(&o)
+            }
+            _ => Err(busy()),
+        }
     }
 
     /// Before entry `e` moves again or goes away: settle the rename that
@@ -1379,7 +1437,7 @@ impl Dfs {
         Ok(())
     }
 
-    /// Tests: renames stop after `step` ("intent", "destination",
+    /// Tests: renames stop after `step` ("claim", "intent", "destination",
     /// "exchange intent", "exchange destination"), as if their client died there.
     #[doc(hidden)]
     pub fn stop_renames_after(&self, step: Option<&'static str>) {

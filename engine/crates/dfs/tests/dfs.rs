@@ -640,6 +640,20 @@ fn renames_interrupted_at_any_step_leave_one_name_per_object() {
     assert_eq!(read_all(&a, &a.lookup(&d2, b"dst1").unwrap()), b"one");
     assert_eq!(code(a.lookup(&d1, b"src1")), libc::ENOENT);
 
+    // Stopped after its claim: the entry is untouched, other clients get
+    // EBUSY until the claim outlives the lease, then take it over.
+    file(&a, &d1, b"src0", b"zero");
+    a.stop_renames_after(Some("claim"));
+    assert_eq!(code(a.rename(&d1, b"src0", &d2, b"dst0", 0)), libc::EIO);
+    a.stop_renames_after(None);
+    let b = reader();
+    assert_eq!(read_all(&b, &b.lookup(&d1, b"src0").unwrap()), b"zero");
+    assert_eq!(code(b.rename(&d1, b"src0", &d2, b"dst0", 0)), libc::EBUSY);
+    b.set_rename_lease(std::time::Duration::ZERO);
+    b.rename(&d1, b"src0", &d2, b"dst0", 0).unwrap();
+    assert_eq!(read_all(&b, &b.lookup(&d2, b"dst0").unwrap()), b"zero");
+    b.unlink(&d2, b"dst0").unwrap();
+
     // Stopped after the destination was written (the commit point): the
     // rename is done for everybody, whatever the lease.
     let src = file(&a, &d1, b"src2", b"two");
@@ -722,4 +736,52 @@ fn renames_interrupted_at_any_step_leave_one_name_per_object() {
     // Nothing left behind in either directory but what the test kept.
     assert_eq!(names(&a, &d1), Vec::<Vec<u8>>::new());
     assert_eq!(names(&a, &d2), vec![b"dst1".to_vec(), b"dst2".to_vec()]);
+}
+
+/// Two clients renaming one entry at the same moment: one rename wins, the
+/// other fails (EBUSY while the winner holds the entry, ENOENT after), and
+/// the object has exactly one name.
+#[test]
+fn concurrent_renames_of_one_entry_leave_one_name() {
+    let c = cluster(1);
+    let (a, b) = (mount(&c, "cont", false), mount(&c, "cont", false));
+    let root = a.root();
+    let d = a.mkdir(&root, b"race", 0o755, 0, 0).unwrap();
+    for i in 0..60 {
+        let (src, _) = a.create(&d, b"src", 0o644, 0, 0, true).unwrap();
+        let barrier = std::sync::Barrier::new(2);
+        let (d, barrier) = (&d, &barrier);
+        let go = move |tag: &'static str, who: &Dfs| {
+            barrier.wait();
+            who.rename(d, b"src", d, format!("{tag}{i}").as_bytes(), 0)
+        };
+        let (ra, rb) = std::thread::scope(|s| {
+            let ha = s.spawn(|| go("a", &a));
+            let hb = s.spawn(|| go("b", &b));
+            (ha.join().unwrap(), hb.join().unwrap())
+        });
+        for r in [&ra, &rb] {
+            if let Err(e) = r {
+                assert!(
+                    e.code == -libc::EBUSY || e.code == -libc::ENOENT,
+                    "round {i}: {e}"
+                );
+            }
+        }
+        assert_eq!(
+            [&ra, &rb].iter().filter(|r| r.is_ok()).count(),
+            1,
+            "round {i}: {ra:?} {rb:?}"
+        );
+        let h = a.opendir(&d).unwrap();
+        let named: Vec<_> = a
+            .readdir(&h, 0, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.entry.oid == src.oid())
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(named.len(), 1, "round {i}: names {named:?}");
+        a.unlink(&d, &named[0]).unwrap();
+    }
 }
