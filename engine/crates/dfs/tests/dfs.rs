@@ -773,7 +773,7 @@ fn concurrent_renames_of_one_entry_leave_one_name() {
             1,
             "round {i}: {ra:?} {rb:?}"
         );
-        let h = a.opendir(&d).unwrap();
+        let h = a.opendir(d).unwrap();
         let named: Vec<_> = a
             .readdir(&h, 0, usize::MAX)
             .unwrap()
@@ -782,6 +782,6 @@ fn concurrent_renames_of_one_entry_leave_one_name() {
             .map(|e| e.name)
             .collect();
         assert_eq!(named.len(), 1, "round {i}: names {named:?}");
-        a.unlink(&d, &named[0]).unwrap();
+        a.unlink(d, &named[0]).unwrap();
     }
 }
