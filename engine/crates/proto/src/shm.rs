@@ -47,7 +47,8 @@ pub const REGION_LEN: u64 = 72 << 20;
 /// Largest region an engine accepts.
 pub const MAX_REGION_LEN: u64 = 128 << 20;
 pub const HELLO_LEN: usize = 64;
-/// The control block: the words below, each on its own cache line pair.
+/// The control block: the request words and the response words below, on
+/// separate cache-line pairs.
 pub const CTL_LEN: u64 = 4096;
 /// Offsets of the control words (u64, native byte order) in the control block.
 pub const REQ_STATE: u64 = 0;

@@ -32,11 +32,16 @@ const SPIN_US: u64 = 150;
 
 pub(crate) fn spin_us() -> u64 {
     static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *C.get_or_init(|| {
-        std::env::var("PEREGRINE_VOS_SPIN_US")
+    env_us(&C, "PEREGRINE_VOS_SPIN_US", SPIN_US)
+}
+
+/// A setting in microseconds from the environment, read once into `cell`.
+pub(crate) fn env_us(cell: &std::sync::OnceLock<u64>, var: &str, default: u64) -> u64 {
+    *cell.get_or_init(|| {
+        std::env::var(var)
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(SPIN_US)
+            .unwrap_or(default)
     })
 }
 

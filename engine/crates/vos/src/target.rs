@@ -18,9 +18,12 @@
 //! while they are, new updates gather into the next batch (group commit
 //! that grows as the device slows). A batch is applied to the
 //! index (freeing replaced blocks) and answered when its chain completes and
-//! every batch before it has been applied. When nothing is in flight the
-//! thread sleeps on its queue; otherwise in its ring, where a read of an
-//! eventfd that senders write to stands for the queue.
+//! every batch before it has been applied. Besides its queue, the thread
+//! polls its sources (the shared-memory connections of local clients,
+//! [`crate::Source`]) each turn, and for a while after taking a request from
+//! one it keeps polling rather than sleep. It sleeps in its ring, where a
+//! read of an eventfd stands for the queue and the sources: a sender writes
+//! it only when the target's published page says that it sleeps.
 //!
 //! What the pipeline must not change, and how it does not:
 //! - A fetch sees applied (durable) state only: the index changes only when a
@@ -40,7 +43,7 @@
 use crate::alloc::BlockAlloc;
 use crate::bufpool::BUF_BYTES;
 use crate::device::DeviceIo;
-use crate::device::{spin_us, Op};
+use crate::device::{env_us, spin_us, Op};
 use crate::error::{Errno, StorageError};
 use crate::index::{
     value_scm, DevExtent, Kind, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
@@ -74,12 +77,7 @@ const POLL_US: u64 = 200;
 
 fn poll_us() -> u64 {
     static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *C.get_or_init(|| {
-        std::env::var("PEREGRINE_VOS_POLL_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(POLL_US)
-    })
+    env_us(&C, "PEREGRINE_VOS_POLL_US", POLL_US)
 }
 
 /// Idle time after which a target aggregates the pools it changed.
@@ -250,7 +248,7 @@ impl Mailbox {
     #[allow(clippy::result_large_err)]
     pub(crate) fn send(&self, m: Msg) -> Result<(), crossbeam_channel::SendError<Msg>> {
         self.tx.send(m)?;
-        // Pairs with the fence in Target::sleep: either the target sees the
+        // Pairs with the fence in Target::going_to_sleep: either the target sees the
         // message before it sleeps, or this sees it asleep and wakes it.
         fence(Ordering::SeqCst);
         if self.wake.asleep().swap(0, Ordering::SeqCst) != 0 {
