@@ -1643,8 +1643,11 @@ impl Target {
                 fv.status = e.code;
                 fv.len = 0;
             } else if fv.status == 0 {
-                fv.crc = peregrine_isal::crc32c(&r.out);
-                fv.has_crc = r.has_crc;
+                // Only values written with a checksum are returned with one.
+                if r.has_crc {
+                    fv.crc = peregrine_isal::crc32c(&r.out);
+                    fv.has_crc = true;
+                }
                 if single {
                     bulk = r.out;
                 } else {
