@@ -298,6 +298,9 @@ pub(crate) struct Plan {
     pub len: u64,
     pub size: u64,
     pub has_crc: bool,
+    /// The bytes returned are exactly one value as written, whose client
+    /// checksum (verified when it was stored) this is: no need to compute it.
+    pub stored_crc: Option<u32>,
     pub segs: Vec<Seg>,
 }
 
@@ -442,6 +445,7 @@ impl TargetIndex {
                     len: 0,
                     size: 0,
                     has_crc: false,
+                    stored_crc: None,
                     segs: vec![],
                 },
                 Some(v) => Plan {
@@ -449,6 +453,7 @@ impl TargetIndex {
                     len: v.len,
                     size: v.len,
                     has_crc: v.crc.is_some(),
+                    stored_crc: v.crc,
                     segs: vec![Seg {
                         out_off: 0,
                         len: v.len,
@@ -462,6 +467,7 @@ impl TargetIndex {
                     len,
                     size: 0,
                     has_crc: false,
+                    stored_crc: None,
                     segs: vec![],
                 };
                 let Some((a, f)) = found else { return plan };
@@ -469,6 +475,7 @@ impl TargetIndex {
                 let end = offset.saturating_add(len);
                 let mut cov = Covered::default();
                 let mut all_crc = true;
+                let mut exact: Option<Option<u32>> = None;
                 for x in a.visible_extents(f, r).iter().rev() {
                     let (s, e) = (x.offset.max(offset), (x.offset + x.len).min(end));
                     if s >= e {
@@ -476,6 +483,15 @@ impl TargetIndex {
                     }
                     for (gs, ge) in cov.gaps(s, e) {
                         all_crc &= x.crc.is_some();
+                        // The newest piece is the whole request as written (and
+                        // then the only piece), or the crc must be computed.
+                        if exact.is_none() {
+                            exact = Some(
+                                (x.offset == offset && x.len == len)
+                                    .then_some(x.crc)
+                                    .flatten(),
+                            );
+                        }
                         plan.segs.push(Seg {
                             out_off: gs - offset,
                             len: ge - gs,
@@ -485,6 +501,7 @@ impl TargetIndex {
                     }
                 }
                 plan.has_crc = all_crc && !plan.segs.is_empty();
+                plan.stored_crc = exact.flatten();
                 plan
             }
         }

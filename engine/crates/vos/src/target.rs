@@ -328,6 +328,8 @@ struct IodRead {
     out: Vec<u8>,
     /// Device segments still to read into `out`.
     segs: Vec<Seg>,
+    /// The client's checksum of exactly the bytes returned, if stored.
+    stored_crc: Option<u32>,
     /// A checksum failure of one of its chunks: the iod fails with it.
     bad: Option<Errno>,
 }
@@ -1486,6 +1488,7 @@ impl Target {
                     ..Default::default()
                 },
                 has_crc: plan.has_crc,
+                stored_crc: plan.stored_crc,
                 out: Vec::new(),
                 segs: Vec::new(),
                 bad: None,
@@ -1645,7 +1648,9 @@ impl Target {
             } else if fv.status == 0 {
                 // Only values written with a checksum are returned with one.
                 if r.has_crc {
-                    fv.crc = peregrine_isal::crc32c(&r.out);
+                    fv.crc = r
+                        .stored_crc
+                        .unwrap_or_else(|| peregrine_isal::crc32c(&r.out));
                     fv.has_crc = true;
                 }
                 if single {

@@ -40,6 +40,37 @@ fn single_and_array_round_trips() {
     assert_eq!(get_single(&st, &o, LATEST, "d", "s").unwrap(), small2);
     assert_eq!(get_single(&st, &o, 15, "d", "s").unwrap(), small);
 
+    // A read of exactly one extent as written returns the client's stored
+    // checksum (fetch_iods checks every returned crc against the bytes):
+    // the newest of several with the same range, each at its own epoch,
+    // and a computed one for part of it or after a partial overwrite.
+    let (v1, v2) = (pattern(7, 40_000), pattern(8, 40_000));
+    update(&st, &o, 30, "x", vec![extent("e", 4096, &v1)]).unwrap();
+    update(&st, &o, 31, "x", vec![extent("e", 4096, &v2)]).unwrap();
+    assert_eq!(
+        get_array(&st, &o, LATEST, "x", "e", 4096, 40_000)
+            .unwrap()
+            .0,
+        v2
+    );
+    assert_eq!(
+        get_array(&st, &o, 30, "x", "e", 4096, 40_000).unwrap().0,
+        v1
+    );
+    assert_eq!(
+        get_array(&st, &o, LATEST, "x", "e", 5000, 100).unwrap().0,
+        v2[904..1004]
+    );
+    update(&st, &o, 32, "x", vec![extent("e", 8192, &small)]).unwrap();
+    let mut want = v2.clone();
+    want[4096..4196].copy_from_slice(&small);
+    assert_eq!(
+        get_array(&st, &o, LATEST, "x", "e", 4096, 40_000)
+            .unwrap()
+            .0,
+        want
+    );
+
     // Arrays: unaligned offsets, overlaps, holes, small and large extents.
     let a = pattern(4, 10_000);
     let b = pattern(5, 300);
