@@ -378,6 +378,8 @@ struct Fetched {
     /// 0, or a negative errno (`-EILSEQ` also when the CRC did not match).
     status: i32,
     data: Vec<u8>,
+    /// The data went into the caller's buffer instead ([`Object::fetch_shard_with`]).
+    placed: bool,
 }
 
 /// An open object. Cheap to clone.
@@ -712,6 +714,21 @@ impl Object {
         msg: &impl Message,
         bulk: &[&[u8]],
     ) -> Result<(Option<Body>, Vec<u8>)> {
+        self.call_with(map, loc, op, msg, bulk, None)
+            .map(|(b, r)| (b, r.bulk))
+    }
+
+    /// Like [`Object::call`]; a reply bulk of exactly `out.len()` bytes may
+    /// land in `out` directly ([`crate::Reply::placed`]).
+    fn call_with(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        op: Opcode,
+        msg: &impl Message,
+        bulk: &[&[u8]],
+        out: Option<&mut [u8]>,
+    ) -> Result<(Option<Body>, crate::transport::Reply)> {
         let t = &map.targets[loc.target];
         let at = || self.where_(map, loc);
         if !t.up {
@@ -725,13 +742,13 @@ impl Object {
                 ),
             ));
         }
-        let reply = self
-            .cont
-            .pool()
-            .client()
-            .transport()
-            .call(&t.addr, t.index, op, &msg.encode_to_vec(), bulk)
-            .map_err(|e| e.context(at()))?;
+        let tr = self.cont.pool().client().transport();
+        let m = msg.encode_to_vec();
+        let reply = match out {
+            Some(out) => tr.call_into(&t.addr, t.index, op, &m, bulk, out),
+            None => tr.call(&t.addr, t.index, op, &m, bulk),
+        }
+        .map_err(|e| e.context(at()))?;
         let resp = data::Response::decode(reply.msg.as_slice()).map_err(|e| {
             Error::new(
                 -libc::EPROTO,
@@ -751,7 +768,7 @@ impl Object {
                 format!("{}: shard {}: {m}", at(), loc.shard),
             ));
         }
-        Ok((resp.body, reply.bulk))
+        Ok((resp.body, reply))
     }
 
     fn update_shard(
@@ -814,6 +831,20 @@ impl Object {
         dkey: &[u8],
         iods: Vec<Iod>,
     ) -> Result<Vec<Fetched>> {
+        self.fetch_shard_with(map, loc, epoch, dkey, iods, None)
+    }
+
+    /// Like [`Object::fetch_shard`]; with `out` (one iod), data of exactly
+    /// `out.len()` bytes may land there directly ([`Fetched::placed`]).
+    fn fetch_shard_with(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        iods: Vec<Iod>,
+        mut out: Option<&mut [u8]>,
+    ) -> Result<Vec<Fetched>> {
         let n = iods.len();
         let req = FetchReq {
             addr: Some(self.address(map, loc)),
@@ -821,7 +852,9 @@ impl Object {
             dkey: dkey.to_vec(),
             iods,
         };
-        let (body, mut bulk) = self.call(map, loc, Opcode::Fetch, &req, &[])?;
+        let (body, reply) =
+            self.call_with(map, loc, Opcode::Fetch, &req, &[], out.as_deref_mut())?;
+        let (mut bulk, placed) = (reply.bulk, reply.placed);
         let bad = |m: String| Error::new(-libc::EPROTO, format!("{}: {m}", self.where_(map, loc)));
         let values = match body {
             Some(Body::Fetch(f)) => f.values,
@@ -834,14 +867,17 @@ impl Object {
             )));
         }
         let total: u64 = values.iter().map(|v| v.len).sum();
-        if total != bulk.len() as u64 {
+        let arrived = match (&out, placed) {
+            (Some(o), true) if n == 1 => o.len(),
+            _ => bulk.len(),
+        };
+        if total != arrived as u64 {
             return Err(bad(format!(
-                "fetch reply announces {total} bytes, bulk has {}",
-                bulk.len()
+                "fetch reply announces {total} bytes, bulk has {arrived}"
             )));
         }
         let csum = self.cont.checksum();
-        let mut out = Vec::with_capacity(n);
+        let mut fetched = Vec::with_capacity(n);
         let mut off = 0usize;
         for v in &values {
             let data = if n == 1 {
@@ -851,15 +887,23 @@ impl Object {
                 off += v.len as usize;
                 d
             };
+            let got: &[u8] = match (&out, placed) {
+                (Some(o), true) => o,
+                _ => &data,
+            };
             let mut status = v.status;
             // Verify what arrived: catches corruption on the wire or in
             // buffers, which the engine's own check of stored data cannot.
-            if status == 0 && csum && v.has_crc && crc32c(&data) != v.crc {
+            if status == 0 && csum && v.has_crc && crc32c(got) != v.crc {
                 status = -CSUM_ERRNO;
             }
-            out.push(Fetched { status, data });
+            fetched.push(Fetched {
+                status,
+                data,
+                placed,
+            });
         }
-        Ok(out)
+        Ok(fetched)
     }
 
     /// `len` bytes of ARRAY `akey` at `offset` of one shard, holes as zeros.
@@ -893,6 +937,47 @@ impl Object {
                 Ok(d)
             }
             e if e == -libc::ENOENT => Ok(vec![0; len]),
+            e => Err(self.value_error(map, loc, akey, e)),
+        }
+    }
+
+    /// Like [`Object::fetch_extent`], into `out`: over shared memory the
+    /// data is copied once, from the engine's reply into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fetch_extent_into(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let iod = Iod {
+            akey: akey.to_vec(),
+            kind: ValueKind::Array as i32,
+            offset,
+            len: out.len() as u64,
+            crc: 0,
+            has_crc: false,
+        };
+        let v = self
+            .fetch_shard_with(map, loc, epoch, dkey, vec![iod], Some(&mut *out))?
+            .pop()
+            .expect("one value");
+        match v.status {
+            0 if v.placed => Ok(()),
+            0 => {
+                let n = v.data.len().min(out.len());
+                out[..n].copy_from_slice(&v.data[..n]);
+                out[n..].fill(0);
+                Ok(())
+            }
+            e if e == -libc::ENOENT => {
+                out.fill(0);
+                Ok(())
+            }
             e => Err(self.value_error(map, loc, akey, e)),
         }
     }
@@ -1589,13 +1674,12 @@ impl ObjectAt<'_> {
         }
         for (i, piece) in buf.chunks_mut(MAX_IO).enumerate() {
             let off = offset + (i * MAX_IO) as u64;
-            let d = o.with_map(|map| {
+            o.with_map(|map| {
                 let g = o.group(map, dkey)?;
                 o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
-                    o.fetch_extent(map, loc, self.epoch, dkey, akey, off, piece.len())
+                    o.fetch_extent_into(map, loc, self.epoch, dkey, akey, off, piece)
                 })
             })?;
-            piece.copy_from_slice(&d);
         }
         Ok(())
     }

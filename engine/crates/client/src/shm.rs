@@ -232,8 +232,16 @@ impl ShmConn {
         }
     }
 
-    /// Send one request frame and wait for its reply.
-    pub fn round_trip(&mut self, id: u64, op: Opcode, msg: &[u8], bulk: &[&[u8]]) -> Result<Reply> {
+    /// Send one request frame and wait for its reply; a reply bulk of
+    /// exactly `out.len()` bytes is copied straight into `out`.
+    pub fn round_trip(
+        &mut self,
+        id: u64,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+        out: Option<&mut [u8]>,
+    ) -> Result<Reply> {
         let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
         if msg.len() > MAX_MSG as usize || bulk_len > MAX_BULK as usize {
             return Err(Error::inval(format!(
@@ -309,8 +317,21 @@ impl ShmConn {
         }
         let m_off = off + HEADER_LEN as u64;
         let msg = r(m_off, rh.msg_len as usize)?;
-        let bulk = r(m_off + rh.msg_len as u64, rh.bulk_len as usize)?;
-        Ok(Reply { msg, bulk })
+        let b_off = m_off + rh.msg_len as u64;
+        if let Some(out) = out.filter(|o| o.len() == rh.bulk_len as usize) {
+            self.map.read(b_off, out).map_err(|e| io_err("shm", &e))?;
+            return Ok(Reply {
+                msg,
+                bulk: Vec::new(),
+                placed: true,
+            });
+        }
+        let bulk = r(b_off, rh.bulk_len as usize)?;
+        Ok(Reply {
+            msg,
+            bulk,
+            placed: false,
+        })
     }
 }
 
@@ -332,7 +353,9 @@ impl ShmTransport {
     }
 
     /// One call to target `target` of the engine at socket `path`, telling a
-    /// failure to reach the engine apart from a failure of the request.
+    /// failure to reach the engine apart from a failure of the request. A
+    /// reply bulk of exactly `out.len()` bytes goes straight into `out`.
+    #[allow(clippy::too_many_arguments)]
     pub fn try_call(
         &self,
         path: &str,
@@ -341,6 +364,7 @@ impl ShmTransport {
         op: Opcode,
         msg: &[u8],
         bulk: &[&[u8]],
+        mut out: Option<&mut [u8]>,
     ) -> std::result::Result<Reply, ShmError> {
         let ep = self.endpoint(path, target);
         let idle = ep.idle.lock().pop();
@@ -350,13 +374,13 @@ impl ShmTransport {
             None => connect(&self.cfg, path, expect_addr, target).map_err(ShmError::Connect)?,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let res = match conn.round_trip(id, op, msg, bulk) {
+        let res = match conn.round_trip(id, op, msg, bulk, out.as_deref_mut()) {
             // An idle connection may be to an engine that has since restarted:
             // retry once on a fresh one (requests are idempotent, as over TCP).
             Err(e) if reused && e.code != -libc::ETIMEDOUT && e.code != -libc::EPROTO => {
                 conn = connect(&self.cfg, path, expect_addr, target).map_err(ShmError::Connect)?;
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                conn.round_trip(id, op, msg, bulk)
+                conn.round_trip(id, op, msg, bulk, out)
             }
             r => r,
         };
@@ -383,7 +407,7 @@ impl Transport for ShmTransport {
         msg: &[u8],
         bulk: &[&[u8]],
     ) -> Result<Reply> {
-        self.try_call(endpoint, None, target, op, msg, bulk)
+        self.try_call(endpoint, None, target, op, msg, bulk, None)
             .map_err(Error::from)
     }
 }

@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 pub struct Reply {
     pub msg: Vec<u8>,
     pub bulk: Vec<u8>,
+    /// The bulk went straight into the caller's buffer ([`Transport::call_into`])
+    /// and `bulk` is empty.
+    pub placed: bool,
 }
 
 pub trait Transport: Send + Sync {
@@ -40,6 +43,22 @@ pub trait Transport: Send + Sync {
         msg: &[u8],
         bulk: &[&[u8]],
     ) -> Result<Reply>;
+
+    /// Like [`Transport::call`], but a reply bulk of exactly `out.len()`
+    /// bytes may be copied straight into `out` (then [`Reply::placed`]): over
+    /// shared memory that is one copy of fetched data less.
+    fn call_into(
+        &self,
+        endpoint: &str,
+        target: u32,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+        out: &mut [u8],
+    ) -> Result<Reply> {
+        let _ = out;
+        self.call(endpoint, target, op, msg, bulk)
+    }
 
     /// Learn from a pool map that the engine at `endpoint` also serves
     /// shared memory on `shm_path` ("" when it does not). Transports that
@@ -149,14 +168,15 @@ impl MultiTransport {
     }
 }
 
-impl Transport for MultiTransport {
-    fn call(
+impl MultiTransport {
+    fn call_with(
         &self,
         endpoint: &str,
         target: u32,
         op: Opcode,
         msg: &[u8],
         bulk: &[&[u8]],
+        out: Option<&mut [u8]>,
     ) -> Result<Reply> {
         if self.kind == TransportKind::Tcp {
             return self.tcp_call(endpoint, op, msg, bulk);
@@ -180,7 +200,7 @@ impl Transport for MultiTransport {
         };
         match self
             .shm
-            .try_call(&path, Some(endpoint), target, op, msg, bulk)
+            .try_call(&path, Some(endpoint), target, op, msg, bulk, out)
         {
             Ok(r) => {
                 self.shm_calls.fetch_add(1, Ordering::Relaxed);
@@ -198,6 +218,31 @@ impl Transport for MultiTransport {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+impl Transport for MultiTransport {
+    fn call(
+        &self,
+        endpoint: &str,
+        target: u32,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+    ) -> Result<Reply> {
+        self.call_with(endpoint, target, op, msg, bulk, None)
+    }
+
+    fn call_into(
+        &self,
+        endpoint: &str,
+        target: u32,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+        out: &mut [u8],
+    ) -> Result<Reply> {
+        self.call_with(endpoint, target, op, msg, bulk, Some(out))
     }
 
     fn add_route(&self, endpoint: &str, shm_path: &str) {
@@ -344,6 +389,7 @@ impl TcpTransport {
         Ok(Reply {
             msg: f.msg,
             bulk: f.bulk,
+            placed: false,
         })
     }
 }

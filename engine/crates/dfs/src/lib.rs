@@ -1256,6 +1256,27 @@ impl Dfs {
                 ));
             }
         }
+        // Every check that can refuse the rename comes before the claim.
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        match &de {
+            None if exchange => {
+                return Err(err(
+                    libc::ENOENT,
+                    format!("{:?}: no such entry", show(dname)),
+                ))
+            }
+            Some(_) if flags & RENAME_NOREPLACE != 0 => {
+                return Err(err(libc::EEXIST, format!("{:?} exists", show(dname))));
+            }
+            Some(de) if !exchange && se.is_dir() => self.check_empty_dir(de, dname)?,
+            Some(de) if !exchange && de.is_dir() => {
+                return Err(err(
+                    libc::EISDIR,
+                    format!("{:?} is a directory", show(dname)),
+                ))
+            }
+            _ => {}
+        }
         // Both entries are about to move or go: finish the renames that put them here.
         self.settle_from(&se)?;
         if let Some(de) = &de {
@@ -1277,35 +1298,21 @@ impl Dfs {
         let mut moved = se.clone();
         moved.ctime = since;
         moved.from = Some((s, sname.to_vec()));
-        if flags & RENAME_EXCHANGE != 0 {
-            let de =
-                de.ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(dname))))?;
+        if let (true, Some(de)) = (exchange, &de) {
             let dx = self.xattrs(d, dname)?;
-            let intent = self.put_intent(s, sname, &se, d, dname, since, Some((de, dx)))?;
+            let intent = self.put_intent(s, sname, &se, d, dname, since, Some((de.clone(), dx)))?;
             self.rename_step("exchange intent")?;
             self.install(d, dname, &moved, &sx, true, false)?;
             self.rename_step("exchange destination")?;
             self.settle(s, sname, intent)?;
             return Ok(None);
         }
-        if let Some(de) = &de {
-            if flags & RENAME_NOREPLACE != 0 {
-                return Err(err(libc::EEXIST, format!("{:?} exists", show(dname))));
-            }
-            if se.is_dir() {
-                self.check_empty_dir(de, dname)?;
-            } else if de.is_dir() {
-                return Err(err(
-                    libc::EISDIR,
-                    format!("{:?} is a directory", show(dname)),
-                ));
-            }
-        }
         self.put_intent(s, sname, &se, d, dname, since, None)?;
         self.rename_step("intent")?;
         let noreplace = flags & RENAME_NOREPLACE != 0;
         if let Err(e) = self.install(d, dname, &moved, &sx, de.is_some(), noreplace) {
-            // Nothing moved: withdraw the intent and the claim (or leave them to the lease).
+            // Nothing moved (e.g. a NOREPLACE destination another client just
+            // created): withdraw the intent and the claim (or leave them to the lease).
             if self.put_entry(s, sname, &se).is_ok() {
                 let _ = self.obj(s)?.punch_akeys(sname, &[RENAME_CLAIM]);
             }
