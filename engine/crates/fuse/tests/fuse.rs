@@ -623,3 +623,127 @@ grep -q " $DIR " /proc/self/mounts || echo unmounted
     );
     assert!(!mounted(&dir));
 }
+
+/// The daemon SIGKILLed while renames run through it, again and again: after
+/// each restart every file is there exactly once (under its old or its new
+/// name) with its data, never under two names and never lost. Plain renames
+/// between two directories and RENAME_EXCHANGE of pairs run concurrently.
+#[test]
+fn renames_survive_a_killed_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let c = cluster(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    let opts = ["--attr-timeout", "0", "--dentry-timeout", "0"];
+    let mut m = Mount::start(&c, "cont", &dir, &opts);
+    const FILES: usize = 16;
+    let body = |i: usize| format!("file {i} ").repeat(100 + i).into_bytes();
+    fs::create_dir(m.p("a")).unwrap();
+    fs::create_dir(m.p("b")).unwrap();
+    for i in 0..FILES {
+        fs::write(m.p(&format!("a/f{i}")), body(i)).unwrap();
+    }
+    let renameat2 = |from: &Path, to: &Path, flags: u32| {
+        let (f, t) = (
+            CString::new(from.as_os_str().as_bytes()).unwrap(),
+            CString::new(to.as_os_str().as_bytes()).unwrap(),
+        );
+        // SAFETY: two NUL-terminated paths.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                flags,
+            )
+        };
+        r == 0
+    };
+    let mut moved = 0;
+    for round in 0..24u64 {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let root = m.dir.clone();
+        std::thread::scope(|s| {
+            for w in 0..2usize {
+                let (stop, root) = (&stop, &root);
+                s.spawn(move || {
+                    let mut k = w;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let i = k % FILES;
+                        k += 2;
+                        let (a, b) = (root.join(format!("a/f{i}")), root.join(format!("b/f{i}")));
+                        // Move whichever exists to the other directory; every
+                        // third time exchange a pair present on both sides.
+                        if k % 3 == 0 {
+                            let j = (i + 1) % FILES;
+                            renameat2(&a, &root.join(format!("b/f{j}")), libc::RENAME_EXCHANGE);
+                        } else if !renameat2(&a, &b, 0) {
+                            renameat2(&b, &a, 0);
+                        }
+                    }
+                });
+            }
+            // Kill the daemon somewhere in the middle of the renames.
+            std::thread::sleep(Duration::from_millis(20 + 13 * round));
+            let mut child = m.child.take().unwrap();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        // A new daemon sees each file once (the old mount, stale, detached
+        // first: the daemon's own detection of it is tested above).
+        drop(m);
+        m = Mount::start(&c, "cont", &dir, &opts);
+        let mut seen = vec![Vec::new(); FILES];
+        for d in ["a", "b"] {
+            let listing = fs::read_dir(m.p(d)).unwrap_or_else(|err| {
+                panic!(
+                    "round {round}: {d}: {err}; root: {:?}; log: {}",
+                    fs::read_dir(&m.dir)
+                        .map(|r| r.map(|x| x.unwrap().file_name()).collect::<Vec<_>>()),
+                    m.log()
+                )
+            });
+            for e in listing {
+                let e = e.unwrap();
+                let data = fs::read(e.path()).unwrap_or_else(|err| {
+                    panic!(
+                        "round {round}: {:?} listed but unreadable: {err}; a: {:?} b: {:?}",
+                        e.path(),
+                        fs::read_dir(m.p("a"))
+                            .unwrap()
+                            .map(|x| x.unwrap().file_name())
+                            .collect::<Vec<_>>(),
+                        fs::read_dir(m.p("b"))
+                            .unwrap()
+                            .map(|x| x.unwrap().file_name())
+                            .collect::<Vec<_>>()
+                    )
+                });
+                let id: usize = std::str::from_utf8(&data[5..])
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert_eq!(
+                    data,
+                    body(id),
+                    "round {round}: {:?} holds damaged data",
+                    e.path()
+                );
+                seen[id].push(format!("{d}/{}", e.file_name().to_string_lossy()));
+            }
+        }
+        for (id, names) in seen.iter().enumerate() {
+            assert_eq!(names.len(), 1, "round {round}: file {id} under {names:?}");
+        }
+        moved += seen.iter().filter(|n| n[0].starts_with('b')).count();
+    }
+    assert!(moved > 0, "no rename ever got through");
+    m.stop();
+}
