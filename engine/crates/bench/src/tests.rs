@@ -191,6 +191,10 @@ pub fn run_all(a: &RunArgs, pool: &str, cont: &str) -> Result<Results> {
         );
         r.small = Some(t);
     }
+    // The data set goes with the run, so that runs can follow each other on one pool.
+    for o in &ds.objects {
+        o.punch().map_err(cerr).context("removing the data set")?;
+    }
     let st = client.transport().stats();
     eprintln!(
         "peregrine-bench: transport {:?}: {} shm calls, {} tcp calls, {} shm fallbacks",
@@ -363,6 +367,11 @@ fn small(
         Ok(())
     })?;
     let fetch_secs = start.elapsed().as_secs_f64();
+    for o in &objects {
+        o.punch()
+            .map_err(cerr)
+            .context("removing the small values")?;
+    }
     let total = per_thread * threads as u64;
     Ok(Small {
         value_bytes: size,
