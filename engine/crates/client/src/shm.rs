@@ -31,10 +31,14 @@ use std::time::{Duration, Instant};
 /// Default of `PEREGRINE_SHM_SPIN_US`: how long a call polls for its reply
 /// before it sleeps (about a device read and the target's work around it).
 const SPIN_US: u64 = 200;
-/// Threads of a process that poll for a reply at once; the others sleep
-/// at once (many polling threads would take the cores from the engine).
-const MAX_SPINNERS: usize = 1;
-static SPINNERS: AtomicUsize = AtomicUsize::new(0);
+/// Calls moving at most this many bytes each way are small: their reply
+/// comes within the polling budget, so every such call polls.
+const SMALL_CALL: usize = 64 << 10;
+/// Threads of a process that poll for the reply of a large call at once;
+/// the others sleep at once (a large reply takes longer than the budget,
+/// and polling threads would take the cores from the engine's copies).
+const MAX_LARGE_SPINNERS: usize = 1;
+static LARGE_SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
 fn spin_budget() -> Duration {
     static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -198,18 +202,22 @@ impl ShmConn {
             .map_err(|e| io_err("shm", &e))
     }
 
-    /// Poll for the reply for a while (if no other thread of this process
-    /// polls), then sleep on the socket until the target rings it.
-    fn wait_reply(&self) -> Result<()> {
+    /// Poll for the reply for a while (a small call always, a large one if
+    /// no other thread of this process polls for one), then sleep on the
+    /// socket until the target rings it.
+    fn wait_reply(&self, small: bool) -> Result<()> {
         let state = self.word(wire::RESP_STATE)?;
-        if SPINNERS.fetch_add(1, Ordering::AcqRel) < MAX_SPINNERS {
+        let poll = small || LARGE_SPINNERS.fetch_add(1, Ordering::AcqRel) < MAX_LARGE_SPINNERS;
+        if poll {
             let (t, budget) = (Instant::now(), spin_budget());
             while state.load(Ordering::Acquire) != wire::RESP_DONE && t.elapsed() < budget {
                 // Give the core away if anything else (the target itself) wants it.
                 std::thread::yield_now();
             }
         }
-        SPINNERS.fetch_sub(1, Ordering::AcqRel);
+        if !small {
+            LARGE_SPINNERS.fetch_sub(1, Ordering::AcqRel);
+        }
         match state.compare_exchange(
             wire::RESP_WAITING,
             wire::RESP_SLEEPING,
@@ -291,7 +299,8 @@ impl ShmConn {
                 return Err(io_err("wake the target", &std::io::Error::last_os_error()));
             }
         }
-        self.wait_reply()?;
+        let expect = out.as_ref().map_or(0, |o| o.len());
+        self.wait_reply(bulk_len <= SMALL_CALL && expect <= SMALL_CALL)?;
         // The engine's memory is as untrusted as ours is to it.
         let len = self.word(wire::RESP_LEN)?.load(Ordering::Acquire);
         if len < HEADER_LEN as u64 || len > self.hello.resp_len {
