@@ -4,13 +4,16 @@
 # Starts one engine (2 targets, sparse device file), creates pool `posix` and a POSIX
 # container `fs` (object class SX, crc32c checksums), mounts it with peregrine-fuse, and
 # runs the same fio jobs through (a) the mount, (b) the mount with LD_PRELOAD of the
-# interception library (if engine/target/release/libperegrine_il.so exists), then
-# peregrine-mdtest on the mount, then (c) fio on a raw device file of the same kind in
-# the same directory (engine stopped). Prints one table; writes bench/results/posix.json.
-# The mount and the engine are stopped on any exit.
+# interception library (if engine/target/release/libperegrine_il.so exists), and (c) on
+# a raw device file of the same kind in the same directory (engine idle), then
+# peregrine-mdtest on the mount. The sequential jobs run --rounds times, the paths one
+# after the other in each round, so that each round's ratios compare runs seconds apart
+# (the speed of a VM's disk and CPUs changes from minute to minute: the table shows the
+# CPU time the hypervisor stole during each run). Prints one table; writes
+# bench/results/posix.json. The mount and the engine are stopped on any exit.
 #
-#   bench/posix.sh [--size 1GiB] [--secs 10] [--device-size 8GiB] [--dir /var/tmp]
-#                  [--items 1000] [--threads 4] [--no-build] [--no-raw]
+#   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 3] [--device-size 8GiB]
+#                  [--dir /var/tmp] [--items 1000] [--threads 4] [--no-build] [--no-raw]
 #
 # Needs fio, fuse3 (hack/install-deps.sh installs them), python3 (for the table), /dev/fuse,
 # and a filesystem with O_DIRECT for --dir (not tmpfs).
@@ -27,6 +30,7 @@ RESULTS="$ROOT/bench/results"
 
 SIZE=1GiB
 SECS=10
+ROUNDS=3
 DEVICE_SIZE=8GiB
 TARGETS=2
 PARENT=${TMPDIR:-/var/tmp}
@@ -35,7 +39,7 @@ THREADS=4
 BUILD=1
 RAW=1
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "posix-bench: $*" >&2
   exit 1
@@ -45,6 +49,7 @@ while (($#)); do
   case $1 in
     --size) SIZE=$2; shift 2 ;;
     --secs) SECS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     --device-size) DEVICE_SIZE=$2; shift 2 ;;
     --dir) PARENT=$2; shift 2 ;;
     --items) ITEMS=$2; shift 2 ;;
@@ -56,6 +61,7 @@ while (($#)); do
   esac
 done
 [[ $SECS =~ ^[1-9][0-9]*$ ]] || die "--secs wants whole seconds, got $SECS"
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds wants a positive number, got $ROUNDS"
 [[ $ITEMS =~ ^[1-9][0-9]*$ ]] || die "--items wants a positive number, got $ITEMS"
 [[ $THREADS =~ ^[1-9][0-9]*$ ]] || die "--threads wants a positive number, got $THREADS"
 
@@ -138,9 +144,8 @@ wait_until 30 "the peregrine-fuse mount" is_mounted || die "mount failed: $(cat 
 echo "==> pool posix, container fs (POSIX, oclass SX, crc32c) mounted on $MNT"
 
 # ---- fio jobs, the same for every path ----
-# fio_jobs FILE: seq write/read 1 MiB x4 jobs (each its quarter), 4 KiB random read QD1 and
-# 4 jobs x QD1, all O_DIRECT (no page cache on either side).
-fio_jobs() {
+# All O_DIRECT (no page cache on either side), psync, one file.
+fio_global() {
   cat <<EOF
 [global]
 filename=$1
@@ -149,6 +154,12 @@ ioengine=psync
 group_reporting=1
 stonewall
 thread=1
+EOF
+}
+# Sequential write then read, 1 MiB, 4 jobs each on its quarter.
+seq_jobs() {
+  fio_global "$1"
+  cat <<EOF
 
 [seq_write]
 rw=write
@@ -159,6 +170,24 @@ offset_increment=$QUARTER
 
 [seq_read]
 rw=read
+bs=1M
+numjobs=4
+size=$QUARTER
+offset_increment=$QUARTER
+EOF
+}
+# The same writes with an fdatasync after each one (the durable reference).
+seq_jobs_durable() {
+  seq_jobs "$1" | sed '/^\[seq_read\]/,$d'
+  echo "fdatasync=1"
+}
+# 4 KiB random reads at QD1 and 4 jobs x QD1, over a data set laid down first.
+rand_jobs() {
+  fio_global "$1"
+  cat <<EOF
+
+[fill]
+rw=write
 bs=1M
 numjobs=4
 size=$QUARTER
@@ -183,61 +212,73 @@ percentile_list=50:99
 EOF
 }
 
-# run_fio NAME FILE [ENV...]: fio with the jobs above on FILE, JSON to $WORK/NAME.json.
+# Steal ticks and all ticks of the cpu line of /proc/stat.
+cpu_ticks() { awk '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print $9, t}' /proc/stat; }
+
+# run_fio NAME JOBS FILE [ENV...]: fio with the jobs that function JOBS prints, on
+# FILE (a fresh sparse file for the raw device; removed after), JSON to
+# $WORK/NAME.json, and the per mille of CPU time the hypervisor stole meanwhile
+# to $WORK/NAME.steal.
 run_fio() {
-  local name=$1 file=$2
-  shift 2
-  fio_jobs "$file" >"$WORK/$name.fio"
-  echo "==> fio ($name) on $file"
+  local name=$1 jobs=$2 file=$3 s0 t0 s1 t1
+  shift 3
+  "$jobs" "$file" >"$WORK/$name.fio"
+  rm -f "$file"
+  [[ $file == "$WORK/raw.img" ]] && truncate -s "$DEVICE_SIZE" "$file"
+  echo "==> fio $name on $file"
+  read -r s0 t0 < <(cpu_ticks)
   if ! env "$@" fio --output-format=json --output="$WORK/$name.json" "$WORK/$name.fio" 2>"$WORK/$name.err"; then
     cat "$WORK/$name.err" >&2
     die "fio ($name) failed"
   fi
+  read -r s1 t1 < <(cpu_ticks)
+  echo $(((s1 - s0) * 1000 / (t1 - t0 + 1))) >"$WORK/$name.steal"
+  rm -f "$file"
 }
 
-run_fio mount "$MNT/fio.data"
-rm -f "$MNT/fio.data"
-if [[ -f $IL ]]; then
-  run_fio il "$MNT/fio-il.data" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
-  # fio runs its jobs as threads (thread=1), so the report covers all of them;
-  # (b) means nothing unless the library really carried the data.
-  report=$(grep "peregrine-il.*intercepted" "$WORK/il.err" || true)
+# run_il NAME JOBS: run_fio through the interception library, which must have
+# carried the data (fio runs its jobs as threads, so the report covers them all).
+run_il() {
+  run_fio "$1" "$2" "$MNT/fio-il.data" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
+  local report
+  report=$(grep "peregrine-il.*intercepted" "$WORK/$1.err" || true)
   echo "$report"
   [[ $report =~ reads=[1-9] && $report =~ writes=[1-9] ]] ||
     die "the interception library did not intercept fio's reads and writes: ${report:-no report}"
-  rm -f "$MNT/fio-il.data"
-else
-  echo "==> interception library not built: skipped ($IL is absent)"
-fi
+}
+
+# The raw runs leave the engine up but idle: it has no I/O of its own to do
+# (no request comes in), and keeping it lets each round put the paths side by side.
+HAVE_IL=0
+[[ -f $IL ]] && HAVE_IL=1
+((HAVE_IL)) || echo "==> interception library not built: (b) skipped ($IL is absent)"
+for ((r = 1; r <= ROUNDS; r++)); do
+  echo "==> sequential round $r of $ROUNDS"
+  run_fio "seq-a-$r" seq_jobs "$MNT/fio.data"
+  if ((HAVE_IL)); then run_il "seq-b-$r" seq_jobs; fi
+  if ((RAW)); then
+    run_fio "seq-c-$r" seq_jobs "$WORK/raw.img"
+    run_fio "seq-cs-$r" seq_jobs_durable "$WORK/raw.img"
+  fi
+done
+run_fio rand-a rand_jobs "$MNT/fio.data"
+if ((HAVE_IL)); then run_il rand-b rand_jobs; fi
+if ((RAW)); then run_fio rand-c rand_jobs "$WORK/raw.img"; fi
 
 echo "==> peregrine-mdtest on $MNT ($THREADS threads x $ITEMS files)"
 # Its own table goes to a file; the summary below repeats it.
 "$MDTEST" --dir "$MNT" --threads "$THREADS" --items "$ITEMS" --json-out "$WORK/mdtest.json" >"$WORK/mdtest.out"
-
-# The engine is done: stop it before raw fio so they do not compete for the disk.
 unmount
 engines_stop
 
-if ((RAW)); then
-  truncate -s "$DEVICE_SIZE" "$WORK/raw.img"
-  run_fio raw "$WORK/raw.img"
-  # Peregrine acknowledges a write once it is durable (fdatasync); plain fio
-  # writes are not. The same sequential writes with an fdatasync after each
-  # one, on a fresh sparse file, give the durable reference (c').
-  rm -f "$WORK/raw.img"
-  truncate -s "$DEVICE_SIZE" "$WORK/raw.img"
-  echo "==> fio (raw, fdatasync after each write) on $WORK/raw.img"
-  fio_jobs "$WORK/raw.img" | sed -n '1,/^\[seq_read\]/p' | sed '$d' >"$WORK/rawsync.fio"
-  echo "fdatasync=1" >>"$WORK/rawsync.fio"
-  fio --output-format=json --output="$WORK/rawsync.json" "$WORK/rawsync.fio" 2>"$WORK/rawsync.err" ||
-    die "fio (raw, fdatasync) failed: $(cat "$WORK/rawsync.err")"
-fi
-
 # ---- the table and the JSON ----
 mkdir -p "$RESULTS"
-python3 - "$WORK" "$RESULTS/posix.json" "$SIZE" "$SECS" <<'PY'
-import json, os, sys
-work, out, size, secs = sys.argv[1:5]
+python3 - "$WORK" "$RESULTS/posix.json" "$SIZE" "$SECS" "$ROUNDS" <<'PY'
+import json, os, statistics, sys
+work, out, size, secs, rounds = sys.argv[1:6]
+rounds = int(rounds)
+
+
 def load(name):
     p = os.path.join(work, name + ".json")
     if not os.path.exists(p):
@@ -245,58 +286,105 @@ def load(name):
     with open(p) as f:
         txt = f.read()
     return json.loads(txt[txt.index("{"):])  # fio may print notes before the JSON
-def fio_metrics(doc):
-    if doc is None:
+
+
+def steal(name):
+    p = os.path.join(work, name + ".steal")
+    return int(open(p).read()) / 10.0 if os.path.exists(p) else None
+
+
+def jobs(doc):
+    return {j["jobname"]: j for j in doc["jobs"]} if doc else None
+
+
+def pct(j, p):
+    return j["read"]["clat_ns"]["percentile"].get(p, 0) / 1000.0
+
+
+SEQ = {
+    "seq write 1MiB x4 (MB/s)": lambda j: j["seq_write"]["write"]["bw_bytes"] / 1e6,
+    "seq read 1MiB x4 (MB/s)": lambda j: j["seq_read"]["read"]["bw_bytes"] / 1e6,
+}
+RAND = {
+    "rand read 4KiB QD1 (IOPS)": lambda j: j["rand_read_qd1"]["read"]["iops"],
+    "rand read 4KiB QD1 p50 (us)": lambda j: pct(j["rand_read_qd1"], "50.000000"),
+    "rand read 4KiB QD1 p99 (us)": lambda j: pct(j["rand_read_qd1"], "99.000000"),
+    "rand read 4KiB 4 jobs (IOPS)": lambda j: j["rand_read_4jobs"]["read"]["iops"],
+}
+PATHS = {"a": "mount", "b": "mount_il", "c": "raw"}
+
+
+def ratio(x, raw, lat):
+    if x is None or raw is None or x == 0 or raw == 0:
         return None
-    jobs = {j["jobname"]: j for j in doc["jobs"]}
-    def pct(j, side, p):
-        return j[side]["clat_ns"]["percentile"].get(p, 0) / 1000.0
-    m = {}
-    m["seq write 1MiB x4 (MB/s)"] = jobs["seq_write"]["write"]["bw_bytes"] / 1e6
-    m["seq read 1MiB x4 (MB/s)"] = jobs["seq_read"]["read"]["bw_bytes"] / 1e6
-    q1 = jobs["rand_read_qd1"]["read"]
-    m["rand read 4KiB QD1 (IOPS)"] = q1["iops"]
-    m["rand read 4KiB QD1 p50 (us)"] = pct(jobs["rand_read_qd1"], "read", "50.000000")
-    m["rand read 4KiB QD1 p99 (us)"] = pct(jobs["rand_read_qd1"], "read", "99.000000")
-    m["rand read 4KiB 4 jobs (IOPS)"] = jobs["rand_read_4jobs"]["read"]["iops"]
-    return m
-cols = {"mount": fio_metrics(load("mount")), "mount+il": fio_metrics(load("il")),
-        "raw": fio_metrics(load("raw"))}
-rows = list(cols["mount"].keys())
+    return raw / x if lat else x / raw
+
+
 def fmt(v):
     if v is None:
         return "-"
-    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
-hdr = f"{'test':<30} {'(a) mount':>10} {'(b) mount+il':>13} {'(c) raw':>10} {'a/c':>6} {'b/c':>6}"
-print("\nPOSIX: peregrine-fuse mount vs raw device file (fio, O_DIRECT, psync; ratio = share of raw)")
+    return f"{v:.0f}" if v >= 100 else f"{v:.2f}" if v < 10 else f"{v:.1f}"
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+result = {"size": size, "secs": secs, "rounds": rounds, "fio": {}, "mdtest": None}
+print("\nPOSIX: peregrine-fuse mount vs raw device file (fio, O_DIRECT, psync)")
+print("ratio = share of raw, per round (paths run seconds apart) and their median; "
+      "steal = CPU time the hypervisor took, per round")
+hdr = (f"{'test':<28} {'(a) mount':>10} {'(b) +il':>10} {'(c) raw':>10} "
+       f"{'a/c':>6} {'b/c':>6}  {'b/c per round':<18} {'steal % per round (b, c)'}")
 print(hdr)
 print("-" * len(hdr))
-result = {"size": size, "secs": secs, "fio": {}, "mdtest": None}
-for r in rows:
-    vals = {k: (c or {}).get(r) for k, c in cols.items()}
-    lat = "(us)" in r
-    def ratio(x):
-        raw = vals["raw"]
-        if x is None or raw is None or x == 0 or raw == 0:
-            return None
-        return raw / x if lat else x / raw
-    ra, rb = ratio(vals["mount"]), ratio(vals["mount+il"])
-    print(f"{r:<30} {fmt(vals['mount']):>10} {fmt(vals['mount+il']):>13} {fmt(vals['raw']):>10} "
-          f"{'-' if ra is None else f'{ra:.2f}':>6} {'-' if rb is None else f'{rb:.2f}':>6}")
-    result["fio"][r] = {"mount": vals["mount"], "mount_il": vals["mount+il"], "raw": vals["raw"],
-                        "mount_ratio": ra, "mount_il_ratio": rb}
-sync = load("rawsync")
-if sync:
-    durable = {j["jobname"]: j for j in sync["jobs"]}["seq_write"]["write"]["bw_bytes"] / 1e6
-    b = cols["mount+il"] and cols["mount+il"]["seq write 1MiB x4 (MB/s)"]
-    a = cols["mount"]["seq write 1MiB x4 (MB/s)"]
-    name = "(c') raw, fdatasync each write"
-    rb = "-" if not b else f"{b / durable:.2f}"
-    print(f"{name:<30} {'':>10} {'':>13} {fmt(durable):>10} {a / durable:>6.2f} {rb:>6}"
-          "   (seq write made durable, as Peregrine's are)")
+for name, get in SEQ.items():
+    per = {k: [] for k in PATHS}
+    for r in range(1, rounds + 1):
+        for k in PATHS:
+            j = jobs(load(f"seq-{k}-{r}"))
+            per[k].append(get(j) if j else None)
+    ra = [ratio(a, c, False) for a, c in zip(per["a"], per["c"])]
+    rb = [ratio(b, c, False) for b, c in zip(per["b"], per["c"])]
+    st = [f"{fmt(steal(f'seq-b-{r}'))}/{fmt(steal(f'seq-c-{r}'))}" for r in range(1, rounds + 1)]
+    m = {k: med(v) for k, v in per.items()}
+    rounds_b = ", ".join(fmt(x) for x in rb)
+    print(f"{name:<28} {fmt(m['a']):>10} {fmt(m['b']):>10} {fmt(m['c']):>10} "
+          f"{fmt(med(ra)):>6} {fmt(med(rb)):>6}  {rounds_b:<18} {', '.join(st)}")
+    result["fio"][name] = {
+        **{PATHS[k]: m[k] for k in PATHS},
+        **{PATHS[k] + "_rounds": per[k] for k in PATHS},
+        "mount_ratio": med(ra), "mount_il_ratio": med(rb),
+        "mount_il_ratio_rounds": rb,
+        "steal_pct_rounds": {PATHS[k]: [steal(f"seq-{k}-{r}") for r in range(1, rounds + 1)]
+                             for k in PATHS},
+    }
+# (c'): raw writes made durable, as Peregrine's are.
+durable = []
+for r in range(1, rounds + 1):
+    j = jobs(load(f"seq-cs-{r}"))
+    durable.append(j["seq_write"]["write"]["bw_bytes"] / 1e6 if j else None)
+if any(d is not None for d in durable):
+    w = result["fio"]["seq write 1MiB x4 (MB/s)"]
+    ra = [ratio(a, d, False) for a, d in zip(w["mount_rounds"], durable)]
+    rb = [ratio(b, d, False) for b, d in zip(w["mount_il_rounds"], durable)]
+    print(f"{'seq write vs (c) + fdatasync':<28} {'':>10} {'':>10} {fmt(med(durable)):>10} "
+          f"{fmt(med(ra)):>6} {fmt(med(rb)):>6}  {', '.join(fmt(x) for x in rb):<18} "
+          "(c'): raw writes made durable, as Peregrine's are")
     result["fio"]["seq write 1MiB x4, raw with fdatasync (MB/s)"] = {
-        "raw_fdatasync": durable, "mount_ratio": a / durable,
-        "mount_il_ratio": b / durable if b else None}
+        "raw_fdatasync": med(durable), "raw_fdatasync_rounds": durable,
+        "mount_ratio": med(ra), "mount_il_ratio": med(rb), "mount_il_ratio_rounds": rb}
+for name, get in RAND.items():
+    lat = "(us)" in name
+    v = {k: (get(jobs(load(f"rand-{k}"))) if load(f"rand-{k}") else None) for k in PATHS}
+    ra, rb = ratio(v["a"], v["c"], lat), ratio(v["b"], v["c"], lat)
+    st = f"{fmt(steal('rand-b'))}/{fmt(steal('rand-c'))}"
+    print(f"{name:<28} {fmt(v['a']):>10} {fmt(v['b']):>10} {fmt(v['c']):>10} "
+          f"{fmt(ra):>6} {fmt(rb):>6}  {'(one round)':<18} {st}")
+    result["fio"][name] = {**{PATHS[k]: v[k] for k in PATHS},
+                           "mount_ratio": ra, "mount_il_ratio": rb}
+
 md = load("mdtest")
 if md:
     result["mdtest"] = md
@@ -311,8 +399,6 @@ if md:
     for ph in ["create", "stat", "read", "delete"]:
         vals = {(x["size"], x["layout"]): x["ops_per_sec"] for x in md["results"] if x["phase"] == ph}
         print(f"{ph:<8}" + "".join(f" {vals[k]:>14.0f}" for k in runs))
-if cols["mount+il"] is None:
-    print("\n(b): interception library not built: skipped")
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")

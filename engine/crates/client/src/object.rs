@@ -854,7 +854,7 @@ impl Object {
         };
         let (body, reply) =
             self.call_with(map, loc, Opcode::Fetch, &req, &[], out.as_deref_mut())?;
-        let (mut bulk, placed) = (reply.bulk, reply.placed);
+        let (mut bulk, placed, placed_crc) = (reply.bulk, reply.placed, reply.placed_crc);
         let bad = |m: String| Error::new(-libc::EPROTO, format!("{}: {m}", self.where_(map, loc)));
         let values = match body {
             Some(Body::Fetch(f)) => f.values,
@@ -894,7 +894,11 @@ impl Object {
             let mut status = v.status;
             // Verify what arrived: catches corruption on the wire or in
             // buffers, which the engine's own check of stored data cannot.
-            if status == 0 && csum && v.has_crc && crc32c(got) != v.crc {
+            let crc = || match (placed_crc, n) {
+                (Some(c), 1) if placed => c,
+                _ => crc32c(got),
+            };
+            if status == 0 && csum && v.has_crc && crc() != v.crc {
                 status = -CSUM_ERRNO;
             }
             fetched.push(Fetched {

@@ -29,6 +29,9 @@ pub struct Reply {
     /// The bulk went straight into the caller's buffer ([`Transport::call_into`])
     /// and `bulk` is empty.
     pub placed: bool,
+    /// CRC32C of the bytes placed, computed as they were copied (while they
+    /// were in cache), when the transport did so.
+    pub placed_crc: Option<u32>,
 }
 
 pub trait Transport: Send + Sync {
@@ -390,6 +393,7 @@ impl TcpTransport {
             msg: f.msg,
             bulk: f.bulk,
             placed: false,
+            placed_crc: None,
         })
     }
 }

@@ -11,7 +11,7 @@
 use crate::node::Node;
 use peregrine_proto::data::{self, Response as DataResponse, Status as DataStatus};
 use peregrine_proto::frame::{self, Frame, FrameError, Opcode, FLAG_RESPONSE};
-use peregrine_vos::Request;
+use peregrine_vos::{ReplyRef, Request};
 use prost::Message;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,7 +53,7 @@ pub(crate) fn error_reply(code: i32, message: String) -> Reply {
 pub(crate) fn decode_request(f: Frame) -> Result<Option<Request>, FrameError> {
     Ok(Some(match f.header.op() {
         Opcode::Ping => return Ok(None),
-        Opcode::Update => Request::Update(f.message::<data::UpdateReq>("update")?, f.bulk),
+        Opcode::Update => Request::Update(f.message::<data::UpdateReq>("update")?, f.bulk.into()),
         Opcode::Fetch => Request::Fetch(f.message::<data::FetchReq>("fetch")?),
         Opcode::Punch => Request::Punch(f.message::<data::PunchReq>("punch")?),
         Opcode::List => Request::List(f.message::<data::ListReq>("list")?),
@@ -72,9 +72,9 @@ pub(crate) fn dispatch(
     match (req, node.storage()) {
         (None, _) => reply(error_reply(0, String::new())),
         (Some(_), Err(st)) => reply(error_reply(-libc::EAGAIN, st.message().to_string())),
-        (Some(req), Ok(storage)) => storage.submit_with(req, move |r| {
+        (Some(req), Ok(storage)) => storage.submit_with(req, move |r: ReplyRef<'_>| {
             reply(match r {
-                Ok(r) => r,
+                Ok((resp, bulk)) => (resp, bulk.into_vec()),
                 Err(e) => error_reply(e.code, e.msg),
             })
         }),

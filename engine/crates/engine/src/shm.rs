@@ -4,10 +4,14 @@
 //! The engine listens on a unix socket in `shm_dir`. A connection is for one
 //! target: after the handshake it becomes a [`peregrine_vos::Source`] of
 //! that target, which polls it between its other work. The target copies
-//! the frame out of the (untrusted) request region, validates and decodes it
-//! exactly as a TCP frame ([`crate::dataplane::decode_request`]), serves it,
-//! writes the response frame (fetched bulk copied once) into the response
-//! region and tells the client, waking it only if it went to sleep. No
+//! the frame's header and message out of the (untrusted) request region,
+//! validates and decodes them exactly as a TCP frame
+//! ([`crate::dataplane::decode_request`]); an update's values stay in the
+//! region until the target copies each once, to where it stores it
+//! ([`peregrine_vos::Bulk::Shared`]). It serves the request, writes the
+//! response frame into the response region (fetched bytes copied once,
+//! from its device buffers) and tells the client, waking it only if it went
+//! to sleep. No
 //! thread stands between a client and its target: the connection's own
 //! thread only watches the socket for the client going away. One request
 //! per connection is in flight; a request that arrives before the previous
@@ -15,11 +19,12 @@
 //! does anything malformed (handshake, memfd, lengths, frame, a request for
 //! another target), with a logged reason.
 
-use crate::dataplane::{self, Reply};
+use crate::dataplane;
 use crate::node::Node;
+use peregrine_proto::data::Response as DataResponse;
 use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 use peregrine_proto::shm::{self as wire, Hello, Mapping};
-use peregrine_vos::{Polled, Source};
+use peregrine_vos::{Bulk, Gather, Polled, ReplyRef, Request, SharedBytes, Source};
 use prost::Message;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
@@ -218,7 +223,7 @@ impl Live {
     }
 
     /// Write the response frame and tell the client; on failure close.
-    fn reply(&self, header: &Header, reply: Reply) {
+    fn reply(&self, header: &Header, reply: (DataResponse, Gather<'_>)) {
         match write_response(&self.conn, header, reply) {
             Ok(n) => {
                 self.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -281,7 +286,7 @@ impl Source for Channel {
         }
         state.store(wire::REQ_TAKEN, Ordering::Release);
         let len = live.conn.word(wire::REQ_LEN).load(Ordering::Acquire);
-        let (header, req) = match decode_one(&live.conn, len) {
+        let (header, req) = match decode_one(live, len) {
             Ok(d) => d,
             Err(e) => {
                 live.stats.rejected.fetch_add(1, Ordering::Relaxed);
@@ -291,7 +296,7 @@ impl Source for Channel {
         };
         live.busy.store(true, Ordering::Release);
         let Some(req) = req else {
-            live.reply(&header, dataplane::error_reply(0, String::new()));
+            live.reply(&header, owned(dataplane::error_reply(0, String::new())));
             return Polled::Idle;
         };
         if let Some(t) = peregrine_vos::request_target(&req).filter(|t| *t != self.target) {
@@ -305,13 +310,41 @@ impl Source for Channel {
         let l = live.clone();
         Polled::Request(
             req,
-            Box::new(move |r| {
+            Box::new(move |r: ReplyRef<'_>| {
                 l.reply(
                     &header,
-                    r.unwrap_or_else(|e| dataplane::error_reply(e.code, e.msg)),
+                    r.unwrap_or_else(|e| owned(dataplane::error_reply(e.code, e.msg))),
                 )
             }),
         )
+    }
+}
+
+fn owned((resp, bulk): dataplane::Reply) -> (DataResponse, Gather<'static>) {
+    (resp, Gather::from(bulk))
+}
+
+/// An update's values in the request region of a connection, copied out by
+/// the target (bounds-checked: the region is the client's to change).
+struct ShmBulk {
+    live: Arc<Live>,
+    off: u64,
+    len: usize,
+}
+
+impl SharedBytes for ShmBulk {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn copy_out(&self, off: usize, out: &mut [u8]) -> std::io::Result<()> {
+        match off.checked_add(out.len()) {
+            Some(end) if end <= self.len => self.live.conn.map.read(self.off + off as u64, out),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{off}+{} beyond the {}-byte bulk", out.len(), self.len),
+            )),
+        }
     }
 }
 
@@ -394,8 +427,10 @@ fn watch(live: &Live) {
     let _ = live.sock.shutdown(std::net::Shutdown::Both);
 }
 
-/// Copy out, check and decode the request of `len` bytes in the request region.
-fn decode_one(c: &Conn, len: u64) -> Result<(Header, Option<peregrine_vos::Request>), String> {
+/// Copy out, check and decode the request of `len` bytes in the request
+/// region; an update's bulk stays there ([`ShmBulk`]).
+fn decode_one(live: &Arc<Live>, len: u64) -> Result<(Header, Option<Request>), String> {
+    let c = &live.conn;
     let h = &c.hello;
     if len < HEADER_LEN as u64 || len > h.req_len {
         return Err(format!(
@@ -418,17 +453,36 @@ fn decode_one(c: &Conn, len: u64) -> Result<(Header, Option<peregrine_vos::Reque
         .map
         .read_vec(msg_off, header.msg_len as usize)
         .map_err(|e| e.to_string())?;
-    let bulk = c
-        .map
-        .read_vec(msg_off + header.msg_len as u64, header.bulk_len as usize)
-        .map_err(|e| e.to_string())?;
+    let bulk_off = msg_off + header.msg_len as u64;
+    let update = header.op() == peregrine_proto::frame::Opcode::Update;
+    let bulk = if update {
+        Vec::new()
+    } else {
+        c.map
+            .read_vec(bulk_off, header.bulk_len as usize)
+            .map_err(|e| e.to_string())?
+    };
     let req = dataplane::decode_request(Frame { header, msg, bulk })
         .map_err(|e| format!("request frame: {e}"))?;
+    let req = match req {
+        Some(Request::Update(u, _)) => Some(Request::Update(
+            u,
+            Bulk::Shared(Box::new(ShmBulk {
+                live: live.clone(),
+                off: bulk_off,
+                len: header.bulk_len as usize,
+            })),
+        )),
+        r => r,
+    };
     Ok((header, req))
 }
 
-fn write_response(c: &Conn, req: &Header, reply: Reply) -> Result<u64, String> {
-    let (resp, bulk) = reply;
+fn write_response(
+    c: &Conn,
+    req: &Header,
+    (resp, bulk): (DataResponse, Gather<'_>),
+) -> Result<u64, String> {
     let mut msg = resp.encode_to_vec();
     let mut bulk = bulk;
     let fits = |m: usize, b: usize| {
@@ -447,7 +501,7 @@ fn write_response(c: &Conn, req: &Header, reply: Reply) -> Result<u64, String> {
             ),
         );
         msg = r.encode_to_vec();
-        bulk = b;
+        bulk = Gather::from(b);
         if !fits(msg.len(), bulk.len()) {
             return Err(format!(
                 "response region of {} bytes is too small for any reply",
@@ -466,6 +520,10 @@ fn write_response(c: &Conn, req: &Header, reply: Reply) -> Result<u64, String> {
     let w = |o: u64, d: &[u8]| c.map.write(o, d).map_err(|e| e.to_string());
     w(off, &header.encode())?;
     w(off + HEADER_LEN as u64, &msg)?;
-    w(off + (HEADER_LEN + msg.len()) as u64, &bulk)?;
+    let mut at = off + (HEADER_LEN + msg.len()) as u64;
+    for part in bulk.parts() {
+        w(at, part)?;
+        at += part.len() as u64;
+    }
     Ok((HEADER_LEN + msg.len() + bulk.len()) as u64)
 }

@@ -407,3 +407,131 @@ fn hostile_shm_client_loses_only_its_connection() {
         c.logs()
     );
 }
+
+impl Raw {
+    /// Post the frame already in the request region and return the
+    /// response frame's status and body.
+    fn call(&self, len: u64) -> (peregrine_proto::data::Response, Vec<u8>) {
+        self.post(len);
+        let n = self.reply().expect("the engine answered");
+        let buf = self.map.read_vec(self.hello.resp_off, n as usize).unwrap();
+        let (f, _) = frame::decode_frame(&buf).unwrap();
+        (prost::Message::decode(f.msg.as_slice()).unwrap(), f.bulk)
+    }
+}
+
+/// An update's values stay in the client's request region until the target
+/// copies them, and the client can write that region at any time. A client
+/// that rewrites its values while the update is served must get them
+/// refused for their checksum, or stored exactly as checksummed: never
+/// stored bytes that differ from the checksum stored with them.
+#[test]
+fn values_rewritten_during_their_update_are_stored_as_checked_or_refused() {
+    use peregrine_proto::data::{self, ValueKind};
+    let c = Cluster::with_pool(spec(), 128, "S1", "crc32c");
+    let client = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Tcp).unwrap();
+    let pool = client.pool_connect("pool").unwrap();
+    let cont = pool.cont_open("cont").unwrap();
+    let addr = data::Address {
+        pool: pool.uuid().as_bytes().to_vec(),
+        cont: cont.uuid().as_bytes().to_vec(),
+        oid: Some(data::ObjectId { hi: 0, lo: 77 }),
+        shard: 0,
+        target: 0,
+        map_version: pool.map().version,
+    };
+    let raw = raw_connect(&socket(&c), 0);
+    let len = 1 << 20;
+    let (good, other) = (pattern(1, len), pattern(2, len));
+    let (mut stored, mut refused) = (0, 0);
+    for round in 0..48u64 {
+        let dkey = format!("d{round}").into_bytes();
+        let req = data::UpdateReq {
+            addr: Some(addr.clone()),
+            epoch: round + 1,
+            dkey: dkey.clone(),
+            iods: vec![data::Iod {
+                akey: b"a".to_vec(),
+                kind: ValueKind::Array as i32,
+                offset: 0,
+                len: len as u64,
+                crc: peregrine_isal::crc32c(&good),
+                has_crc: true,
+            }],
+            insert_only: false,
+        };
+        let msg = prost::Message::encode_to_vec(&req);
+        let f = frame::encode_frame(Opcode::Update, 0, round, &msg, &[&good]).unwrap();
+        raw.write(&f);
+        let bulk_off = raw.hello.req_off + (HEADER_LEN + msg.len()) as u64;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (resp, _) = std::thread::scope(|s| {
+            // Every other round the values change under the target.
+            if round % 2 == 1 {
+                s.spawn(|| {
+                    while !done.load(Ordering::Relaxed) {
+                        raw.map.write(bulk_off + 4096, &other[..256]).unwrap();
+                        raw.map.write(bulk_off + 4096, &good[4096..4352]).unwrap();
+                    }
+                });
+            }
+            let r = raw.call(f.len() as u64);
+            done.store(true, Ordering::Relaxed);
+            r
+        });
+        let code = resp.status.as_ref().map_or(0, |s| s.code);
+        if code != 0 {
+            assert_eq!(
+                code,
+                -peregrine_proto::CSUM_ERRNO,
+                "round {round}: {resp:?}"
+            );
+            refused += 1;
+        } else {
+            stored += 1;
+        }
+        // What is stored reads back as exactly the checked bytes.
+        let fetch = data::FetchReq {
+            addr: Some(addr.clone()),
+            epoch: u64::MAX,
+            dkey,
+            iods: vec![data::Iod {
+                akey: b"a".to_vec(),
+                kind: ValueKind::Array as i32,
+                offset: 0,
+                len: len as u64,
+                ..Default::default()
+            }],
+        };
+        let msg = prost::Message::encode_to_vec(&fetch);
+        let f = frame::encode_frame(Opcode::Fetch, 0, 100 + round, &msg, &[]).unwrap();
+        raw.write(&f);
+        let (resp, bulk) = raw.call(f.len() as u64);
+        let Some(data::response::Body::Fetch(got)) = resp.body else {
+            panic!("round {round}: fetch reply {resp:?}");
+        };
+        assert_eq!(got.values[0].status, 0, "round {round}: {got:?}");
+        if code == 0 {
+            assert!(
+                bulk == good,
+                "round {round}: stored bytes differ from the checked ones"
+            );
+            assert_eq!(got.values[0].crc, peregrine_isal::crc32c(&good));
+        } else {
+            assert_eq!(
+                got.values[0].size, 0,
+                "round {round}: a refused update left data"
+            );
+        }
+    }
+    eprintln!("rewritten values: {stored} stored, {refused} refused");
+    assert!(
+        stored >= 24,
+        "the untouched rounds are stored ({stored} stored, {refused} refused)"
+    );
+    assert!(
+        !c.engines[0].log_text().contains("panicked"),
+        "{}",
+        c.logs()
+    );
+}

@@ -411,6 +411,11 @@ impl DeviceIo {
         &self.bufs.slice(buf)[off..off + len]
     }
 
+    /// `len` bytes of a region, to fill before a write starts from it.
+    pub(crate) fn bytes_mut(&mut self, buf: usize, off: usize, len: usize) -> &mut [u8] {
+        &mut self.bufs.slice_mut(buf)[off..off + len]
+    }
+
     /// Whether no region is taken (then everything may go through the blocking calls).
     pub(crate) fn regions_idle(&self) -> bool {
         self.arena.idle()
@@ -617,6 +622,7 @@ impl DeviceIo {
     /// (IOSQE_IO_LINK) so that the fdatasync runs only after every write
     /// succeeded (and not at all if one failed).
     pub(crate) fn write(&mut self, writes: &[(u64, &[u8])], sync: bool) -> io::Result<()> {
+        debug_assert!(self.arena.idle(), "blocking write while regions are taken");
         let mut pieces: Vec<(u64, &[u8])> = Vec::new();
         for &(off, data) in writes {
             debug_assert_eq!(off % BLOCK, 0);
@@ -669,6 +675,7 @@ impl DeviceIo {
         pieces: &[(u64, usize)],
         mut done: impl FnMut(usize, io::Result<&[u8]>),
     ) -> io::Result<()> {
+        debug_assert!(self.arena.idle(), "blocking read while regions are taken");
         let max_ops = self.max_ops();
         let mut ops: Vec<Op> = Vec::new();
         let mut idx: Vec<usize> = Vec::new();

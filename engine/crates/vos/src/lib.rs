@@ -74,13 +74,17 @@
 //! exactly one [`Reply`]; call `recv()` from a blocking context.
 //! [`Storage::submit_with`] instead calls a callback with the reply on the
 //! target's thread (no thread is parked waiting: e.g. complete a tokio
-//! oneshot, or write a small reply straight back to the client).
+//! oneshot, or write a small reply straight back to the client); that reply
+//! ([`ReplyRef`]) may borrow the target's device buffers ([`Gather`]) for
+//! the duration of the call, and an update's values may stay in the
+//! client's shared memory until the target copies them ([`Bulk`]).
 //! Fetches are answered from durable state only, before the updates queued
 //! in the same batch commit (see the `target` module). Control calls (`pool_create`, ...) block
 //! until every target has answered.
 
 mod alloc;
 mod bufpool;
+mod bulk;
 mod device;
 mod error;
 mod index;
@@ -89,6 +93,7 @@ mod superblock;
 mod target;
 mod wal;
 
+pub use bulk::{Bulk, Gather, SharedBytes};
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
 
@@ -128,10 +133,10 @@ pub struct StorageOptions {
 }
 
 /// One data-plane request; the target comes from its `Address.target`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Request {
     /// The update and its bulk (values concatenated in iod order).
-    Update(data::UpdateReq, Vec<u8>),
+    Update(data::UpdateReq, Bulk),
     Fetch(data::FetchReq),
     Punch(data::PunchReq),
     List(data::ListReq),
@@ -140,6 +145,13 @@ pub enum Request {
 
 /// A response and its bulk (fetched values concatenated in iod order), or an errno.
 pub type Reply = Result<(data::Response, Vec<u8>), Errno>;
+
+/// A [`Reply`] as the target hands it to a callback: the bulk may borrow
+/// the target's device buffers until the callback returns.
+pub type ReplyRef<'a> = Result<(data::Response, Gather<'a>), Errno>;
+
+/// Takes the one reply of a request, on the target's thread.
+pub type ReplyFn = Box<dyn for<'a> FnOnce(ReplyRef<'a>) + Send>;
 
 /// A source of requests that a target polls itself, between its other work
 /// ([`Storage::attach`]): the engine's shared-memory connections of local
@@ -157,7 +169,7 @@ pub trait Source: Send {
 pub enum Polled {
     Idle,
     /// A request and the function that takes its one reply (on the target's thread).
-    Request(Request, Box<dyn FnOnce(Reply) + Send>),
+    Request(Request, ReplyFn),
     /// The source is gone: the target drops it.
     Closed,
 }
@@ -165,10 +177,10 @@ pub enum Polled {
 /// Delivers the one reply of a request submitted with [`Storage::submit_with`]
 /// (on the target's thread). Dropped unanswered (a target stopping with the
 /// request still queued), it answers `-ESHUTDOWN`, so no caller waits forever.
-pub(crate) struct Responder(Option<Box<dyn FnOnce(Reply) + Send>>);
+pub(crate) struct Responder(Option<ReplyFn>);
 
 impl Responder {
-    pub(crate) fn send(mut self, r: Reply) {
+    pub(crate) fn send(mut self, r: ReplyRef<'_>) {
         if let Some(f) = self.0.take() {
             f(r)
         }
@@ -343,8 +355,8 @@ impl Storage {
     /// one reply, once the request is done (an update: once durable).
     pub fn submit(&self, req: Request) -> mpsc::Receiver<Reply> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.submit_with(req, move |r| {
-            let _ = tx.send(r);
+        self.submit_with(req, move |r: ReplyRef<'_>| {
+            let _ = tx.send(r.map(|(resp, bulk)| (resp, bulk.into_vec())));
         });
         rx
     }
@@ -376,7 +388,11 @@ impl Storage {
     /// durable), on the target's thread (or on the caller's, for a request
     /// rejected before it is queued). It must be quick and must not block:
     /// e.g. send on a tokio oneshot or a channel, or copy a small reply out.
-    pub fn submit_with(&self, req: Request, reply: impl FnOnce(Reply) + Send + 'static) {
+    pub fn submit_with(
+        &self,
+        req: Request,
+        reply: impl for<'a> FnOnce(ReplyRef<'a>) + Send + 'static,
+    ) {
         let tx = Responder(Some(Box::new(reply)));
         let n = self.senders.len() as u32;
         let target = match request_addr(&req) {

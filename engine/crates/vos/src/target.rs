@@ -50,10 +50,11 @@ use crate::index::{
 };
 use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
-use crate::{Polled, PoolSpace, Reply, Request, Responder, Source};
+use crate::{Bulk, Gather, Polled, PoolSpace, Reply, Request, Responder, Source};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use peregrine_proto::data;
 use peregrine_proto::shm::{self, Mapping};
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
@@ -143,15 +144,86 @@ pub(crate) enum Msg {
 struct Batch {
     ops: Vec<WalOp>,
     replies: Vec<Responder>,
-    bulks: Vec<Vec<u8>>,
-    /// (device offset, bulk index, start, len)
-    writes: Vec<(u64, usize, usize, usize)>,
+    /// The data blocks to write: (device offset, at most a buffer of bytes).
+    writes: Vec<(u64, Staged)>,
     /// Blocks allocated for this batch (returned if it fails).
     runs: Vec<(u64, u64)>,
     /// Space the batch already claims per pool: (scm, nvme).
     space: HashMap<Uuid, (u64, u64)>,
     /// Bytes of values going to data blocks.
     data: usize,
+    /// Of those, bytes staged in regions of the registered buffers.
+    staged: usize,
+}
+
+/// Bytes on their way to data blocks: in a region of the registered
+/// buffers (buffer, offset, length padded to whole blocks with zeros) that
+/// the write starts from, or in memory of their own when no region was
+/// free (copied into one when the batch starts).
+enum Staged {
+    Region(usize, usize, usize),
+    Bytes(Vec<u8>),
+}
+
+impl Batch {
+    /// Move the staged bytes out of the registered buffers, for the blocking
+    /// paths, which use every buffer.
+    fn unstage(&mut self, dev: &mut DeviceIo) {
+        for (_, w) in &mut self.writes {
+            if let Staged::Region(buf, off, len) = *w {
+                *w = Staged::Bytes(dev.bytes(buf, off, len).to_vec());
+                dev.release(buf);
+            }
+        }
+        self.staged = 0;
+    }
+}
+
+/// What an update being prepared has taken so far (given back if it fails).
+#[derive(Default)]
+struct Staging {
+    writes: Vec<(u64, Staged)>,
+    runs: Vec<(u64, u64)>,
+    bytes: usize,
+    staged: usize,
+}
+
+impl Staging {
+    fn undo(self, alloc: &mut BlockAlloc, dev: &mut DeviceIo) {
+        for (b, n) in self.runs {
+            alloc.free(b, n);
+        }
+        for (_, w) in self.writes {
+            if let Staged::Region(buf, ..) = w {
+                dev.release(buf);
+            }
+        }
+    }
+}
+
+/// Copy `dst.len()` bytes at `off` of `bulk` into `dst` and checksum them
+/// on the copy, a cache-sized step at a time (the sums read what the copy
+/// just wrote): one CRC32C per `chunk` appended to `csums`, and, if asked
+/// for, the running CRC32C of the value in `crc`.
+fn copy_and_sum(
+    bulk: &Bulk,
+    off: usize,
+    dst: &mut [u8],
+    chunk: usize,
+    csums: &mut Vec<u32>,
+    mut crc: Option<&mut u32>,
+) -> std::io::Result<()> {
+    let step = (64usize << 10).div_ceil(chunk) * chunk;
+    for (k, d) in dst.chunks_mut(step).enumerate() {
+        bulk.copy_out(off + k * step, d)?;
+        for c in d.chunks(chunk) {
+            csums.push(peregrine_isal::crc32c(c));
+            if let Some(crc) = crc.as_deref_mut() {
+                *crc = peregrine_isal::crc32c_append(*crc, c);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A batch whose data, WAL record and fdatasync are in flight.
@@ -320,12 +392,20 @@ struct Prof {
     read_pieces: u64,
 }
 
+/// Where some of a fetch's bytes are.
+enum Piece {
+    Bytes(Vec<u8>),
+    /// In a region of the registered buffers: (buffer, offset, length).
+    Region(usize, usize, usize),
+}
+
 /// One iod of a fetch being served.
 struct IodRead {
     fv: data::FetchedValue,
     has_crc: bool,
-    /// The bytes returned (`fv.len` of them).
-    out: Vec<u8>,
+    /// The bytes returned (`fv.len` of them): pieces at their offsets, zeros
+    /// between them.
+    out: Vec<(u64, Piece)>,
     /// Device segments still to read into `out`.
     segs: Vec<Seg>,
     /// The client's checksum of exactly the bytes returned, if stored.
@@ -741,6 +821,7 @@ impl Target {
     fn pump(&mut self) {
         if self.ckpt_due && self.dev.in_flight() == 0 {
             self.ckpt_due = false;
+            self.open.unstage(&mut self.dev);
             if let Err(e) = self.checkpoint() {
                 tracing::warn!(target = self.id, error = %e, "checkpoint failed; WAL keeps growing");
             }
@@ -801,13 +882,24 @@ impl Target {
             if let Some(job) = self.fetch_jobs.get_mut(&d.tag) {
                 let (dst, buf, off) = job.reads[d.idx];
                 let res = d.res.map(|()| self.dev.bytes(buf, off, dst.len));
-                absorb_piece(self.id, self.chunk, &mut job.plans, dst, res);
-                self.dev.release(buf);
+                if let Some((iod, at, from, len)) =
+                    absorb_piece(self.id, self.chunk, &mut job.plans, dst, res)
+                {
+                    if let Ok(iods) = &mut job.plans[dst.fetch] {
+                        iods[iod]
+                            .out
+                            .push((at, Piece::Region(buf, off + from, len)));
+                    }
+                }
                 job.pending -= 1;
                 if job.pending == 0 {
+                    // The replies borrow the regions: released once they are sent.
                     let job = self.fetch_jobs.remove(&d.tag).expect("job");
                     for ((f, tx), p) in job.fetches.into_iter().zip(job.plans) {
                         tx.send(p.map(|iods| self.assemble(&f, iods)));
+                    }
+                    for (_, buf, _) in job.reads {
+                        self.dev.release(buf);
                     }
                     self.release_deferred();
                 }
@@ -870,7 +962,7 @@ impl Target {
                 self.apply(op);
             }
             for tx in c.replies {
-                tx.send(Ok((ok_response(None), Vec::new())));
+                tx.send(Ok((ok_response(None), Gather::default())));
             }
         }
         if self.wal_tail > self.sb.wal_bytes / 2 {
@@ -914,7 +1006,7 @@ impl Target {
             Request::List(l) => self.list(l),
             Request::QuerySize(q) => self.query_size(q),
         };
-        tx.send(r);
+        tx.send(r.map(|(resp, bulk)| (resp, Gather::from(bulk))));
     }
 
     fn addr(&self, a: Option<&data::Address>, op: &str) -> Result<(Uuid, Uuid, ObjKey), Errno> {
@@ -950,7 +1042,7 @@ impl Target {
         ))
     }
 
-    fn prepare_update(&mut self, u: data::UpdateReq, bulk: Vec<u8>) -> Result<(), Errno> {
+    fn prepare_update(&mut self, u: data::UpdateReq, bulk: Bulk) -> Result<(), Errno> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
@@ -985,30 +1077,20 @@ impl Target {
             let kind = kind_of(iod.kind, "update")?;
             let range = pos..pos + iod.len as usize;
             pos = range.end;
-            let v = &bulk[range.clone()];
-            if iod.has_crc {
-                let got = peregrine_isal::crc32c(v);
-                if got != iod.crc {
-                    return Err(Errno::new(
-                        -peregrine_proto::CSUM_ERRNO,
-                        format!(
-                            "update: dkey {dk:?} akey {:?}: checksum mismatch (client sent {:#010x}, received data has {got:#010x}); nothing stored",
-                            show(&iod.akey),
-                            iod.crc
-                        ),
-                    ));
-                }
-            }
             if kind == Kind::Array && iod.offset.checked_add(iod.len).is_none() {
                 return Err(Errno::inval(format!(
                     "update: akey {:?}: extent overflows",
                     show(&iod.akey)
                 )));
             }
-            let large = v.len() >= peregrine_proto::DATA_THRESHOLD;
-            scm_need += value_scm(&u.dkey, &iod.akey, if large { 0 } else { v.len() as u64 });
+            let large = range.len() >= peregrine_proto::DATA_THRESHOLD;
+            scm_need += value_scm(
+                &u.dkey,
+                &iod.akey,
+                if large { 0 } else { range.len() as u64 },
+            );
             if large {
-                nvme_need += wal::round_up(v.len() as u64);
+                nvme_need += wal::round_up(range.len() as u64);
             }
             parsed.push((iod, kind, range, large));
         }
@@ -1047,42 +1129,55 @@ impl Target {
                 .into());
             }
         }
+        // Copy each value once, to where it is stored, and check the
+        // client's checksum on that copy: the bytes stored are the bytes checked.
+        let mut staging = Staging::default();
         let mut values = Vec::with_capacity(parsed.len());
-        let mut runs = Vec::new();
-        let mut writes = Vec::new();
-        let (id, chunk, data_off) = (self.id, self.chunk, self.sb.data_offset(self.id));
-        let alloc = &mut self.alloc;
-        let batch = &mut self.open;
-        let bi = batch.bulks.len();
         for (iod, kind, range, large) in parsed {
-            let v = &bulk[range.clone()];
-            let payload = if large {
-                let n = wal::round_up(v.len() as u64) / BLOCK;
-                let Some(block) = alloc.alloc(n) else {
-                    let free = alloc.free_blocks();
-                    for (b, n) in runs {
-                        alloc.free(b, n);
-                    }
+            let what = || format!("update: dkey {dk:?} akey {:?}", show(&iod.akey));
+            let stored = if large {
+                self.stage_value(&pool, &bulk, range, iod.has_crc, &mut staging)
+                    .map(|(block, nblocks, csums, crc)| {
+                        (
+                            Payload::Device(DevExtent {
+                                block,
+                                nblocks,
+                                csums,
+                            }),
+                            crc,
+                        )
+                    })
+            } else {
+                bulk.to_vec(range.start, range.len())
+                    .map_err(|e| Errno::inval(format!("{}: bulk: {e}", what())))
+                    .map(|v| {
+                        let crc = if iod.has_crc {
+                            peregrine_isal::crc32c(&v)
+                        } else {
+                            0
+                        };
+                        (Payload::Inline(v), crc)
+                    })
+            };
+            let checked = stored.and_then(|(payload, got)| {
+                if iod.has_crc && got != iod.crc {
                     return Err(Errno::new(
-                        -libc::ENOSPC,
+                        -peregrine_proto::CSUM_ERRNO,
                         format!(
-                            "update: pool {pool}: target {id} data region has no free run of {n} blocks ({free} blocks free)"
+                            "{}: checksum mismatch (client sent {:#010x}, received data has {got:#010x}); nothing stored",
+                            what(),
+                            iod.crc
                         ),
                     ));
-                };
-                runs.push((block, n));
-                writes.push((data_off + block * BLOCK, bi, range.start, range.len()));
-                batch.data += range.len();
-                Payload::Device(DevExtent {
-                    block,
-                    nblocks: n,
-                    csums: v
-                        .chunks(chunk as usize)
-                        .map(peregrine_isal::crc32c)
-                        .collect(),
-                })
-            } else {
-                Payload::Inline(v.to_vec())
+                }
+                Ok(payload)
+            });
+            let payload = match checked {
+                Ok(p) => p,
+                Err(e) => {
+                    staging.undo(&mut self.alloc, &mut self.dev);
+                    return Err(e);
+                }
             };
             values.push(NewValue {
                 akey: iod.akey.clone(),
@@ -1093,11 +1188,11 @@ impl Target {
                 payload,
             });
         }
-        if !writes.is_empty() {
-            batch.bulks.push(bulk);
-        }
-        batch.writes.extend(writes);
-        batch.runs.extend(runs);
+        let batch = &mut self.open;
+        batch.data += staging.bytes;
+        batch.staged += staging.staged;
+        batch.writes.extend(staging.writes);
+        batch.runs.extend(staging.runs);
         let s = batch.space.entry(pool).or_default();
         s.0 += scm_need;
         s.1 += nvme_need;
@@ -1110,6 +1205,63 @@ impl Target {
             values,
         });
         Ok(())
+    }
+
+    /// Give a large value fresh data blocks and copy its bytes (`range` of
+    /// `bulk`) into the registered buffers its writes start from, a buffer
+    /// at a time (into memory of their own when no region is free),
+    /// checksumming each chunk on the copy. Returns the blocks, the chunk
+    /// checksums and (`with_crc`) the CRC32C of the whole value.
+    fn stage_value(
+        &mut self,
+        pool: &Uuid,
+        bulk: &Bulk,
+        range: std::ops::Range<usize>,
+        with_crc: bool,
+        staging: &mut Staging,
+    ) -> Result<(u64, u64, Vec<u32>, u32), Errno> {
+        let n = wal::round_up(range.len() as u64) / BLOCK;
+        let Some(block) = self.alloc.alloc(n) else {
+            return Err(Errno::new(
+                -libc::ENOSPC,
+                format!(
+                    "update: pool {pool}: target {} data region has no free run of {n} blocks ({} blocks free)",
+                    self.id,
+                    self.alloc.free_blocks()
+                ),
+            ));
+        };
+        staging.runs.push((block, n));
+        staging.bytes += range.len();
+        let chunk = self.chunk as usize;
+        let mut csums = Vec::with_capacity(range.len().div_ceil(chunk));
+        let mut crc = 0u32;
+        let dev_off = self.sb.data_offset(self.id) + block * BLOCK;
+        for (k, start) in range.clone().step_by(BUF_BYTES).enumerate() {
+            let len = BUF_BYTES.min(range.end - start);
+            // A batch stages at most BATCH_DATA: the rest of the buffers
+            // stays for the commit in flight and for reads.
+            let room = self.open.staged + staging.staged < BATCH_DATA;
+            let (w, copied) = match room.then(|| self.dev.region(len)).flatten() {
+                Some((buf, off, padded)) => {
+                    staging.staged += len;
+                    let d = self.dev.bytes_mut(buf, off, padded);
+                    d[len..].fill(0);
+                    let sum = with_crc.then_some(&mut crc);
+                    let r = copy_and_sum(bulk, start, &mut d[..len], chunk, &mut csums, sum);
+                    (Staged::Region(buf, off, padded), r)
+                }
+                None => {
+                    let mut v = vec![0u8; len];
+                    let sum = with_crc.then_some(&mut crc);
+                    let r = copy_and_sum(bulk, start, &mut v, chunk, &mut csums, sum);
+                    (Staged::Bytes(v), r)
+                }
+            };
+            staging.writes.push((dev_off + (k * BUF_BYTES) as u64, w));
+            copied.map_err(|e| Errno::inval(format!("update: bulk {start}+{len}: {e}")))?;
+        }
+        Ok((block, n, csums, crc))
     }
 
     /// Whether `akey` has a visible value at the latest epoch once the
@@ -1209,35 +1361,46 @@ impl Target {
             self.ckpt_due = true;
             return;
         }
-        let b = std::mem::take(&mut self.open);
+        let mut b = std::mem::take(&mut self.open);
         let wal_off = self.sb.wal_offset(self.id) + self.wal_tail;
         let mut ops = Vec::new();
         let mut regions = Vec::new();
-        let pieces = b.writes.iter().flat_map(|&(off, bi, s, l)| {
-            b.bulks[bi][s..s + l]
-                .chunks(BUF_BYTES)
-                .enumerate()
-                .map(move |(k, p)| (off + (k * BUF_BYTES) as u64, p))
-        });
+        // Regions taken here (the staged ones stay with the batch if it waits).
+        let mut fresh = Vec::new();
         let recs = rec
             .chunks(BUF_BYTES)
             .enumerate()
             .map(|(k, p)| (wal_off + (k * BUF_BYTES) as u64, p));
-        for (off, piece) in pieces.chain(recs) {
-            let Some(r) = self.dev.region_with(piece) else {
-                for &buf in regions.iter().flatten() {
-                    self.dev.release(buf);
-                }
-                if self.dev.in_flight() == 0 && self.dev.regions_idle() {
-                    // Larger than the buffers: the blocking path writes it in groups.
-                    self.commit_sync(b);
-                } else {
-                    self.open = b;
-                }
-                return;
+        let mut short = false;
+        let pieces = b.writes.iter().map(|(off, w)| (*off, Some(w), &[][..]));
+        for (off, staged, bytes) in pieces.chain(recs.map(|(o, p)| (o, None, p))) {
+            let r = match staged {
+                Some(Staged::Region(buf, boff, len)) => Some((*buf, *boff, *len)),
+                Some(Staged::Bytes(v)) => self.dev.region_with(v),
+                None => self.dev.region_with(bytes),
             };
+            let Some(r) = r else {
+                short = true;
+                break;
+            };
+            if !matches!(staged, Some(Staged::Region(..))) {
+                fresh.push(r.0);
+            }
             ops.push(Op::linked_write(off, r));
             regions.push(Some(r.0));
+        }
+        if short {
+            for buf in fresh {
+                self.dev.release(buf);
+            }
+            if self.dev.in_flight() == 0 {
+                // Larger than the buffers: the blocking path writes it in groups.
+                b.unstage(&mut self.dev);
+                self.commit_sync(b);
+            } else {
+                self.open = b;
+            }
+            return;
         }
         ops.push(Op::sync());
         regions.push(None);
@@ -1247,6 +1410,7 @@ impl Target {
             for &buf in regions.iter().flatten() {
                 self.dev.release(buf);
             }
+            b.writes.clear();
             let e = Errno::new(
                 -libc::EIO,
                 format!("target {}: submit commit: {e}", self.id),
@@ -1286,6 +1450,11 @@ impl Target {
         for (blk, n) in b.runs {
             self.alloc.free(blk, n);
         }
+        for (_, w) in b.writes {
+            if let Staged::Region(buf, ..) = w {
+                self.dev.release(buf);
+            }
+        }
         for tx in b.replies {
             tx.send(Err(e.clone()));
         }
@@ -1298,7 +1467,10 @@ impl Target {
         let writes: Vec<(u64, &[u8])> = b
             .writes
             .iter()
-            .map(|&(off, bi, s, l)| (off, &b.bulks[bi][s..s + l]))
+            .map(|(off, w)| match w {
+                Staged::Bytes(v) => (*off, &v[..]),
+                Staged::Region(..) => unreachable!("commit_sync of a batch not unstaged"),
+            })
             .collect();
         let res = self.log_with(&b.ops, &writes);
         self.prof.commits += 1;
@@ -1313,7 +1485,7 @@ impl Target {
                     self.apply(op);
                 }
                 for tx in b.replies {
-                    tx.send(Ok((ok_response(None), Vec::new())));
+                    tx.send(Ok((ok_response(None), Gather::default())));
                 }
                 self.maybe_checkpoint();
             }
@@ -1495,11 +1667,9 @@ impl Target {
             };
             if plan.status == 0 {
                 r.fv.len = plan.len;
-                r.out = vec![0u8; plan.len as usize];
                 for s in plan.segs {
-                    match &s.src {
-                        Src::Inline(b) => r.out[s.out_off as usize..(s.out_off + s.len) as usize]
-                            .copy_from_slice(b),
+                    match s.src {
+                        Src::Inline(b) => r.out.push((s.out_off, Piece::Bytes(b))),
                         Src::Dev { .. } if s.len > 0 => r.segs.push(s),
                         Src::Dev { .. } => {}
                     }
@@ -1622,7 +1792,15 @@ impl Target {
         let (id, chunk) = (self.id, self.chunk);
         let offs: Vec<(u64, usize)> = pieces.iter().map(|&(o, d)| (o, d.len)).collect();
         let ring = self.dev.read_many(&offs, |k, res| {
-            absorb_piece(id, chunk, &mut plans, pieces[k].1, res)
+            let dst = pieces[k].1;
+            let bytes = res.as_ref().ok().copied();
+            if let Some((iod, at, from, len)) = absorb_piece(id, chunk, &mut plans, dst, res) {
+                let part =
+                    bytes.expect("a part of a read that succeeded")[from..from + len].to_vec();
+                if let Ok(iods) = &mut plans[dst.fetch] {
+                    iods[iod].out.push((at, Piece::Bytes(part)));
+                }
+            }
         });
         if let Err(e) = ring {
             let e = Errno::new(-libc::EIO, format!("target {id}: read: {e}"));
@@ -1635,10 +1813,11 @@ impl Target {
         }
     }
 
-    fn assemble(&self, f: &data::FetchReq, iods: Vec<IodRead>) -> (data::Response, Vec<u8>) {
-        let single = iods.len() == 1;
+    /// The reply of a fetch whose reads are done: its bytes in order, the
+    /// pieces read borrowed from the registered buffers.
+    fn assemble(&self, f: &data::FetchReq, iods: Vec<IodRead>) -> (data::Response, Gather<'_>) {
         let mut values = Vec::with_capacity(iods.len());
-        let mut bulk = Vec::new();
+        let mut bulk = Gather::default();
         for (r, iod) in iods.into_iter().zip(&f.iods) {
             let mut fv = r.fv;
             if let Some(e) = r.bad {
@@ -1646,18 +1825,26 @@ impl Target {
                 fv.status = e.code;
                 fv.len = 0;
             } else if fv.status == 0 {
+                let mut out = r.out;
+                out.sort_unstable_by_key(|(at, _)| *at);
+                let mut value = Gather::default();
+                let mut at = 0u64;
+                for (off, piece) in out {
+                    value.push(Cow::Owned(vec![0u8; (off - at) as usize]));
+                    let bytes = match piece {
+                        Piece::Bytes(v) => Cow::Owned(v),
+                        Piece::Region(buf, o, len) => Cow::Borrowed(self.dev.bytes(buf, o, len)),
+                    };
+                    at = off + bytes.len() as u64;
+                    value.push(bytes);
+                }
+                value.push(Cow::Owned(vec![0u8; (fv.len - at) as usize]));
                 // Only values written with a checksum are returned with one.
                 if r.has_crc {
-                    fv.crc = r
-                        .stored_crc
-                        .unwrap_or_else(|| peregrine_isal::crc32c(&r.out));
+                    fv.crc = r.stored_crc.unwrap_or_else(|| value.crc32c());
                     fv.has_crc = true;
                 }
-                if single {
-                    bulk = r.out;
-                } else {
-                    bulk.extend_from_slice(&r.out);
-                }
+                bulk.append(value);
             }
             values.push(fv);
         }
@@ -1818,20 +2005,23 @@ impl Target {
 /// Take the bytes of one device read of a fetch: verify its checksum chunks
 /// and copy the part the caller asked for into the iod's output (or record
 /// the read's or checksum's failure).
+/// Check a completed device read of a fetch against its chunk checksums;
+/// returns the part the caller asked for: (iod, offset in the iod's bytes,
+/// offset in the piece, length), or nothing if the iod or its fetch failed.
 fn absorb_piece(
     id: u32,
     chunk: u64,
     plans: &mut [Result<Vec<IodRead>, Errno>],
     dst: PieceDst,
     res: std::io::Result<&[u8]>,
-) {
+) -> Option<(usize, u64, usize, usize)> {
     let Ok(iods) = &mut plans[dst.fetch] else {
-        return;
+        return None;
     };
     let r = &mut iods[dst.iod];
     let s = &r.segs[dst.seg];
     let Src::Dev { ext, value_off, .. } = &s.src else {
-        return;
+        return None;
     };
     let bytes = match res {
         Ok(b) => b,
@@ -1841,7 +2031,7 @@ fn absorb_piece(
                 format!("target {id}: read block {}: {e}", ext.block),
             );
             plans[dst.fetch] = Err(e);
-            return;
+            return None;
         }
     };
     let ps = dst.start;
@@ -1856,7 +2046,7 @@ fn absorb_piece(
                     ext.block
                 ),
             ));
-            return;
+            return None;
         }
     }
     // The part of the piece the caller asked for.
@@ -1864,11 +2054,14 @@ fn absorb_piece(
         ps.max(*value_off),
         (ps + bytes.len() as u64).min(value_off + s.len),
     );
-    if from < to {
-        let o = (s.out_off + from - value_off) as usize;
-        r.out[o..o + (to - from) as usize]
-            .copy_from_slice(&bytes[(from - ps) as usize..(to - ps) as usize]);
-    }
+    (from < to).then(|| {
+        (
+            dst.iod,
+            s.out_off + from - value_off,
+            (from - ps) as usize,
+            (to - from) as usize,
+        )
+    })
 }
 
 #[cfg(test)]
@@ -1906,7 +2099,7 @@ mod tests {
             iods: vec![iod(len as u64)],
             insert_only: false,
         };
-        Request::Update(u, vec![byte; len])
+        Request::Update(u, vec![byte; len].into())
     }
 
     /// Deterministic form of tests/pipeline.rs: an overwrite applied while a
@@ -1951,7 +2144,10 @@ mod tests {
             dkey: b"d".to_vec(),
             iods: vec![iod(len as u64)],
         };
-        let reply = Responder(Some(Box::new(move |r| rtx.send(r).unwrap())));
+        let reply = Responder(Some(Box::new(move |r: crate::ReplyRef<'_>| {
+            rtx.send(r.map(|(resp, bulk)| (resp, bulk.into_vec())))
+                .unwrap()
+        })));
         t.queued.push((fetch, reply));
         t.start_fetches();
         assert_eq!(t.fetch_jobs.len(), 1, "the fetch is in flight");

@@ -161,7 +161,7 @@ fn punches_and_listing_with_anchors() {
                 iods: vec![iod],
                 insert_only: false,
             };
-            st.submit(Request::Update(req, v))
+            st.submit(Request::Update(req, v.into()))
         })
         .collect();
     for rx in rxs {
@@ -622,7 +622,7 @@ fn malformed_requests_get_errnos() {
                 iods: vec![iod.clone()],
                 insert_only: false,
             },
-            bulk,
+            bulk.into(),
         )
     };
     expect(
@@ -831,7 +831,7 @@ fn batched_fetches_are_exact() {
                 iods: vec![iod],
                 insert_only: false,
             };
-            pending.push((st.submit(Request::Update(req, v)), Vec::new(), false));
+            pending.push((st.submit(Request::Update(req, v.into())), Vec::new(), false));
         }
     }
     for (rx, want, two) in pending {
@@ -905,7 +905,7 @@ fn insert_req(o: &Obj, epoch: u64, dkey: &str, akey: &str, v: &[u8]) -> Request 
         iods: vec![iod],
         insert_only: true,
     };
-    Request::Update(req, bulk)
+    Request::Update(req, bulk.into())
 }
 
 #[test]
@@ -928,7 +928,7 @@ fn insert_only_is_a_conditional_insert() {
         iods: vec![i1, i2],
         insert_only: true,
     };
-    let err = wait(&st, Request::Update(req, [v1, v2].concat())).unwrap_err();
+    let err = wait(&st, Request::Update(req, [v1, v2].concat().into())).unwrap_err();
     assert_eq!(err.code, -libc::EEXIST, "{err}");
     assert!(
         err.msg.contains("\"d\"") && err.msg.contains("\"a\""),
@@ -995,7 +995,7 @@ fn insert_only_is_a_conditional_insert() {
                 iods: vec![iod],
                 insert_only: false,
             },
-            bulk,
+            bulk.into(),
         )
     });
     let ri2 = st.submit(insert_req(&o, 1003, "k1", "inode", b"z"));

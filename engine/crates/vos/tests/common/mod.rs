@@ -133,7 +133,7 @@ pub fn update(
         iods,
         insert_only: false,
     };
-    wait(st, Request::Update(req, bulk)).map(|_| ())
+    wait(st, Request::Update(req, bulk.into())).map(|_| ())
 }
 
 pub fn fetch_iods(
