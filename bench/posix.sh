@@ -212,27 +212,35 @@ percentile_list=50:99
 EOF
 }
 
-# Steal ticks and all ticks of the cpu line of /proc/stat.
-cpu_ticks() { awk '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print $9, t}' /proc/stat; }
+# Steal ticks and all ticks of the cpu line of /proc/stat, and the CPU ticks
+# (user + system) the engine and the FUSE daemon have used.
+cpu_ticks() {
+  local ours=0 pid
+  for pid in "${ENGINE_PIDS[@]}" $FUSE_PID; do
+    ours=$((ours + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+  done
+  awk -v ours="$ours" '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print $9, t, ours}' /proc/stat
+}
 
 # run_fio NAME JOBS FILE [ENV...]: fio with the jobs that function JOBS prints, on
 # FILE (a fresh sparse file for the raw device; removed after), JSON to
-# $WORK/NAME.json, and the per mille of CPU time the hypervisor stole meanwhile
-# to $WORK/NAME.steal.
+# $WORK/NAME.json, the per mille of CPU time the hypervisor stole meanwhile to
+# $WORK/NAME.steal, and the CPU seconds the engine and the daemon used to $WORK/NAME.cpu.
 run_fio() {
-  local name=$1 jobs=$2 file=$3 s0 t0 s1 t1
+  local name=$1 jobs=$2 file=$3 s0 t0 o0 s1 t1 o1
   shift 3
   "$jobs" "$file" >"$WORK/$name.fio"
   rm -f "$file"
   [[ $file == "$WORK/raw.img" ]] && truncate -s "$DEVICE_SIZE" "$file"
   echo "==> fio $name on $file"
-  read -r s0 t0 < <(cpu_ticks)
+  read -r s0 t0 o0 < <(cpu_ticks)
   if ! env "$@" fio --output-format=json --output="$WORK/$name.json" "$WORK/$name.fio" 2>"$WORK/$name.err"; then
     cat "$WORK/$name.err" >&2
     die "fio ($name) failed"
   fi
-  read -r s1 t1 < <(cpu_ticks)
+  read -r s1 t1 o1 < <(cpu_ticks)
   echo $(((s1 - s0) * 1000 / (t1 - t0 + 1))) >"$WORK/$name.steal"
+  echo "$o0 $o1 $(getconf CLK_TCK)" | awk '{print ($2 - $1) / $3}' >"$WORK/$name.cpu"
   rm -f "$file"
 }
 
@@ -291,6 +299,17 @@ def load(name):
 def steal(name):
     p = os.path.join(work, name + ".steal")
     return int(open(p).read()) / 10.0 if os.path.exists(p) else None
+
+
+def server_cpu(name):
+    p = os.path.join(work, name + ".cpu")
+    return float(open(p).read()) if os.path.exists(p) else None
+
+
+def fio_cpu(doc):
+    # CPU seconds of fio's own threads (the client side: library, copies, checksums).
+    return sum((j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] / 1000.0
+               for j in doc["jobs"]) if doc else None
 
 
 def jobs(doc):
@@ -384,6 +403,19 @@ for name, get in RAND.items():
           f"{fmt(ra):>6} {fmt(rb):>6}  {'(one round)':<18} {st}")
     result["fio"][name] = {**{PATHS[k]: v[k] for k in PATHS},
                            "mount_ratio": ra, "mount_il_ratio": rb}
+
+# CPU seconds a round of the sequential jobs (--size written, then read) costs,
+# whatever the VM's speed: the engine's and the daemon's, and fio's own (the
+# client side: library, copies, checksums).
+cpu = {}
+for k in ["a", "b", "c"]:
+    srv = med([server_cpu(f"seq-{k}-{r}") for r in range(1, rounds + 1)])
+    cli = med([fio_cpu(load(f"seq-{k}-{r}")) for r in range(1, rounds + 1)])
+    cpu[PATHS[k]] = {"engine_daemon_s": srv, "fio_s": cli}
+result["cpu_seconds_per_seq_round"] = cpu
+print("CPU s per round of seq write + read (median): " + ", ".join(
+    f"({k}) engine+daemon {fmt(cpu[PATHS[k]]['engine_daemon_s'])} fio {fmt(cpu[PATHS[k]]['fio_s'])}"
+    for k in ["a", "b", "c"]))
 
 md = load("mdtest")
 if md:

@@ -316,7 +316,15 @@ impl ShmConn {
         let off = self.hello.resp_off;
         let hb: [u8; HEADER_LEN] = r(off, HEADER_LEN)?.try_into().unwrap();
         let rh = Header::decode(&hb).map_err(|e| proto_err(e.to_string()))?;
-        if HEADER_LEN as u64 + rh.msg_len as u64 + rh.bulk_len as u64 != len {
+        // The engine may have read a fetch's bytes from its device straight
+        // into the region: then they start at BULK_PAGE_OFF, the message after them.
+        let at_page = rh.flags & wire::FLAG_BULK_AT_PAGE != 0;
+        let start = if at_page {
+            wire::BULK_PAGE_OFF
+        } else {
+            HEADER_LEN as u64
+        };
+        if start + rh.msg_len as u64 + rh.bulk_len as u64 != len {
             return Err(proto_err(format!(
                 "reply frame does not match its length {len}"
             )));
@@ -327,9 +335,14 @@ impl ShmConn {
                 rh.request_id, rh.opcode, rh.flags
             )));
         }
-        let m_off = off + HEADER_LEN as u64;
+        let (m_off, b_off) = if at_page {
+            let b = off + wire::BULK_PAGE_OFF;
+            (b + rh.bulk_len as u64, b)
+        } else {
+            let m = off + HEADER_LEN as u64;
+            (m, m + rh.msg_len as u64)
+        };
         let msg = r(m_off, rh.msg_len as usize)?;
-        let b_off = m_off + rh.msg_len as u64;
         if let Some(out) = out.filter(|o| o.len() == rh.bulk_len as usize) {
             // The checksum reads each step while the copy has it in cache:
             // the reply's bytes leave memory once, not twice.

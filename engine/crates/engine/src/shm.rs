@@ -24,7 +24,7 @@ use crate::node::Node;
 use peregrine_proto::data::Response as DataResponse;
 use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 use peregrine_proto::shm::{self as wire, Hello, Mapping};
-use peregrine_vos::{Bulk, Gather, Polled, ReplyRef, Request, SharedBytes, Source};
+use peregrine_vos::{Bulk, Gather, Polled, ReplyArea, ReplyRef, Request, SharedBytes, Source};
 use prost::Message;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
@@ -167,6 +167,15 @@ struct Conn {
 }
 
 impl Conn {
+    /// Where a fetch's bytes may go: the response region from
+    /// [`wire::BULK_PAGE_OFF`] on, if that is page-aligned in this mapping.
+    fn reply_area(&self) -> Option<ReplyArea> {
+        let h = &self.hello;
+        let len = h.resp_len.checked_sub(wire::BULK_PAGE_OFF)? as usize;
+        let addr = self.map.addr(h.resp_off + wire::BULK_PAGE_OFF, len)?;
+        addr.is_multiple_of(4096).then_some(ReplyArea { addr, len })
+    }
+
     fn word(&self, at: u64) -> &std::sync::atomic::AtomicU64 {
         // In bounds and aligned: Hello::decode checked the control block.
         self.map
@@ -307,6 +316,13 @@ impl Source for Channel {
             ));
             return Polled::Closed;
         }
+        // A fetch's bytes may be read straight into the response region,
+        // page-aligned after the frame header (the region stays mapped: the
+        // reply holds the connection).
+        let area = match req {
+            Request::Fetch(_) => live.conn.reply_area(),
+            _ => None,
+        };
         let l = live.clone();
         Polled::Request(
             req,
@@ -316,6 +332,7 @@ impl Source for Channel {
                     r.unwrap_or_else(|e| owned(dataplane::error_reply(e.code, e.msg))),
                 )
             }),
+            area,
         )
     }
 }
@@ -485,10 +502,16 @@ fn write_response(
 ) -> Result<u64, String> {
     let mut msg = resp.encode_to_vec();
     let mut bulk = bulk;
+    // A bulk in place starts at BULK_PAGE_OFF rather than after the header.
+    let start = if bulk.is_in_place() {
+        wire::BULK_PAGE_OFF as usize
+    } else {
+        HEADER_LEN
+    };
     let fits = |m: usize, b: usize| {
         m <= MAX_MSG as usize
             && b <= MAX_BULK as usize
-            && (HEADER_LEN + m + b) as u64 <= c.hello.resp_len
+            && (start + m + b) as u64 <= c.hello.resp_len
     };
     if !fits(msg.len(), bulk.len()) {
         let (r, b) = dataplane::error_reply(
@@ -509,15 +532,22 @@ fn write_response(
             ));
         }
     }
+    let in_place = bulk.is_in_place();
     let header = Header {
         opcode: req.opcode,
-        flags: FLAG_RESPONSE,
+        flags: FLAG_RESPONSE | if in_place { wire::FLAG_BULK_AT_PAGE } else { 0 },
         request_id: req.request_id,
         msg_len: msg.len() as u32,
         bulk_len: bulk.len() as u32,
     };
     let off = c.hello.resp_off;
     let w = |o: u64, d: &[u8]| c.map.write(o, d).map_err(|e| e.to_string());
+    if in_place {
+        // The bulk is already at BULK_PAGE_OFF; the message follows it.
+        w(off, &header.encode())?;
+        w(off + wire::BULK_PAGE_OFF + bulk.len() as u64, &msg)?;
+        return Ok(wire::BULK_PAGE_OFF + (bulk.len() + msg.len()) as u64);
+    }
     w(off, &header.encode())?;
     w(off + HEADER_LEN as u64, &msg)?;
     let mut at = off + (HEADER_LEN + msg.len()) as u64;

@@ -415,8 +415,17 @@ impl Raw {
         self.post(len);
         let n = self.reply().expect("the engine answered");
         let buf = self.map.read_vec(self.hello.resp_off, n as usize).unwrap();
-        let (f, _) = frame::decode_frame(&buf).unwrap();
-        (prost::Message::decode(f.msg.as_slice()).unwrap(), f.bulk)
+        let h = Header::decode(buf[..HEADER_LEN].try_into().unwrap()).unwrap();
+        // A fetch read straight into the region has its bulk at BULK_PAGE_OFF.
+        let (b, m) = if h.flags & wire::FLAG_BULK_AT_PAGE != 0 {
+            let b = wire::BULK_PAGE_OFF as usize;
+            (b, b + h.bulk_len as usize)
+        } else {
+            (HEADER_LEN + h.msg_len as usize, HEADER_LEN)
+        };
+        let msg = &buf[m..m + h.msg_len as usize];
+        let bulk = buf[b..b + h.bulk_len as usize].to_vec();
+        (prost::Message::decode(msg).unwrap(), bulk)
     }
 }
 

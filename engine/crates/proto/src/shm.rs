@@ -20,7 +20,11 @@
 //!   [`REQ_STATE`] to [`REQ_PENDING`], and writes the eventfd only if the
 //!   target's page says it sleeps (a polling target needs no wake-up);
 //! - the target takes it ([`REQ_TAKEN`]), answers with the response frame at
-//!   the start of the response region, its length in [`RESP_LEN`], and swaps
+//!   the start of the response region, its length in [`RESP_LEN`] (a fetch's
+//!   bytes may have been read from the device straight into the region:
+//!   then the frame has [`FLAG_BULK_AT_PAGE`], its bulk starts
+//!   [`BULK_PAGE_OFF`] bytes into the region, page-aligned as O_DIRECT
+//!   needs, and its message follows the bulk), and swaps
 //!   [`RESP_STATE`] to [`RESP_DONE`]; if the client had gone to sleep
 //!   ([`RESP_SLEEPING`]) it also sends it an 8-byte doorbell on the socket;
 //! - the client polls [`RESP_STATE`] for a short while, then swaps it from
@@ -41,7 +45,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const MAGIC: [u8; 4] = *b"PRGS";
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
+/// Response frame flag (shared memory only): the bulk sits at
+/// [`BULK_PAGE_OFF`] from the frame's start, the message right after it.
+pub const FLAG_BULK_AT_PAGE: u32 = 1 << 8;
+/// Where such a bulk starts, from the start of the response region.
+pub const BULK_PAGE_OFF: u64 = 4096;
 /// One region: a frame header, the largest message and the largest bulk, rounded up.
 pub const REGION_LEN: u64 = 72 << 20;
 /// Largest region an engine accepts.
@@ -359,6 +368,12 @@ impl Mapping {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The address of byte `off` of the mapping, if `off + n` is inside it:
+    /// for the device to read into (the mapping lives as long as `self`).
+    pub fn addr(&self, off: u64, n: usize) -> Option<usize> {
+        self.check(off, n).ok().map(|o| self.ptr as usize + o)
     }
 
     fn check(&self, off: u64, n: usize) -> io::Result<usize> {

@@ -88,15 +88,32 @@ impl std::fmt::Debug for Bulk {
 }
 
 /// A reply's bulk: pieces in order, owned or borrowed (from the target's
-/// device buffers, for the duration of the reply callback).
+/// device buffers, for the duration of the reply callback); or bytes the
+/// device already put in the source's [`crate::ReplyArea`].
 #[derive(Debug, Default)]
 pub struct Gather<'a> {
     parts: Vec<Cow<'a, [u8]>>,
     len: usize,
+    in_place: bool,
 }
 
 impl<'a> Gather<'a> {
+    /// `len` bytes already at the start of the request's reply area.
+    pub fn in_place(len: usize) -> Gather<'a> {
+        Gather {
+            parts: Vec::new(),
+            len,
+            in_place: true,
+        }
+    }
+
+    /// Whether the bytes are in the reply area (and nowhere else).
+    pub fn is_in_place(&self) -> bool {
+        self.in_place
+    }
+
     pub fn push(&mut self, part: Cow<'a, [u8]>) {
+        debug_assert!(!self.in_place, "a gather in place takes no parts");
         if !part.is_empty() {
             self.len += part.len();
             self.parts.push(part);
@@ -105,6 +122,7 @@ impl<'a> Gather<'a> {
 
     /// Add `other`'s pieces after these.
     pub fn append(&mut self, other: Gather<'a>) {
+        debug_assert!(!self.in_place && !other.in_place);
         self.len += other.len;
         self.parts.extend(other.parts);
     }
@@ -127,7 +145,12 @@ impl<'a> Gather<'a> {
     }
 
     /// The bytes as one vector (no copy when they are one owned piece).
+    /// Not for a gather in place, whose bytes only its source can reach.
     pub fn into_vec(mut self) -> Vec<u8> {
+        assert!(
+            !self.in_place,
+            "the bytes of a gather in place are in the reply area"
+        );
         if self.parts.len() == 1 {
             return self.parts.pop().expect("one part").into_owned();
         }

@@ -52,7 +52,8 @@ pub(crate) enum OpKind {
     Sync,
 }
 
-/// One device operation on `len` bytes at `buf_off` inside registered buffer `buf`.
+/// One device operation on `len` bytes at `buf_off` inside registered buffer
+/// `buf`, or (a read with `into` set) at address `into`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Op {
     pub(crate) kind: OpKind,
@@ -62,6 +63,9 @@ pub(crate) struct Op {
     pub(crate) buf_off: usize,
     /// IOSQE_IO_LINK: the next op starts only after this one succeeded.
     pub(crate) link: bool,
+    /// A read into memory outside the registered buffers (a client's reply
+    /// area), 4 KiB-aligned, that stays mapped until the read completes.
+    pub(crate) into: Option<usize>,
 }
 
 impl Op {
@@ -73,7 +77,24 @@ impl Op {
             buf,
             buf_off,
             link: false,
+            into: None,
         }
+    }
+
+    /// A read of `len` bytes into the memory at `addr` (see [`Op::into`]).
+    pub(crate) fn read_into(off: u64, addr: usize, len: usize) -> Op {
+        Op {
+            into: Some(addr),
+            ..Op::read(off, (0, 0, len))
+        }
+    }
+
+    /// The memory a read lands in, when it is not a registered buffer.
+    fn target_slice(&self) -> Option<&'static mut [u8]> {
+        // SAFETY: `into` is set only by `read_into`, whose caller keeps the
+        // memory mapped and untouched by itself until the read completes.
+        self.into
+            .map(|a| unsafe { std::slice::from_raw_parts_mut(a as *mut u8, self.len) })
     }
 
     /// A write linked to the next op of its chain.
@@ -85,6 +106,7 @@ impl Op {
             buf,
             buf_off,
             link: true,
+            into: None,
         }
     }
 
@@ -96,6 +118,7 @@ impl Op {
             buf: 0,
             buf_off: 0,
             link: false,
+            into: None,
         }
     }
 }
@@ -233,6 +256,12 @@ impl DeviceIo {
             OpKind::Sync => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
+            OpKind::Read if op.into.is_some() => {
+                let at = op.into.expect("checked") as *mut u8;
+                opcode::Read::new(fd, at, op.len as u32)
+                    .offset(op.off)
+                    .build()
+            }
             OpKind::Write | OpKind::Read => {
                 debug_assert!(op.buf_off + op.len <= BUF_BYTES);
                 let buf = unsafe { self.bufs.ptr(op.buf).add(op.buf_off) };
@@ -269,8 +298,9 @@ impl DeviceIo {
         }
         let (b, from, to) = (op.buf, op.buf_off + done, op.buf_off + op.len);
         let at = op.off + done as u64;
-        let r = match op.kind {
-            OpKind::Write => self.file.write_all_at(&self.bufs.slice(b)[from..to], at),
+        let r = match (op.kind, op.target_slice()) {
+            (OpKind::Write, _) => self.file.write_all_at(&self.bufs.slice(b)[from..to], at),
+            (_, Some(t)) => self.file.read_exact_at(&mut t[done..], at),
             _ => self
                 .file
                 .read_exact_at(&mut self.bufs.slice_mut(b)[from..to], at),
@@ -303,12 +333,13 @@ impl DeviceIo {
                 continue;
             }
             let (b, o, l) = (op.buf, op.buf_off, op.len);
-            let r = match op.kind {
-                OpKind::Sync => self.file.sync_data(),
-                OpKind::Write => self
+            let r = match (op.kind, op.target_slice()) {
+                (OpKind::Sync, _) => self.file.sync_data(),
+                (OpKind::Write, _) => self
                     .file
                     .write_all_at(&self.bufs.slice(b)[o..o + l], op.off),
-                OpKind::Read => self
+                (OpKind::Read, Some(t)) => self.file.read_exact_at(t, op.off),
+                (OpKind::Read, None) => self
                     .file
                     .read_exact_at(&mut self.bufs.slice_mut(b)[o..o + l], op.off),
             };
@@ -648,6 +679,7 @@ impl DeviceIo {
                     buf_off: 0,
                     // Serial writes, then the sync, in one chain: one round trip.
                     link: sync && last,
+                    into: None,
                 });
             }
             if sync && last {
@@ -698,6 +730,7 @@ impl DeviceIo {
                     buf,
                     buf_off: fill,
                     link: false,
+                    into: None,
                 });
                 idx.push(i);
                 fill += padded;

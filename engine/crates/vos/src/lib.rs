@@ -165,11 +165,28 @@ pub trait Source: Send {
     fn pending(&self) -> bool;
 }
 
+/// Memory a source offers for a fetch's bytes: the client's response
+/// region, shared with the engine. When a fetch's bytes are whole checksum
+/// chunks of one extent, the target reads them from the device straight
+/// into it (the reply's [`Gather`] is then [`Gather::in_place`]), instead of
+/// into its own buffers and copying them over.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplyArea {
+    /// Address of the first byte: 4 KiB-aligned (O_DIRECT), mapped until the
+    /// reply has been sent.
+    pub addr: usize,
+    pub len: usize,
+}
+
 /// What a [`Source`] had.
+// Returned by value once per poll and taken apart at once: boxing the
+// request would cost an allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Polled {
     Idle,
-    /// A request and the function that takes its one reply (on the target's thread).
-    Request(Request, ReplyFn),
+    /// A request, the function that takes its one reply (on the target's
+    /// thread), and where a fetch's bytes may go.
+    Request(Request, ReplyFn, Option<ReplyArea>),
     /// The source is gone: the target drops it.
     Closed,
 }

@@ -7,9 +7,14 @@
 //! answered at once from the index. Fetches are queued and started together:
 //! all of them are planned against the index and ALL their device reads go
 //! to the ring in one submission (packed into regions of the registered
-//! buffers); each is verified, assembled and answered when its reads
-//! complete. Updates and punches are validated, their large values assigned
-//! freshly allocated blocks, and gathered into the open batch. The open
+//! buffers, or, for a fetch of whole chunks of one extent whose source
+//! offers its reply area, straight into that area: a local client's
+//! response region); each is verified, assembled and answered when its
+//! reads complete, the reply borrowing the regions until it is sent.
+//! Updates and punches are validated, their large values assigned freshly
+//! allocated blocks and copied once, from the client's shared memory
+//! straight into the regions their writes start from (checksummed on that
+//! copy), and gathered into the open batch. The open
 //! batch starts as one linked chain: data written to the new blocks, ONE WAL
 //! record for the whole batch, ONE fdatasync (IOSQE_IO_LINK: the record is
 //! written only after all the data was, the fdatasync runs only after the
@@ -50,7 +55,7 @@ use crate::index::{
 };
 use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
-use crate::{Bulk, Gather, Polled, PoolSpace, Reply, Request, Responder, Source};
+use crate::{Bulk, Gather, Polled, PoolSpace, Reply, ReplyArea, Request, Responder, Source};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use peregrine_proto::data;
 use peregrine_proto::shm::{self, Mapping};
@@ -241,13 +246,25 @@ struct InCommit {
     t0: Instant,
 }
 
+/// A fetch waiting to start, and where its source would take its bytes.
+type Queued = (data::FetchReq, Responder, Option<ReplyArea>);
+
 /// Fetches whose device reads are in flight.
 struct InFetch {
-    fetches: Vec<(data::FetchReq, Responder)>,
+    fetches: Vec<Queued>,
     plans: Vec<Result<Vec<IodRead>, Errno>>,
-    /// Per device op: where its bytes go, and its region (buffer, offset).
-    reads: Vec<(PieceDst, usize, usize)>,
+    /// Per device op: where its bytes go, and where it reads them into.
+    reads: Vec<(PieceDst, ReadInto)>,
     pending: usize,
+}
+
+/// Where a fetch's device read lands.
+#[derive(Clone, Copy)]
+enum ReadInto {
+    /// A region of the registered buffers: (buffer, offset).
+    Region(usize, usize),
+    /// The source's reply area, at this address.
+    Area(usize),
 }
 
 /// Where the bytes of one device read of a fetch go: (fetch, iod, seg,
@@ -359,7 +376,7 @@ pub(crate) struct Target {
     /// Space claimed by the commits in flight per pool: (scm, nvme).
     claimed: HashMap<Uuid, (u64, u64)>,
     /// Fetches waiting to start (for buffers, or for a checkpoint).
-    queued: Vec<(data::FetchReq, Responder)>,
+    queued: Vec<Queued>,
     fetch_jobs: HashMap<u64, InFetch>,
     /// Tag of the next job started on the device (increasing).
     next_tag: u64,
@@ -397,6 +414,8 @@ enum Piece {
     Bytes(Vec<u8>),
     /// In a region of the registered buffers: (buffer, offset, length).
     Region(usize, usize, usize),
+    /// In the source's reply area: (address, length).
+    InArea(usize, usize),
 }
 
 /// One iod of a fetch being served.
@@ -647,7 +666,7 @@ impl Target {
                         }
                     };
                     match m {
-                        Msg::Data(req, tx) => self.take(req, tx),
+                        Msg::Data(req, tx) => self.take(req, tx, None),
                         Msg::Attach(src) => self.sources.push(src),
                         Msg::Ctl(c, tx) => {
                             // Control ops see (and log after) everything queued before them.
@@ -735,9 +754,9 @@ impl Target {
     }
 
     /// Start (fetches: queue) one data-plane request.
-    fn take(&mut self, req: Request, tx: Responder) {
+    fn take(&mut self, req: Request, tx: Responder, area: Option<ReplyArea>) {
         match req {
-            Request::Fetch(f) => self.queued.push((f, tx)),
+            Request::Fetch(f) => self.queued.push((f, tx, area)),
             req => self.handle(req, tx),
         }
     }
@@ -748,9 +767,9 @@ impl Target {
         while i < self.sources.len() {
             match self.sources[i].poll() {
                 Polled::Idle => i += 1,
-                Polled::Request(req, reply) => {
+                Polled::Request(req, reply, area) => {
                     self.poll_until = Some(Instant::now() + Duration::from_micros(poll_us()));
-                    self.take(req, Responder(Some(reply)));
+                    self.take(req, Responder(Some(reply)), area);
                     i += 1;
                 }
                 Polled::Closed => {
@@ -880,26 +899,37 @@ impl Target {
         }
         for d in done {
             if let Some(job) = self.fetch_jobs.get_mut(&d.tag) {
-                let (dst, buf, off) = job.reads[d.idx];
-                let res = d.res.map(|()| self.dev.bytes(buf, off, dst.len));
+                let (dst, into) = job.reads[d.idx];
+                let res = d.res.map(|()| match into {
+                    ReadInto::Region(buf, off) => self.dev.bytes(buf, off, dst.len),
+                    // SAFETY: the read into the source's area completed; the
+                    // area stays mapped until the reply (see ReplyArea).
+                    ReadInto::Area(a) => unsafe {
+                        std::slice::from_raw_parts(a as *const u8, dst.len)
+                    },
+                });
                 if let Some((iod, at, from, len)) =
                     absorb_piece(self.id, self.chunk, &mut job.plans, dst, res)
                 {
+                    let piece = match into {
+                        ReadInto::Region(buf, off) => Piece::Region(buf, off + from, len),
+                        ReadInto::Area(a) => Piece::InArea(a + from, len),
+                    };
                     if let Ok(iods) = &mut job.plans[dst.fetch] {
-                        iods[iod]
-                            .out
-                            .push((at, Piece::Region(buf, off + from, len)));
+                        iods[iod].out.push((at, piece));
                     }
                 }
                 job.pending -= 1;
                 if job.pending == 0 {
                     // The replies borrow the regions: released once they are sent.
                     let job = self.fetch_jobs.remove(&d.tag).expect("job");
-                    for ((f, tx), p) in job.fetches.into_iter().zip(job.plans) {
+                    for ((f, tx, _), p) in job.fetches.into_iter().zip(job.plans) {
                         tx.send(p.map(|iods| self.assemble(&f, iods)));
                     }
-                    for (_, buf, _) in job.reads {
-                        self.dev.release(buf);
+                    for (_, into) in job.reads {
+                        if let ReadInto::Region(buf, _) = into {
+                            self.dev.release(buf);
+                        }
                     }
                     self.release_deferred();
                 }
@@ -1000,7 +1030,7 @@ impl Target {
                 Err(e) => Err(e),
             },
             Request::Fetch(f) => {
-                self.queued.push((f, tx));
+                self.queued.push((f, tx, None));
                 return;
             }
             Request::List(l) => self.list(l),
@@ -1729,15 +1759,32 @@ impl Target {
         }
         let fetches = std::mem::take(&mut self.queued);
         let plans: Vec<Result<Vec<IodRead>, Errno>> =
-            fetches.iter().map(|(f, _)| self.plan(f)).collect();
+            fetches.iter().map(|(f, _, _)| self.plan(f)).collect();
         let pieces = self.pieces(&plans);
+        let areas: Vec<Option<(usize, u64)>> = fetches
+            .iter()
+            .zip(&plans)
+            .map(|((_, _, area), p)| area.and_then(|a| self.direct_into(a, p)))
+            .collect();
         let mut ops = Vec::with_capacity(pieces.len());
         let mut reads = Vec::with_capacity(pieces.len());
-        for &(off, dst) in &pieces {
-            let Some(r) = self.dev.region(dst.len) else {
-                for &(_, buf, _) in &reads {
-                    self.dev.release(buf);
+        let release = |dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]| {
+            for (_, into) in reads {
+                if let ReadInto::Region(buf, _) = *into {
+                    dev.release(buf);
                 }
+            }
+        };
+        for &(off, dst) in &pieces {
+            if let Some((addr, value_off)) = areas[dst.fetch] {
+                let at = addr + (dst.start - value_off) as usize;
+                let padded = dst.len.div_ceil(BLOCK as usize) * BLOCK as usize;
+                ops.push(Op::read_into(off, at, padded));
+                reads.push((dst, ReadInto::Area(at)));
+                continue;
+            }
+            let Some(r) = self.dev.region(dst.len) else {
+                release(&mut self.dev, &reads);
                 if self.dev.in_flight() == 0 && self.dev.regions_idle() {
                     // Larger than the buffers: the blocking path reads it in groups.
                     self.fetch_sync(fetches, plans, &pieces);
@@ -1747,13 +1794,13 @@ impl Target {
                 return;
             };
             ops.push(Op::read(off, r));
-            reads.push((dst, r.0, r.1));
+            reads.push((dst, ReadInto::Region(r.0, r.1)));
         }
         self.prof.fetch_rounds += 1;
         self.prof.fetches += fetches.len() as u64;
         self.prof.read_pieces += pieces.len() as u64;
         if ops.is_empty() {
-            for ((f, tx), p) in fetches.into_iter().zip(plans) {
+            for ((f, tx, _), p) in fetches.into_iter().zip(plans) {
                 tx.send(p.map(|iods| self.assemble(&f, iods)));
             }
             return;
@@ -1761,11 +1808,9 @@ impl Target {
         let tag = self.next_tag;
         self.next_tag += 1;
         if let Err(e) = self.dev.start(tag, &ops) {
-            for &(_, buf, _) in &reads {
-                self.dev.release(buf);
-            }
+            release(&mut self.dev, &reads);
             let e = Errno::new(-libc::EIO, format!("target {}: submit reads: {e}", self.id));
-            for (_, tx) in fetches {
+            for (_, tx, _) in fetches {
                 tx.send(Err(e.clone()));
             }
             return;
@@ -1781,11 +1826,43 @@ impl Target {
         );
     }
 
+    /// Whether a planned fetch can be read from the device straight into
+    /// its source's area: one iod whose bytes are all of one extent,
+    /// starting on a checksum chunk (its reads are whole chunks, so they
+    /// start exactly where the bytes go), that fits the area with the
+    /// reads' padding. Returns the area's address and the value offset that
+    /// lands at its start.
+    fn direct_into(
+        &self,
+        area: ReplyArea,
+        plan: &Result<Vec<IodRead>, Errno>,
+    ) -> Option<(usize, u64)> {
+        let Ok([r]) = plan.as_deref() else {
+            return None;
+        };
+        let [s] = r.segs.as_slice() else {
+            return None;
+        };
+        let Src::Dev {
+            value_off,
+            value_len,
+            ..
+        } = &s.src
+        else {
+            return None;
+        };
+        let whole = r.fv.status == 0 && r.out.is_empty() && s.out_off == 0 && s.len == r.fv.len;
+        let end = (value_off + s.len).div_ceil(self.chunk) * self.chunk;
+        let span = wal::round_up(end.min(*value_len) - value_off);
+        let fits = span <= area.len as u64 && area.addr.is_multiple_of(BLOCK as usize);
+        (whole && value_off.is_multiple_of(self.chunk) && fits).then_some((area.addr, *value_off))
+    }
+
     /// Serve planned fetches with blocking reads (nothing else in flight):
     /// for rounds larger than the registered buffers.
     fn fetch_sync(
         &mut self,
-        fetches: Vec<(data::FetchReq, Responder)>,
+        fetches: Vec<Queued>,
         mut plans: Vec<Result<Vec<IodRead>, Errno>>,
         pieces: &[(u64, PieceDst)],
     ) {
@@ -1808,7 +1885,7 @@ impl Target {
                 *p = Err(e.clone());
             }
         }
-        for ((f, tx), p) in fetches.into_iter().zip(plans) {
+        for ((f, tx, _), p) in fetches.into_iter().zip(plans) {
             tx.send(p.map(|iods| self.assemble(&f, iods)));
         }
     }
@@ -1827,6 +1904,28 @@ impl Target {
             } else if fv.status == 0 {
                 let mut out = r.out;
                 out.sort_unstable_by_key(|(at, _)| *at);
+                let in_area = |p: &Piece| match *p {
+                    // SAFETY: read into the source's area, which stays
+                    // mapped until the reply is sent (see ReplyArea).
+                    Piece::InArea(a, len) => {
+                        Some(unsafe { std::slice::from_raw_parts(a as *const u8, len) })
+                    }
+                    _ => None,
+                };
+                if !out.is_empty() && out.iter().all(|(_, p)| in_area(p).is_some()) {
+                    // Read straight into the area (only for a fetch of one iod).
+                    if r.has_crc {
+                        fv.crc = r.stored_crc.unwrap_or_else(|| {
+                            out.iter().fold(0, |c, (_, p)| {
+                                peregrine_isal::crc32c_append(c, in_area(p).expect("in area"))
+                            })
+                        });
+                        fv.has_crc = true;
+                    }
+                    bulk = Gather::in_place(fv.len as usize);
+                    values.push(fv);
+                    continue;
+                }
                 let mut value = Gather::default();
                 let mut at = 0u64;
                 for (off, piece) in out {
@@ -1834,6 +1933,7 @@ impl Target {
                     let bytes = match piece {
                         Piece::Bytes(v) => Cow::Owned(v),
                         Piece::Region(buf, o, len) => Cow::Borrowed(self.dev.bytes(buf, o, len)),
+                        Piece::InArea(..) => unreachable!("a fetch in its area is in it whole"),
                     };
                     at = off + bytes.len() as u64;
                     value.push(bytes);
@@ -2102,16 +2202,11 @@ mod tests {
         Request::Update(u, vec![byte; len].into())
     }
 
-    /// Deterministic form of tests/pipeline.rs: an overwrite applied while a
-    /// fetch's read of the old value is in flight (not reaped) does not give
-    /// the old blocks back to the allocator until that fetch is done.
-    #[test]
-    fn blocks_freed_under_a_read_in_flight_wait_for_it() {
-        let dir = tempfile::tempdir().unwrap();
+    fn open_target(dir: &std::path::Path) -> (Target, Uuid) {
         let opts = StorageOptions {
             bdev: BdevSpec {
                 class: BdevClass::File,
-                path: dir.path().join("nvme.img"),
+                path: dir.join("nvme.img"),
                 size: 64 * MIB,
             },
             scm_bytes: 16 * MIB,
@@ -2131,6 +2226,119 @@ mod tests {
             nvme: 32 * MIB,
         })
         .unwrap();
+        (t, pool)
+    }
+
+    /// A fetch whose bytes are whole chunks of one extent is read from the
+    /// device straight into its source's area (the reply says so and
+    /// carries no bytes); any other fetch that offers an area is served from
+    /// the target's buffers as usual, with the same bytes.
+    #[test]
+    fn aligned_fetches_are_read_straight_into_the_reply_area() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut t, pool) = open_target(dir.path());
+        let len = (3 * MIB + 5000) as usize; // pieces of 2 MiB and a short chunk at the end
+        let value: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let u = data::UpdateReq {
+            addr: addr(pool),
+            epoch: 1,
+            dkey: b"d".to_vec(),
+            iods: vec![data::Iod {
+                kind: data::ValueKind::Array as i32,
+                len: len as u64,
+                crc: peregrine_isal::crc32c(&value),
+                has_crc: true,
+                ..iod(0)
+            }],
+            insert_only: false,
+        };
+        let u = Request::Update(u, value.clone().into());
+        t.handle(u, Responder(None));
+        t.drain();
+
+        let layout = std::alloc::Layout::from_size_align(8 * MIB as usize, 4096).unwrap();
+        // SAFETY: a zeroed allocation, freed at the end of the test.
+        let area = unsafe { std::alloc::alloc_zeroed(layout) };
+        let fetch = |off: u64, n: u64| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let f = data::FetchReq {
+                addr: addr(pool),
+                epoch: u64::MAX,
+                dkey: b"d".to_vec(),
+                iods: vec![data::Iod {
+                    kind: data::ValueKind::Array as i32,
+                    offset: off,
+                    len: n,
+                    ..iod(0)
+                }],
+            };
+            (f, tx, rx)
+        };
+        for (off, n, direct) in [
+            (0, len as u64, true),
+            (2 * MIB, MIB, true),
+            (4096, 100, true),
+            (100, 4096, false),
+            (len as u64 - 10, 20, false), // past the end: zeros follow
+        ] {
+            let (f, tx, rx) = fetch(off, n);
+            let reply = Responder(Some(Box::new(move |r: crate::ReplyRef<'_>| {
+                let (resp, g) = r.unwrap();
+                let bytes = (!g.is_in_place()).then(|| g.into_vec());
+                tx.send((resp, bytes)).unwrap();
+            })));
+            let area_len = 8 * MIB as usize;
+            t.queued.push((
+                f,
+                reply,
+                Some(ReplyArea {
+                    addr: area as usize,
+                    len: area_len,
+                }),
+            ));
+            t.drain();
+            let (resp, bytes) = rx.recv().unwrap();
+            assert_eq!(
+                bytes.is_none(),
+                direct,
+                "fetch {off}+{n}: read into the area"
+            );
+            let Some(data::response::Body::Fetch(fr)) = resp.body else {
+                panic!("{resp:?}")
+            };
+            let mut want = vec![0u8; n as usize];
+            let have = value.len().saturating_sub(off as usize).min(n as usize);
+            want[..have].copy_from_slice(&value[off as usize..off as usize + have]);
+            let got = match bytes {
+                None => {
+                    // SAFETY: the area holds at least n bytes, written by the device.
+                    unsafe { std::slice::from_raw_parts(area, n as usize) }.to_vec()
+                }
+                Some(b) => b,
+            };
+            assert_eq!(fr.values[0].status, 0);
+            assert!(got == want, "bytes of fetch {off}+{n}");
+            assert_eq!(
+                fr.values[0].crc,
+                peregrine_isal::crc32c(&want),
+                "crc of {off}+{n}"
+            );
+            assert!(
+                t.dev.regions_idle(),
+                "fetch {off}+{n}: every region given back"
+            );
+        }
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(area, layout) };
+    }
+
+    /// Deterministic form of tests/pipeline.rs: an overwrite applied while a
+    /// fetch's read of the old value is in flight (not reaped) does not give
+    /// the old blocks back to the allocator until that fetch is done.
+    #[test]
+    fn blocks_freed_under_a_read_in_flight_wait_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut t, pool) = open_target(dir.path());
         let len = 64 << 10;
         let blocks = (len as u64) / BLOCK;
         t.handle(update(pool, 1, len), Responder(None));
@@ -2148,7 +2356,7 @@ mod tests {
             rtx.send(r.map(|(resp, bulk)| (resp, bulk.into_vec())))
                 .unwrap()
         })));
-        t.queued.push((fetch, reply));
+        t.queued.push((fetch, reply, None));
         t.start_fetches();
         assert_eq!(t.fetch_jobs.len(), 1, "the fetch is in flight");
 
