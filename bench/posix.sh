@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # POSIX access to Peregrine next to the raw device, in one run on this machine.
 #
-# Starts one engine (2 targets, sparse device file), creates pool `posix` and a POSIX
+# Starts one engine (2 targets, a device file), creates pool `posix` and a POSIX
 # container `fs` (object class SX, crc32c checksums), mounts it with peregrine-fuse, and
 # runs the same fio jobs through (a) the mount, (b) the mount with LD_PRELOAD of the
 # interception library (if engine/target/release/libperegrine_il.so exists), and (c) on
@@ -12,7 +12,11 @@
 # CPU time the hypervisor stole during each run). Prints one table; writes
 # bench/results/posix.json. The mount and the engine are stopped on any exit.
 #
-#   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 3] [--device-size 8GiB]
+# The device files (the engine's and the raw one) are written in full with zeros first, as
+# an NVMe namespace has all its blocks; --sparse leaves them sparse (then every fdatasync after
+# writes into fresh blocks also commits the file system's journal, on both sides).
+#
+#   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 3] [--device-size 8GiB] [--sparse]
 #                  [--dir /var/tmp] [--items 1000] [--threads 4] [--no-build] [--no-raw]
 #
 # Needs fio, fuse3 (hack/install-deps.sh installs them), python3 (for the table), /dev/fuse,
@@ -31,6 +35,7 @@ RESULTS="$ROOT/bench/results"
 SIZE=1GiB
 SECS=10
 ROUNDS=3
+DEVICE_WRITTEN=1
 DEVICE_SIZE=8GiB
 TARGETS=2
 PARENT=${TMPDIR:-/var/tmp}
@@ -39,7 +44,7 @@ THREADS=4
 BUILD=1
 RAW=1
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "posix-bench: $*" >&2
   exit 1
@@ -56,6 +61,7 @@ while (($#)); do
     --threads) THREADS=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --no-raw) RAW=0; shift ;;
+    --sparse) DEVICE_WRITTEN=0; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown option $1" ;;
   esac
@@ -131,7 +137,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---- engine, pool, container, mount ----
-echo "==> 1 engine, $DEVICE_SIZE sparse device, $TARGETS targets, in $WORK"
+echo "==> 1 engine, $DEVICE_SIZE device ($( ((DEVICE_WRITTEN)) && echo written || echo sparse)), $TARGETS targets, in $WORK"
 engines_start 1 "$DEVICE_SIZE" "$TARGETS" 1GiB
 engines_up 1 || die "engine did not come up"
 "$PEREGRINE" pool create posix --scm-size $((256 * 1024 * 1024)) --nvme-size $((DEVICE_BYTES / 2)) >/dev/null
@@ -222,16 +228,25 @@ cpu_ticks() {
   awk -v ours="$ours" '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print $9, t, ours}' /proc/stat
 }
 
+# The raw device file: written once, or (--sparse) a fresh sparse one before each run.
+fresh_raw() {
+  rm -f "$WORK/raw.img"
+  device_file "$WORK/raw.img" "$DEVICE_SIZE"
+}
+
 # run_fio NAME JOBS FILE [ENV...]: fio with the jobs that function JOBS prints, on
-# FILE (a fresh sparse file for the raw device; removed after), JSON to
+# FILE (a file in the mount is removed before and after), JSON to
 # $WORK/NAME.json, the per mille of CPU time the hypervisor stole meanwhile to
 # $WORK/NAME.steal, and the CPU seconds the engine and the daemon used to $WORK/NAME.cpu.
 run_fio() {
   local name=$1 jobs=$2 file=$3 s0 t0 o0 s1 t1 o1
   shift 3
   "$jobs" "$file" >"$WORK/$name.fio"
-  rm -f "$file"
-  [[ $file == "$WORK/raw.img" ]] && truncate -s "$DEVICE_SIZE" "$file"
+  if [[ $file == "$WORK/raw.img" ]]; then
+    ((DEVICE_WRITTEN)) || fresh_raw
+  else
+    rm -f "$file"
+  fi
   echo "==> fio $name on $file"
   read -r s0 t0 o0 < <(cpu_ticks)
   if ! env "$@" fio --output-format=json --output="$WORK/$name.json" "$WORK/$name.fio" 2>"$WORK/$name.err"; then
@@ -241,7 +256,7 @@ run_fio() {
   read -r s1 t1 o1 < <(cpu_ticks)
   echo $(((s1 - s0) * 1000 / (t1 - t0 + 1))) >"$WORK/$name.steal"
   echo "$o0 $o1 $(getconf CLK_TCK)" | awk '{print ($2 - $1) / $3}' >"$WORK/$name.cpu"
-  rm -f "$file"
+  [[ $file == "$WORK/raw.img" ]] || rm -f "$file"
 }
 
 # run_il NAME JOBS: run_fio through the interception library, which must have
@@ -257,6 +272,10 @@ run_il() {
 
 # The raw runs leave the engine up but idle: it has no I/O of its own to do
 # (no request comes in), and keeping it lets each round put the paths side by side.
+if ((RAW && DEVICE_WRITTEN)); then
+  echo "==> raw device file: $DEVICE_SIZE written with zeros"
+  fresh_raw
+fi
 HAVE_IL=0
 [[ -f $IL ]] && HAVE_IL=1
 ((HAVE_IL)) || echo "==> interception library not built: (b) skipped ($IL is absent)"

@@ -8,12 +8,25 @@
 
 ENGINE_PIDS=()
 
+# device_file PATH SIZE: an emulated NVMe device. Sparse (allocated as it is
+# written), unless DEVICE_WRITTEN=1: then written in full with zeros first, as
+# an NVMe namespace has all its blocks from the start. In a sparse file every
+# fdatasync after writes into fresh blocks also commits the file system's
+# journal (the allocation), which a device never does.
+device_file() {
+  local path=$1 size=$2 bytes
+  truncate -s "$size" "$path"
+  if [[ ${DEVICE_WRITTEN:-0} == 1 ]]; then
+    bytes=$(stat -c %s "$path")
+    dd if=/dev/zero of="$path" bs=4M count=$((bytes / 4194304)) oflag=direct conv=notrunc status=none
+  fi
+}
+
 # engines_start COUNT DEVICE_SIZE TARGETS SCM_SIZE
 engines_start() {
   local count=$1 dev_size=$2 targets=$3 scm_size=$4 rank
   for ((rank = 0; rank < count; rank++)); do
-    # A sparse file: the engine's emulated NVMe device, allocated as it is written.
-    truncate -s "$dev_size" "$WORK/nvme$rank.img"
+    device_file "$WORK/nvme$rank.img" "$dev_size"
     cat >"$WORK/engine$rank.yaml" <<EOF
 name: peregrine
 rank: $rank

@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use peregrine_isal::crc32c_append;
 use peregrine_proto::frame::{Header, Opcode, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 pub use peregrine_proto::shm::REGION_LEN;
-use peregrine_proto::shm::{self as wire, Hello, Mapping};
+use peregrine_proto::shm::{self as wire, Hello, Mapping, RemotePart};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
@@ -65,6 +65,9 @@ pub struct ShmConfig {
     pub max_idle: usize,
     /// Size of each of the two regions.
     pub region_len: u64,
+    /// Let the engine read large update values straight from the caller's
+    /// memory when it can (`PEREGRINE_SHM_DIRECT=0` turns it off).
+    pub direct_reads: bool,
 }
 
 impl Default for ShmConfig {
@@ -74,6 +77,7 @@ impl Default for ShmConfig {
             io_timeout: Duration::from_secs(30),
             max_idle: 32,
             region_len: REGION_LEN,
+            direct_reads: std::env::var("PEREGRINE_SHM_DIRECT").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -88,7 +92,16 @@ pub struct ShmConn {
     target_page: Mapping,
     /// The data address the engine named in its ack.
     pub engine_addr: String,
+    /// The engine reads large update values straight from the memory of
+    /// this process (the one that connected: not a forked child, whose
+    /// addresses the engine would read in the parent).
+    direct: Option<u32>,
 }
+
+/// Updates with at least this many bytes of values let the engine read
+/// them from the caller's memory (when it can): below it, the copy into
+/// the region costs less than the engine's system call.
+const DIRECT_MIN: usize = 64 << 10;
 
 /// Why a call failed: before anything was sent (the engine is not reachable
 /// over shared memory: a caller may use another transport), or during it.
@@ -140,7 +153,19 @@ pub fn connect(
     target: u32,
 ) -> Result<ShmConn> {
     let sock = UnixStream::connect(path).map_err(|e| io_err(&format!("connect {path}"), &e))?;
-    let hello = Hello::standard(cfg.region_len, target);
+    let mut hello = Hello::standard(cfg.region_len, target);
+    // The engine tries to read this nonce from our memory (see `ACK_CMA`).
+    let nonce = Box::new(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ ((std::process::id() as u64) << 32)
+            | 1,
+    );
+    if cfg.direct_reads {
+        hello.probe = &*nonce as *const u64 as u64;
+        hello.nonce = *nonce;
+    }
     let fd = wire::memfd_sealed("peregrine-shm", hello.total)
         .map_err(|e| io_err("shared memory", &e))?;
     let map = Mapping::map(fd.as_raw_fd(), hello.total).map_err(|e| io_err("shared memory", &e))?;
@@ -166,7 +191,8 @@ pub fn connect(
         Ok((ack, fds))
     };
     let (ack, fds) = setup().map_err(|e| io_err(&format!("shm handshake with {path}"), &e))?;
-    let engine_addr = wire::check_ack(&ack).map_err(|m| Error::new(-libc::EPROTO, m))?;
+    let (engine_addr, flags) = wire::check_ack(&ack).map_err(|m| Error::new(-libc::EPROTO, m))?;
+    drop(nonce);
     let [wake, page]: [OwnedFd; 2] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
         proto_err(format!(
             "the ack came with {} descriptors, expected the target's eventfd and page",
@@ -191,6 +217,7 @@ pub fn connect(
         wake,
         target_page,
         engine_addr,
+        direct: (cfg.direct_reads && flags & wire::ACK_CMA != 0).then(std::process::id),
     })
 }
 
@@ -270,12 +297,35 @@ impl ShmConn {
                 ),
             ));
         }
+        // Large update values stay where they are: the engine reads them
+        // from our memory (the caller's buffers outlive the call).
+        let direct = op == Opcode::Update
+            && bulk_len >= DIRECT_MIN
+            && self.direct.is_some_and(|pid| pid == std::process::id());
+        let remote = direct
+            .then(|| {
+                let parts: Vec<RemotePart> = bulk
+                    .iter()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| RemotePart {
+                        addr: b.as_ptr() as u64,
+                        len: b.len() as u64,
+                    })
+                    .collect();
+                (parts.len() <= wire::MAX_REMOTE_PARTS).then(|| RemotePart::encode_all(&parts))
+            })
+            .flatten();
+        let (flags, sent_len) = match &remote {
+            Some(list) => (wire::FLAG_BULK_REMOTE, list.len()),
+            None => (0, bulk_len),
+        };
+        let total = (HEADER_LEN + msg.len() + sent_len) as u64;
         let h = Header {
             opcode: op as u16,
-            flags: 0,
+            flags,
             request_id: id,
             msg_len: msg.len() as u32,
-            bulk_len: bulk_len as u32,
+            bulk_len: sent_len as u32,
         };
         let w = |off: u64, d: &[u8]| self.map.write(off, d).map_err(|e| io_err("shm", &e));
         let mut off = self.hello.req_off;
@@ -283,9 +333,14 @@ impl ShmConn {
         off += HEADER_LEN as u64;
         w(off, msg)?;
         off += msg.len() as u64;
-        for b in bulk {
-            w(off, b)?;
-            off += b.len() as u64;
+        match &remote {
+            Some(list) => w(off, list)?,
+            None => {
+                for b in bulk {
+                    w(off, b)?;
+                    off += b.len() as u64;
+                }
+            }
         }
         self.word(wire::REQ_LEN)?.store(total, Ordering::Relaxed);
         self.word(wire::RESP_STATE)?

@@ -23,7 +23,7 @@ use crate::dataplane;
 use crate::node::Node;
 use peregrine_proto::data::Response as DataResponse;
 use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
-use peregrine_proto::shm::{self as wire, Hello, Mapping};
+use peregrine_proto::shm::{self as wire, Hello, Mapping, RemotePart};
 use peregrine_vos::{Bulk, Gather, Polled, ReplyArea, ReplyRef, Request, SharedBytes, Source};
 use prost::Message;
 use std::os::fd::AsRawFd;
@@ -164,6 +164,61 @@ fn peer_pid(sock: &UnixStream) -> i32 {
 struct Conn {
     hello: Hello,
     map: Mapping,
+    /// The client's process, when the engine may read its memory directly.
+    cma: Option<Cma>,
+}
+
+/// A client process whose memory the engine reads with `process_vm_readv`.
+/// Its pidfd tells whether it is still the same process: a pid is only
+/// reused once its process is gone, so a read followed by a look at the
+/// pidfd that finds the process alive read that process and no other.
+struct Cma {
+    pid: i32,
+    pidfd: std::os::fd::OwnedFd,
+}
+
+impl Cma {
+    /// Read `out.len()` bytes from `remote` in the client's memory.
+    fn read(&self, remote: &[(u64, usize)], out: &mut [u8]) -> std::io::Result<()> {
+        wire::read_remote(self.pid, remote, out)?;
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll of one pollfd we own, without waiting.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("client process {} exited during the read", self.pid),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The client's process, if the hello's probe reads back its nonce.
+    fn probe(pid: i32, hello: &Hello) -> Result<Cma, String> {
+        if hello.probe == 0 || pid <= 0 {
+            return Err("no probe, or the client's pid is not visible here".into());
+        }
+        // SAFETY: pidfd_open of a pid; the result is a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(format!("pidfd_open: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh fd we own.
+        let pidfd =
+            unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+        let cma = Cma { pid, pidfd };
+        let mut got = [0u8; 8];
+        cma.read(&[(hello.probe, 8)], &mut got)
+            .map_err(|e| format!("reading the probe: {e}"))?;
+        if u64::from_ne_bytes(got) != hello.nonce {
+            return Err("the probe does not hold the hello's nonce".into());
+        }
+        Ok(cma)
+    }
 }
 
 impl Conn {
@@ -184,7 +239,7 @@ impl Conn {
     }
 }
 
-fn handshake(sock: &UnixStream) -> Result<Conn, String> {
+fn handshake(sock: &UnixStream, pid: i32) -> Result<Conn, String> {
     sock.set_read_timeout(Some(HELLO_TIMEOUT))
         .map_err(|e| e.to_string())?;
     let mut buf = [0u8; wire::HELLO_LEN];
@@ -207,7 +262,10 @@ fn handshake(sock: &UnixStream) -> Result<Conn, String> {
     let map = Mapping::map(fd.as_raw_fd(), hello.total).map_err(|e| e.to_string())?;
     drop(fd); // the mapping keeps the memory
     sock.set_read_timeout(None).map_err(|e| e.to_string())?;
-    Ok(Conn { hello, map })
+    let cma = Cma::probe(pid, &hello)
+        .map_err(|e| tracing::debug!("shm pid {pid}: no direct reads of its memory: {e}"))
+        .ok();
+    Ok(Conn { hello, map, cma })
 }
 
 /// One mapped connection and its socket, shared by its [`Channel`], its
@@ -337,6 +395,51 @@ impl Source for Channel {
     }
 }
 
+/// An update's values in the client's own memory ([`wire::FLAG_BULK_REMOTE`]),
+/// read by the target straight into its buffers.
+struct RemoteBulk {
+    live: Arc<Live>,
+    parts: Vec<RemotePart>,
+    len: usize,
+}
+
+impl SharedBytes for RemoteBulk {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn copy_out(&self, off: usize, out: &mut [u8]) -> std::io::Result<()> {
+        let Some(cma) = &self.live.conn.cma else {
+            return Err(std::io::ErrorKind::Unsupported.into());
+        };
+        if off.checked_add(out.len()).is_none_or(|end| end > self.len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{off}+{} beyond the {}-byte bulk", out.len(), self.len),
+            ));
+        }
+        // The pieces of the parts that hold [off, off + out.len()).
+        let (mut at, mut want, mut remote) = (0usize, out.len(), Vec::new());
+        for p in &self.parts {
+            let (start, len) = (at, p.len as usize);
+            at += len;
+            if want == 0 || at <= off {
+                continue;
+            }
+            let skip = off.saturating_sub(start);
+            let n = (len - skip).min(want);
+            remote.push((p.addr + skip as u64, n));
+            want -= n;
+        }
+        cma.read(&remote, out).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("reading the client's memory (pid {}): {e}", cma.pid),
+            )
+        })
+    }
+}
+
 fn owned((resp, bulk): dataplane::Reply) -> (DataResponse, Gather<'static>) {
     (resp, Gather::from(bulk))
 }
@@ -370,7 +473,7 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
         stats.rejected.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("shm pid {pid}: closing connection: handshake: {why}");
     };
-    let conn = match handshake(&sock) {
+    let conn = match handshake(&sock, pid) {
         Ok(c) => c,
         Err(e) => return refuse(e),
     };
@@ -396,7 +499,12 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
         Ok(fds) => fds,
         Err(e) => return refuse(e.to_string()),
     };
-    let ack = wire::ack(&node.cfg.data_addr());
+    let flags = if live.conn.cma.is_some() {
+        wire::ACK_CMA
+    } else {
+        0
+    };
+    let ack = wire::ack(&node.cfg.data_addr(), flags);
     // The target keeps the descriptors open while `storage` is held.
     if let Err(e) = wire::send_with_fds(live.sock.as_raw_fd(), &ack, &[wake_fd, page_fd]) {
         live.close(&format!("send ack: {e}"));
@@ -472,17 +580,38 @@ fn decode_one(live: &Arc<Live>, len: u64) -> Result<(Header, Option<Request>), S
         .map_err(|e| e.to_string())?;
     let bulk_off = msg_off + header.msg_len as u64;
     let update = header.op() == peregrine_proto::frame::Opcode::Update;
-    let bulk = if update {
+    let remote = header.flags & wire::FLAG_BULK_REMOTE != 0;
+    if remote && (!update || c.cma.is_none()) {
+        return Err(
+            "a remote bulk on a request other than an update, or on a connection without direct reads"
+                .into(),
+        );
+    }
+    let bulk = if update && !remote {
         Vec::new()
     } else {
         c.map
             .read_vec(bulk_off, header.bulk_len as usize)
             .map_err(|e| e.to_string())?
     };
+    let parts = if remote {
+        Some(RemotePart::decode_all(&bulk)?)
+    } else {
+        None
+    };
+    let bulk = if remote { Vec::new() } else { bulk };
     let req = dataplane::decode_request(Frame { header, msg, bulk })
         .map_err(|e| format!("request frame: {e}"))?;
-    let req = match req {
-        Some(Request::Update(u, _)) => Some(Request::Update(
+    let req = match (req, parts) {
+        (Some(Request::Update(u, _)), Some(parts)) => Some(Request::Update(
+            u,
+            Bulk::Shared(Box::new(RemoteBulk {
+                live: live.clone(),
+                len: parts.iter().map(|p| p.len as usize).sum(),
+                parts,
+            })),
+        )),
+        (Some(Request::Update(u, _)), None) => Some(Request::Update(
             u,
             Bulk::Shared(Box::new(ShmBulk {
                 live: live.clone(),
@@ -490,7 +619,7 @@ fn decode_one(live: &Arc<Live>, len: u64) -> Result<(Header, Option<Request>), S
                 len: header.bulk_len as usize,
             })),
         )),
-        r => r,
+        (r, _) => r,
     };
     Ok((header, req))
 }

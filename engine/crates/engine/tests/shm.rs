@@ -165,6 +165,7 @@ struct Raw {
     hello: Hello,
     wake: OwnedFd,
     page: OwnedFd,
+    ack_flags: u64,
 }
 
 /// A well-behaved handshake with target `target`.
@@ -178,7 +179,7 @@ fn raw_connect_with(sock: &PathBuf, hello: Hello) -> Raw {
     let mut ack = [0u8; wire::ACK_LEN];
     let (n, fds) = wire::recv_with_fds(s.as_raw_fd(), &mut ack).unwrap();
     assert_eq!(n, wire::ACK_LEN);
-    wire::check_ack(&ack).unwrap();
+    let (_, ack_flags) = wire::check_ack(&ack).unwrap();
     let [wake, page]: [OwnedFd; 2] = fds.try_into().unwrap();
     let map = Mapping::map(fd.as_raw_fd(), hello.total).unwrap();
     Raw {
@@ -187,6 +188,7 @@ fn raw_connect_with(sock: &PathBuf, hello: Hello) -> Raw {
         hello,
         wake,
         page,
+        ack_flags,
     }
 }
 
@@ -632,4 +634,94 @@ fn values_rewritten_during_their_update_are_stored_as_checked_or_refused() {
         "{}",
         c.logs()
     );
+}
+
+/// Large update values can stay in the client's own memory: the engine
+/// reads them with process_vm_readv once the hello's probe showed it may.
+/// A remote bulk without that, or naming memory the client does not have,
+/// is refused with a reason, and the engine carries on.
+#[test]
+fn remote_update_values_are_read_from_the_client_or_refused() {
+    use peregrine_proto::data::{self, ValueKind};
+    use peregrine_proto::shm::RemotePart;
+    let c = Cluster::with_pool(spec(), 128, "S1", "crc32c");
+    let addr = object_address(&c);
+    let value = pattern(9, (1 << 20) + 4096);
+    let update = |dkey: &[u8], id: u64, parts: &[RemotePart]| {
+        let req = data::UpdateReq {
+            addr: Some(addr.clone()),
+            epoch: id,
+            dkey: dkey.to_vec(),
+            iods: vec![data::Iod {
+                akey: b"a".to_vec(),
+                kind: ValueKind::Array as i32,
+                offset: 0,
+                len: value.len() as u64,
+                crc: peregrine_isal::crc32c(&value),
+                has_crc: true,
+            }],
+            insert_only: false,
+        };
+        let msg = prost::Message::encode_to_vec(&req);
+        let list = RemotePart::encode_all(parts);
+        let mut f = frame::encode_frame(Opcode::Update, 0, id, &msg, &[&list]).unwrap();
+        // The flag is part of the header (and its checksum).
+        let mut h = Header::decode(f[..HEADER_LEN].try_into().unwrap()).unwrap();
+        h.flags |= wire::FLAG_BULK_REMOTE;
+        f[..HEADER_LEN].copy_from_slice(&h.encode());
+        f
+    };
+    let (half, rest) = value.split_at(300_000);
+    let parts = [
+        RemotePart {
+            addr: half.as_ptr() as u64,
+            len: half.len() as u64,
+        },
+        RemotePart {
+            addr: rest.as_ptr() as u64,
+            len: rest.len() as u64,
+        },
+    ];
+
+    // Without a probe in the hello the engine reads no client memory.
+    let plain = raw_connect(&socket(&c), 0);
+    let f = update(b"d0", 1, &parts);
+    plain.write(&f);
+    plain.post(f.len() as u64);
+    expect_refused(&plain, "remote bulk without direct reads");
+    wait_log(&c, "on a connection without direct reads");
+
+    // With a probe that reads back, the ack says so and remote values work.
+    let nonce = Box::new(0x5eed_f00d_u64);
+    let mut hello = Hello::standard(REGION_LEN, 0);
+    hello.probe = &*nonce as *const u64 as u64;
+    hello.nonce = *nonce;
+    let raw = raw_connect_with(&socket(&c), hello);
+    assert_ne!(
+        raw.ack_flags & wire::ACK_CMA,
+        0,
+        "the engine took the probe"
+    );
+    let f = update(b"d1", 2, &parts);
+    raw.write(&f);
+    let (resp, _) = raw.call(f.len() as u64);
+    assert_eq!(resp.status.map_or(0, |s| s.code), 0);
+    let (v, bytes) = raw.fetch(&addr, b"d1", 0, value.len() as u64);
+    assert_eq!(v.status, 0);
+    assert!(bytes == value, "values read from the client's memory");
+
+    // Memory the client does not have: a clear error, nothing stored.
+    let bad = [RemotePart {
+        addr: 4096,
+        len: value.len() as u64,
+    }];
+    let f = update(b"d2", 3, &bad);
+    raw.write(&f);
+    let (resp, _) = raw.call(f.len() as u64);
+    let st = resp.status.unwrap();
+    assert_eq!(st.code, -libc::EINVAL, "{st:?}");
+    assert!(st.message.contains("reading the client's memory"), "{st:?}");
+    let (v, _) = raw.fetch(&addr, b"d2", 0, 10);
+    assert_eq!(v.size, 0, "nothing stored");
+    assert!(raw.ping(9), "the connection carries on");
 }

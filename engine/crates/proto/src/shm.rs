@@ -31,6 +31,15 @@
 //!   waiting to sleeping and blocks on the socket (whose end of stream also
 //!   tells it that the engine died).
 //!
+//! Large update values need not pass through the request region: when the
+//! engine could read the client's memory at the handshake (the hello names
+//! an 8-byte nonce in the client's memory, [`Hello::probe`]; the engine reads
+//! it with `process_vm_readv` and says so in the ack, [`ACK_CMA`]), a client
+//! may send an update whose bulk section lists where its values are in its
+//! own memory ([`FLAG_BULK_REMOTE`], [`RemotePart`]s), and the target reads
+//! them straight into its device buffers: one copy, by the kernel
+//! (cross-memory attach, as MPI libraries move large messages on a node).
+//!
 //! Both "sleeps" checks pair a store, a full fence and a load on each side
 //! (as a Dekker lock): either the sleeper sees the work, or the worker sees
 //! the sleeper and wakes it. Each side treats the other's memory as
@@ -51,11 +60,62 @@ pub const VERSION: u16 = 3;
 pub const FLAG_BULK_AT_PAGE: u32 = 1 << 8;
 /// Where such a bulk starts, from the start of the response region.
 pub const BULK_PAGE_OFF: u64 = 4096;
+/// Request frame flag (shared memory only): the bulk section is a list of
+/// [`RemotePart`]s, where the values are in the client's memory.
+pub const FLAG_BULK_REMOTE: u32 = 1 << 9;
+/// Most parts one remote bulk may list.
+pub const MAX_REMOTE_PARTS: usize = 64;
+/// Ack flag: the engine reads the client's memory directly.
+pub const ACK_CMA: u64 = 1;
+
+/// A piece of a remote bulk: `len` bytes at `addr` in the client's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemotePart {
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl RemotePart {
+    pub const LEN: usize = 16;
+
+    /// The bulk section listing `parts`.
+    pub fn encode_all(parts: &[RemotePart]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(parts.len() * Self::LEN);
+        for p in parts {
+            b.extend_from_slice(&p.addr.to_le_bytes());
+            b.extend_from_slice(&p.len.to_le_bytes());
+        }
+        b
+    }
+
+    /// Parse a bulk section of parts, checking its shape.
+    pub fn decode_all(b: &[u8]) -> Result<Vec<RemotePart>, String> {
+        if !b.len().is_multiple_of(Self::LEN) || b.len() / Self::LEN > MAX_REMOTE_PARTS {
+            return Err(format!(
+                "remote bulk of {} bytes is not a list of at most {MAX_REMOTE_PARTS} parts",
+                b.len()
+            ));
+        }
+        let u = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        let parts: Vec<RemotePart> = b
+            .chunks(Self::LEN)
+            .map(|c| RemotePart {
+                addr: u(&c[..8]),
+                len: u(&c[8..]),
+            })
+            .collect();
+        let total = parts.iter().try_fold(0u64, |t, p| t.checked_add(p.len));
+        if total.is_none_or(|t| t > crate::frame::MAX_BULK as u64) {
+            return Err("remote bulk longer than a frame's bulk may be".into());
+        }
+        Ok(parts)
+    }
+}
 /// One region: a frame header, the largest message and the largest bulk, rounded up.
 pub const REGION_LEN: u64 = 72 << 20;
 /// Largest region an engine accepts.
 pub const MAX_REGION_LEN: u64 = 128 << 20;
-pub const HELLO_LEN: usize = 64;
+pub const HELLO_LEN: usize = 80;
 /// The control block: the request words and the response words below, on
 /// separate cache-line pairs.
 pub const CTL_LEN: u64 = 4096;
@@ -74,11 +134,11 @@ pub const RESP_SLEEPING: u64 = 1;
 pub const RESP_DONE: u64 = 2;
 /// A target's page: word 0 is non-zero while the target sleeps.
 pub const TARGET_PAGE_LEN: u64 = 4096;
-/// The ack: magic, version, the length of the engine's data address, and
-/// the address itself (zero padded), so a client can tell that the socket
-/// belongs to the engine it meant (two systems on one node may both have a
-/// rank 0).
-pub const ACK_LEN: usize = 8 + MAX_ACK_ADDR;
+/// The ack: magic, version, the length of the engine's data address, flags
+/// ([`ACK_CMA`]), and the address itself (zero padded), so a client can tell
+/// that the socket belongs to the engine it meant (two systems on one node
+/// may both have a rank 0).
+pub const ACK_LEN: usize = 16 + MAX_ACK_ADDR;
 pub const MAX_ACK_ADDR: usize = 120;
 pub const DOORBELL_LEN: usize = 8;
 /// Socket file of rank `rank` inside the engine's `shm_dir`.
@@ -98,6 +158,10 @@ pub struct Hello {
     /// Size of the memfd the client announces (at least the end of both regions).
     pub total: u64,
     pub target: u32,
+    /// Address in the client's memory of 8 bytes holding `nonce`, for the
+    /// engine to try reading (0: the client offers no direct reads).
+    pub probe: u64,
+    pub nonce: u64,
 }
 
 impl Hello {
@@ -111,6 +175,8 @@ impl Hello {
             resp_len: region,
             total: CTL_LEN + 2 * region,
             target,
+            probe: 0,
+            nonce: 0,
         }
     }
 
@@ -126,6 +192,8 @@ impl Hello {
             self.total,
             self.ctl_off,
             self.target as u64,
+            self.probe,
+            self.nonce,
         ]
         .iter()
         .enumerate()
@@ -159,6 +227,8 @@ impl Hello {
             ctl_off: u(5),
             target: u32::try_from(u(6))
                 .map_err(|_| format!("hello: target {} out of range", u(6)))?,
+            probe: u(7),
+            nonce: u(8),
         };
         if h.total > 4 * MAX_REGION_LEN {
             return Err(format!(
@@ -209,23 +279,75 @@ impl Hello {
 }
 
 /// The engine's answer to a good hello, naming its data address.
-pub fn ack(data_addr: &str) -> [u8; ACK_LEN] {
+pub fn ack(data_addr: &str, flags: u64) -> [u8; ACK_LEN] {
     let mut b = [0u8; ACK_LEN];
     b[0..4].copy_from_slice(&MAGIC);
     b[4..6].copy_from_slice(&VERSION.to_le_bytes());
     let a = &data_addr.as_bytes()[..data_addr.len().min(MAX_ACK_ADDR)];
     b[6..8].copy_from_slice(&(a.len() as u16).to_le_bytes());
-    b[8..8 + a.len()].copy_from_slice(a);
+    b[8..16].copy_from_slice(&flags.to_le_bytes());
+    b[16..16 + a.len()].copy_from_slice(a);
     b
 }
 
-/// Check an ack; returns the engine's data address.
-pub fn check_ack(b: &[u8; ACK_LEN]) -> Result<String, String> {
+/// Check an ack; returns the engine's data address and the ack's flags.
+pub fn check_ack(b: &[u8; ACK_LEN]) -> Result<(String, u64), String> {
     let n = u16::from_le_bytes([b[6], b[7]]) as usize;
     if b[0..4] != MAGIC || u16::from_le_bytes([b[4], b[5]]) != VERSION || n > MAX_ACK_ADDR {
         return Err(format!("bad shm handshake ack {:02x?}", &b[..8]));
     }
-    Ok(String::from_utf8_lossy(&b[8..8 + n]).into_owned())
+    let flags = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    Ok((String::from_utf8_lossy(&b[16..16 + n]).into_owned(), flags))
+}
+
+/// Read `out.len()` bytes of process `pid`'s memory, gathered from `remote`
+/// (`(address, length)` pairs), with `process_vm_readv`: one copy, by the
+/// kernel. Fails with the errno (EFAULT for memory the process does not
+/// have, EPERM without the right to read it, ESRCH once it is gone).
+pub fn read_remote(pid: i32, remote: &[(u64, usize)], out: &mut [u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    let mut skip = 0usize;
+    let mut first = 0usize;
+    while done < out.len() {
+        // The remote pieces not read yet (the kernel may stop at a page fault).
+        let mut rest = Vec::with_capacity(remote.len());
+        let mut s = skip;
+        for &(a, l) in &remote[first..] {
+            rest.push(libc::iovec {
+                iov_base: (a as usize + s) as *mut libc::c_void,
+                iov_len: l - s,
+            });
+            s = 0;
+        }
+        let local = libc::iovec {
+            iov_base: out[done..].as_mut_ptr().cast(),
+            iov_len: out.len() - done,
+        };
+        // SAFETY: `local` is our own buffer; the remote side is only read.
+        let n =
+            unsafe { libc::process_vm_readv(pid, &local, 1, rest.as_ptr(), rest.len() as _, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n as usize;
+        // Advance over what was read.
+        let mut n = n as usize;
+        while n > 0 {
+            let left = remote[first].1 - skip;
+            if n >= left {
+                n -= left;
+                first += 1;
+                skip = 0;
+            } else {
+                skip += n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn last_os(what: &str) -> io::Error {
