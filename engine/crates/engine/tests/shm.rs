@@ -434,6 +434,42 @@ impl Raw {
     }
 }
 
+/// A frame that writes the whole of `value` (with its CRC) as array akey
+/// "a" of `dkey` at `addr`, at `epoch`; `bulk` is its bulk section (the
+/// value itself, or a list of remote parts with `flags`). Returns the frame
+/// and the length of its message.
+fn update_frame(
+    addr: &peregrine_proto::data::Address,
+    dkey: &[u8],
+    epoch: u64,
+    value: &[u8],
+    bulk: &[u8],
+    flags: u32,
+) -> (Vec<u8>, usize) {
+    use peregrine_proto::data::{self, ValueKind};
+    let req = data::UpdateReq {
+        addr: Some(addr.clone()),
+        epoch,
+        dkey: dkey.to_vec(),
+        iods: vec![data::Iod {
+            akey: b"a".to_vec(),
+            kind: ValueKind::Array as i32,
+            offset: 0,
+            len: value.len() as u64,
+            crc: peregrine_isal::crc32c(value),
+            has_crc: true,
+        }],
+        insert_only: false,
+    };
+    let msg = prost::Message::encode_to_vec(&req);
+    let mut f = frame::encode_frame(Opcode::Update, 0, epoch, &msg, &[bulk]).unwrap();
+    // The flags are part of the header (and of its checksum).
+    let mut h = Header::decode(f[..HEADER_LEN].try_into().unwrap()).unwrap();
+    h.flags |= flags;
+    f[..HEADER_LEN].copy_from_slice(&h.encode());
+    (f, msg.len())
+}
+
 /// The address of object 0.77 of the cluster's container, on target 0.
 fn object_address(c: &Cluster) -> peregrine_proto::data::Address {
     let client = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Tcp).unwrap();
@@ -500,22 +536,7 @@ fn aligned_fetches_land_in_the_response_region_and_others_are_copied() {
     let addr = object_address(&c);
     let value = pattern(5, 3 << 20);
     let raw = raw_connect(&socket(&c), 0);
-    let req = peregrine_proto::data::UpdateReq {
-        addr: Some(addr.clone()),
-        epoch: 1,
-        dkey: b"d".to_vec(),
-        iods: vec![peregrine_proto::data::Iod {
-            akey: b"a".to_vec(),
-            kind: peregrine_proto::data::ValueKind::Array as i32,
-            offset: 0,
-            len: value.len() as u64,
-            crc: peregrine_isal::crc32c(&value),
-            has_crc: true,
-        }],
-        insert_only: false,
-    };
-    let msg = prost::Message::encode_to_vec(&req);
-    let f = frame::encode_frame(Opcode::Update, 0, 1, &msg, &[&value]).unwrap();
+    let (f, _) = update_frame(&addr, b"d", 1, &value, &value, 0);
     raw.write(&f);
     let (resp, _) = raw.call(f.len() as u64);
     assert_eq!(resp.status.map_or(0, |s| s.code), 0);
@@ -558,7 +579,6 @@ fn aligned_fetches_land_in_the_response_region_and_others_are_copied() {
 /// stored bytes that differ from the checksum stored with them.
 #[test]
 fn values_rewritten_during_their_update_are_stored_as_checked_or_refused() {
-    use peregrine_proto::data::{self, ValueKind};
     let c = Cluster::with_pool(spec(), 128, "S1", "crc32c");
     let addr = object_address(&c);
     let raw = raw_connect(&socket(&c), 0);
@@ -567,24 +587,9 @@ fn values_rewritten_during_their_update_are_stored_as_checked_or_refused() {
     let (mut stored, mut refused) = (0, 0);
     for round in 0..48u64 {
         let dkey = format!("d{round}").into_bytes();
-        let req = data::UpdateReq {
-            addr: Some(addr.clone()),
-            epoch: round + 1,
-            dkey: dkey.clone(),
-            iods: vec![data::Iod {
-                akey: b"a".to_vec(),
-                kind: ValueKind::Array as i32,
-                offset: 0,
-                len: len as u64,
-                crc: peregrine_isal::crc32c(&good),
-                has_crc: true,
-            }],
-            insert_only: false,
-        };
-        let msg = prost::Message::encode_to_vec(&req);
-        let f = frame::encode_frame(Opcode::Update, 0, round, &msg, &[&good]).unwrap();
+        let (f, msg_len) = update_frame(&addr, &dkey, round + 1, &good, &good, 0);
         raw.write(&f);
-        let bulk_off = raw.hello.req_off + (HEADER_LEN + msg.len()) as u64;
+        let bulk_off = raw.hello.req_off + (HEADER_LEN + msg_len) as u64;
         let done = std::sync::atomic::AtomicBool::new(false);
         let (resp, _) = std::thread::scope(|s| {
             // Every other round the values change under the target.
@@ -642,34 +647,13 @@ fn values_rewritten_during_their_update_are_stored_as_checked_or_refused() {
 /// is refused with a reason, and the engine carries on.
 #[test]
 fn remote_update_values_are_read_from_the_client_or_refused() {
-    use peregrine_proto::data::{self, ValueKind};
     use peregrine_proto::shm::RemotePart;
     let c = Cluster::with_pool(spec(), 128, "S1", "crc32c");
     let addr = object_address(&c);
     let value = pattern(9, (1 << 20) + 4096);
     let update = |dkey: &[u8], id: u64, parts: &[RemotePart]| {
-        let req = data::UpdateReq {
-            addr: Some(addr.clone()),
-            epoch: id,
-            dkey: dkey.to_vec(),
-            iods: vec![data::Iod {
-                akey: b"a".to_vec(),
-                kind: ValueKind::Array as i32,
-                offset: 0,
-                len: value.len() as u64,
-                crc: peregrine_isal::crc32c(&value),
-                has_crc: true,
-            }],
-            insert_only: false,
-        };
-        let msg = prost::Message::encode_to_vec(&req);
         let list = RemotePart::encode_all(parts);
-        let mut f = frame::encode_frame(Opcode::Update, 0, id, &msg, &[&list]).unwrap();
-        // The flag is part of the header (and its checksum).
-        let mut h = Header::decode(f[..HEADER_LEN].try_into().unwrap()).unwrap();
-        h.flags |= wire::FLAG_BULK_REMOTE;
-        f[..HEADER_LEN].copy_from_slice(&h.encode());
-        f
+        update_frame(&addr, dkey, id, &value, &list, wire::FLAG_BULK_REMOTE).0
     };
     let (half, rest) = value.split_at(300_000);
     let parts = [
