@@ -4,6 +4,8 @@
 
 mod common;
 use common::*;
+use peregrine::shm::{ShmConfig, ShmTransport};
+use peregrine::transport::{MultiTransport, TcpTransport};
 use peregrine::{Client, ObjectClass, ObjectId, TransportKind};
 use peregrine_proto::frame::{self, Header, Opcode, HEADER_LEN};
 use peregrine_proto::mgmt::SystemQueryReq;
@@ -62,6 +64,25 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
         .all(|t| t.shm_path == sock.display().to_string()));
     let cs = pool.cont_open("cont").unwrap();
     let ct = tcp.pool_connect("pool").unwrap().cont_open("cont").unwrap();
+    // A client whose memory the engine may not read (as from a pod in
+    // another pid namespace): its large values go through the region.
+    let copied = Client::connect_with(
+        &c.mgmt_addr(),
+        std::sync::Arc::new(MultiTransport::with(
+            TransportKind::Shm,
+            TcpTransport::default(),
+            ShmTransport::new(ShmConfig {
+                direct_reads: false,
+                ..Default::default()
+            }),
+        )),
+    )
+    .unwrap();
+    let cc = copied
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("cont")
+        .unwrap();
 
     // Single values around the SCM/NVMe threshold and up to 1 MiB.
     for (i, len) in [0usize, 1, 64, 4095, 4096, 65536, 1 << 20]
@@ -83,16 +104,20 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
         let got = ct.object(oid).unwrap().fetch_single(b"d", b"a").unwrap();
         assert_eq!(got.as_deref(), Some(&v[..]), "tcp read of {len} bytes");
     }
-    // Arrays up to 16 MiB, written over shm and over TCP, read over both.
-    for (i, len) in [4096usize, 3 << 20, 16 << 20].into_iter().enumerate() {
+    // Arrays up to 16 MiB, written over shm (values read from our memory,
+    // or copied through the region) and over TCP, read over all three.
+    for (i, len) in [4096usize, 3 << 20, 16 << 20, 5 << 20]
+        .into_iter()
+        .enumerate()
+    {
         let oid = ObjectId::new(ObjectClass::SX, 0, 200 + i as u64);
         let v = pattern(1000 + i as u64, len);
-        let (w, r) = if i % 2 == 0 { (&cs, &ct) } else { (&ct, &cs) };
+        let w = [&cs, &ct, &cs, &cc][i];
         w.object(oid)
             .unwrap()
             .update_array(b"d", b"arr", 0, &v)
             .unwrap();
-        for (who, cont) in [("shm", &cs), ("tcp", &ct), ("other", r)] {
+        for (who, cont) in [("shm", &cs), ("tcp", &ct), ("shm copied", &cc)] {
             let got = cont
                 .object(oid)
                 .unwrap()
