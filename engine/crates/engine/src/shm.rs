@@ -412,12 +412,6 @@ impl SharedBytes for RemoteBulk {
         let Some(cma) = &self.live.conn.cma else {
             return Err(std::io::ErrorKind::Unsupported.into());
         };
-        if off.checked_add(out.len()).is_none_or(|end| end > self.len) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{off}+{} beyond the {}-byte bulk", out.len(), self.len),
-            ));
-        }
         // The pieces of the parts that hold [off, off + out.len()).
         let (mut at, mut want, mut remote) = (0usize, out.len(), Vec::new());
         for p in &self.parts {
@@ -458,13 +452,8 @@ impl SharedBytes for ShmBulk {
     }
 
     fn copy_out(&self, off: usize, out: &mut [u8]) -> std::io::Result<()> {
-        match off.checked_add(out.len()) {
-            Some(end) if end <= self.len => self.live.conn.map.read(self.off + off as u64, out),
-            _ => Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{off}+{} beyond the {}-byte bulk", out.len(), self.len),
-            )),
-        }
+        // Inside the bulk (Bulk checks), and the mapping checks its own bounds.
+        self.live.conn.map.read(self.off + off as u64, out)
     }
 }
 
@@ -579,46 +568,39 @@ fn decode_one(live: &Arc<Live>, len: u64) -> Result<(Header, Option<Request>), S
         .read_vec(msg_off, header.msg_len as usize)
         .map_err(|e| e.to_string())?;
     let bulk_off = msg_off + header.msg_len as u64;
+    let bulk_len = header.bulk_len as usize;
+    let read_bulk = || {
+        c.map
+            .read_vec(bulk_off, bulk_len)
+            .map_err(|e| e.to_string())
+    };
     let update = header.op() == peregrine_proto::frame::Opcode::Update;
     let remote = header.flags & wire::FLAG_BULK_REMOTE != 0;
-    if remote && (!update || c.cma.is_none()) {
-        return Err(
-            "a remote bulk on a request other than an update, or on a connection without direct reads"
-                .into(),
-        );
-    }
-    let bulk = if update && !remote {
-        Vec::new()
-    } else {
-        c.map
-            .read_vec(bulk_off, header.bulk_len as usize)
-            .map_err(|e| e.to_string())?
+    // An update's values stay where they are until its target copies them.
+    let (bulk, values): (Vec<u8>, Option<Box<dyn SharedBytes>>) = match (update, remote) {
+        (true, true) if c.cma.is_some() => {
+            let parts = RemotePart::decode_all(&read_bulk()?)?;
+            let len = parts.iter().map(|p| p.len as usize).sum();
+            let live = live.clone();
+            (Vec::new(), Some(Box::new(RemoteBulk { live, parts, len })))
+        }
+        (true, false) => {
+            let (live, off) = (live.clone(), bulk_off);
+            let values = ShmBulk { live, off, len: bulk_len };
+            (Vec::new(), Some(Box::new(values)))
+        }
+        (false, false) => (read_bulk()?, None),
+        _ => {
+            return Err(
+                "a remote bulk on a request other than an update, or on a connection without direct reads"
+                    .into(),
+            )
+        }
     };
-    let parts = if remote {
-        Some(RemotePart::decode_all(&bulk)?)
-    } else {
-        None
-    };
-    let bulk = if remote { Vec::new() } else { bulk };
     let req = dataplane::decode_request(Frame { header, msg, bulk })
         .map_err(|e| format!("request frame: {e}"))?;
-    let req = match (req, parts) {
-        (Some(Request::Update(u, _)), Some(parts)) => Some(Request::Update(
-            u,
-            Bulk::Shared(Box::new(RemoteBulk {
-                live: live.clone(),
-                len: parts.iter().map(|p| p.len as usize).sum(),
-                parts,
-            })),
-        )),
-        (Some(Request::Update(u, _)), None) => Some(Request::Update(
-            u,
-            Bulk::Shared(Box::new(ShmBulk {
-                live: live.clone(),
-                off: bulk_off,
-                len: header.bulk_len as usize,
-            })),
-        )),
+    let req = match (req, values) {
+        (Some(Request::Update(u, _)), Some(v)) => Some(Request::Update(u, Bulk::Shared(v))),
         (r, _) => r,
     };
     Ok((header, req))

@@ -305,6 +305,12 @@ pub fn check_ack(b: &[u8; ACK_LEN]) -> Result<(String, u64), String> {
 /// kernel. Fails with the errno (EFAULT for memory the process does not
 /// have, EPERM without the right to read it, ESRCH once it is gone).
 pub fn read_remote(pid: i32, remote: &[(u64, usize)], out: &mut [u8]) -> io::Result<()> {
+    if remote.iter().map(|r| r.1).sum::<usize>() != out.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "remote pieces and local buffer differ in length",
+        ));
+    }
     let mut done = 0usize;
     let mut skip = 0usize;
     let mut first = 0usize;

@@ -22,7 +22,8 @@ pub trait SharedBytes: Send {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Copy `out.len()` bytes from offset `off` into `out`.
+    /// Copy `out.len()` bytes from offset `off` into `out`; [`Bulk`] asks
+    /// only for bytes inside `len()`.
     fn copy_out(&self, off: usize, out: &mut [u8]) -> io::Result<()>;
 }
 
@@ -46,18 +47,18 @@ impl Bulk {
 
     /// Copy `out.len()` bytes from offset `off` into `out`.
     pub fn copy_out(&self, off: usize, out: &mut [u8]) -> io::Result<()> {
+        let end = off
+            .checked_add(out.len())
+            .filter(|&end| end <= self.len())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("bulk {off}+{} beyond its {} bytes", out.len(), self.len()),
+                )
+            })?;
         match self {
             Bulk::Owned(v) => {
-                let src = off
-                    .checked_add(out.len())
-                    .and_then(|end| v.get(off..end))
-                    .ok_or_else(|| {
-                        io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            format!("bulk {off}+{} beyond its {} bytes", out.len(), v.len()),
-                        )
-                    })?;
-                out.copy_from_slice(src);
+                out.copy_from_slice(&v[off..end]);
                 Ok(())
             }
             Bulk::Shared(s) => s.copy_out(off, out),

@@ -157,8 +157,6 @@ struct Batch {
     space: HashMap<Uuid, (u64, u64)>,
     /// Bytes of values going to data blocks.
     data: usize,
-    /// Of those, bytes staged in regions of the registered buffers.
-    staged: usize,
 }
 
 /// Bytes on their way to data blocks: in a region of the registered
@@ -180,7 +178,26 @@ impl Batch {
                 dev.release(buf);
             }
         }
-        self.staged = 0;
+    }
+}
+
+/// Bytes of `writes` staged in regions of the registered buffers.
+fn staged_bytes(writes: &[(u64, Staged)]) -> usize {
+    writes
+        .iter()
+        .map(|(_, w)| match w {
+            Staged::Region(_, _, len) => *len,
+            Staged::Bytes(_) => 0,
+        })
+        .sum()
+}
+
+/// Give back the regions `writes` were staged in.
+fn release_staged(dev: &mut DeviceIo, writes: impl IntoIterator<Item = (u64, Staged)>) {
+    for (_, w) in writes {
+        if let Staged::Region(buf, ..) = w {
+            dev.release(buf);
+        }
     }
 }
 
@@ -190,7 +207,6 @@ struct Staging {
     writes: Vec<(u64, Staged)>,
     runs: Vec<(u64, u64)>,
     bytes: usize,
-    staged: usize,
 }
 
 impl Staging {
@@ -198,11 +214,7 @@ impl Staging {
         for (b, n) in self.runs {
             alloc.free(b, n);
         }
-        for (_, w) in self.writes {
-            if let Staged::Region(buf, ..) = w {
-                dev.release(buf);
-            }
-        }
+        release_staged(dev, self.writes);
     }
 }
 
@@ -265,6 +277,22 @@ enum ReadInto {
     Region(usize, usize),
     /// The source's reply area, at this address.
     Area(usize),
+}
+
+/// Give back the regions fetch reads landed in.
+fn release_reads(dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]) {
+    for (_, into) in reads {
+        if let ReadInto::Region(buf, _) = *into {
+            dev.release(buf);
+        }
+    }
+}
+
+/// `len` bytes the device read into a source's reply area at `addr`.
+fn area_bytes<'a>(addr: usize, len: usize) -> &'a [u8] {
+    // SAFETY: the read completed, and the area stays mapped and untouched by
+    // the engine until the fetch's reply has been sent (see ReplyArea).
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 
 /// Where the bytes of one device read of a fetch go: (fetch, iod, seg,
@@ -902,11 +930,7 @@ impl Target {
                 let (dst, into) = job.reads[d.idx];
                 let res = d.res.map(|()| match into {
                     ReadInto::Region(buf, off) => self.dev.bytes(buf, off, dst.len),
-                    // SAFETY: the read into the source's area completed; the
-                    // area stays mapped until the reply (see ReplyArea).
-                    ReadInto::Area(a) => unsafe {
-                        std::slice::from_raw_parts(a as *const u8, dst.len)
-                    },
+                    ReadInto::Area(a) => area_bytes(a, dst.len),
                 });
                 if let Some((iod, at, from, len)) =
                     absorb_piece(self.id, self.chunk, &mut job.plans, dst, res)
@@ -926,11 +950,7 @@ impl Target {
                     for ((f, tx, _), p) in job.fetches.into_iter().zip(job.plans) {
                         tx.send(p.map(|iods| self.assemble(&f, iods)));
                     }
-                    for (_, into) in job.reads {
-                        if let ReadInto::Region(buf, _) = into {
-                            self.dev.release(buf);
-                        }
-                    }
+                    release_reads(&mut self.dev, &job.reads);
                     self.release_deferred();
                 }
             } else if let Some(c) = self.commits.iter_mut().find(|c| c.tag == d.tag) {
@@ -1220,7 +1240,6 @@ impl Target {
         }
         let batch = &mut self.open;
         batch.data += staging.bytes;
-        batch.staged += staging.staged;
         batch.writes.extend(staging.writes);
         batch.runs.extend(staging.runs);
         let s = batch.space.entry(pool).or_default();
@@ -1271,10 +1290,9 @@ impl Target {
             let len = BUF_BYTES.min(range.end - start);
             // A batch stages at most BATCH_DATA: the rest of the buffers
             // stays for the commit in flight and for reads.
-            let room = self.open.staged + staging.staged < BATCH_DATA;
+            let room = staged_bytes(&self.open.writes) + staged_bytes(&staging.writes) < BATCH_DATA;
             let (w, copied) = match room.then(|| self.dev.region(len)).flatten() {
                 Some((buf, off, padded)) => {
-                    staging.staged += len;
                     let d = self.dev.bytes_mut(buf, off, padded);
                     d[len..].fill(0);
                     let sum = with_crc.then_some(&mut crc);
@@ -1480,11 +1498,7 @@ impl Target {
         for (blk, n) in b.runs {
             self.alloc.free(blk, n);
         }
-        for (_, w) in b.writes {
-            if let Staged::Region(buf, ..) = w {
-                self.dev.release(buf);
-            }
-        }
+        release_staged(&mut self.dev, b.writes);
         for tx in b.replies {
             tx.send(Err(e.clone()));
         }
@@ -1768,13 +1782,6 @@ impl Target {
             .collect();
         let mut ops = Vec::with_capacity(pieces.len());
         let mut reads = Vec::with_capacity(pieces.len());
-        let release = |dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]| {
-            for (_, into) in reads {
-                if let ReadInto::Region(buf, _) = *into {
-                    dev.release(buf);
-                }
-            }
-        };
         for &(off, dst) in &pieces {
             if let Some((addr, value_off)) = areas[dst.fetch] {
                 let at = addr + (dst.start - value_off) as usize;
@@ -1784,7 +1791,7 @@ impl Target {
                 continue;
             }
             let Some(r) = self.dev.region(dst.len) else {
-                release(&mut self.dev, &reads);
+                release_reads(&mut self.dev, &reads);
                 if self.dev.in_flight() == 0 && self.dev.regions_idle() {
                     // Larger than the buffers: the blocking path reads it in groups.
                     self.fetch_sync(fetches, plans, &pieces);
@@ -1808,7 +1815,7 @@ impl Target {
         let tag = self.next_tag;
         self.next_tag += 1;
         if let Err(e) = self.dev.start(tag, &ops) {
-            release(&mut self.dev, &reads);
+            release_reads(&mut self.dev, &reads);
             let e = Errno::new(-libc::EIO, format!("target {}: submit reads: {e}", self.id));
             for (_, tx, _) in fetches {
                 tx.send(Err(e.clone()));
@@ -1905,11 +1912,7 @@ impl Target {
                 let mut out = r.out;
                 out.sort_unstable_by_key(|(at, _)| *at);
                 let in_area = |p: &Piece| match *p {
-                    // SAFETY: read into the source's area, which stays
-                    // mapped until the reply is sent (see ReplyArea).
-                    Piece::InArea(a, len) => {
-                        Some(unsafe { std::slice::from_raw_parts(a as *const u8, len) })
-                    }
+                    Piece::InArea(a, len) => Some(area_bytes(a, len)),
                     _ => None,
                 };
                 if !out.is_empty() && out.iter().all(|(_, p)| in_area(p).is_some()) {
@@ -2102,9 +2105,6 @@ impl Target {
     }
 }
 
-/// Take the bytes of one device read of a fetch: verify its checksum chunks
-/// and copy the part the caller asked for into the iod's output (or record
-/// the read's or checksum's failure).
 /// Check a completed device read of a fetch against its chunk checksums;
 /// returns the part the caller asked for: (iod, offset in the iod's bytes,
 /// offset in the piece, length), or nothing if the iod or its fetch failed.
