@@ -32,6 +32,55 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     !state
 }
 
+/// CRC32C's polynomial, bit-reflected.
+const POLY: u32 = 0x82F6_3B78;
+
+/// `a * b` modulo the CRC polynomial (bit-reflected: bit 31 is x^0).
+fn mult_mod_p(a: u32, mut b: u32) -> u32 {
+    let mut m = 1u32 << 31;
+    let mut p = 0;
+    loop {
+        if a & m != 0 {
+            p ^= b;
+            if a & (m - 1) == 0 {
+                return p;
+            }
+        }
+        m >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    }
+}
+
+/// What appending `len` bytes does to a CRC32C, so that the CRC of a
+/// concatenation follows from the CRCs of its parts (zlib's
+/// `crc32_combine_gen`/`crc32_combine_op`, for CRC32C): summing chunks one
+/// by one and combining their CRCs into the whole's costs one pass over the
+/// bytes, not two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crc32cShift(u32);
+
+impl Crc32cShift {
+    pub fn new(len: usize) -> Self {
+        // x^(8 * len) modulo the polynomial, by squaring: x^1, x^2, x^4, ...
+        let mut power = 1u32 << 30;
+        let mut op = 1u32 << 31;
+        let mut bits = (len as u64) * 8;
+        while bits != 0 {
+            if bits & 1 != 0 {
+                op = mult_mod_p(power, op);
+            }
+            power = mult_mod_p(power, power);
+            bits >>= 1;
+        }
+        Crc32cShift(op)
+    }
+
+    /// `crc32c(a ++ b)` from `crc32c(a)` and `crc32c(b)`, `b` of the length this shift was made for.
+    pub fn combine(self, crc_a: u32, crc_b: u32) -> u32 {
+        mult_mod_p(self.0, crc_a) ^ crc_b
+    }
+}
+
 /// A Reed-Solomon code with `k` data cells and `p` parity cells (Cauchy matrix).
 #[derive(Clone)]
 pub struct ReedSolomon {
@@ -239,6 +288,28 @@ mod tests {
     fn crc32c_check_value() {
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
         assert_eq!(crc32c_append(crc32c(b"1234"), b"56789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn crc32c_of_a_concatenation_follows_from_its_parts() {
+        let data: Vec<u8> = (0..20_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for cut in [0, 1, 7, 4096, 12_345, 20_000] {
+            let (a, b) = data.split_at(cut);
+            let shift = Crc32cShift::new(b.len());
+            assert_eq!(
+                shift.combine(crc32c(a), crc32c(b)),
+                crc32c(&data),
+                "cut at {cut}"
+            );
+        }
+        let mut crc = 0;
+        let four_k = Crc32cShift::new(4096);
+        for c in data[..16_384].chunks(4096) {
+            crc = four_k.combine(crc, crc32c(c));
+        }
+        assert_eq!(crc, crc32c(&data[..16_384]));
     }
 
     #[test]

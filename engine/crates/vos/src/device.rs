@@ -97,16 +97,10 @@ impl Op {
             .map(|a| unsafe { std::slice::from_raw_parts_mut(a as *mut u8, self.len) })
     }
 
-    /// A write linked to the next op of its chain.
-    pub(crate) fn linked_write(off: u64, (buf, buf_off, len): (usize, usize, usize)) -> Op {
+    pub(crate) fn write(off: u64, (buf, buf_off, len): (usize, usize, usize)) -> Op {
         Op {
             kind: OpKind::Write,
-            off,
-            len,
-            buf,
-            buf_off,
-            link: true,
-            into: None,
+            ..Op::read(off, (buf, buf_off, len))
         }
     }
 
@@ -432,9 +426,15 @@ impl DeviceIo {
         Some((buf, off, padded))
     }
 
-    /// Give back a region taken with [`DeviceIo::region`].
+    /// Give back a region taken with [`DeviceIo::region`] (or shared with [`DeviceIo::share`]).
     pub(crate) fn release(&mut self, buf: usize) {
         self.arena.release(buf)
+    }
+
+    /// Take one more hold on the buffer of a region already taken: the
+    /// region stays until each hold is released (several writes from it).
+    pub(crate) fn share(&mut self, buf: usize) {
+        self.arena.users[buf] += 1;
     }
 
     /// `len` bytes of a region (what a completed read brought in).

@@ -12,18 +12,18 @@
 //! response region); each is verified, assembled and answered when its
 //! reads complete, the reply borrowing the regions until it is sent.
 //! Updates and punches are validated, their large values assigned freshly
-//! allocated blocks and copied once, from the client's shared memory
-//! straight into the regions their writes start from (checksummed on that
-//! copy), and gathered into the open batch. The open
-//! batch starts as one linked chain: data written to the new blocks, ONE WAL
-//! record for the whole batch, ONE fdatasync (IOSQE_IO_LINK: the record is
-//! written only after all the data was, the fdatasync runs only after the
-//! record was; a failure cancels the rest). Up to [`MAX_COMMITS`] batches of
-//! small values are in flight at once, a batch with data blocks only alone;
-//! while they are, new updates gather into the next batch (group commit
-//! that grows as the device slows). A batch is applied to the
-//! index (freeing replaced blocks) and answered when its chain completes and
-//! every batch before it has been applied. Besides its queue, the thread
+//! allocated blocks and copied once, from the client's memory straight into
+//! the regions their writes start from (checksummed on that copy), and
+//! gathered into the open batch. Each [`WRITE_PIECE`] of a large value
+//! starts for the device as soon as it is copied ("ahead" of its batch's
+//! commit: the device writes while the next piece is copied in). A batch's
+//! commit writes its WAL record (and any value bytes not written ahead)
+//! alongside those data writes, and once all are done, ONE fdatasync. Up to
+//! [`MAX_COMMITS`] commits are in flight at once; while they are, new
+//! updates gather into the next batch (group commit that grows as the
+//! device slows). A batch is applied to the index (freeing replaced blocks)
+//! and answered when its fdatasync completes and every batch before it has
+//! been applied. Besides its queue, the thread
 //! polls its sources (the shared-memory connections of local clients,
 //! [`crate::Source`]) each turn, and for a while after taking a request from
 //! one it keeps polling rather than sleep. It sleeps in its ring, where a
@@ -43,6 +43,13 @@
 //!   batch's device writes fail, it and every later batch in flight fail,
 //!   and the target refuses updates from then on (a failed fdatasync leaves
 //!   the device's state unknown; the engine must restart to re-read it).
+//! - A record may reach the device before its batch's data (they are
+//!   written side by side): only the records of the commits in flight, at
+//!   most [`MAX_COMMITS`], none acknowledged. Replay checks the data of the
+//!   last that many records and drops a record whose data is not all there.
+//! - Blocks written ahead for an update that then fails (a bad checksum, a
+//!   broken connection) return to the allocator only once those writes are
+//!   done: nothing else is written to a block with a write in flight.
 //! - Checkpoints and control operations run with nothing in flight.
 
 use crate::alloc::BlockAlloc;
@@ -57,6 +64,7 @@ use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
 use crate::{Bulk, Gather, Polled, PoolSpace, Reply, ReplyArea, Request, Responder, Source};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use peregrine_isal::Crc32cShift;
 use peregrine_proto::data;
 use peregrine_proto::shm::{self, Mapping};
 use std::borrow::Cow;
@@ -72,11 +80,14 @@ use uuid::Uuid;
 
 /// Most messages drained into one group commit.
 const MAX_BATCH: usize = 128;
-/// Most commits of small values in flight at once: while they are, new
-/// updates gather into the next batch, so the batches grow as the device slows.
+/// Most commits in flight at once: while they are, new updates gather into
+/// the next batch, so the batches grow as the device slows.
 pub(crate) const MAX_COMMITS: usize = 4;
 /// A batch closes once its values to data blocks reach this many bytes.
 const BATCH_DATA: usize = 8 << 20;
+/// Large values go to the device in writes of this size, each started as
+/// soon as it is copied in (the next piece is copied meanwhile).
+const WRITE_PIECE: usize = 256 << 10;
 /// Default of `PEREGRINE_VOS_POLL_US`: how long a target keeps polling its
 /// sources after taking a request from one, rather than sleep.
 const POLL_US: u64 = 200;
@@ -147,6 +158,8 @@ pub(crate) enum Msg {
 /// Changes waiting for the next group commit.
 #[derive(Default)]
 struct Batch {
+    /// Tells its data writes in flight apart from those of other batches.
+    id: u64,
     ops: Vec<WalOp>,
     replies: Vec<Responder>,
     /// The data blocks to write: (device offset, at most a buffer of bytes).
@@ -157,6 +170,17 @@ struct Batch {
     space: HashMap<Uuid, (u64, u64)>,
     /// Bytes of values going to data blocks.
     data: usize,
+    /// Its data writes started ahead of its commit and still in flight.
+    writing: usize,
+    /// The first of those writes that failed.
+    err: Option<std::io::Error>,
+}
+
+/// A data write started ahead of its batch's commit (see [`Target::write_ahead`]).
+struct AheadWrite {
+    batch: u64,
+    buf: usize,
+    len: usize,
 }
 
 /// Bytes on their way to data blocks: in a region of the registered
@@ -207,21 +231,15 @@ struct Staging {
     writes: Vec<(u64, Staged)>,
     runs: Vec<(u64, u64)>,
     bytes: usize,
-}
-
-impl Staging {
-    fn undo(self, alloc: &mut BlockAlloc, dev: &mut DeviceIo) {
-        for (b, n) in self.runs {
-            alloc.free(b, n);
-        }
-        release_staged(dev, self.writes);
-    }
+    /// Writes of it started ahead (its blocks stay taken until they are done).
+    ahead: usize,
 }
 
 /// Copy `dst.len()` bytes at `off` of `bulk` into `dst` and checksum them
 /// on the copy, a cache-sized step at a time (the sums read what the copy
 /// just wrote): one CRC32C per `chunk` appended to `csums`, and, if asked
-/// for, the running CRC32C of the value in `crc`.
+/// for, the running CRC32C of the value in `crc` (combined from the
+/// chunks' CRCs, not a second pass).
 fn copy_and_sum(
     bulk: &Bulk,
     off: usize,
@@ -231,31 +249,45 @@ fn copy_and_sum(
     mut crc: Option<&mut u32>,
 ) -> std::io::Result<()> {
     let step = (64usize << 10).div_ceil(chunk) * chunk;
+    let whole = Crc32cShift::new(chunk);
     for (k, d) in dst.chunks_mut(step).enumerate() {
         bulk.copy_out(off + k * step, d)?;
         for c in d.chunks(chunk) {
-            csums.push(peregrine_isal::crc32c(c));
+            let sum = peregrine_isal::crc32c(c);
+            csums.push(sum);
             if let Some(crc) = crc.as_deref_mut() {
-                *crc = peregrine_isal::crc32c_append(*crc, c);
+                let shift = match c.len() == chunk {
+                    true => whole,
+                    false => Crc32cShift::new(c.len()),
+                };
+                *crc = shift.combine(*crc, sum);
             }
         }
     }
     Ok(())
 }
 
-/// A batch whose data, WAL record and fdatasync are in flight.
+/// A batch being committed: its data and its WAL record are written side
+/// by side (with the batch's writes started ahead), then ONE fdatasync.
 struct InCommit {
+    /// Tag of its own writes (the op index tells them apart); `tag + 1`: its fdatasync.
     tag: u64,
+    batch: u64,
     seq: u64,
     ops: Vec<WalOp>,
     replies: Vec<Responder>,
     runs: Vec<(u64, u64)>,
     space: HashMap<Uuid, (u64, u64)>,
-    /// Per device op: the buffer its region is in (None: the fdatasync).
-    regions: Vec<Option<usize>>,
-    pending: usize,
+    /// Per write of its own: the buffer its region is in.
+    regions: Vec<usize>,
+    /// Its writes in flight, those started ahead included.
+    writing: usize,
+    /// The fdatasync is done, or will never run (a write failed).
+    synced: bool,
     err: Option<std::io::Error>,
     t0: Instant,
+    /// When its last write was done.
+    written: Option<Instant>,
 }
 
 /// A fetch waiting to start, and where its source would take its bytes.
@@ -399,6 +431,11 @@ pub(crate) struct Target {
     prof: Prof,
     /// The batch being gathered.
     open: Batch,
+    /// Data writes started ahead of their batch's commit, by tag.
+    ahead: HashMap<u64, AheadWrite>,
+    /// Blocks of failed batches whose writes were still in flight: they
+    /// return to the allocator when the last of them is done.
+    orphans: Vec<(u64, Vec<(u64, u64)>)>,
     /// Commits in flight, oldest first (applied and answered in this order).
     commits: VecDeque<InCommit>,
     /// Space claimed by the commits in flight per pool: (scm, nvme).
@@ -435,6 +472,8 @@ struct Prof {
     fetch_rounds: u64,
     fetches: u64,
     read_pieces: u64,
+    /// Of `commit_ns`: until the commits' writes were done (then the fdatasync).
+    write_ns: u64,
 }
 
 /// Where some of a fetch's bytes are.
@@ -512,6 +551,8 @@ impl Target {
             chunk: 0,
             prof: Prof::default(),
             open: Batch::default(),
+            ahead: HashMap::new(),
+            orphans: Vec::new(),
             commits: VecDeque::new(),
             claimed: HashMap::new(),
             queued: Vec::new(),
@@ -768,6 +809,7 @@ impl Target {
             commits = p.commits,
             ops_per_commit = p.committed_ops as f64 / p.commits.max(1) as f64,
             us_per_commit = p.commit_ns / 1000 / p.commits.max(1),
+            us_writing = p.write_ns / 1000 / p.commits.max(1),
             fetch_rounds = p.fetch_rounds,
             fetches_per_round = p.fetches as f64 / p.fetch_rounds.max(1) as f64,
             reads_per_round = p.read_pieces as f64 / p.fetch_rounds.max(1) as f64,
@@ -858,6 +900,7 @@ impl Target {
     /// Whether anything is gathered, queued or in flight.
     fn busy(&self) -> bool {
         !self.open.ops.is_empty()
+            || !self.ahead.is_empty()
             || !self.queued.is_empty()
             || !self.commits.is_empty()
             || !self.fetch_jobs.is_empty()
@@ -953,30 +996,77 @@ impl Target {
                     release_reads(&mut self.dev, &job.reads);
                     self.release_deferred();
                 }
-            } else if let Some(c) = self.commits.iter_mut().find(|c| c.tag == d.tag) {
-                if let Some(buf) = c.regions[d.idx] {
-                    self.dev.release(buf);
-                }
-                c.pending -= 1;
+            } else if let Some(w) = self.ahead.remove(&d.tag) {
+                self.dev.release(w.buf);
+                self.written(w.batch, d.res);
+            } else if let Some(i) = self
+                .commits
+                .iter()
+                .position(|c| (c.tag..c.tag + 2).contains(&d.tag))
+            {
+                let c = &mut self.commits[i];
                 if let Err(e) = d.res {
-                    // The first failure; the rest of the chain reports ECANCELED.
-                    if c.err
-                        .as_ref()
-                        .is_none_or(|x| x.raw_os_error() == Some(libc::ECANCELED))
-                    {
-                        c.err = Some(e);
-                    }
+                    c.err.get_or_insert(e);
+                }
+                if d.tag == c.tag {
+                    self.dev.release(c.regions[d.idx]);
+                    self.write_done(i);
+                } else {
+                    c.synced = true;
                 }
             }
         }
         self.retire_commits();
     }
 
+    /// Account for a data write of batch `batch` started ahead of its
+    /// commit: a sealed batch whose last such write is done starts its chain.
+    fn written(&mut self, batch: u64, res: std::io::Result<()>) {
+        if self.open.id == batch {
+            self.open.writing -= 1;
+            if let Err(e) = res {
+                self.open.err.get_or_insert(e);
+            }
+        } else if let Some(i) = self.commits.iter().position(|c| c.batch == batch) {
+            if let Err(e) = res {
+                self.commits[i].err.get_or_insert(e);
+            }
+            self.write_done(i);
+        }
+        if !self.ahead.values().any(|w| w.batch == batch) {
+            // Nothing lands on a failed update's blocks any more.
+            while let Some(i) = self.orphans.iter().position(|(b, _)| *b == batch) {
+                for (b, n) in self.orphans.swap_remove(i).1 {
+                    self.alloc.free(b, n);
+                }
+            }
+        }
+    }
+
+    /// One write of commit `i` is done: after its last one, the fdatasync
+    /// starts (it covers the writes completed before it), unless a write
+    /// failed: then the commit fails.
+    fn write_done(&mut self, i: usize) {
+        let c = &mut self.commits[i];
+        c.writing -= 1;
+        if c.writing > 0 {
+            return;
+        }
+        c.written = Some(Instant::now());
+        if c.err.is_none() {
+            match self.dev.start(c.tag + 1, &[Op::sync()]) {
+                Ok(()) => return,
+                Err(e) => c.err = Some(e),
+            }
+        }
+        c.synced = true;
+    }
+
     /// Apply and answer the commits done, oldest first: a commit whose
     /// device writes failed fails, and so does every later one (its record
     /// follows a record that may be missing, so replay would not reach it).
     fn retire_commits(&mut self) {
-        while self.commits.front().is_some_and(|c| c.pending == 0) {
+        while self.commits.front().is_some_and(|c| c.synced) {
             let c = self.commits.pop_front().expect("front");
             for (pool, (scm, nvme)) in &c.space {
                 let e = self.claimed.entry(*pool).or_default();
@@ -986,14 +1076,11 @@ impl Target {
             self.prof.commits += 1;
             self.prof.committed_ops += c.ops.len() as u64;
             self.prof.commit_ns += c.t0.elapsed().as_nanos() as u64;
+            if let Some(w) = c.written {
+                self.prof.write_ns += (w - c.t0).as_nanos() as u64;
+            }
             if let Some(e) = c.err {
-                if self.broken.is_none() {
-                    tracing::error!(target = self.id, seq = c.seq, error = %e, "device write failed; this target refuses updates until the engine restarts");
-                    self.stop_updates(Errno::new(
-                        -libc::EIO,
-                        format!("target {}: a device write failed ({e}); the target refuses updates until the engine restarts", self.id),
-                    ));
-                }
+                self.device_failed(e);
             }
             if let Some(e) = &self.broken {
                 for (b, n) in c.runs {
@@ -1225,7 +1312,7 @@ impl Target {
             let payload = match checked {
                 Ok(p) => p,
                 Err(e) => {
-                    staging.undo(&mut self.alloc, &mut self.dev);
+                    self.undo(staging);
                     return Err(e);
                 }
             };
@@ -1290,26 +1377,111 @@ impl Target {
             let len = BUF_BYTES.min(range.end - start);
             // A batch stages at most BATCH_DATA: the rest of the buffers
             // stays for the commit in flight and for reads.
-            let room = staged_bytes(&self.open.writes) + staged_bytes(&staging.writes) < BATCH_DATA;
-            let (w, copied) = match room.then(|| self.dev.region(len)).flatten() {
-                Some((buf, off, padded)) => {
-                    let d = self.dev.bytes_mut(buf, off, padded);
-                    d[len..].fill(0);
-                    let sum = with_crc.then_some(&mut crc);
-                    let r = copy_and_sum(bulk, start, &mut d[..len], chunk, &mut csums, sum);
-                    (Staged::Region(buf, off, padded), r)
-                }
-                None => {
-                    let mut v = vec![0u8; len];
-                    let sum = with_crc.then_some(&mut crc);
-                    let r = copy_and_sum(bulk, start, &mut v, chunk, &mut csums, sum);
-                    (Staged::Bytes(v), r)
-                }
+            let room = staged_bytes(&self.open.writes)
+                + staged_bytes(&staging.writes)
+                + self.ahead.values().map(|w| w.len).sum::<usize>()
+                < BATCH_DATA;
+            let at = dev_off + (k * BUF_BYTES) as u64;
+            let bulk_err = |e| Errno::inval(format!("update: bulk {start}+{len}: {e}"));
+            let Some((buf, off, padded)) = room.then(|| self.dev.region(len)).flatten() else {
+                let mut v = vec![0u8; len];
+                let r = copy_and_sum(
+                    bulk,
+                    start,
+                    &mut v,
+                    chunk,
+                    &mut csums,
+                    with_crc.then_some(&mut crc),
+                );
+                staging.writes.push((at, Staged::Bytes(v)));
+                r.map_err(bulk_err)?;
+                continue;
             };
-            staging.writes.push((dev_off + (k * BUF_BYTES) as u64, w));
-            copied.map_err(|e| Errno::inval(format!("update: bulk {start}+{len}: {e}")))?;
+            self.dev.bytes_mut(buf, off, padded)[len..].fill(0);
+            // Piece by piece: the device writes one piece while the next is
+            // copied. Once one cannot start, the rest goes with the commit.
+            let (mut copied, mut sent) = (0, 0);
+            let mut res = Ok(());
+            let whole_chunks = WRITE_PIECE.div_ceil(chunk) * chunk;
+            while copied < padded && res.is_ok() {
+                let piece = whole_chunks.min(padded - copied);
+                let d =
+                    self.dev
+                        .bytes_mut(buf, off + copied, piece.min(len.saturating_sub(copied)));
+                res = copy_and_sum(
+                    bulk,
+                    start + copied,
+                    d,
+                    chunk,
+                    &mut csums,
+                    with_crc.then_some(&mut crc),
+                );
+                copied += piece;
+                if res.is_ok()
+                    && sent + piece == copied
+                    && self.write_ahead(at + sent as u64, (buf, off + sent, piece))
+                {
+                    staging.ahead += 1;
+                    sent = copied;
+                }
+            }
+            if sent == padded {
+                // The writes started ahead hold the region now.
+                self.dev.release(buf);
+            } else {
+                staging.writes.push((
+                    at + sent as u64,
+                    Staged::Region(buf, off + sent, padded - sent),
+                ));
+            }
+            res.map_err(bulk_err)?;
         }
         Ok((block, n, csums, crc))
+    }
+
+    /// Give back what a failed update took: its blocks once no write of it
+    /// started ahead can still land on them.
+    fn undo(&mut self, staging: Staging) {
+        if staging.ahead > 0 {
+            self.orphans.push((self.open.id, staging.runs));
+        } else {
+            for (b, n) in staging.runs {
+                self.alloc.free(b, n);
+            }
+        }
+        release_staged(&mut self.dev, staging.writes);
+    }
+
+    /// Start writing a region (a piece of a value being staged) to its
+    /// fresh blocks now, ahead of the open batch's commit, which then only
+    /// has to log the batch and fdatasync once these writes are done: the
+    /// device writes while the target copies the next piece in. False if it
+    /// cannot start now (a checkpoint is due, the ring refused it): then the
+    /// commit writes it. The write holds the region's buffer until it is done.
+    fn write_ahead(&mut self, off: u64, (buf, boff, len): (usize, usize, usize)) -> bool {
+        let tag = self.next_tag;
+        if self.ckpt_due
+            || self
+                .dev
+                .start(tag, &[Op::write(off, (buf, boff, len))])
+                .is_err()
+        {
+            return false;
+        }
+        self.dev.share(buf);
+        self.next_tag += 1;
+        self.ahead.insert(
+            tag,
+            AheadWrite {
+                batch: self.open.id,
+                buf,
+                len,
+            },
+        );
+        self.open.writing += 1;
+        // Under way while the next piece is copied in.
+        self.submit();
+        true
     }
 
     /// Whether `akey` has a visible value at the latest epoch once the
@@ -1377,29 +1549,27 @@ impl Target {
         })
     }
 
-    /// Start the gathered batch: its data to the new blocks, its WAL record,
-    /// then an fdatasync, one linked chain (IOSQE_IO_LINK: the record is
-    /// written only after all the data was, the fdatasync runs only after
-    /// the record was; a failure cancels the rest). It is applied and
-    /// answered when the chain completes, after the commits before it.
+    /// Start committing the gathered batch: its WAL record and the value
+    /// bytes not written ahead go to the device now, side by side with its
+    /// writes started ahead; the fdatasync follows when all are done
+    /// ([`Target::write_done`]). It is applied and answered when the
+    /// fdatasync completes, after the commits before it.
     fn start_commit(&mut self) {
-        // A batch with data blocks waits for the commit in flight, growing
-        // meanwhile: each fdatasync of fresh blocks costs the device a
-        // metadata flush, so fewer, larger ones go faster. Batches of small
-        // values only (the WAL record) overlap up to MAX_COMMITS.
-        let limit = if self.open.data > 0 { 1 } else { MAX_COMMITS };
-        if self.open.ops.is_empty() || self.commits.len() >= limit {
+        if self.open.ops.is_empty() || self.commits.len() >= MAX_COMMITS {
             return;
         }
+        if let Some(e) = self.open.err.take() {
+            self.device_failed(e);
+        }
         if let Some(e) = self.broken.clone() {
-            let b = std::mem::take(&mut self.open);
+            let b = self.seal();
             self.fail_batch(b, e);
             return;
         }
         let rec = match self.wal_record(&self.open.ops) {
             Ok(r) => r,
             Err(e) => {
-                let b = std::mem::take(&mut self.open);
+                let b = self.seal();
                 self.fail_batch(b, e);
                 return;
             }
@@ -1409,7 +1579,7 @@ impl Target {
             self.ckpt_due = true;
             return;
         }
-        let mut b = std::mem::take(&mut self.open);
+        let mut b = self.seal();
         let wal_off = self.sb.wal_offset(self.id) + self.wal_tail;
         let mut ops = Vec::new();
         let mut regions = Vec::new();
@@ -1434,8 +1604,8 @@ impl Target {
             if !matches!(staged, Some(Staged::Region(..))) {
                 fresh.push(r.0);
             }
-            ops.push(Op::linked_write(off, r));
-            regions.push(Some(r.0));
+            ops.push(Op::write(off, r));
+            regions.push(r.0);
         }
         if short {
             for buf in fresh {
@@ -1450,23 +1620,8 @@ impl Target {
             }
             return;
         }
-        ops.push(Op::sync());
-        regions.push(None);
         let tag = self.next_tag;
-        self.next_tag += 1;
-        if let Err(e) = self.dev.start(tag, &ops) {
-            for &buf in regions.iter().flatten() {
-                self.dev.release(buf);
-            }
-            b.writes.clear();
-            let e = Errno::new(
-                -libc::EIO,
-                format!("target {}: submit commit: {e}", self.id),
-            );
-            self.stop_updates(e.clone());
-            self.fail_batch(b, e);
-            return;
-        }
+        self.next_tag += 2;
         self.seq_started += 1;
         self.wal_tail += rec.len() as u64;
         for (pool, (scm, nvme)) in &b.space {
@@ -1476,16 +1631,53 @@ impl Target {
         }
         self.commits.push_back(InCommit {
             tag,
+            batch: b.id,
             seq: self.seq_started,
             ops: b.ops,
             replies: b.replies,
             runs: b.runs,
             space: b.space,
-            pending: ops.len(),
             regions,
+            writing: b.writing + ops.len(),
+            synced: false,
             err: None,
             t0: Instant::now(),
+            written: None,
         });
+        if let Err(e) = self.dev.start(tag, &ops) {
+            let i = self.commits.len() - 1;
+            let c = &mut self.commits[i];
+            for &buf in &c.regions {
+                self.dev.release(buf);
+            }
+            c.err = Some(e);
+            c.writing -= ops.len() - 1;
+            self.write_done(i);
+        }
+    }
+
+    /// Close the open batch (a new one gathers from now on).
+    fn seal(&mut self) -> Batch {
+        let id = self.open.id + 1;
+        std::mem::replace(
+            &mut self.open,
+            Batch {
+                id,
+                ..Batch::default()
+            },
+        )
+    }
+
+    /// A device write failed: the device's state is unknown, so updates are
+    /// refused from now on (the first failure is the one reported).
+    fn device_failed(&mut self, e: std::io::Error) {
+        if self.broken.is_none() {
+            tracing::error!(target = self.id, seq = self.seq_started, error = %e, "device write failed; this target refuses updates until the engine restarts");
+            self.stop_updates(Errno::new(
+                -libc::EIO,
+                format!("target {}: a device write failed ({e}); the target refuses updates until the engine restarts", self.id),
+            ));
+        }
     }
 
     /// Refuse updates from now on, and say why to [`crate::Storage::faults`].
@@ -1495,8 +1687,12 @@ impl Target {
     }
 
     fn fail_batch(&mut self, b: Batch, e: Errno) {
-        for (blk, n) in b.runs {
-            self.alloc.free(blk, n);
+        if b.writing > 0 {
+            self.orphans.push((b.id, b.runs));
+        } else {
+            for (blk, n) in b.runs {
+                self.alloc.free(blk, n);
+            }
         }
         release_staged(&mut self.dev, b.writes);
         for tx in b.replies {
@@ -2378,5 +2574,47 @@ mod tests {
         );
         let (_, bytes) = rrx.recv().unwrap().unwrap();
         assert_eq!(bytes, vec![1u8; len], "the fetch read the old value");
+    }
+
+    /// A large value goes to the device piece by piece while it is copied
+    /// in, before its checksum has been checked. When the check then fails,
+    /// the update is refused, and its blocks stay taken until those writes
+    /// are done (no later value is written to a block with a write in flight).
+    #[test]
+    fn blocks_written_ahead_for_a_refused_update_wait_for_those_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut t, pool) = open_target(dir.path());
+        let free = t.alloc.free_blocks();
+        let len = MIB as usize;
+        let Request::Update(mut u, bulk) = update(pool, 3, len) else {
+            unreachable!()
+        };
+        u.iods[0].has_crc = true;
+        u.iods[0].crc = peregrine_isal::crc32c(&vec![3u8; len]) ^ 1;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = Responder(Some(Box::new(move |r: crate::ReplyRef<'_>| {
+            tx.send(r.map(|_| ())).unwrap()
+        })));
+        t.handle(Request::Update(u, bulk), reply);
+        let e = rx.try_recv().expect("answered at once").unwrap_err();
+        assert_eq!(e.code, -peregrine_proto::CSUM_ERRNO, "{e}");
+        assert_eq!(
+            t.ahead.len(),
+            len / WRITE_PIECE,
+            "every piece was started ahead"
+        );
+        assert_eq!(
+            t.alloc.free_blocks(),
+            free - MIB / BLOCK,
+            "the blocks stay taken while writes to them are in flight"
+        );
+        t.drain();
+        assert!(t.ahead.is_empty() && t.orphans.is_empty());
+        assert_eq!(t.alloc.free_blocks(), free, "given back once they are done");
+        // Nothing was committed, and the target carries on.
+        assert!(t.commits.is_empty() && t.open.ops.is_empty());
+        t.handle(update(pool, 4, len), Responder(None));
+        t.drain();
+        assert_eq!(t.alloc.free_blocks(), free - MIB / BLOCK);
     }
 }
