@@ -19,18 +19,20 @@
 //! # Crash consistency
 //! The index changes only by applying a logged operation, and an operation is
 //! applied only after it is durable. A target gathers queued updates into a
-//! batch, writes their data to blocks no durable state references, appends
-//! ONE WAL record for the batch (header and payload CRC, device uuid, sequence
-//! number), issues ONE fdatasync, and only then applies the batch to the index
-//! and acknowledges it; several batches may be in flight, applied and
+//! batch, writes their data to blocks no durable state references (as it is
+//! copied in), writes ONE WAL record for the batch (header and payload CRC,
+//! device uuid, sequence number) alongside, issues ONE fdatasync once all
+//! those writes are done, and only then applies the batch to the index and
+//! acknowledges it; several batches may be in flight, applied and
 //! acknowledged in sequence order. So an acknowledged update has its data and
 //! its record on stable storage, and so has every batch before it. A batch
 //! torn by a crash fails its CRC or sequence check and is dropped whole with
-//! everything after it: none of that was acknowledged. Should the device
-//! persist a record but not the data before it (power loss before the fsync
-//! returned), only the records of the batches that were in flight together
-//! can be affected; replay verifies the data checksums of the last
-//! `MAX_COMMITS` (4) records and drops from the first that fails.
+//! everything after it: none of that was acknowledged. A record may reach
+//! the device before its batch's data (they are written side by side, and a
+//! device may persist writes in any order before an fsync returns), but only
+//! the records of the batches in flight together; replay verifies the data
+//! checksums of the last `MAX_COMMITS` (4) records and drops from the first
+//! that fails.
 //!
 //! When the WAL passes half full, the target serializes its index to the
 //! inactive checkpoint slot (stamped with the last applied sequence), fsyncs,
