@@ -1019,8 +1019,10 @@ impl Target {
         self.retire_commits();
     }
 
-    /// Account for a data write of batch `batch` started ahead of its
-    /// commit: a sealed batch whose last such write is done starts its chain.
+    /// A data write of batch `batch` started ahead of its commit is done: it
+    /// counts for the open batch, or for the batch's commit once sealed
+    /// ([`Target::write_done`]); a failed update's blocks are given back
+    /// after its last such write.
     fn written(&mut self, batch: u64, res: std::io::Result<()>) {
         if self.open.id == batch {
             self.open.writing -= 1;
