@@ -1624,6 +1624,17 @@ impl Target {
         }
         let tag = self.next_tag;
         self.next_tag += 2;
+        if let Err(e) = self.dev.start(tag, &ops) {
+            for buf in regions {
+                self.dev.release(buf);
+            }
+            // Their regions were among those just released.
+            b.writes.clear();
+            self.device_failed(e);
+            let e = self.broken.clone().expect("set by device_failed");
+            self.fail_batch(b, e);
+            return;
+        }
         self.seq_started += 1;
         self.wal_tail += rec.len() as u64;
         for (pool, (scm, nvme)) in &b.space {
@@ -1646,16 +1657,6 @@ impl Target {
             t0: Instant::now(),
             written: None,
         });
-        if let Err(e) = self.dev.start(tag, &ops) {
-            let i = self.commits.len() - 1;
-            let c = &mut self.commits[i];
-            for &buf in &c.regions {
-                self.dev.release(buf);
-            }
-            c.err = Some(e);
-            c.writing -= ops.len() - 1;
-            self.write_done(i);
-        }
     }
 
     /// Close the open batch (a new one gathers from now on).
