@@ -1423,12 +1423,6 @@ impl Target {
                 {
                     sent = copied;
                 }
-                if copied < padded {
-                    // A copy keeps the thread for a while: between its pieces,
-                    // start the fdatasyncs and send the replies that became due.
-                    self.complete();
-                    self.submit();
-                }
             }
             if sent == padded {
                 // The writes started ahead hold the region now.
@@ -2604,9 +2598,10 @@ mod tests {
         t.handle(Request::Update(u, bulk), reply);
         let e = rx.try_recv().expect("answered at once").unwrap_err();
         assert_eq!(e.code, -peregrine_proto::CSUM_ERRNO, "{e}");
-        assert!(
-            !t.ahead.is_empty(),
-            "its last piece, at least, is still being written"
+        assert_eq!(
+            t.ahead.len(),
+            len / WRITE_PIECE,
+            "every piece was started ahead"
         );
         assert_eq!(
             t.alloc.free_blocks(),
