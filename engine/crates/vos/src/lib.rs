@@ -32,7 +32,11 @@
 //! device may persist writes in any order before an fsync returns), but only
 //! the records of the batches in flight together; replay verifies the data
 //! checksums of the last `MAX_COMMITS` (4) records and drops from the first
-//! that fails.
+//! that fails. Records in flight past the end that replay reached stay on
+//! the device until overwritten; each record carries the generation of the
+//! target's opening that wrote it, and replay stops at a record whose
+//! generation it already passed, so such a leftover is never taken for a
+//! later batch once the restart's own records lead up to it.
 //!
 //! When the WAL passes half full, the target serializes its index to the
 //! inactive checkpoint slot (stamped with the last applied sequence), fsyncs,

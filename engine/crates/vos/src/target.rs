@@ -418,6 +418,8 @@ pub(crate) struct Target {
     seq_started: u64,
     /// Byte offset inside the WAL where the next record goes.
     wal_tail: u64,
+    /// Stamped on the WAL records of this opening (nonzero, random): see [`wal`].
+    generation: u64,
     /// Checkpoint slot the next checkpoint goes to (the other holds the newest).
     next_ckpt: usize,
     scm_budget: u64,
@@ -542,6 +544,7 @@ impl Target {
             seq: 0,
             seq_started: 0,
             wal_tail: 0,
+            generation: Uuid::new_v4().as_u64_pair().0.max(1),
             next_ckpt: 0,
             scm_budget,
             dirty: BTreeSet::new(),
@@ -611,6 +614,11 @@ impl Target {
         let mut tail = 0u64;
         let mut records: Vec<(u64, Vec<WalOp>)> = Vec::new();
         let mut seq = self.seq;
+        // Generations of the records taken so far, in order. A record of an
+        // earlier generation after a later one is a leftover of a crash: it
+        // was in flight past the end a restart replayed to (never
+        // acknowledged), and the restart's own records have since reached it.
+        let mut gens: Vec<u64> = Vec::new();
         while tail + BLOCK <= self.sb.wal_bytes {
             let blk = self
                 .dev
@@ -621,6 +629,13 @@ impl Target {
             };
             if h.seq != seq + 1 || tail + h.record_bytes() > self.sb.wal_bytes {
                 break;
+            }
+            if gens.last() != Some(&h.gen) {
+                if gens.contains(&h.gen) {
+                    tracing::warn!(target = self.id, seq = h.seq, "WAL record left over from before an earlier restart; the log ends before it");
+                    break;
+                }
+                gens.push(h.gen);
             }
             let rec = if h.record_bytes() > BLOCK {
                 self.dev
@@ -1818,6 +1833,7 @@ impl Target {
             WAL_MAGIC,
             self.sb.device_uuid,
             self.seq_started + 1,
+            self.generation,
             &payload,
         );
         if rec.len() as u64 > self.sb.wal_bytes / 2 {
@@ -1849,7 +1865,7 @@ impl Target {
         let payload = bincode::serialize(&self.index).map_err(|e| {
             StorageError::Corrupt(format!("target {}: encode checkpoint: {e}", self.id))
         })?;
-        let rec = wal::encode(CKPT_MAGIC, self.sb.device_uuid, self.seq, &payload);
+        let rec = wal::encode(CKPT_MAGIC, self.sb.device_uuid, self.seq, 0, &payload);
         if rec.len() as u64 > self.sb.ckpt_bytes {
             return Err(StorageError::Invalid(format!(
                 "target {}: checkpoint of {} bytes exceeds its slot of {} bytes (metadata budget too large for this device)",

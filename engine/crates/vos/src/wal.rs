@@ -7,10 +7,16 @@
 //! 28  payload length (8)
 //! 36  payload CRC32C (4)
 //! 40  header CRC32C over bytes 0..40 (4)
+//! 44  generation (8): WAL records: the writer's, one per opening of the
+//!     target; 0 in records of earlier versions and in checkpoints
+//! 52  CRC32C of the generation (4), absent (0) with generation 0
 //! 64  payload (bincode), zero-padded to whole 4 KiB blocks
 //! ```
 //! A torn write shows as a bad header or payload CRC and the whole record is
-//! ignored: a batch is applied all or nothing.
+//! ignored: a batch is applied all or nothing. The generation tells records
+//! a crash left behind the replayed end of the log (in flight then, never
+//! acknowledged) from the records written after the restart that follow
+//! them: see `Target::replay`.
 
 use crate::superblock::BLOCK;
 use uuid::Uuid;
@@ -23,8 +29,8 @@ pub(crate) fn round_up(n: u64) -> u64 {
     n.div_ceil(BLOCK) * BLOCK
 }
 
-/// Frame `payload` as a record, padded to whole blocks.
-pub(crate) fn encode(magic: &[u8; 4], dev: Uuid, seq: u64, payload: &[u8]) -> Vec<u8> {
+/// Frame `payload` as a record of generation `gen`, padded to whole blocks.
+pub(crate) fn encode(magic: &[u8; 4], dev: Uuid, seq: u64, gen: u64, payload: &[u8]) -> Vec<u8> {
     let mut rec = vec![0u8; round_up((HDR + payload.len()) as u64) as usize];
     rec[0..4].copy_from_slice(magic);
     rec[4..20].copy_from_slice(dev.as_bytes());
@@ -33,6 +39,11 @@ pub(crate) fn encode(magic: &[u8; 4], dev: Uuid, seq: u64, payload: &[u8]) -> Ve
     rec[36..40].copy_from_slice(&peregrine_isal::crc32c(payload).to_le_bytes());
     let hcrc = peregrine_isal::crc32c(&rec[0..40]);
     rec[40..44].copy_from_slice(&hcrc.to_le_bytes());
+    if gen != 0 {
+        rec[44..52].copy_from_slice(&gen.to_le_bytes());
+        let gcrc = peregrine_isal::crc32c(&rec[44..52]);
+        rec[52..56].copy_from_slice(&gcrc.to_le_bytes());
+    }
     rec[HDR..HDR + payload.len()].copy_from_slice(payload);
     rec
 }
@@ -41,6 +52,7 @@ pub(crate) fn encode(magic: &[u8; 4], dev: Uuid, seq: u64, payload: &[u8]) -> Ve
 pub(crate) struct Header {
     pub seq: u64,
     pub len: u64,
+    pub gen: u64,
     crc: u32,
 }
 
@@ -61,9 +73,15 @@ pub(crate) fn decode_header(magic: &[u8; 4], dev: Uuid, b: &[u8]) -> Option<Head
     if peregrine_isal::crc32c(&b[0..40]) != hcrc {
         return None;
     }
+    let gen = u64::from_le_bytes(b[44..52].try_into().unwrap());
+    let gcrc = u32::from_le_bytes(b[52..56].try_into().unwrap());
+    if gen != 0 && peregrine_isal::crc32c(&b[44..52]) != gcrc {
+        return None;
+    }
     Some(Header {
         seq: u64::from_le_bytes(b[20..28].try_into().unwrap()),
         len: u64::from_le_bytes(b[28..36].try_into().unwrap()),
+        gen,
         crc: u32::from_le_bytes(b[36..40].try_into().unwrap()),
     })
 }
@@ -82,10 +100,18 @@ mod tests {
     fn record_round_trip_and_torn_detection() {
         let dev = Uuid::new_v4();
         let body = vec![7u8; 5000];
-        let mut rec = encode(WAL_MAGIC, dev, 42, &body);
+        let mut rec = encode(WAL_MAGIC, dev, 42, 7, &body);
         assert_eq!(rec.len(), 8192);
         let h = decode_header(WAL_MAGIC, dev, &rec).unwrap();
-        assert_eq!((h.seq, h.len, h.record_bytes()), (42, 5000, 8192));
+        assert_eq!((h.seq, h.len, h.gen, h.record_bytes()), (42, 5000, 7, 8192));
+        let legacy = encode(WAL_MAGIC, dev, 42, 0, &body);
+        assert_eq!(decode_header(WAL_MAGIC, dev, &legacy).unwrap().gen, 0);
+        let mut bad_gen = rec.clone();
+        bad_gen[45] ^= 1;
+        assert!(
+            decode_header(WAL_MAGIC, dev, &bad_gen).is_none(),
+            "torn generation"
+        );
         assert_eq!(payload(&h, &rec).unwrap(), &body[..]);
         assert!(decode_header(CKPT_MAGIC, dev, &rec).is_none());
         assert!(

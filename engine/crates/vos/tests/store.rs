@@ -733,6 +733,58 @@ fn torn_last_wal_batch_is_dropped_whole() {
     );
 }
 
+/// After a crash, records that were in flight past the end replay reaches
+/// stay on the device. Once the restarted engine has written its own record
+/// where the first missing one was, such a leftover follows it with the
+/// very sequence number replay expects next: it must not be taken for the
+/// next batch at the following restart (it was never acknowledged, and the
+/// restart already reported it lost).
+#[test]
+fn records_left_over_from_before_a_restart_are_not_replayed() {
+    let e = env(32, 1);
+    let (st, pool, cont) = open_with_pool(&e, MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    update(&st, &o, 10, "k0", vec![single("a", b"zero")]).unwrap();
+    let at_k1 = st.target_stats()[0].wal_tail;
+    update(&st, &o, 20, "k1", vec![single("a", b"one!")]).unwrap();
+    let at_k2 = st.target_stats()[0].wal_tail;
+    update(&st, &o, 30, "k2", vec![single("a", b"two!")]).unwrap();
+    let wal = st.superblock().target_offset;
+    st.abandon();
+    // A crash where k2's record reached the device and k1's did not.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&e.opts.bdev.path)
+        .unwrap();
+    f.write_all_at(&[0xAA; 64], wal + at_k1).unwrap();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "k0", "a").unwrap(), b"zero");
+    assert_eq!(get_single(&st, &o, LATEST, "k1", "a"), Err(-libc::ENOENT));
+    assert_eq!(get_single(&st, &o, LATEST, "k2", "a"), Err(-libc::ENOENT));
+    // The restart's first record takes k1's place, and k2's old one follows it.
+    update(&st, &o, 40, "k1", vec![single("a", b"ONE!")]).unwrap();
+    assert_eq!(
+        st.target_stats()[0].wal_tail,
+        at_k2,
+        "a record of the same length"
+    );
+    st.abandon();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "k1", "a").unwrap(), b"ONE!");
+    assert_eq!(
+        get_single(&st, &o, LATEST, "k2", "a"),
+        Err(-libc::ENOENT),
+        "k2's record is a leftover of the first crash"
+    );
+    // The log goes on from the restart's records.
+    update(&st, &o, 50, "k3", vec![single("a", b"3")]).unwrap();
+    st.abandon();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "k3", "a").unwrap(), b"3");
+    assert_eq!(get_single(&st, &o, LATEST, "k1", "a").unwrap(), b"ONE!");
+    assert_eq!(get_single(&st, &o, LATEST, "k2", "a"), Err(-libc::ENOENT));
+}
+
 /// Several batches can be in flight at once, and their data and records are
 /// written together, so after a power cut a record may be on the device
 /// while its data is not: replay drops that batch and every later one
