@@ -180,6 +180,10 @@ impl Arena {
         Some((self.cur, off))
     }
 
+    fn share(&mut self, buf: usize) {
+        self.users[buf] += 1;
+    }
+
     fn release(&mut self, buf: usize) {
         self.users[buf] -= 1;
         if self.users[buf] == 0 {
@@ -434,7 +438,7 @@ impl DeviceIo {
     /// Take one more hold on the buffer of a region already taken: the
     /// region stays until each hold is released (several writes from it).
     pub(crate) fn share(&mut self, buf: usize) {
-        self.arena.users[buf] += 1;
+        self.arena.share(buf);
     }
 
     /// `len` bytes of a region (what a completed read brought in).

@@ -170,9 +170,7 @@ struct Batch {
     space: HashMap<Uuid, (u64, u64)>,
     /// Bytes of values going to data blocks.
     data: usize,
-    /// Its data writes started ahead of its commit and still in flight.
-    writing: usize,
-    /// The first of those writes that failed.
+    /// The first of its writes started ahead ([`Target::ahead`]) that failed.
     err: Option<std::io::Error>,
 }
 
@@ -1038,7 +1036,6 @@ impl Target {
     /// after its last such write.
     fn written(&mut self, batch: u64, res: std::io::Result<()>) {
         if self.open.id == batch {
-            self.open.writing -= 1;
             if let Err(e) = res {
                 self.open.err.get_or_insert(e);
             }
@@ -1048,12 +1045,29 @@ impl Target {
             }
             self.write_done(i);
         }
-        if !self.ahead.values().any(|w| w.batch == batch) {
+        if !self.writing_ahead(batch) {
             // Nothing lands on a failed update's blocks any more.
             while let Some(i) = self.orphans.iter().position(|(b, _)| *b == batch) {
                 for (b, n) in self.orphans.swap_remove(i).1 {
                     self.alloc.free(b, n);
                 }
+            }
+        }
+    }
+
+    /// Whether writes started ahead for batch `batch` are still in flight.
+    fn writing_ahead(&self, batch: u64) -> bool {
+        self.ahead.values().any(|w| w.batch == batch)
+    }
+
+    /// Give back the blocks of a failed update or batch of `batch`: now, or
+    /// once no write started ahead for that batch can still land on them.
+    fn free_after_writes(&mut self, batch: u64, runs: Vec<(u64, u64)>) {
+        if self.writing_ahead(batch) {
+            self.orphans.push((batch, runs));
+        } else {
+            for (b, n) in runs {
+                self.alloc.free(b, n);
             }
         }
     }
@@ -1456,13 +1470,7 @@ impl Target {
     /// Give back what a failed update took: its blocks once no write of it
     /// started ahead can still land on them (once the open batch has none).
     fn undo(&mut self, staging: Staging) {
-        if self.ahead.values().any(|w| w.batch == self.open.id) {
-            self.orphans.push((self.open.id, staging.runs));
-        } else {
-            for (b, n) in staging.runs {
-                self.alloc.free(b, n);
-            }
-        }
+        self.free_after_writes(self.open.id, staging.runs);
         release_staged(&mut self.dev, staging.writes);
     }
 
@@ -1492,7 +1500,6 @@ impl Target {
                 len,
             },
         );
-        self.open.writing += 1;
         // Under way while the next piece is copied in.
         self.submit();
         true
@@ -1663,7 +1670,7 @@ impl Target {
             runs: b.runs,
             space: b.space,
             regions,
-            writing: b.writing + ops.len(),
+            writing: self.ahead.values().filter(|w| w.batch == b.id).count() + ops.len(),
             synced: false,
             err: None,
             t0: Instant::now(),
@@ -1702,13 +1709,7 @@ impl Target {
     }
 
     fn fail_batch(&mut self, b: Batch, e: Errno) {
-        if b.writing > 0 {
-            self.orphans.push((b.id, b.runs));
-        } else {
-            for (blk, n) in b.runs {
-                self.alloc.free(blk, n);
-            }
-        }
+        self.free_after_writes(b.id, b.runs);
         release_staged(&mut self.dev, b.writes);
         for tx in b.replies {
             tx.send(Err(e.clone()));
