@@ -252,9 +252,10 @@ fn copy_and_sum(
             let sum = peregrine_isal::crc32c(c);
             csums.push(sum);
             if let Some(crc) = crc.as_deref_mut() {
-                let shift = match c.len() == chunk {
-                    true => whole,
-                    false => Crc32cShift::new(c.len()),
+                let shift = if c.len() == chunk {
+                    whole
+                } else {
+                    Crc32cShift::new(c.len())
                 };
                 *crc = shift.combine(*crc, sum);
             }
