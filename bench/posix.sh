@@ -148,6 +148,9 @@ FUSE_PID=$!
 is_mounted() { grep -q " $MNT fuse.peregrine " /proc/mounts; }
 wait_until 30 "the peregrine-fuse mount" is_mounted || die "mount failed: $(cat "$WORK/fuse.log")"
 echo "==> pool posix, container fs (POSIX, oclass SX, crc32c) mounted on $MNT"
+# Offset+bytes of each target's data blocks in the device file, from the engine's log.
+DATA_REGIONS=$(grep -o 'data_regions=[0-9+,]*' "$WORK/engine0.log" | tail -n 1 | cut -d= -f2)
+[[ -n $DATA_REGIONS ]] || die "the engine's log does not say where its data regions are"
 
 # ---- fio jobs, the same for every path ----
 # All O_DIRECT (no page cache on either side), psync, one file.
@@ -186,6 +189,26 @@ EOF
 seq_jobs_durable() {
   seq_jobs "$1" | sed '/^\[seq_read\]/,$d'
   echo "fdatasync=1"
+}
+# The same writes where the engine's targets put theirs, (c''): each target's
+# first-fit allocator fills its data region from the start, so write job k goes
+# to target k mod T's region, after the jobs before it there. (A virtual disk's
+# host may serve a small span of rewritten blocks faster, which favours (c).)
+seq_jobs_placed() {
+  local regions k
+  IFS=, read -ra regions <<<"$DATA_REGIONS"
+  # No stonewall: the four jobs run at once, reported as one group named after the first.
+  fio_global "$1" | sed '/^stonewall$/d'
+  for ((k = 0; k < 4; k++)); do
+    cat <<EOF
+
+[seq_write$( ((k)) && echo "_$k")]
+rw=write
+bs=1M
+size=$QUARTER
+offset=$((${regions[k % ${#regions[@]}]%+*} + k / ${#regions[@]} * QUARTER))
+EOF
+  done
 }
 # 4 KiB random reads at QD1 and 4 jobs x QD1, over a data set laid down first.
 rand_jobs() {
@@ -286,6 +309,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
   if ((RAW)); then
     run_fio "seq-c-$r" seq_jobs "$WORK/raw.img"
     run_fio "seq-cs-$r" seq_jobs_durable "$WORK/raw.img"
+    run_fio "seq-cp-$r" seq_jobs_placed "$WORK/raw.img"
   fi
 done
 run_fio rand-a rand_jobs "$MNT/fio.data"
@@ -398,20 +422,26 @@ for name, get in SEQ.items():
         "steal_pct_rounds": {PATHS[k]: [steal(f"seq-{k}-{r}") for r in range(1, rounds + 1)]
                              for k in PATHS},
     }
-# (c'): raw writes made durable, as Peregrine's are.
-durable = []
-for r in range(1, rounds + 1):
-    j = jobs(load(f"seq-cs-{r}"))
-    durable.append(j["seq_write"]["write"]["bw_bytes"] / 1e6 if j else None)
-if any(d is not None for d in durable):
+# Other raw references for the writes: (c') made durable, as Peregrine's are;
+# (c'') where the engine's targets write.
+for key, row, what, label, note in [
+        ("cs", "seq write vs (c) + fdatasync", "raw with fdatasync", "raw_fdatasync",
+         "(c'): raw writes made durable, as Peregrine's are"),
+        ("cp", "seq write vs (c) placed", "raw at the targets' offsets", "raw_placed",
+         "(c''): raw writes where the engine's targets put theirs")]:
+    ref = []
+    for r in range(1, rounds + 1):
+        j = jobs(load(f"seq-{key}-{r}"))
+        ref.append(j["seq_write"]["write"]["bw_bytes"] / 1e6 if j else None)
+    if all(d is None for d in ref):
+        continue
     w = result["fio"]["seq write 1MiB x4 (MB/s)"]
-    ra = [ratio(a, d, False) for a, d in zip(w["mount_rounds"], durable)]
-    rb = [ratio(b, d, False) for b, d in zip(w["mount_il_rounds"], durable)]
-    print(f"{'seq write vs (c) + fdatasync':<28} {'':>10} {'':>10} {fmt(med(durable)):>10} "
-          f"{fmt(med(ra)):>6} {fmt(med(rb)):>6}  {', '.join(fmt(x) for x in rb):<18} "
-          "(c'): raw writes made durable, as Peregrine's are")
-    result["fio"]["seq write 1MiB x4, raw with fdatasync (MB/s)"] = {
-        "raw_fdatasync": med(durable), "raw_fdatasync_rounds": durable,
+    ra = [ratio(a, d, False) for a, d in zip(w["mount_rounds"], ref)]
+    rb = [ratio(b, d, False) for b, d in zip(w["mount_il_rounds"], ref)]
+    print(f"{row:<28} {'':>10} {'':>10} {fmt(med(ref)):>10} "
+          f"{fmt(med(ra)):>6} {fmt(med(rb)):>6}  {', '.join(fmt(x) for x in rb):<18} {note}")
+    result["fio"][f"seq write 1MiB x4, {what} (MB/s)"] = {
+        label: med(ref), label + "_rounds": ref,
         "mount_ratio": med(ra), "mount_il_ratio": med(rb), "mount_il_ratio_rounds": rb}
 for name, get in RAND.items():
     lat = "(us)" in name

@@ -362,7 +362,13 @@ impl Storage {
                 return Err(e);
             }
         }
-        tracing::info!(device = %name, targets = storage.sb.targets, "storage open");
+        // Where each target's data blocks are (offset+bytes): benchmarks
+        // write the raw device where the targets do.
+        let data_regions = (0..storage.sb.targets)
+            .map(|t| format!("{}+{}", storage.sb.data_offset(t), storage.sb.data_bytes))
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(device = %name, targets = storage.sb.targets, data_regions = %data_regions, "storage open");
         Ok(storage)
     }
 
