@@ -16,7 +16,7 @@
 # an NVMe namespace has all its blocks; --sparse leaves them sparse (then every fdatasync after
 # writes into fresh blocks also commits the file system's journal, on both sides).
 #
-#   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 3] [--device-size 8GiB] [--sparse]
+#   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 8] [--device-size 8GiB] [--sparse]
 #                  [--dir /var/tmp] [--items 1000] [--threads 4] [--no-build] [--no-raw]
 #
 # Needs fio, fuse3 (hack/install-deps.sh installs them), python3 (for the table), /dev/fuse,
@@ -34,7 +34,7 @@ RESULTS="$ROOT/bench/results"
 
 SIZE=1GiB
 SECS=10
-ROUNDS=3
+ROUNDS=8
 DEVICE_WRITTEN=1
 DEVICE_SIZE=8GiB
 TARGETS=2
