@@ -1046,7 +1046,7 @@ impl Target {
             }
             self.write_done(i);
         }
-        if !self.writing_ahead(batch) {
+        if self.writes_ahead(batch) == 0 {
             // Nothing lands on a failed update's blocks any more.
             while let Some(i) = self.orphans.iter().position(|(b, _)| *b == batch) {
                 for (b, n) in self.orphans.swap_remove(i).1 {
@@ -1056,15 +1056,15 @@ impl Target {
         }
     }
 
-    /// Whether writes started ahead for batch `batch` are still in flight.
-    fn writing_ahead(&self, batch: u64) -> bool {
-        self.ahead.values().any(|w| w.batch == batch)
+    /// Writes started ahead for batch `batch` that are still in flight.
+    fn writes_ahead(&self, batch: u64) -> usize {
+        self.ahead.values().filter(|w| w.batch == batch).count()
     }
 
     /// Give back the blocks of a failed update or batch of `batch`: now, or
     /// once no write started ahead for that batch can still land on them.
     fn free_after_writes(&mut self, batch: u64, runs: Vec<(u64, u64)>) {
-        if self.writing_ahead(batch) {
+        if self.writes_ahead(batch) > 0 {
             self.orphans.push((batch, runs));
         } else {
             for (b, n) in runs {
@@ -1671,7 +1671,7 @@ impl Target {
             runs: b.runs,
             space: b.space,
             regions,
-            writing: self.ahead.values().filter(|w| w.batch == b.id).count() + ops.len(),
+            writing: self.writes_ahead(b.id) + ops.len(),
             synced: false,
             err: None,
             t0: Instant::now(),
