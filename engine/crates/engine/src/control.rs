@@ -26,6 +26,7 @@ pub fn storage_status(e: peregrine_vos::StorageError) -> Status {
         libc::EEXIST => Status::already_exists(msg),
         libc::EINVAL => Status::invalid_argument(msg),
         libc::EBUSY => Status::failed_precondition(msg),
+        libc::EAGAIN => Status::aborted(msg),
         _ => Status::internal(msg),
     }
 }
@@ -121,7 +122,7 @@ impl Engine for EngineService {
         let cont = parse_uuid("cont_uuid", &r.cont_uuid)?;
         let st = self.node.storage()?;
         blocking(move || {
-            st.set_snapshots(pool, cont, r.epochs)
+            st.set_snapshots(pool, cont, r.epochs, (r.adding != 0).then_some(r.adding))
                 .map_err(storage_status)
         })
         .await?;

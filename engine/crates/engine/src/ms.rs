@@ -12,7 +12,7 @@ use crate::node::Node;
 use peregrine_proto::mgmt::engine_client::EngineClient;
 use peregrine_proto::mgmt::mgmt_server::Mgmt;
 use peregrine_proto::mgmt::*;
-use peregrine_proto::ObjectClass;
+use peregrine_proto::{epoch_now, ObjectClass};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -26,6 +26,9 @@ use uuid::Uuid;
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(6);
 /// Share of a pool's total size given to the SCM tier when none is given.
 pub const DEFAULT_TIER_RATIO: f64 = 0.06;
+/// Epochs a snapshot creation tries before giving up (each refusal means an
+/// engine aggregated past the epoch between its choice and its arrival).
+const SNAP_ATTEMPTS: u32 = 5;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct MemberRec {
@@ -108,16 +111,6 @@ fn now_unix() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs()
-}
-
-/// An epoch at least as large as any update acknowledged before now
-/// (epochs are HLC values: nanoseconds with a 16-bit logical counter).
-fn epoch_now() -> u64 {
-    let ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64;
-    ns | 0xFFFF
 }
 
 fn validate_label(what: &str, label: &str) -> Result<(), Status> {
@@ -404,11 +397,15 @@ impl MgmtService {
         Ok(())
     }
 
+    /// Send a container's snapshot list to its engines; `adding`: the epoch
+    /// of the snapshot being created, refused (ABORTED) by a target that
+    /// already aggregated past it.
     async fn push_snapshots(
         &self,
         state: &MsState,
         pool: &PoolRec,
         cont: &ContRec,
+        adding: Option<u64>,
     ) -> Result<(), Status> {
         let epochs: Vec<u64> = cont.snapshots.iter().map(|s| s.epoch).collect();
         let (p, c) = (pool.uuid.to_string(), cont.uuid.to_string());
@@ -417,6 +414,7 @@ impl MgmtService {
                 pool_uuid: p.clone(),
                 cont_uuid: c.clone(),
                 epochs: epochs.clone(),
+                adding: adding.unwrap_or(0),
             };
             async move { cl.cont_shard_snapshots(req).await.map(|_| ()) }
         })
@@ -670,6 +668,7 @@ impl Mgmt for MgmtService {
                         pool_uuid: p.uuid.to_string(),
                         cont_uuid: c.uuid.to_string(),
                         epochs: c.snapshots.iter().map(|x| x.epoch).collect(),
+                        adding: 0,
                     })
                 })
                 .collect();
@@ -1063,14 +1062,37 @@ impl Mgmt for MgmtService {
                 r.name, c.label
             )));
         }
-        let snap = SnapRec {
-            epoch: epoch_now(),
-            name: r.name,
-            created_unix: now_unix(),
-        };
-        c.snapshots.push(snap.clone());
         // Engines must keep the epoch before the snapshot is reported taken.
-        self.push_snapshots(&s, &p, &c).await?;
+        // A target that aggregated past the epoch meanwhile (it only learns
+        // of the snapshot now) refuses it: then a newer epoch is tried.
+        let before = c.snapshots.clone();
+        let mut attempt = 1;
+        let snap = loop {
+            let snap = SnapRec {
+                epoch: epoch_now(),
+                name: r.name.clone(),
+                created_unix: now_unix(),
+            };
+            c.snapshots = before.clone();
+            c.snapshots.push(snap.clone());
+            match self.push_snapshots(&s, &p, &c, Some(snap.epoch)).await {
+                Ok(()) => break snap,
+                Err(e) if e.code() == tonic::Code::Aborted && attempt < SNAP_ATTEMPTS => {
+                    tracing::info!(
+                        "snapshot of container {}: {}; retrying",
+                        c.label,
+                        e.message()
+                    );
+                    attempt += 1;
+                }
+                Err(e) => {
+                    // Targets that took the new list keep an epoch nobody reads: harmless, but put back.
+                    c.snapshots = before;
+                    let _ = self.push_snapshots(&s, &p, &c, None).await;
+                    return Err(e);
+                }
+            }
+        };
         s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c);
         self.persist(&s)?;
         Ok(Response::new((&snap).into()))
@@ -1113,7 +1135,7 @@ impl Mgmt for MgmtService {
             .insert(c.uuid, c.clone());
         self.persist(&s)?;
         // Aggregation may now reclaim what only the snapshot kept; a stopped engine learns it later.
-        if let Err(e) = self.push_snapshots(&s, &p, &c).await {
+        if let Err(e) = self.push_snapshots(&s, &p, &c, None).await {
             tracing::warn!(
                 "snapshot list of container {} not pushed everywhere: {}",
                 c.label,

@@ -28,6 +28,16 @@ pub const DATA_THRESHOLD: usize = 4096;
 /// Epoch meaning "the latest committed version".
 pub const EPOCH_LATEST: u64 = u64::MAX;
 
+/// The wall clock as an epoch (epochs are HLC values: nanoseconds with a
+/// 16-bit logical counter), above every epoch an HLC issued before now.
+pub fn epoch_now() -> u64 {
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    ns | 0xFFFF
+}
+
 /// Parse a 16-byte UUID from the wire, naming the field on error.
 pub fn uuid_from_bytes(field: &str, b: &[u8]) -> Result<uuid::Uuid, String> {
     uuid::Uuid::from_slice(b)

@@ -41,6 +41,9 @@ pub enum StorageError {
     /// The store is shutting down or a target thread is gone.
     #[error("{0}")]
     Shutdown(String),
+    /// Refused as things stand; the same request with fresh arguments may pass.
+    #[error("{0}")]
+    Retry(String),
 }
 
 impl StorageError {
@@ -62,6 +65,7 @@ impl StorageError {
             StorageError::Refused(_) => libc::EPERM,
             StorageError::Corrupt(_) => peregrine_proto::CSUM_ERRNO,
             StorageError::Shutdown(_) => libc::ESHUTDOWN,
+            StorageError::Retry(_) => libc::EAGAIN,
         }
     }
 }

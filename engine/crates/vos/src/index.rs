@@ -124,6 +124,23 @@ impl PoolTree {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct TargetIndex {
     pub pools: BTreeMap<Uuid, PoolTree>,
+    /// The highest epoch an aggregation ran up to ([`WalOp::AggregateTo`]):
+    /// a snapshot at or below it may have lost versions only it would see.
+    pub aggregated_to: u64,
+}
+
+impl TargetIndex {
+    /// Decode a checkpoint; those written before `aggregated_to` existed hold
+    /// the pools only (their aggregations ran up to the latest epoch, which
+    /// no epoch test can express, so they count as none).
+    pub(crate) fn decode(b: &[u8]) -> Option<TargetIndex> {
+        bincode::deserialize(b).ok().or_else(|| {
+            bincode::deserialize(b).ok().map(|pools| TargetIndex {
+                pools,
+                aggregated_to: 0,
+            })
+        })
+    }
 }
 
 /// One value of an update as logged: where its bytes are.
@@ -174,8 +191,16 @@ pub(crate) enum WalOp {
         epoch: u64,
     },
     /// Deterministic given the state, so replay recomputes the same removals.
+    /// Up to the latest epoch; logged by engines before `AggregateTo` only.
     Aggregate {
         pool: Uuid,
+    },
+    /// Aggregation up to epoch `upto`: versions above it are all kept, so a
+    /// snapshot the target learns of later, at an epoch above `upto`, reads
+    /// what it would have read without the aggregation.
+    AggregateTo {
+        pool: Uuid,
+        upto: u64,
     },
 }
 
@@ -694,9 +719,17 @@ impl TargetIndex {
             WalOp::Aggregate { pool } => {
                 if let Some(p) = self.pools.get_mut(&pool) {
                     for c in p.conts.values_mut() {
-                        aggregate_cont(c, rel);
+                        aggregate_cont(c, rel, u64::MAX);
                     }
                 }
+            }
+            WalOp::AggregateTo { pool, upto } => {
+                if let Some(p) = self.pools.get_mut(&pool) {
+                    for c in p.conts.values_mut() {
+                        aggregate_cont(c, rel, upto);
+                    }
+                }
+                self.aggregated_to = self.aggregated_to.max(upto);
             }
         }
     }
@@ -736,10 +769,12 @@ fn src_of(v: &Version, value_off: u64, len: u64) -> Src {
     }
 }
 
-/// Drop what no read at the latest epoch or at a snapshot can see.
-fn aggregate_cont(c: &mut ContTree, rel: &mut Released) {
+/// Drop what no read at a snapshot or at any epoch from `upto` on can see:
+/// every version above `upto` stays, and so does what a read at `upto` sees
+/// (a version hidden at `upto` is hidden at every later epoch too).
+fn aggregate_cont(c: &mut ContTree, rel: &mut Released, upto: u64) {
     let mut reads = c.snapshots.clone();
-    reads.push(u64::MAX);
+    reads.push(upto);
     let mut gone = Released::default();
     c.objs.retain(|_, o| {
         let ObjTree {
@@ -760,8 +795,9 @@ fn aggregate_cont(c: &mut ContTree, rel: &mut Released) {
                             .max(level_floor(&a.punches, r))
                     })
                     .collect();
-                let mut keep_single = BTreeSet::new();
-                let mut keep_ext = vec![false; a.extents.len()];
+                let mut keep_single: BTreeSet<u64> =
+                    a.singles.keys().copied().filter(|&e| e > upto).collect();
+                let mut keep_ext: Vec<bool> = a.extents.iter().map(|x| x.epoch > upto).collect();
                 for (&r, &f) in reads.iter().zip(&floors) {
                     if let Some(v) = a.visible_single(f, r) {
                         keep_single.insert(v.epoch);
@@ -1014,6 +1050,76 @@ mod tests {
             used,
             "incremental usage equals recount"
         );
+    }
+
+    #[test]
+    fn aggregation_up_to_an_epoch_keeps_what_later_snapshots_read() {
+        let (mut ix, pool, cont, obj) = setup();
+        for (e, v) in [(10, b"v1"), (20, b"v2"), (30, b"v3"), (40, b"v4")] {
+            put(&mut ix, pool, cont, obj, e, Kind::Single, 0, v);
+            put(&mut ix, pool, cont, obj, e, Kind::Array, 0, &[v[1]; 8]);
+        }
+        let mut rel = Released::default();
+        ix.apply(WalOp::AggregateTo { pool, upto: 25 }, &mut rel);
+        assert_eq!(ix.aggregated_to, 25);
+        let a =
+            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        // Hidden at 25 (and so at every later epoch): only v1 goes.
+        assert_eq!(
+            a.singles.keys().copied().collect::<Vec<_>>(),
+            vec![20, 30, 40]
+        );
+        assert_eq!(
+            a.extents.iter().map(|x| x.epoch).collect::<Vec<_>>(),
+            vec![20, 30, 40]
+        );
+        assert!(rel.scm > 0);
+        // A snapshot at 35, above the horizon, learnt only now, reads v3.
+        ix.apply(
+            WalOp::SetSnapshots {
+                pool,
+                cont,
+                epochs: vec![35],
+            },
+            &mut Released::default(),
+        );
+        assert_eq!(read(&ix, pool, cont, obj, Kind::Single, 0, 0, 35).1, b"v3");
+        assert_eq!(
+            read(&ix, pool, cont, obj, Kind::Array, 0, 8, 35).1,
+            vec![b'3'; 8]
+        );
+        ix.apply(
+            WalOp::AggregateTo { pool, upto: 50 },
+            &mut Released::default(),
+        );
+        let a =
+            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        assert_eq!(a.singles.keys().copied().collect::<Vec<_>>(), vec![30, 40]);
+        assert_eq!(read(&ix, pool, cont, obj, Kind::Single, 0, 0, 35).1, b"v3");
+        // The horizon only grows (an older one replayed later does not lower it).
+        ix.apply(
+            WalOp::AggregateTo { pool, upto: 45 },
+            &mut Released::default(),
+        );
+        assert_eq!(ix.aggregated_to, 50);
+    }
+
+    #[test]
+    fn checkpoints_from_before_the_aggregation_horizon_decode() {
+        let (ix, pool, _, _) = setup();
+        let legacy = bincode::serialize(&ix.pools).unwrap();
+        let back = TargetIndex::decode(&legacy).expect("legacy checkpoint");
+        assert_eq!(back.aggregated_to, 0);
+        assert!(back.pools.contains_key(&pool));
+        let ix = TargetIndex {
+            aggregated_to: 77,
+            ..ix
+        };
+        assert_eq!(
+            TargetIndex::decode(&bincode::serialize(&ix).unwrap()),
+            Some(ix)
+        );
+        assert_eq!(TargetIndex::decode(b"\xff\xff"), None);
     }
 
     #[test]

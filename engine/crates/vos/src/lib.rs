@@ -523,21 +523,27 @@ impl Storage {
     }
 
     /// Epochs of the container's snapshots: aggregation keeps them readable.
+    /// `adding` names the snapshot being created, if any: a target that
+    /// already aggregated past its epoch refuses the list
+    /// ([`StorageError::Retry`]); the snapshot needs a newer epoch.
     pub fn set_snapshots(
         &self,
         pool: Uuid,
         cont: Uuid,
         epochs: Vec<u64>,
+        adding: Option<u64>,
     ) -> Result<(), StorageError> {
         self.ctl_all(|| Ctl::SetSnapshots {
             pool,
             cont,
             epochs: epochs.clone(),
+            adding,
         })
         .map(|_| ())
     }
 
-    /// Reclaim versions no read at the latest epoch or a snapshot can see; bytes reclaimed.
+    /// Reclaim versions that no read at a snapshot or at any epoch from now
+    /// on can see; bytes reclaimed.
     pub fn aggregate(&self, pool: Uuid) -> Result<u64, StorageError> {
         Ok(self
             .ctl_all(|| Ctl::Aggregate { pool })?

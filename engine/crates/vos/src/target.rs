@@ -125,6 +125,8 @@ pub(crate) enum Ctl {
         pool: Uuid,
         cont: Uuid,
         epochs: Vec<u64>,
+        /// The epoch of a snapshot being created: refused if aggregation already passed it.
+        adding: Option<u64>,
     },
     Aggregate {
         pool: Uuid,
@@ -595,8 +597,8 @@ impl Target {
                 .dev
                 .read(off, h.record_bytes() as usize)
                 .map_err(|e| self.io_err("read checkpoint", e))?;
-            match wal::payload(&h, &rec).map(bincode::deserialize::<TargetIndex>) {
-                Some(Ok(ix)) => best = Some((h.seq, ix, slot)),
+            match wal::payload(&h, &rec).and_then(TargetIndex::decode) {
+                Some(ix) => best = Some((h.seq, ix, slot)),
                 _ => tracing::warn!(
                     target = self.id,
                     slot,
@@ -1137,8 +1139,15 @@ impl Target {
         }
     }
 
+    /// Aggregate up to now: a snapshot this target learns of later at an
+    /// older epoch is refused ([`Ctl::SetSnapshots`]), not silently short.
+    fn aggregate(&mut self, pool: Uuid) -> Result<Released, StorageError> {
+        let upto = peregrine_proto::epoch_now();
+        self.commit_ctl(WalOp::AggregateTo { pool, upto })
+    }
+
     fn auto_aggregate(&mut self, pool: Uuid, why: &str) {
-        match self.commit_ctl(WalOp::Aggregate { pool }) {
+        match self.aggregate(pool) {
             Ok(rel) => {
                 tracing::debug!(target = self.id, %pool, why, reclaimed = rel.scm + rel.nvme, "aggregated")
             }
@@ -2284,9 +2293,26 @@ impl Target {
                 }
                 Ok(CtlOut::Done)
             }
-            Ctl::SetSnapshots { pool, cont, epochs } => {
-                if !self.index.pools.contains_key(&pool) {
+            Ctl::SetSnapshots {
+                pool,
+                cont,
+                epochs,
+                adding,
+            } => {
+                let Some(p) = self.index.pools.get(&pool) else {
                     return Err(self.pool_missing(&pool));
+                };
+                let known = p.conts.get(&cont).map_or(&[][..], |c| &c.snapshots[..]);
+                let to = self.index.aggregated_to;
+                if let Some(e) = adding.filter(|e| *e <= to && !known.contains(e)) {
+                    return Err(StorageError::Retry(format!(
+                        "snapshot of container {cont} at epoch {e}: target {} already aggregated pool {pool} up to epoch {to}, past it; take the snapshot at a newer epoch",
+                        self.id
+                    )));
+                }
+                if let Some(e) = epochs.iter().find(|e| **e <= to && !known.contains(e)) {
+                    // A list re-sent (to an engine that was away): keep what is left.
+                    tracing::warn!(target = self.id, %pool, %cont, epoch = e, aggregated_to = to, "snapshot learnt after an aggregation past its epoch; versions only it would read may be gone");
                 }
                 self.commit_ctl(WalOp::SetSnapshots { pool, cont, epochs })?;
                 self.dirty.insert(pool);
@@ -2296,7 +2322,7 @@ impl Target {
                 if !self.index.pools.contains_key(&pool) {
                     return Err(self.pool_missing(&pool));
                 }
-                let rel = self.commit_ctl(WalOp::Aggregate { pool })?;
+                let rel = self.aggregate(pool)?;
                 self.dirty.remove(&pool);
                 Ok(CtlOut::Reclaimed(rel.scm + rel.nvme))
             }

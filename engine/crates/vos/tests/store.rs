@@ -408,7 +408,7 @@ fn snapshots_survive_aggregation() {
         )
         .unwrap();
     }
-    st.set_snapshots(pool, cont, vec![35, 75]).unwrap();
+    st.set_snapshots(pool, cont, vec![35, 75], None).unwrap();
     let reclaimed = st.aggregate(pool).unwrap();
     assert!(reclaimed >= 6 * 8192, "{reclaimed}");
     assert_eq!(get_single(&st, &o, 35, "d", "s").unwrap(), pattern(3, 5000));
@@ -430,6 +430,58 @@ fn snapshots_survive_aggregation() {
     st.close();
     let st = Storage::open(&e.opts).unwrap();
     assert_eq!(get_single(&st, &o, 75, "d", "s").unwrap(), pattern(7, 5000));
+}
+
+/// A snapshot whose epoch an aggregation already passed (the management
+/// service chose it before the target heard of it) is refused, so that it is
+/// taken again at a newer epoch, not silently missing what it should read;
+/// the horizon survives a restart, and a list only re-sent is kept.
+#[test]
+fn snapshot_behind_an_aggregation_is_refused() {
+    let e = env(64, 1);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    for ep in 1..=4u64 {
+        update(
+            &st,
+            &o,
+            ep * 10,
+            "d",
+            vec![extent("a", 0, &pattern(ep, 8192))],
+        )
+        .unwrap();
+    }
+    st.set_snapshots(pool, cont, vec![15], Some(15)).unwrap();
+    assert!(st.aggregate(pool).unwrap() >= 2 * 8192);
+    let err = st
+        .set_snapshots(pool, cont, vec![15, 25], Some(25))
+        .unwrap_err();
+    assert_eq!(err.errno(), -libc::EAGAIN, "{err}");
+    assert!(
+        err.to_string().contains("epoch 25") && err.to_string().contains("aggregated"),
+        "{err}"
+    );
+    // The snapshot already known is still accepted as part of a list.
+    st.set_snapshots(pool, cont, vec![15], Some(15)).unwrap();
+    st.close();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(
+        st.set_snapshots(pool, cont, vec![15, 25], Some(25))
+            .unwrap_err()
+            .errno(),
+        -libc::EAGAIN,
+        "the horizon is kept across a restart"
+    );
+    let later = peregrine_proto::epoch_now() + (10 << 16);
+    st.set_snapshots(pool, cont, vec![15, later], Some(later))
+        .unwrap();
+    assert_eq!(
+        get_array(&st, &o, 15, "d", "a", 0, 8192).unwrap().0,
+        pattern(1, 8192)
+    );
+    // A list re-sent to an engine that was away is kept, late epochs too.
+    st.set_snapshots(pool, cont, vec![15, 25, later], None)
+        .unwrap();
 }
 
 #[test]
