@@ -574,16 +574,18 @@ func (x *StorageFormatResp) GetRanks() []*RankStorage {
 }
 
 type JoinReq struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	Uuid          string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
-	ControlAddr   string                 `protobuf:"bytes,3,opt,name=control_addr,json=controlAddr,proto3" json:"control_addr,omitempty"`
-	DataAddr      string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
-	FaultDomain   string                 `protobuf:"bytes,5,opt,name=fault_domain,json=faultDomain,proto3" json:"fault_domain,omitempty"`
-	Targets       uint32                 `protobuf:"varint,6,opt,name=targets,proto3" json:"targets,omitempty"`
-	System        string                 `protobuf:"bytes,7,opt,name=system,proto3" json:"system,omitempty"`
-	State         string                 `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`                    // "ready" or "maintenance"
-	ShmPath       string                 `protobuf:"bytes,9,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"` // shared-memory data-plane socket, "" when none
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Rank        uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Uuid        string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	ControlAddr string                 `protobuf:"bytes,3,opt,name=control_addr,json=controlAddr,proto3" json:"control_addr,omitempty"`
+	DataAddr    string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	FaultDomain string                 `protobuf:"bytes,5,opt,name=fault_domain,json=faultDomain,proto3" json:"fault_domain,omitempty"`
+	Targets     uint32                 `protobuf:"varint,6,opt,name=targets,proto3" json:"targets,omitempty"`
+	System      string                 `protobuf:"bytes,7,opt,name=system,proto3" json:"system,omitempty"`
+	State       string                 `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`                    // "ready" or "maintenance"
+	ShmPath     string                 `protobuf:"bytes,9,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"` // shared-memory data-plane socket, "" when none
+	// The engine does not know the snapshot lists yet (it just started).
+	WantSnapshots bool `protobuf:"varint,10,opt,name=want_snapshots,json=wantSnapshots,proto3" json:"want_snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -681,9 +683,19 @@ func (x *JoinReq) GetShmPath() string {
 	return ""
 }
 
+func (x *JoinReq) GetWantSnapshots() bool {
+	if x != nil {
+		return x.WantSnapshots
+	}
+	return false
+}
+
+// `snapshots`: every container's snapshot list on the engine's pools, sent
+// when it asked or when the service had counted it as stopped.
 type JoinResp struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MapVersion    uint64                 `protobuf:"varint,1,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	state         protoimpl.MessageState   `protogen:"open.v1"`
+	MapVersion    uint64                   `protobuf:"varint,1,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	Snapshots     []*ContShardSnapshotsReq `protobuf:"bytes,2,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -723,6 +735,13 @@ func (x *JoinResp) GetMapVersion() uint64 {
 		return x.MapVersion
 	}
 	return 0
+}
+
+func (x *JoinResp) GetSnapshots() []*ContShardSnapshotsReq {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
 }
 
 // ---- pools ----
@@ -2491,11 +2510,14 @@ func (x *ContShardDestroyReq) GetContUuid() string {
 	return ""
 }
 
+// `adding`: the epoch of the snapshot being created (0 when the list is only
+// re-sent); a target refuses it (ABORTED) when it already aggregated past it.
 type ContShardSnapshotsReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PoolUuid      string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
 	ContUuid      string                 `protobuf:"bytes,2,opt,name=cont_uuid,json=contUuid,proto3" json:"cont_uuid,omitempty"`
 	Epochs        []uint64               `protobuf:"varint,3,rep,packed,name=epochs,proto3" json:"epochs,omitempty"`
+	Adding        uint64                 `protobuf:"varint,4,opt,name=adding,proto3" json:"adding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2549,6 +2571,13 @@ func (x *ContShardSnapshotsReq) GetEpochs() []uint64 {
 		return x.Epochs
 	}
 	return nil
+}
+
+func (x *ContShardSnapshotsReq) GetAdding() uint64 {
+	if x != nil {
+		return x.Adding
+	}
+	return 0
 }
 
 type AggregateReq struct {
@@ -2686,7 +2715,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x10StorageFormatReq\x12\x14\n" +
 	"\x05force\x18\x01 \x01(\bR\x05force\"I\n" +
 	"\x11StorageFormatResp\x124\n" +
-	"\x05ranks\x18\x01 \x03(\v2\x1e.peregrine.mgmt.v1.RankStorageR\x05ranks\"\xf7\x01\n" +
+	"\x05ranks\x18\x01 \x03(\v2\x1e.peregrine.mgmt.v1.RankStorageR\x05ranks\"\x9e\x02\n" +
 	"\aJoinReq\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12!\n" +
@@ -2696,10 +2725,13 @@ const file_mgmt_proto_rawDesc = "" +
 	"\atargets\x18\x06 \x01(\rR\atargets\x12\x16\n" +
 	"\x06system\x18\a \x01(\tR\x06system\x12\x14\n" +
 	"\x05state\x18\b \x01(\tR\x05state\x12\x19\n" +
-	"\bshm_path\x18\t \x01(\tR\ashmPath\"+\n" +
+	"\bshm_path\x18\t \x01(\tR\ashmPath\x12%\n" +
+	"\x0ewant_snapshots\x18\n" +
+	" \x01(\bR\rwantSnapshots\"s\n" +
 	"\bJoinResp\x12\x1f\n" +
 	"\vmap_version\x18\x01 \x01(\x04R\n" +
-	"mapVersion\"D\n" +
+	"mapVersion\x12F\n" +
+	"\tsnapshots\x18\x02 \x03(\v2(.peregrine.mgmt.v1.ContShardSnapshotsReqR\tsnapshots\"D\n" +
 	"\x04Tier\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\x04R\x05total\x12\x12\n" +
@@ -2864,11 +2896,12 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"O\n" +
 	"\x13ContShardDestroyReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x1b\n" +
-	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\"i\n" +
+	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\"\x81\x01\n" +
 	"\x15ContShardSnapshotsReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x1b\n" +
 	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\x12\x16\n" +
-	"\x06epochs\x18\x03 \x03(\x04R\x06epochs\"+\n" +
+	"\x06epochs\x18\x03 \x03(\x04R\x06epochs\x12\x16\n" +
+	"\x06adding\x18\x04 \x01(\x04R\x06adding\"+\n" +
 	"\fAggregateReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\"8\n" +
 	"\rAggregateResp\x12'\n" +
@@ -2973,75 +3006,76 @@ var file_mgmt_proto_depIdxs = []int32{
 	2,  // 0: peregrine.mgmt.v1.SystemQueryResp.members:type_name -> peregrine.mgmt.v1.Member
 	5,  // 1: peregrine.mgmt.v1.StorageScanResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
 	5,  // 2: peregrine.mgmt.v1.StorageFormatResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
-	42, // 3: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	11, // 4: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
-	43, // 5: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
-	13, // 6: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
-	44, // 7: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	20, // 8: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
-	45, // 9: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	46, // 10: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
-	23, // 11: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
-	47, // 12: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	29, // 13: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
-	48, // 14: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
-	1,  // 15: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
-	4,  // 16: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
-	7,  // 17: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	9,  // 18: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
-	12, // 19: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
-	14, // 20: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
-	16, // 21: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
-	17, // 22: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
-	18, // 23: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
-	19, // 24: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
-	22, // 25: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
-	24, // 26: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
-	26, // 27: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
-	27, // 28: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
-	28, // 29: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
-	30, // 30: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
-	31, // 31: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
-	33, // 32: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
-	0,  // 33: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
-	7,  // 34: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	34, // 35: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
-	35, // 36: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
-	36, // 37: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
-	38, // 38: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
-	39, // 39: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	40, // 40: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
-	3,  // 41: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
-	6,  // 42: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
-	8,  // 43: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
-	10, // 44: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
-	13, // 45: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
-	15, // 46: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
-	13, // 47: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
-	0,  // 48: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
-	13, // 49: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
-	21, // 50: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
-	23, // 51: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
-	25, // 52: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
-	23, // 53: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
-	0,  // 54: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
-	23, // 55: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
-	29, // 56: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
-	32, // 57: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
-	0,  // 58: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
-	5,  // 59: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
-	5,  // 60: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
-	0,  // 61: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
-	0,  // 62: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	37, // 63: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
-	0,  // 64: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	0,  // 65: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
-	41, // 66: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
-	41, // [41:67] is the sub-list for method output_type
-	15, // [15:41] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	39, // 3: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	42, // 4: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	11, // 5: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
+	43, // 6: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
+	13, // 7: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
+	44, // 8: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	20, // 9: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
+	45, // 10: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	46, // 11: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
+	23, // 12: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
+	47, // 13: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	29, // 14: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
+	48, // 15: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	1,  // 16: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
+	4,  // 17: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
+	7,  // 18: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	9,  // 19: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
+	12, // 20: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
+	14, // 21: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
+	16, // 22: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
+	17, // 23: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
+	18, // 24: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
+	19, // 25: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
+	22, // 26: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
+	24, // 27: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
+	26, // 28: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
+	27, // 29: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
+	28, // 30: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
+	30, // 31: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
+	31, // 32: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
+	33, // 33: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
+	0,  // 34: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
+	7,  // 35: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	34, // 36: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
+	35, // 37: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
+	36, // 38: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
+	38, // 39: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
+	39, // 40: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	40, // 41: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
+	3,  // 42: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
+	6,  // 43: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
+	8,  // 44: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
+	10, // 45: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
+	13, // 46: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
+	15, // 47: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
+	13, // 48: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
+	0,  // 49: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
+	13, // 50: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
+	21, // 51: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
+	23, // 52: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
+	25, // 53: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
+	23, // 54: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
+	0,  // 55: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
+	23, // 56: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
+	29, // 57: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
+	32, // 58: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
+	0,  // 59: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
+	5,  // 60: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
+	5,  // 61: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
+	0,  // 62: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
+	0,  // 63: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	37, // 64: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
+	0,  // 65: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	0,  // 66: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
+	41, // 67: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
+	42, // [42:68] is the sub-list for method output_type
+	16, // [16:42] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_mgmt_proto_init() }

@@ -3,15 +3,16 @@
 use clap::Parser;
 use peregrine_engine::config::Config;
 use peregrine_engine::control::EngineService;
-use peregrine_engine::ms::MgmtService;
+use peregrine_engine::ms::{MgmtService, AGGREGATION_LEASE};
 use peregrine_engine::node::Node;
 use peregrine_proto::mgmt::engine_server::EngineServer;
 use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::mgmt_server::MgmtServer;
-use peregrine_proto::mgmt::JoinReq;
+use peregrine_proto::mgmt::{ContShardSnapshotsReq, JoinReq};
+use peregrine_vos::StorageError;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(name = "peregrine-engine", version, about = "Peregrine storage engine")]
@@ -55,6 +56,9 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
     let leader = node.cfg.mgmt_leader();
     let mut client: Option<MgmtClient<tonic::transport::Channel>> = None;
     let mut warned = false;
+    // Whether the snapshot lists of the service are applied (then the
+    // targets may aggregate on their own, for a lease per answered heartbeat).
+    let mut lists_known = false;
     loop {
         if client.is_none() {
             if let Ok(ep) = tonic::transport::Endpoint::from_shared(format!("http://{leader}")) {
@@ -79,9 +83,20 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
                 system: node.cfg.name.clone(),
                 state: node.state().into(),
                 shm_path: shm_path.clone(),
+                want_snapshots: !lists_known,
             };
+            let sent = Instant::now();
             match c.join(req).await {
-                Ok(_) => warned = false,
+                Ok(resp) => {
+                    warned = false;
+                    let resp = resp.into_inner();
+                    if !resp.snapshots.is_empty() || !lists_known {
+                        lists_known = apply_snapshot_lists(&node, resp.snapshots).await;
+                    }
+                    if let (true, Ok(st)) = (lists_known, node.storage()) {
+                        st.lease_aggregation(sent + AGGREGATION_LEASE);
+                    }
+                }
                 Err(e) => {
                     if !warned {
                         tracing::warn!("join management service at {leader}: {}", e.message());
@@ -93,8 +108,41 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
                 }
             }
         }
-        tokio::time::sleep(HEARTBEAT_EVERY).await;
+        tokio::select! {
+            _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
+            _ = node.heartbeat_now.notified() => {}
+        }
     }
+}
+
+/// Apply the snapshot lists of a join reply; false if one could not be
+/// (the next join asks again). A pool this engine lacks has nothing to keep.
+async fn apply_snapshot_lists(node: &Arc<Node>, lists: Vec<ContShardSnapshotsReq>) -> bool {
+    let Ok(st) = node.storage() else {
+        return false;
+    };
+    tokio::task::spawn_blocking(move || {
+        lists.into_iter().all(|l| {
+            let (Ok(pool), Ok(cont)) = (l.pool_uuid.parse(), l.cont_uuid.parse()) else {
+                tracing::warn!(
+                    "join reply: snapshot list of {}/{}: bad uuid",
+                    l.pool_uuid,
+                    l.cont_uuid
+                );
+                return true;
+            };
+            match st.set_snapshots(pool, cont, l.epochs, None) {
+                Ok(()) => true,
+                Err(StorageError::NotFound(_)) => true,
+                Err(e) => {
+                    tracing::warn!("snapshot list of container {cont} not applied: {e}");
+                    false
+                }
+            }
+        })
+    })
+    .await
+    .unwrap_or(false)
 }
 
 async fn run(node: Arc<Node>) -> Result<(), String> {

@@ -24,6 +24,10 @@ use uuid::Uuid;
 
 /// An engine that has not sent a heartbeat for this long is reported stopped.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(6);
+/// An engine aggregates on its own only this long after sending a heartbeat
+/// that was answered (and once it knows the snapshot lists): before the
+/// service counts it as stopped, and so before a snapshot may skip it.
+pub const AGGREGATION_LEASE: Duration = Duration::from_secs(3);
 /// Share of a pool's total size given to the SCM tier when none is given.
 pub const DEFAULT_TIER_RATIO: f64 = 0.06;
 /// Epochs a snapshot creation tries before giving up (each refusal means an
@@ -104,6 +108,8 @@ pub struct MgmtService {
     state: Mutex<MsState>,
     /// Last heartbeat per rank (not persisted: liveness is re-learned).
     heartbeats: parking_lot::Mutex<HashMap<u32, Instant>>,
+    /// When this service started counting heartbeats.
+    started: Instant,
 }
 
 fn now_unix() -> u64 {
@@ -202,6 +208,7 @@ impl MgmtService {
             node,
             state: Mutex::new(state),
             heartbeats: Default::default(),
+            started: Instant::now(),
         })
     }
 
@@ -409,7 +416,12 @@ impl MgmtService {
     ) -> Result<(), Status> {
         let epochs: Vec<u64> = cont.snapshots.iter().map(|s| s.epoch).collect();
         let (p, c) = (pool.uuid.to_string(), cont.uuid.to_string());
-        self.on_ranks(state, &pool.ranks, true, |mut cl| {
+        // An engine counted as stopped is skipped: it does not aggregate
+        // (AGGREGATION_LEASE) and gets the lists when it joins again. A
+        // service just started has not heard from anyone yet: an engine it
+        // has not heard from may still be up, and aggregating.
+        let skip_down = self.started.elapsed() >= HEARTBEAT_TIMEOUT;
+        self.on_ranks(state, &pool.ranks, skip_down, |mut cl| {
             let req = ContShardSnapshotsReq {
                 pool_uuid: p.clone(),
                 cont_uuid: c.clone(),
@@ -655,12 +667,10 @@ impl Mgmt for MgmtService {
         }
         let returning = !self.alive(j.rank);
         self.heartbeats.lock().insert(j.rank, Instant::now());
-        if returning {
-            // A returning engine may have missed snapshot changes while it was away.
+        // A returning engine may have missed snapshot changes while it was away.
+        let snapshots = if returning || j.want_snapshots {
             let rank = j.rank;
-            let addr = s.members[&rank].control_addr.clone();
-            let pushes: Vec<ContShardSnapshotsReq> = s
-                .pools
+            s.pools
                 .values()
                 .filter(|p| p.ranks.contains(&rank))
                 .flat_map(|p| {
@@ -671,31 +681,13 @@ impl Mgmt for MgmtService {
                         adding: 0,
                     })
                 })
-                .collect();
-            if !pushes.is_empty() {
-                tokio::spawn(async move {
-                    let mut c = match engine_client(&addr).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            return tracing::warn!(
-                                "rank {rank}: snapshot lists not pushed: {}",
-                                e.message()
-                            )
-                        }
-                    };
-                    for req in pushes {
-                        if let Err(e) = c.cont_shard_snapshots(req).await {
-                            tracing::warn!(
-                                "rank {rank}: snapshot list not pushed: {}",
-                                e.message()
-                            );
-                        }
-                    }
-                });
-            }
-        }
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(Response::new(JoinResp {
             map_version: s.map_version,
+            snapshots,
         }))
     }
 

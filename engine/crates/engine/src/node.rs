@@ -18,6 +18,9 @@ pub struct Node {
     maintenance_reason: Mutex<String>,
     /// Serializes format against open/close.
     format_lock: Mutex<()>,
+    /// Wakes the heartbeat loop: storage just opened waits for an answered
+    /// heartbeat before its targets aggregate on their own.
+    pub heartbeat_now: tokio::sync::Notify,
 }
 
 impl Node {
@@ -51,6 +54,7 @@ impl Node {
             uuid: Mutex::new(Uuid::new_v4()),
             maintenance_reason: Mutex::new(String::new()),
             format_lock: Mutex::new(()),
+            heartbeat_now: tokio::sync::Notify::new(),
         });
         let opts = Self::storage_options(&node.cfg);
         match peregrine_vos::scan(&opts.bdev)
@@ -72,7 +76,7 @@ impl Node {
                 } else {
                     let storage = Storage::open(&opts).map_err(|e| format!("open storage: {e}"))?;
                     *node.uuid.lock() = storage.superblock().engine_uuid;
-                    *node.storage.write() = Some(Arc::new(storage));
+                    *node.storage.write() = Some(held(storage));
                 }
             }
         }
@@ -182,7 +186,8 @@ impl Node {
             Status::internal(format!("rank {}: open after format: {e}", self.cfg.rank))
         })?;
         *self.uuid.lock() = storage.superblock().engine_uuid;
-        *self.storage.write() = Some(Arc::new(storage));
+        *self.storage.write() = Some(held(storage));
+        self.heartbeat_now.notify_one();
         self.maintenance_reason.lock().clear();
         tracing::info!(
             "rank {} formatted {} and ready",
@@ -200,4 +205,11 @@ impl Node {
             }
         }
     }
+}
+
+/// Storage whose targets do not aggregate on their own until the management
+/// service answers a heartbeat (see `peregrine_engine::ms::AGGREGATION_LEASE`).
+fn held(storage: Storage) -> Arc<Storage> {
+    storage.lease_aggregation(std::time::Instant::now());
+    Arc::new(storage)
 }

@@ -107,8 +107,10 @@ use parking_lot::Mutex;
 use peregrine_proto::data;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 use target::{Ctl, CtlOut, Mailbox, Msg, Target};
 use uuid::Uuid;
 
@@ -253,6 +255,34 @@ pub struct Storage {
     faults: Vec<std::sync::Arc<Mutex<Option<String>>>>,
     threads: Vec<JoinHandle<()>>,
     mgmt: Mutex<mgmt::MgmtSlots>,
+    lease: std::sync::Arc<AggregationLease>,
+}
+
+/// Until when the targets may aggregate on their own (a pool 80% full, or
+/// idle). An engine in a system holds it only while the management service
+/// counts it as up and it knows the snapshot lists: a snapshot taken while
+/// the service counts the engine as down skips it, and the engine learns of
+/// it only when it is back; aggregating meanwhile could drop what the
+/// snapshot reads. Standalone, the lease never ends.
+pub(crate) struct AggregationLease {
+    base: Instant,
+    /// Nanoseconds after `base`.
+    until: AtomicU64,
+}
+
+impl Default for AggregationLease {
+    fn default() -> Self {
+        AggregationLease {
+            base: Instant::now(),
+            until: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl AggregationLease {
+    pub(crate) fn valid(&self) -> bool {
+        (self.base.elapsed().as_nanos() as u64) < self.until.load(Ordering::Relaxed)
+    }
 }
 
 /// The target a request names, if it has an address.
@@ -319,6 +349,7 @@ impl Storage {
         let mut faults = Vec::new();
         let mut threads = Vec::new();
         let mut ready = Vec::new();
+        let lease = std::sync::Arc::<AggregationLease>::default();
         for t in 0..sb.targets {
             let (tx, rx) = target::mailbox(t)
                 .map_err(|e| StorageError::io(format!("target {t}: eventfd"), e))?;
@@ -326,10 +357,11 @@ impl Storage {
             let (sb2, path, huge) = (sb.clone(), opts.bdev.path.clone(), opts.hugepages);
             let fault = std::sync::Arc::new(Mutex::new(None));
             faults.push(fault.clone());
+            let lease = lease.clone();
             let h = std::thread::Builder::new()
                 .name(format!("vos-target-{t}"))
                 .spawn(
-                    move || match Target::open(sb2, &path, huge, t, scm_budget, fault) {
+                    move || match Target::open(sb2, &path, huge, t, scm_budget, fault, lease) {
                         Ok(target) => {
                             let _ = rtx.send(Ok(()));
                             target.run(rx);
@@ -350,6 +382,7 @@ impl Storage {
             senders,
             faults,
             threads,
+            lease,
         };
         for (t, r) in ready.into_iter().enumerate() {
             let res = r.recv().unwrap_or_else(|_| {
@@ -540,6 +573,16 @@ impl Storage {
             adding,
         })
         .map(|_| ())
+    }
+
+    /// Let the targets aggregate on their own until `until` (see
+    /// [`AggregationLease`]); a time already past holds them from now on.
+    /// An explicit [`Storage::aggregate`] is not held.
+    pub fn lease_aggregation(&self, until: Instant) {
+        let ns = until
+            .checked_duration_since(self.lease.base)
+            .map_or(0, |d| d.as_nanos() as u64);
+        self.lease.until.store(ns, Ordering::Relaxed);
     }
 
     /// Reclaim versions that no read at a snapshot or at any epoch from now

@@ -462,6 +462,8 @@ pub(crate) struct Target {
     /// Keep polling, rather than sleep, until then: a source's next request
     /// usually follows its reply closely.
     poll_until: Option<Instant>,
+    /// Whether it may aggregate on its own ([`crate::AggregationLease`]).
+    lease: Arc<crate::AggregationLease>,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -531,6 +533,7 @@ impl Target {
         id: u32,
         scm_budget: u64,
         fault: Arc<parking_lot::Mutex<Option<String>>>,
+        lease: Arc<crate::AggregationLease>,
     ) -> Result<Target, StorageError> {
         let dev = DeviceIo::open(path, hugepages, id).map_err(|e| {
             StorageError::io(format!("target {id}: open device {}", path.display()), e)
@@ -566,6 +569,7 @@ impl Target {
             fault,
             sources: Vec::new(),
             poll_until: None,
+            lease,
         };
         t.chunk = t.sb.csum_chunk();
         t.replay()?;
@@ -769,7 +773,7 @@ impl Target {
                 }
             }
             self.pump();
-            if !self.filling().is_empty() {
+            if self.lease.valid() && !self.filling().is_empty() {
                 // Aggregation needs the device to itself; it gives the space back.
                 self.drain();
                 for pool in self.filling() {
@@ -788,7 +792,7 @@ impl Target {
                 self.poll_until = None;
                 if self.sleep_idle(&inbox) {
                     idle_since = Instant::now();
-                } else if idle_since.elapsed() >= IDLE_AGGREGATE {
+                } else if idle_since.elapsed() >= IDLE_AGGREGATE && self.lease.valid() {
                     let dirty: Vec<Uuid> = self.dirty.iter().copied().collect();
                     for pool in dirty {
                         self.auto_aggregate(pool, "idle");
@@ -2457,8 +2461,16 @@ mod tests {
         let ScanState::Formatted(sb) = crate::scan(&opts.bdev).unwrap() else {
             panic!("not formatted")
         };
-        let mut t =
-            Target::open(sb, &opts.bdev.path, false, 0, 8 * MIB, Default::default()).unwrap();
+        let mut t = Target::open(
+            sb,
+            &opts.bdev.path,
+            false,
+            0,
+            8 * MIB,
+            Default::default(),
+            Default::default(),
+        )
+        .unwrap();
         let pool = Uuid::new_v4();
         t.control(Ctl::PoolCreate {
             pool,

@@ -484,6 +484,47 @@ fn snapshot_behind_an_aggregation_is_refused() {
         .unwrap();
 }
 
+/// Without the aggregation lease (an engine the management service may count
+/// as stopped), targets do not aggregate on their own: overwrites fill the
+/// pool to ENOSPC. With it they do, and the same overwrites go on.
+#[test]
+fn targets_aggregate_on_their_own_only_under_the_lease() {
+    let e = env(64, 1);
+    let (st, pool, cont) = open_with_pool(&e, 2 * MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    let overwrite = |ep: u64| {
+        update(
+            &st,
+            &o,
+            ep,
+            "d",
+            vec![extent("a", 0, &pattern(ep, 256 * 1024))],
+        )
+    };
+    st.lease_aggregation(std::time::Instant::now());
+    let mut ep = 1;
+    let err = loop {
+        match overwrite(ep) {
+            Ok(()) => ep += 1,
+            Err(e) => break e,
+        }
+        assert!(ep < 100, "a 2 MiB pool took {ep} versions of 256 KiB");
+    };
+    assert_eq!((ep, err.code), (9, -libc::ENOSPC), "{}", err.msg);
+    st.lease_aggregation(std::time::Instant::now() + std::time::Duration::from_secs(600));
+    // The target aggregates after the batch in hand: the next one has room.
+    let _ = overwrite(ep);
+    for ep in ep + 1..ep + 40 {
+        overwrite(ep).unwrap_or_else(|e| panic!("overwrite {ep} under the lease: {}", e.msg));
+    }
+    assert_eq!(
+        get_array(&st, &o, LATEST, "d", "a", 0, 256 * 1024)
+            .unwrap()
+            .0,
+        pattern(ep + 39, 256 * 1024)
+    );
+}
+
 #[test]
 fn checksums_on_update_and_device_corruption() {
     let e = env(64, 1);
