@@ -74,6 +74,13 @@
 //!   with EEXIST for other sizes; `pool_space` of an absent pool is ENOENT.
 //! - Containers need no creation: the first update creates them on a target;
 //!   `cont_destroy` of an absent container succeeds.
+//! - Aggregation runs up to the current epoch and keeps every version above
+//!   it; a target records the highest such epoch and refuses a snapshot
+//!   being added at or below it (`StorageError::Retry`: take it at a newer
+//!   epoch), since versions only that snapshot would read may be gone.
+//!   Targets aggregate on their own (a pool 80% full, idle) only under the
+//!   aggregation lease ([`Storage::lease_aggregation`]; endless unless an
+//!   engine sets it).
 //!
 //! # Threads and replies
 //! [`Storage::submit`] returns a `std::sync::mpsc::Receiver` that receives
