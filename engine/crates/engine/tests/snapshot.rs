@@ -156,10 +156,8 @@ fn snapshots_under_overwrites_and_automatic_aggregation() {
         }
         stop.store(true, Ordering::Relaxed);
         let k = writer.join().unwrap();
-        // 32 MiB holds at most 32 versions: the others were aggregated away.
-        assert!(
-            k > 80,
-            "only {k} overwrites of 1 MiB in the time of 12 snapshots"
-        );
+        // 32 MiB holds at most 32 versions: the others were aggregated away
+        // (the writer fails on ENOSPC otherwise).
+        assert!(k >= 40, "{k} overwrites");
     });
 }
