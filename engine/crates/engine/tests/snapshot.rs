@@ -50,6 +50,30 @@ fn snapshot_reads_survive_overwrite_and_aggregation() {
     }))
     .unwrap();
 
+    // A snapshot at an epoch this aggregation passed is refused, ABORTED (the
+    // management service then takes it again at a newer epoch).
+    let info =
+        c.rt.block_on(m.cont_query(ContQueryReq {
+            pool: "pool".into(),
+            id: "cont".into(),
+        }))
+        .unwrap()
+        .into_inner();
+    let late = snap.epoch + 1;
+    let err =
+        c.rt.block_on(engine.cont_shard_snapshots(ContShardSnapshotsReq {
+            pool_uuid: pool.uuid.clone(),
+            cont_uuid: info.uuid.clone(),
+            epochs: vec![snap.epoch, late],
+            adding: late,
+        }))
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Aborted, "{err}");
+    assert!(
+        err.message().contains(&format!("epoch {late}")) && err.message().contains("aggregated"),
+        "{err}"
+    );
+
     let old = obj.at(snap.epoch);
     assert!(
         old.fetch_array(b"d", b"a", 0, v1.len()).unwrap() == v1,
