@@ -716,20 +716,18 @@ impl TargetIndex {
                 }
                 c.scm_used += charged;
             }
-            WalOp::Aggregate { pool } => {
-                if let Some(p) = self.pools.get_mut(&pool) {
-                    for c in p.conts.values_mut() {
-                        aggregate_cont(c, rel, u64::MAX);
-                    }
-                }
-            }
+            WalOp::Aggregate { pool } => self.aggregate(pool, u64::MAX, rel),
             WalOp::AggregateTo { pool, upto } => {
-                if let Some(p) = self.pools.get_mut(&pool) {
-                    for c in p.conts.values_mut() {
-                        aggregate_cont(c, rel, upto);
-                    }
-                }
+                self.aggregate(pool, upto, rel);
                 self.aggregated_to = self.aggregated_to.max(upto);
+            }
+        }
+    }
+
+    fn aggregate(&mut self, pool: Uuid, upto: u64, rel: &mut Released) {
+        if let Some(p) = self.pools.get_mut(&pool) {
+            for c in p.conts.values_mut() {
+                aggregate_cont(c, rel, upto);
             }
         }
     }

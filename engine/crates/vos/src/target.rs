@@ -773,7 +773,7 @@ impl Target {
                 }
             }
             self.pump();
-            if self.lease.valid() && !self.filling().is_empty() {
+            if !self.filling().is_empty() && self.lease.valid() {
                 // Aggregation needs the device to itself; it gives the space back.
                 self.drain();
                 for pool in self.filling() {
