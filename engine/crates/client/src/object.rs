@@ -48,7 +48,8 @@ use crate::transport::{MultiTransport, Transport, TransportKind};
 use parking_lot::{Mutex, RwLock};
 use peregrine_isal::{crc32c, crc32c_append, ReedSolomon};
 use peregrine_proto::data::{
-    self, response::Body, FetchReq, Iod, ListReq, PunchReq, QuerySizeReq, UpdateReq, ValueKind,
+    self, response::Body, FetchReq, FlushReq, Iod, ListReq, PunchReq, QuerySizeReq, UpdateReq,
+    ValueKind,
 };
 use peregrine_proto::frame::Opcode;
 use peregrine_proto::mgmt::{ContInfo, ContQueryReq, PoolConnectReq, SnapCreateReq};
@@ -211,12 +212,24 @@ impl Pool {
                 ))
             }
         };
+        let sync_always = match info.props.get("sync").map(|v| v.to_ascii_lowercase()) {
+            None => false,
+            Some(v) if v == "standard" => false,
+            Some(v) if v == "always" => true,
+            Some(other) => {
+                return Err(Error::new(
+                    -libc::ENOTSUP,
+                    format!("container {id:?}: unsupported sync mode {other:?}"),
+                ))
+            }
+        };
         Ok(Container {
             inner: Arc::new(ContInner {
                 pool: self.clone(),
                 info,
                 uuid,
                 csum,
+                sync_always,
             }),
         })
     }
@@ -227,6 +240,7 @@ struct ContInner {
     info: ContInfo,
     uuid: Uuid,
     csum: bool,
+    sync_always: bool,
 }
 
 /// An open container. Cheap to clone.
@@ -252,6 +266,13 @@ impl Container {
     /// Whether end-to-end CRC32C checksums are on.
     pub fn checksum(&self) -> bool {
         self.inner.csum
+    }
+    /// Whether every update is acknowledged only once it survives a power
+    /// cut (property `sync=always`). Otherwise (`sync=standard`) an update
+    /// is acknowledged once written (it survives the crash of any process)
+    /// and [`Object::flush`] makes it survive a power cut, as fsync does.
+    pub fn sync_always(&self) -> bool {
+        self.inner.sync_always
     }
 
     /// Open object `oid`; its class comes from the id's top byte.
@@ -802,6 +823,7 @@ impl Object {
             dkey: dkey.to_vec(),
             iods,
             insert_only,
+            sync: self.cont.sync_always(),
         };
         self.call(map, loc, Opcode::Update, &req, bulk).map(|_| ())
     }
@@ -819,8 +841,39 @@ impl Object {
             epoch,
             dkey: dkey.to_vec(),
             akeys: akeys.to_vec(),
+            sync: self.cont.sync_always(),
         };
         self.call(map, loc, Opcode::Punch, &req, &[]).map(|_| ())
+    }
+
+    /// Make every update and punch of this object acknowledged so far
+    /// survive a power cut (fsync): each target holding one of its shards
+    /// flushes its device. Shards on down targets are skipped, as writes skip
+    /// them.
+    pub fn flush(&self) -> Result<()> {
+        if self.cont.sync_always() {
+            return Ok(());
+        }
+        self.with_map(|map| {
+            let mut live: Vec<ShardLoc> = Vec::new();
+            for g in self.layout(map)?.iter() {
+                for l in &g.shards {
+                    if map.targets[l.target].up && !live.iter().any(|o| o.target == l.target) {
+                        live.push(*l);
+                    }
+                }
+            }
+            par_map(&live, |loc| {
+                let req = FlushReq {
+                    addr: Some(self.address(map, loc)),
+                };
+                self.call(map, loc, Opcode::Flush, &req, &[]).map(|_| ())
+            })
+            .into_iter()
+            .collect::<Result<Vec<()>>>()
+            .map(|_| ())
+        })
+        .map_err(|e| e.context(format!("flush {}", self.oid)))
     }
 
     fn fetch_shard(

@@ -187,7 +187,7 @@ impl EngineState {
             Ok((a.pool.clone(), a.cont.clone(), oid.hi, oid.lo, a.shard))
         };
         match op {
-            Opcode::Ping => ok(None, Vec::new()),
+            Opcode::Ping | Opcode::Flush => ok(None, Vec::new()),
             Opcode::Update => {
                 let r = decode!(data::UpdateReq);
                 let key = match shard_key(&r.addr) {

@@ -1753,6 +1753,16 @@ impl Dfs {
         Ok(out)
     }
 
+    /// Make what was written to `node` (its data, its entry) survive a
+    /// power cut, as fsync: flush the node's object and its directory.
+    /// Updates are acknowledged once written (they survive the crash of any
+    /// process) unless the container says `sync=always`.
+    pub fn fsync(&self, node: &Node) -> Result<()> {
+        let cont = &self.inner.cont;
+        cont.object(node.oid())?.flush()?;
+        cont.object(node.parent)?.flush()
+    }
+
     // ---- files ----
 
     /// Open a regular file for I/O.
@@ -1837,6 +1847,10 @@ impl File {
     }
     pub fn chunk_size(&self) -> u64 {
         self.chunk
+    }
+    /// Make what was written to the file survive a power cut (fdatasync).
+    pub fn sync(&self) -> Result<()> {
+        self.obj.flush()
     }
     /// The size this handle last saw (no round trip).
     pub fn cached_size(&self) -> u64 {

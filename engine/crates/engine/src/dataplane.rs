@@ -58,6 +58,7 @@ pub(crate) fn decode_request(f: Frame) -> Result<Option<Request>, FrameError> {
         Opcode::Punch => Request::Punch(f.message::<data::PunchReq>("punch")?),
         Opcode::List => Request::List(f.message::<data::ListReq>("list")?),
         Opcode::QuerySize => Request::QuerySize(f.message::<data::QuerySizeReq>("query-size")?),
+        Opcode::Flush => Request::Flush(f.message::<data::FlushReq>("flush")?),
     }))
 }
 

@@ -170,7 +170,20 @@ fn validate_pool_props(props: &HashMap<String, String>) -> Result<(), Status> {
     Ok(())
 }
 
-const CONT_PROPS: &[&str] = &["oclass", "dir_oclass", "rf", "checksum", "acl", "label"];
+const CONT_PROPS: &[&str] = &["oclass", "dir_oclass", "rf", "checksum", "sync", "acl", "label"];
+
+/// Container property `sync`: `standard` (an update is acknowledged once
+/// written and flushed by fsync, as POSIX) or `always` (every update is
+/// flushed before it is acknowledged).
+fn sync_mode(v: &str) -> Result<String, Status> {
+    let v = v.to_ascii_lowercase();
+    if v != "standard" && v != "always" {
+        return Err(Status::invalid_argument(format!(
+            "container property sync={v:?}: must be standard or always"
+        )));
+    }
+    Ok(v)
+}
 
 async fn engine_client(addr: &str) -> Result<EngineClient<Channel>, Status> {
     let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
@@ -512,8 +525,8 @@ fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<Co
         props: req
             .props
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+            .map(|(k, v)| Ok((k.clone(), if k == "sync" { sync_mode(v)? } else { v.clone() })))
+            .collect::<Result<_, Status>>()?,
         snapshots: vec![],
         create_epoch: epoch_now(),
     })
@@ -990,6 +1003,9 @@ impl Mgmt for MgmtService {
                         )));
                     }
                     c.checksum = v;
+                }
+                "sync" => {
+                    c.props.insert(k.clone(), sync_mode(v)?);
                 }
                 "oclass" | "dir_oclass" => {
                     let class = v

@@ -6,6 +6,7 @@ use parking_lot::{Mutex, RwLock};
 use peregrine_proto::mgmt::RankStorage;
 use peregrine_vos::{BdevClass, BdevSpec, ScanState, Storage, StorageOptions};
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::Status;
 use uuid::Uuid;
 
@@ -42,6 +43,10 @@ impl Node {
             scm_bytes: cfg.scm.size.0,
             targets: cfg.targets,
             hugepages: cfg.hugepages,
+            flush_interval: std::env::var("PEREGRINE_VOS_FLUSH_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(peregrine_vos::DEFAULT_FLUSH_INTERVAL, Duration::from_millis),
         }
     }
 

@@ -485,6 +485,7 @@ fn update_frame(
             has_crc: true,
         }],
         insert_only: false,
+        sync: false,
     };
     let msg = prost::Message::encode_to_vec(&req);
     let mut f = frame::encode_frame(Opcode::Update, 0, epoch, &msg, &[bulk]).unwrap();

@@ -119,6 +119,7 @@ fn malformed_frames_close_only_their_connection() {
             has_crc: false,
         }],
         insert_only: false,
+        sync: false,
     };
     frame::write_frame(
         &mut s,

@@ -742,7 +742,7 @@ impl Filesystem for PeregrineFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -753,6 +753,10 @@ impl Filesystem for PeregrineFs {
         };
         let n = tryr!(reply, file.write_at(offset, data));
         written.store(true, Ordering::Relaxed);
+        if flags.0 & libc::O_DSYNC != 0 {
+            // O_SYNC and O_DSYNC (O_SYNC includes its bit).
+            tryr!(reply, file.sync());
+        }
         reply.written(n as u32);
     }
 
@@ -831,12 +835,13 @@ impl Filesystem for PeregrineFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Writes are acknowledged by the engines after their WAL commit.
+        let n = tryr!(reply, self.node(ino));
+        tryr!(reply, self.dfs.fsync(&n));
         reply.ok();
     }
 
@@ -916,11 +921,13 @@ impl Filesystem for PeregrineFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let n = tryr!(reply, self.node(ino));
+        tryr!(reply, self.dfs.fsync(&n));
         reply.ok();
     }
 

@@ -425,6 +425,8 @@ struct Shared {
     append: AtomicBool,
     /// Written through the library since the last invalidation.
     dirty: AtomicBool,
+    /// Opened O_SYNC or O_DSYNC: every write is flushed before it returns.
+    sync: bool,
     /// Serializes offset-moving calls (read of the kernel offset, I/O,
     /// update of the kernel offset).
     io: Mutex<()>,
@@ -438,6 +440,7 @@ impl Shared {
             acc: self.acc,
             append: AtomicBool::new(self.append.load(Ordering::Relaxed)),
             dirty: AtomicBool::new(self.dirty.load(Ordering::Relaxed)),
+            sync: self.sync,
             io: Mutex::new(()),
             file: Mutex::new(None),
         }
@@ -694,6 +697,8 @@ fn track(fd: c_int) {
         acc: fl & libc::O_ACCMODE,
         append: AtomicBool::new(fl & libc::O_APPEND != 0),
         dirty: AtomicBool::new(false),
+        // O_SYNC includes O_DSYNC's bit; F_SETFL cannot change either.
+        sync: fl & libc::O_DSYNC != 0,
         io: Mutex::new(()),
         file: Mutex::new(None),
     };
@@ -813,6 +818,13 @@ fn do_write(fd: c_int, s: &Shared, data: &[u8], pos: Option<i64>) -> ssize_t {
             r
         }
     };
+    let r = r.and_then(|n| {
+        if s.sync {
+            count(C::Syncs, 1);
+            file.sync()?;
+        }
+        Ok(n)
+    });
     match r {
         Ok(n) => {
             count(C::BytesWritten, n as u64);
@@ -966,11 +978,15 @@ fn do_truncate(fd: c_int, s: &Shared, len: i64) -> c_int {
 }
 
 fn do_sync(fd: c_int, s: &Shared) -> c_int {
-    // Engines acknowledge writes once durable (WAL commit): only the
-    // kernel's view needs refreshing.
+    // Engines acknowledge a write once written (it survives the crash of
+    // any process); the flush makes it survive a power cut. The kernel's
+    // view is refreshed too.
     count(C::Syncs, 1);
     invalidate(fd, s);
-    0
+    match s.file().and_then(|f| f.sync().map_err(|e| err_of(&e))) {
+        Ok(()) => 0,
+        Err(e) => fail(e) as c_int,
+    }
 }
 
 /// Before `fd` goes away (close, dup2 over it, fclose).

@@ -28,6 +28,7 @@ pub enum Opcode {
     Punch = 4,
     List = 5,
     QuerySize = 6,
+    Flush = 7,
 }
 
 impl Opcode {
@@ -39,6 +40,7 @@ impl Opcode {
             4 => Opcode::Punch,
             5 => Opcode::List,
             6 => Opcode::QuerySize,
+            7 => Opcode::Flush,
             _ => return None,
         })
     }

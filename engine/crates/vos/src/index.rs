@@ -202,6 +202,12 @@ pub(crate) enum WalOp {
         pool: Uuid,
         upto: u64,
     },
+    /// Every record up to `through`, and its data, had been flushed from
+    /// the device's volatile cache when this record was written: replay
+    /// checks the data of the later records only. Changes nothing.
+    Flushed {
+        through: u64,
+    },
 }
 
 /// SCM charged for one stored value.
@@ -721,6 +727,7 @@ impl TargetIndex {
                 self.aggregate(pool, upto, rel);
                 self.aggregated_to = self.aggregated_to.max(upto);
             }
+            WalOp::Flushed { .. } => {}
         }
     }
 

@@ -145,7 +145,14 @@ pub struct StorageOptions {
     pub scm_bytes: u64,
     pub targets: u32,
     pub hugepages: bool,
+    /// The longest an acknowledged update stays in the device's volatile
+    /// write cache before its target flushes on its own (a power cut may
+    /// lose it until then; any process may crash meanwhile).
+    pub flush_interval: std::time::Duration,
 }
+
+/// [`StorageOptions::flush_interval`] unless configured.
+pub const DEFAULT_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One data-plane request; the target comes from its `Address.target`.
 #[derive(Debug)]
@@ -156,6 +163,7 @@ pub enum Request {
     Punch(data::PunchReq),
     List(data::ListReq),
     QuerySize(data::QuerySizeReq),
+    Flush(data::FlushReq),
 }
 
 /// A response and its bulk (fetched values concatenated in iod order), or an errno.
@@ -304,6 +312,7 @@ fn request_addr(req: &Request) -> Option<&data::Address> {
         Request::Punch(r) => r.addr.as_ref(),
         Request::List(r) => r.addr.as_ref(),
         Request::QuerySize(r) => r.addr.as_ref(),
+        Request::Flush(r) => r.addr.as_ref(),
     }
 }
 
@@ -365,11 +374,13 @@ impl Storage {
             let fault = std::sync::Arc::new(Mutex::new(None));
             faults.push(fault.clone());
             let lease = lease.clone();
+            let flush_interval = opts.flush_interval;
             let h = std::thread::Builder::new()
                 .name(format!("vos-target-{t}"))
                 .spawn(
                     move || match Target::open(sb2, &path, huge, t, scm_budget, fault, lease) {
-                        Ok(target) => {
+                        Ok(mut target) => {
+                            target.flush_interval = flush_interval;
                             let _ = rtx.send(Ok(()));
                             target.run(rx);
                         }

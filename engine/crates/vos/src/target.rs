@@ -18,12 +18,21 @@
 //! starts for the device as soon as it is copied ("ahead" of its batch's
 //! commit: the device writes while the next piece is copied in). A batch's
 //! commit writes its WAL record (and any value bytes not written ahead)
-//! alongside those data writes, and once all are done, ONE fdatasync. Up to
-//! [`MAX_COMMITS`] commits are in flight at once; while they are, new
-//! updates gather into the next batch (group commit that grows as the
-//! device slows). A batch is applied to the index (freeing replaced blocks)
-//! and answered when its fdatasync completes and every batch before it has
-//! been applied. Besides its queue, the thread
+//! alongside those data writes. Up to [`MAX_COMMITS`] commits are in flight
+//! at once; while they are, new updates gather into the next batch (group
+//! commit that grows as the device slows). A batch is applied to the index
+//! and answered once its writes are done, after every batch before it.
+//!
+//! Acknowledgement, as POSIX file systems do it: a written update survives
+//! the crash of any process (the kernel holds what the device took), and a
+//! flush from the device's volatile write cache makes it survive a power
+//! cut. A synchronous commit (an update or punch asking for it, a
+//! [`Request::Flush`], and [`crate::StorageOptions::flush_interval`] after an
+//! acknowledged update was not flushed) adds ONE fdatasync after its writes
+//! and those of every commit before it, and is answered after it; a flush
+//! with nothing to log writes no record. Each record carries the last
+//! flushed sequence number ([`WalOp::Flushed`]), so replay knows from where
+//! on a record may have outlived its data. Besides its queue, the thread
 //! polls its sources (the shared-memory connections of local clients,
 //! [`crate::Source`]) each turn, and for a while after taking a request from
 //! one it keeps polling rather than sleep. It sleeps in its ring, where a
@@ -31,22 +40,28 @@
 //! it only when the target's published page says that it sleeps.
 //!
 //! What the pipeline must not change, and how it does not:
-//! - A fetch sees applied (durable) state only: the index changes only when a
-//!   batch is applied, and the batches in flight are not acknowledged yet.
+//! - A fetch sees applied (written) state only: the index changes only when
+//!   a batch is applied, and the batches in flight are not acknowledged yet.
 //! - A conditional insert and the space checks count the batches in flight
 //!   as if applied (they will be, in order, or the target stops accepting
 //!   updates, below).
 //! - Blocks freed while reads are in flight return to the allocator only
 //!   after every fetch started before they were freed is done.
 //! - Batch N+1's record follows batch N's in the WAL; replay stops at the
-//!   first missing record, so N+1 is never acknowledged before N. If a
-//!   batch's device writes fail, it and every later batch in flight fail,
-//!   and the target refuses updates from then on (a failed fdatasync leaves
-//!   the device's state unknown; the engine must restart to re-read it).
-//! - A record may reach the device before its batch's data (they are
-//!   written side by side): only the records of the commits in flight, at
-//!   most [`MAX_COMMITS`], none acknowledged. Replay checks the data of the
-//!   last that many records and drops a record whose data is not all there.
+//!   first missing record, so N+1 never outlives N. If a batch's device
+//!   writes fail, it and every later batch in flight fail, and the target
+//!   refuses updates from then on (a failed write or fdatasync leaves the
+//!   device's state unknown; the engine must restart to re-read it).
+//! - A record may reach the device before its data (they are written side
+//!   by side), and after a power cut any write since the last flush may be
+//!   missing. Replay checks the data of every record after the last one a
+//!   replayed record says was flushed, and drops a record whose data is not
+//!   all there, and every record after it (none of them was flushed, so
+//!   what survives is a prefix of what was acknowledged).
+//! - Blocks a record frees keep their old bytes until a record saying that
+//!   record was flushed is flushed itself ([`Target::settle`]): replay never
+//!   checks the data of a record older than that, and may check any younger
+//!   one, whose blocks must still hold what it wrote.
 //! - Blocks written ahead for an update that then fails (a bad checksum, a
 //!   broken connection) return to the allocator only once those writes are
 //!   done: nothing else is written to a block with a write in flight.
@@ -174,6 +189,8 @@ struct Batch {
     data: usize,
     /// The first of its writes started ahead ([`Target::ahead`]) that failed.
     err: Option<std::io::Error>,
+    /// Flushed before it is answered (see "Acknowledgement" above).
+    sync: bool,
 }
 
 /// A data write started ahead of its batch's commit (see [`Target::write_ahead`]).
@@ -203,6 +220,11 @@ impl Batch {
             }
         }
     }
+}
+
+/// Data blocks an update's values take at most (were they all large).
+fn blocks_wanted(u: &data::UpdateReq) -> u64 {
+    u.iods.iter().map(|i| wal::round_up(i.len) / BLOCK).sum()
 }
 
 /// Bytes of `writes` staged in regions of the registered buffers.
@@ -267,7 +289,8 @@ fn copy_and_sum(
 }
 
 /// A batch being committed: its data and its WAL record are written side
-/// by side (with the batch's writes started ahead), then ONE fdatasync.
+/// by side (with the batch's writes started ahead), then, if synchronous,
+/// ONE fdatasync.
 struct InCommit {
     /// Tag of its own writes (the op index tells them apart); `tag + 1`: its fdatasync.
     tag: u64,
@@ -281,8 +304,13 @@ struct InCommit {
     regions: Vec<usize>,
     /// Its writes in flight, those started ahead included.
     writing: usize,
-    /// The fdatasync is done, or will never run (a write failed).
-    synced: bool,
+    /// Answered only after an fdatasync ([`Target::start_syncs`]).
+    sync: bool,
+    /// Its fdatasync has started.
+    syncing: bool,
+    /// Ready to be applied and answered: written (and flushed if `sync`),
+    /// or failed.
+    done: bool,
     err: Option<std::io::Error>,
     t0: Instant,
     /// When its last write was done.
@@ -413,8 +441,24 @@ pub(crate) struct Target {
     dev: DeviceIo,
     index: TargetIndex,
     alloc: BlockAlloc,
-    /// Sequence number of the last durable (and applied) WAL record.
+    /// Sequence number of the last applied (written) WAL record.
     seq: u64,
+    /// Every record up to this one, and its data, is flushed.
+    durable: u64,
+    /// The highest `durable` written into a record ([`WalOp::Flushed`]).
+    stamped: u64,
+    /// Records carrying a stamp that are not flushed yet: (seq, stamp).
+    stamps: VecDeque<(u64, u64)>,
+    /// The highest stamp in a flushed record: replay checks the data of no
+    /// record up to it, so the blocks such records freed may be rewritten.
+    settled: u64,
+    /// Blocks freed by applying the record `seq`, kept until `settled`
+    /// reaches it: (seq, runs).
+    unsettled: Vec<(u64, Vec<(u64, u64)>)>,
+    /// Since when something waits for a flush ([`Target::flush_wanted`]).
+    dirty_since: Option<Instant>,
+    /// How long it may wait before the target flushes on its own.
+    pub(crate) flush_interval: Duration,
     /// Sequence number of the last WAL record written or being written.
     seq_started: u64,
     /// Byte offset inside the WAL where the next record goes.
@@ -475,8 +519,9 @@ struct Prof {
     fetch_rounds: u64,
     fetches: u64,
     read_pieces: u64,
-    /// Of `commit_ns`: until the commits' writes were done (then the fdatasync).
+    /// Of `commit_ns`: until the commits' writes were done (then any fdatasync).
     write_ns: u64,
+    flushes: u64,
 }
 
 /// Where some of a fetch's bytes are.
@@ -546,6 +591,13 @@ impl Target {
             index: TargetIndex::default(),
             alloc,
             seq: 0,
+            durable: 0,
+            stamped: 0,
+            stamps: VecDeque::new(),
+            settled: 0,
+            unsettled: Vec::new(),
+            dirty_since: None,
+            flush_interval: crate::DEFAULT_FLUSH_INTERVAL,
             seq_started: 0,
             wal_tail: 0,
             generation: Uuid::new_v4().as_u64_pair().0.max(1),
@@ -658,16 +710,25 @@ impl Target {
             seq += 1;
             tail += h.record_bytes();
         }
-        // Only the records of the last commits that were in flight together
-        // can be ahead of their data (a power cut between the device writing
-        // a record and the data, before the batch's fsync returned: the batch
-        // was never acknowledged, nor anything after it). Drop from the
-        // oldest such record on.
-        let first = records.len().saturating_sub(MAX_COMMITS);
+        // A record after the last one a replayed record says was flushed
+        // (or the checkpoint) may have outlived its data: a crash while its
+        // writes were in flight, a power cut before the flush. Such records
+        // were not flushed, nor was any after them: drop from the first
+        // whose data is not all there on.
+        let base = self.seq;
+        let settled = records
+            .iter()
+            .flat_map(|(_, ops)| ops)
+            .filter_map(|op| match op {
+                WalOp::Flushed { through } => Some(*through),
+                _ => None,
+            })
+            .fold(base, u64::max);
+        let first = (settled - base).min(records.len() as u64) as usize;
         for i in first..records.len() {
             if !self.data_intact(&records[i].1)? {
                 let dropped = records.len() - i;
-                tracing::warn!(target = self.id, seq, dropped, "a WAL batch references data that never reached the device; dropping it and the later unacknowledged batches");
+                tracing::warn!(target = self.id, seq, dropped, "a WAL batch references data that never reached the device; dropping it and the later batches (none of them was flushed)");
                 tail = records[i].0;
                 seq -= dropped as u64;
                 records.truncate(i);
@@ -680,8 +741,16 @@ impl Target {
                 self.index.apply(op, &mut Released::default());
             }
         }
+        // What replay read may still be in the device's cache only (the
+        // engine was killed, not the power cut): flush it before building on it.
+        self.dev
+            .sync()
+            .map_err(|e| self.io_err("flush the replayed WAL", e))?;
         self.seq = seq;
         self.seq_started = seq;
+        self.durable = seq;
+        self.stamped = settled.min(seq);
+        self.settled = self.stamped;
         self.wal_tail = tail;
         self.index.recount();
         for (b, n) in self.index.device_runs() {
@@ -828,6 +897,7 @@ impl Target {
             ops_per_commit = p.committed_ops as f64 / p.commits.max(1) as f64,
             us_per_commit = p.commit_ns / 1000 / p.commits.max(1),
             us_writing = p.write_ns / 1000 / p.commits.max(1),
+            flushes = p.flushes,
             fetch_rounds = p.fetch_rounds,
             fetches_per_round = p.fetches as f64 / p.fetch_rounds.max(1) as f64,
             reads_per_round = p.read_pieces as f64 / p.fetch_rounds.max(1) as f64,
@@ -868,14 +938,20 @@ impl Target {
     }
 
     /// Mark the target asleep and sleep in the ring until a message, a
-    /// source's request or [`IDLE_AGGREGATE`]; false if it slept that long.
+    /// source's request, a flush is due or [`IDLE_AGGREGATE`]; false if it
+    /// slept that long.
     fn sleep_idle(&mut self, inbox: &Inbox) -> bool {
         if !self.going_to_sleep(inbox) {
             return true;
         }
-        let r = self
-            .dev
-            .wait_idle(inbox.wake.fd.as_raw_fd(), IDLE_AGGREGATE);
+        let timeout = match self.dirty_since {
+            Some(t) if self.flush_wanted() => self
+                .flush_interval
+                .saturating_sub(t.elapsed())
+                .clamp(Duration::from_millis(1), IDLE_AGGREGATE),
+            _ => IDLE_AGGREGATE,
+        };
+        let r = self.dev.wait_idle(inbox.wake.fd.as_raw_fd(), timeout);
         inbox.wake.asleep().store(0, Ordering::SeqCst);
         match r {
             Ok(woken) => woken,
@@ -918,6 +994,7 @@ impl Target {
     /// Whether anything is gathered, queued or in flight.
     fn busy(&self) -> bool {
         !self.open.ops.is_empty()
+            || self.open.sync
             || !self.ahead.is_empty()
             || !self.queued.is_empty()
             || !self.commits.is_empty()
@@ -932,6 +1009,12 @@ impl Target {
             self.open.unstage(&mut self.dev);
             if let Err(e) = self.checkpoint() {
                 tracing::warn!(target = self.id, error = %e, "checkpoint failed; WAL keeps growing");
+            }
+        }
+        if self.flush_wanted() {
+            let since = *self.dirty_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.flush_interval {
+                self.open.sync = true;
             }
         }
         if !self.ckpt_due {
@@ -1023,6 +1106,7 @@ impl Target {
                 .position(|c| (c.tag..c.tag + 2).contains(&d.tag))
             {
                 let c = &mut self.commits[i];
+                let ok = d.res.is_ok();
                 if let Err(e) = d.res {
                     c.err.get_or_insert(e);
                 }
@@ -1030,10 +1114,15 @@ impl Target {
                     self.dev.release(c.regions[d.idx]);
                     self.write_done(i);
                 } else {
-                    c.synced = true;
+                    c.done = true;
+                    let seq = c.seq;
+                    if ok {
+                        self.flushed(seq);
+                    }
                 }
             }
         }
+        self.start_syncs();
         self.retire_commits();
     }
 
@@ -1079,9 +1168,9 @@ impl Target {
         }
     }
 
-    /// One write of commit `i` is done: after its last one, the fdatasync
-    /// starts (it covers the writes completed before it), unless a write
-    /// failed: then the commit fails.
+    /// One write of commit `i` is done: after its last one the commit is
+    /// done, unless it is synchronous and all went well: then it waits for
+    /// its fdatasync ([`Target::start_syncs`]).
     fn write_done(&mut self, i: usize) {
         let c = &mut self.commits[i];
         c.writing -= 1;
@@ -1089,20 +1178,79 @@ impl Target {
             return;
         }
         c.written = Some(Instant::now());
-        if c.err.is_none() {
-            match self.dev.start(c.tag + 1, &[Op::sync()]) {
-                Ok(()) => return,
-                Err(e) => c.err = Some(e),
+        c.done = !c.sync || c.err.is_some();
+    }
+
+    /// Start the fdatasync of each synchronous commit whose writes are done,
+    /// and those of every commit before it: it covers its own record and
+    /// all before it, so replay reaches it.
+    fn start_syncs(&mut self) {
+        for c in self.commits.iter_mut() {
+            if c.writing > 0 {
+                return;
+            }
+            if c.done || c.syncing {
+                continue;
+            }
+            c.syncing = true;
+            self.prof.flushes += 1;
+            if let Err(e) = self.dev.start(c.tag + 1, &[Op::sync()]) {
+                c.err = Some(e);
+                c.done = true;
             }
         }
-        c.synced = true;
+    }
+
+    /// Every record up to `through`, and its data, is flushed: so are the
+    /// stamps in them, and the blocks freed by the records those stamps
+    /// cover may be rewritten.
+    fn flushed(&mut self, through: u64) {
+        self.durable = self.durable.max(through);
+        self.dirty_since = None;
+        while let Some(&(seq, stamp)) = self.stamps.front() {
+            if seq > through {
+                break;
+            }
+            self.stamps.pop_front();
+            self.settled = self.settled.max(stamp);
+        }
+        self.settle();
+    }
+
+    /// Give the blocks freed by records up to `settled` to the allocator.
+    fn settle(&mut self) {
+        let settled = self.settled;
+        let mut runs = Vec::new();
+        self.unsettled.retain(|(seq, r)| {
+            if *seq > settled {
+                return true;
+            }
+            runs.extend_from_slice(r);
+            false
+        });
+        self.free_runs(runs);
+    }
+
+    /// Settle every freed block now, for an update the device is short of
+    /// blocks for: finish everything in flight, then checkpoint (replay
+    /// starts from the checkpoint, so it checks no older record's data).
+    fn settle_now(&mut self) {
+        self.drain();
+        if let Err(e) = self.checkpoint() {
+            tracing::warn!(target = self.id, error = %e, "checkpoint to reuse freed blocks failed");
+        }
+    }
+
+    /// Whether something acknowledged, or a freed block, waits for a flush.
+    fn flush_wanted(&self) -> bool {
+        self.broken.is_none() && (self.durable < self.seq || !self.unsettled.is_empty())
     }
 
     /// Apply and answer the commits done, oldest first: a commit whose
     /// device writes failed fails, and so does every later one (its record
     /// follows a record that may be missing, so replay would not reach it).
     fn retire_commits(&mut self) {
-        while self.commits.front().is_some_and(|c| c.synced) {
+        while self.commits.front().is_some_and(|c| c.done) {
             let c = self.commits.pop_front().expect("front");
             for (pool, (scm, nvme)) in &c.space {
                 let e = self.claimed.entry(*pool).or_default();
@@ -1132,7 +1280,7 @@ impl Target {
                 if let WalOp::Update { pool, .. } | WalOp::Punch { pool, .. } = &op {
                     self.dirty.insert(*pool);
                 }
-                self.apply(op);
+                self.apply(op, c.seq);
             }
             for tx in c.replies {
                 tx.send(Ok((ok_response(None), Gather::default())));
@@ -1164,16 +1312,38 @@ impl Target {
 
     fn handle(&mut self, req: Request, tx: Responder) {
         let r = match req {
-            Request::Update(u, bulk) => match self.prepare_update(u, bulk) {
-                Ok(()) => {
-                    self.open.replies.push(tx);
-                    return;
+            Request::Update(u, bulk) => {
+                if !self.unsettled.is_empty() && self.alloc.free_blocks() < blocks_wanted(&u) {
+                    self.settle_now();
                 }
-                Err(e) => Err(e),
-            },
-            Request::Punch(p) => match self.prepare_punch(p) {
-                Ok(op) => {
-                    self.open.ops.push(op);
+                let sync = u.sync;
+                match self.prepare_update(u, bulk) {
+                    Ok(()) => {
+                        self.open.sync |= sync;
+                        self.open.replies.push(tx);
+                        return;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Request::Punch(p) => {
+                let sync = p.sync;
+                match self.prepare_punch(p) {
+                    Ok(op) => {
+                        self.open.ops.push(op);
+                        self.open.sync |= sync;
+                        self.open.replies.push(tx);
+                        return;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Request::Flush(f) => match self.check_flush(&f) {
+                Ok(()) if self.durable >= self.seq => Ok((ok_response(None), Vec::new())),
+                Ok(()) => {
+                    // Answered after the next synchronous commit, whose
+                    // fdatasync starts once everything acknowledged is written.
+                    self.open.sync = true;
                     self.open.replies.push(tx);
                     return;
                 }
@@ -1220,6 +1390,25 @@ impl Target {
                 shard: a.shard,
             },
         ))
+    }
+
+    fn check_flush(&self, f: &data::FlushReq) -> Result<(), Errno> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        let a = f
+            .addr
+            .as_ref()
+            .ok_or_else(|| Errno::inval("flush: missing address"))?;
+        let pool = peregrine_proto::uuid_from_bytes("pool", &a.pool)
+            .map_err(|e| Errno::inval(format!("flush: {e}")))?;
+        if !self.index.pools.contains_key(&pool) {
+            return Err(Errno::new(
+                -libc::ENOENT,
+                format!("flush: pool {pool} not found on target {}", self.id),
+            ));
+        }
+        Ok(())
     }
 
     fn prepare_update(&mut self, u: data::UpdateReq, bulk: Bulk) -> Result<(), Errno> {
@@ -1586,12 +1775,25 @@ impl Target {
 
     /// Start committing the gathered batch: its WAL record and the value
     /// bytes not written ahead go to the device now, side by side with its
-    /// writes started ahead; the fdatasync follows when all are done
-    /// ([`Target::write_done`]). It is applied and answered when the
-    /// fdatasync completes, after the commits before it.
+    /// writes started ahead. It is applied and answered when they are done
+    /// (and, if synchronous, its fdatasync: [`Target::start_syncs`]), after
+    /// the commits before it.
     fn start_commit(&mut self) {
-        if self.open.ops.is_empty() || self.commits.len() >= MAX_COMMITS {
+        if (self.open.ops.is_empty() && !self.open.sync) || self.commits.len() >= MAX_COMMITS {
             return;
+        }
+        // Stamp the record with the last flush; a flush alone writes a
+        // record only to stamp it, for freed blocks waiting to be settled.
+        let stamped = self.open.ops.iter().any(
+            |op| matches!(op, WalOp::Flushed { through } if *through >= self.durable),
+        );
+        if !stamped
+            && self.durable > self.stamped
+            && (!self.open.ops.is_empty() || !self.unsettled.is_empty())
+        {
+            self.open.ops.push(WalOp::Flushed {
+                through: self.durable,
+            });
         }
         if let Some(e) = self.open.err.take() {
             self.device_failed(e);
@@ -1599,6 +1801,30 @@ impl Target {
         if let Some(e) = self.broken.clone() {
             let b = self.seal();
             self.fail_batch(b, e);
+            return;
+        }
+        if self.open.ops.is_empty() {
+            let b = self.seal();
+            let tag = self.next_tag;
+            self.next_tag += 2;
+            self.commits.push_back(InCommit {
+                tag,
+                batch: b.id,
+                seq: self.seq_started,
+                ops: Vec::new(),
+                replies: b.replies,
+                runs: b.runs,
+                space: b.space,
+                regions: Vec::new(),
+                writing: self.writes_ahead(b.id),
+                sync: true,
+                syncing: false,
+                done: false,
+                err: None,
+                t0: Instant::now(),
+                written: None,
+            });
+            self.start_syncs();
             return;
         }
         let rec = match self.wal_record(&self.open.ops) {
@@ -1670,6 +1896,7 @@ impl Target {
         }
         self.seq_started += 1;
         self.wal_tail += rec.len() as u64;
+        self.note_stamps(self.seq_started, &b.ops);
         for (pool, (scm, nvme)) in &b.space {
             let e = self.claimed.entry(*pool).or_default();
             e.0 += scm;
@@ -1685,7 +1912,9 @@ impl Target {
             space: b.space,
             regions,
             writing: self.writes_ahead(b.id) + ops.len(),
-            synced: false,
+            sync: b.sync,
+            syncing: false,
+            done: false,
             err: None,
             t0: Instant::now(),
             written: None,
@@ -1752,7 +1981,7 @@ impl Target {
                     if let WalOp::Update { pool, .. } | WalOp::Punch { pool, .. } = &op {
                         self.dirty.insert(*pool);
                     }
-                    self.apply(op);
+                    self.apply(op, self.seq);
                 }
                 for tx in b.replies {
                     tx.send(Ok((ok_response(None), Gather::default())));
@@ -1763,19 +1992,41 @@ impl Target {
         }
     }
 
-    fn apply(&mut self, op: WalOp) -> Released {
+    /// Apply `op` of record `seq`; the blocks it frees wait to be settled.
+    fn apply(&mut self, op: WalOp, seq: u64) -> Released {
         let mut rel = Released::default();
         self.index.apply(op, &mut rel);
-        // Durable now: the freed blocks may be reused, once no read in
-        // flight can still be reading them.
-        if self.fetch_jobs.is_empty() {
-            for &(b, n) in &rel.runs {
-                self.alloc.free(b, n);
-            }
-        } else if !rel.runs.is_empty() {
-            self.deferred.push((self.next_tag, rel.runs.clone()));
+        if !rel.runs.is_empty() {
+            self.unsettled.push((seq, rel.runs.clone()));
         }
         rel
+    }
+
+    /// Note the stamps ([`WalOp::Flushed`]) in record `seq`.
+    fn note_stamps(&mut self, seq: u64, ops: &[WalOp]) {
+        let stamp = ops
+            .iter()
+            .filter_map(|op| match op {
+                WalOp::Flushed { through } => Some(*through),
+                _ => None,
+            })
+            .max();
+        if let Some(stamp) = stamp {
+            self.stamped = self.stamped.max(stamp);
+            self.stamps.push_back((seq, stamp));
+        }
+    }
+
+    /// Return blocks to the allocator once no read in flight can still be
+    /// reading them.
+    fn free_runs(&mut self, runs: Vec<(u64, u64)>) {
+        if self.fetch_jobs.is_empty() {
+            for (b, n) in runs {
+                self.alloc.free(b, n);
+            }
+        } else if !runs.is_empty() {
+            self.deferred.push((self.next_tag, runs));
+        }
     }
 
     /// Return the deferred blocks no fetch in flight can still read.
@@ -1797,7 +2048,7 @@ impl Target {
     fn commit_ctl(&mut self, op: WalOp) -> Result<Released, StorageError> {
         self.log(std::slice::from_ref(&op))
             .map_err(|e| StorageError::io(e.msg, std::io::Error::from_raw_os_error(-e.code)))?;
-        let rel = self.apply(op);
+        let rel = self.apply(op, self.seq);
         self.maybe_checkpoint();
         Ok(rel)
     }
@@ -1837,6 +2088,8 @@ impl Target {
         self.seq += 1;
         self.seq_started = self.seq;
         self.wal_tail += rec.len() as u64;
+        self.note_stamps(self.seq, ops);
+        self.flushed(self.seq);
         Ok(())
     }
 
@@ -1904,6 +2157,12 @@ impl Target {
         self.wal_tail = 0;
         self.seq_started = self.seq;
         self.checkpoints += 1;
+        // Replay starts from here: every record so far counts as flushed and checked.
+        self.durable = self.seq;
+        self.dirty_since = None;
+        self.stamps.clear();
+        self.settled = self.seq;
+        self.settle();
         Ok(())
     }
 
@@ -2442,6 +2701,7 @@ mod tests {
             dkey: b"d".to_vec(),
             iods: vec![iod(len as u64)],
             insert_only: false,
+            sync: false,
         };
         Request::Update(u, vec![byte; len].into())
     }
@@ -2456,6 +2716,7 @@ mod tests {
             scm_bytes: 16 * MIB,
             targets: 1,
             hugepages: false,
+            flush_interval: crate::DEFAULT_FLUSH_INTERVAL,
         };
         crate::format(&opts, "t", 0, false).unwrap();
         let ScanState::Formatted(sb) = crate::scan(&opts.bdev).unwrap() else {
@@ -2503,6 +2764,7 @@ mod tests {
                 ..iod(0)
             }],
             insert_only: false,
+            sync: false,
         };
         let u = Request::Update(u, value.clone().into());
         t.handle(u, Responder(None));
@@ -2615,8 +2877,11 @@ mod tests {
         // The same epoch: the new value replaces the old one and frees its blocks.
         t.handle(update(pool, 2, len), Responder(None));
         for op in std::mem::take(&mut t.open.ops) {
-            t.apply(op);
+            t.apply(op, t.seq + 1);
         }
+        // As if a flushed record said that one was flushed.
+        t.settled = t.seq + 1;
+        t.settle();
         assert_eq!(
             t.alloc.free_blocks(),
             free - blocks,

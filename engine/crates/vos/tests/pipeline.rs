@@ -19,6 +19,7 @@ fn insert_req(o: &Obj, epoch: u64, dkey: &str, v: &[u8]) -> Request {
             dkey: dkey.as_bytes().to_vec(),
             iods: vec![iod],
             insert_only: true,
+            sync: false,
         },
         bulk.into(),
     )

@@ -160,6 +160,7 @@ fn punches_and_listing_with_anchors() {
                 dkey: format!("k{i:05}").into_bytes(),
                 iods: vec![iod],
                 insert_only: false,
+                sync: false,
             };
             st.submit(Request::Update(req, v.into()))
         })
@@ -714,6 +715,7 @@ fn malformed_requests_get_errnos() {
                 dkey: b"d".to_vec(),
                 iods: vec![iod.clone()],
                 insert_only: false,
+                sync: false,
             },
             bulk.into(),
         )
@@ -975,6 +977,7 @@ fn batched_fetches_are_exact() {
                 dkey: b"other".to_vec(),
                 iods: vec![iod],
                 insert_only: false,
+                sync: false,
             };
             pending.push((st.submit(Request::Update(req, v.into())), Vec::new(), false));
         }
@@ -1049,6 +1052,7 @@ fn insert_req(o: &Obj, epoch: u64, dkey: &str, akey: &str, v: &[u8]) -> Request 
         dkey: dkey.as_bytes().to_vec(),
         iods: vec![iod],
         insert_only: true,
+        sync: false,
     };
     Request::Update(req, bulk.into())
 }
@@ -1072,6 +1076,7 @@ fn insert_only_is_a_conditional_insert() {
         dkey: b"d".to_vec(),
         iods: vec![i1, i2],
         insert_only: true,
+        sync: false,
     };
     let err = wait(&st, Request::Update(req, [v1, v2].concat().into())).unwrap_err();
     assert_eq!(err.code, -libc::EEXIST, "{err}");
@@ -1128,6 +1133,7 @@ fn insert_only_is_a_conditional_insert() {
         epoch: 1000,
         dkey: b"k0".to_vec(),
         akeys: vec![],
+        sync: false,
     }));
     let ri = st.submit(insert_req(&o, 1001, "k0", "inode", b"x"));
     let ru = st.submit({
@@ -1139,6 +1145,7 @@ fn insert_only_is_a_conditional_insert() {
                 dkey: b"k1".to_vec(),
                 iods: vec![iod],
                 insert_only: false,
+                sync: false,
             },
             bulk.into(),
         )

@@ -21,6 +21,9 @@ pub fn options(path: &Path, mib: u64, targets: u32) -> StorageOptions {
         scm_bytes: 64 * MIB,
         targets,
         hugepages: false,
+        // No flush on its own during a test: what was not flushed is what
+        // a power cut may lose.
+        flush_interval: std::time::Duration::from_secs(3600),
     }
 }
 
@@ -132,6 +135,7 @@ pub fn update(
         dkey: dkey.as_bytes().to_vec(),
         iods,
         insert_only: false,
+        sync: false,
     };
     wait(st, Request::Update(req, bulk.into())).map(|_| ())
 }
@@ -223,6 +227,7 @@ pub fn punch(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akeys: &[&str]) -> R
         epoch,
         dkey: dkey.as_bytes().to_vec(),
         akeys: akeys.iter().map(|a| a.as_bytes().to_vec()).collect(),
+        sync: false,
     };
     wait(st, Request::Punch(req)).map(|_| ())
 }
