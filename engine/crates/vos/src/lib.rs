@@ -252,8 +252,13 @@ pub struct PoolSpace {
 /// Counters of one target, for tests and diagnostics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TargetStats {
-    /// Sequence number of the last durable WAL record.
+    /// Sequence number of the last applied (written) WAL record.
     pub seq: u64,
+    /// Every WAL record up to this one, and its data, is flushed from the
+    /// device's volatile cache.
+    pub durable: u64,
+    /// Device flushes (fdatasync) of the batches since open.
+    pub flushes: u64,
     /// Bytes of WAL in use since the last checkpoint.
     pub wal_tail: u64,
     /// Checkpoints written since open.

@@ -2600,6 +2600,8 @@ impl Target {
             }
             Ctl::Stats => Ok(CtlOut::Stats(crate::TargetStats {
                 seq: self.seq,
+                durable: self.durable,
+                flushes: self.prof.flushes,
                 wal_tail: self.wal_tail,
                 checkpoints: self.checkpoints,
                 free_blocks: self.alloc.free_blocks(),
