@@ -170,7 +170,15 @@ fn validate_pool_props(props: &HashMap<String, String>) -> Result<(), Status> {
     Ok(())
 }
 
-const CONT_PROPS: &[&str] = &["oclass", "dir_oclass", "rf", "checksum", "sync", "acl", "label"];
+const CONT_PROPS: &[&str] = &[
+    "oclass",
+    "dir_oclass",
+    "rf",
+    "checksum",
+    "sync",
+    "acl",
+    "label",
+];
 
 /// Container property `sync`: `standard` (an update is acknowledged once
 /// written and flushed by fsync, as POSIX) or `always` (every update is
@@ -525,7 +533,16 @@ fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<Co
         props: req
             .props
             .iter()
-            .map(|(k, v)| Ok((k.clone(), if k == "sync" { sync_mode(v)? } else { v.clone() })))
+            .map(|(k, v)| {
+                Ok((
+                    k.clone(),
+                    if k == "sync" {
+                        sync_mode(v)?
+                    } else {
+                        v.clone()
+                    },
+                ))
+            })
             .collect::<Result<_, Status>>()?,
         snapshots: vec![],
         create_epoch: epoch_now(),

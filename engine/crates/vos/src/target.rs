@@ -339,6 +339,18 @@ enum ReadInto {
 }
 
 /// Give back the regions fetch reads landed in.
+/// The last record `records` (which follow record `base`) say was flushed.
+fn last_stamp(base: u64, records: &[(u64, Vec<WalOp>)]) -> u64 {
+    records
+        .iter()
+        .flat_map(|(_, ops)| ops)
+        .filter_map(|op| match op {
+            WalOp::Flushed { through } => Some(*through),
+            _ => None,
+        })
+        .fold(base, u64::max)
+}
+
 fn release_reads(dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]) {
     for (_, into) in reads {
         if let ReadInto::Region(buf, _) = *into {
@@ -716,15 +728,7 @@ impl Target {
         // were not flushed, nor was any after them: drop from the first
         // whose data is not all there on.
         let base = self.seq;
-        let settled = records
-            .iter()
-            .flat_map(|(_, ops)| ops)
-            .filter_map(|op| match op {
-                WalOp::Flushed { through } => Some(*through),
-                _ => None,
-            })
-            .fold(base, u64::max);
-        let first = (settled - base).min(records.len() as u64) as usize;
+        let first = (last_stamp(base, &records) - base).min(records.len() as u64) as usize;
         for i in first..records.len() {
             if !self.data_intact(&records[i].1)? {
                 let dropped = records.len() - i;
@@ -735,10 +739,21 @@ impl Target {
                 break;
             }
         }
+        // Only the stamps of the records kept survive to the next replay:
+        // the blocks freed by every later record keep their bytes until a
+        // flushed stamp covers it, as they would have had the engine run on
+        // (that replay may check the data of those records again).
+        let settled = last_stamp(base, &records);
         let n = records.len();
-        for (_, ops) in records {
+        let mut unsettled = Vec::new();
+        for (i, (_, ops)) in records.into_iter().enumerate() {
+            let rec_seq = base + 1 + i as u64;
+            let mut rel = Released::default();
             for op in ops {
-                self.index.apply(op, &mut Released::default());
+                self.index.apply(op, &mut rel);
+            }
+            if rec_seq > settled && !rel.runs.is_empty() {
+                unsettled.push((rec_seq, rel.runs));
             }
         }
         // What replay read may still be in the device's cache only (the
@@ -749,11 +764,12 @@ impl Target {
         self.seq = seq;
         self.seq_started = seq;
         self.durable = seq;
-        self.stamped = settled.min(seq);
-        self.settled = self.stamped;
+        self.stamped = settled;
+        self.settled = settled;
         self.wal_tail = tail;
         self.index.recount();
-        for (b, n) in self.index.device_runs() {
+        let freed = unsettled.iter().flat_map(|(_, runs)| runs);
+        for &(b, n) in self.index.device_runs().iter().chain(freed) {
             if !self.alloc.reserve(b, n) {
                 return Err(StorageError::Corrupt(format!(
                     "target {}: index references blocks {b}..{} twice or beyond the data region",
@@ -762,6 +778,7 @@ impl Target {
                 )));
             }
         }
+        self.unsettled = unsettled;
         tracing::info!(
             target = self.id,
             records = n,
@@ -1784,9 +1801,11 @@ impl Target {
         }
         // Stamp the record with the last flush; a flush alone writes a
         // record only to stamp it, for freed blocks waiting to be settled.
-        let stamped = self.open.ops.iter().any(
-            |op| matches!(op, WalOp::Flushed { through } if *through >= self.durable),
-        );
+        let stamped = self
+            .open
+            .ops
+            .iter()
+            .any(|op| matches!(op, WalOp::Flushed { through } if *through >= self.durable));
         if !stamped
             && self.durable > self.stamped
             && (!self.open.ops.is_empty() || !self.unsettled.is_empty())
