@@ -310,21 +310,29 @@ func (*StorageScanReq) Descriptor() ([]byte, []int) {
 }
 
 type RankStorage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	BdevClass     string                 `protobuf:"bytes,2,opt,name=bdev_class,json=bdevClass,proto3" json:"bdev_class,omitempty"` // "file" or "kdev"
-	BdevPath      string                 `protobuf:"bytes,3,opt,name=bdev_path,json=bdevPath,proto3" json:"bdev_path,omitempty"`
-	BdevBytes     uint64                 `protobuf:"varint,4,opt,name=bdev_bytes,json=bdevBytes,proto3" json:"bdev_bytes,omitempty"`
-	ScmBytes      uint64                 `protobuf:"varint,5,opt,name=scm_bytes,json=scmBytes,proto3" json:"scm_bytes,omitempty"`
-	Formatted     bool                   `protobuf:"varint,6,opt,name=formatted,proto3" json:"formatted,omitempty"`
-	System        string                 `protobuf:"bytes,7,opt,name=system,proto3" json:"system,omitempty"` // from the superblock, "" when unformatted
-	EngineUuid    string                 `protobuf:"bytes,8,opt,name=engine_uuid,json=engineUuid,proto3" json:"engine_uuid,omitempty"`
-	State         string                 `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`      // "ready", "maintenance", "degraded" (targets refuse updates)
-	Message       string                 `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"` // why it is in maintenance or degraded, if it is
-	NvmeFree      uint64                 `protobuf:"varint,11,opt,name=nvme_free,json=nvmeFree,proto3" json:"nvme_free,omitempty"`
-	ScmFree       uint64                 `protobuf:"varint,12,opt,name=scm_free,json=scmFree,proto3" json:"scm_free,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Rank       uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	BdevClass  string                 `protobuf:"bytes,2,opt,name=bdev_class,json=bdevClass,proto3" json:"bdev_class,omitempty"` // "file" or "kdev"
+	BdevPath   string                 `protobuf:"bytes,3,opt,name=bdev_path,json=bdevPath,proto3" json:"bdev_path,omitempty"`
+	BdevBytes  uint64                 `protobuf:"varint,4,opt,name=bdev_bytes,json=bdevBytes,proto3" json:"bdev_bytes,omitempty"`
+	ScmBytes   uint64                 `protobuf:"varint,5,opt,name=scm_bytes,json=scmBytes,proto3" json:"scm_bytes,omitempty"`
+	Formatted  bool                   `protobuf:"varint,6,opt,name=formatted,proto3" json:"formatted,omitempty"`
+	System     string                 `protobuf:"bytes,7,opt,name=system,proto3" json:"system,omitempty"` // from the superblock, "" when unformatted
+	EngineUuid string                 `protobuf:"bytes,8,opt,name=engine_uuid,json=engineUuid,proto3" json:"engine_uuid,omitempty"`
+	State      string                 `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`      // "ready", "maintenance", "degraded" (targets refuse updates)
+	Message    string                 `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"` // why it is in maintenance or degraded, if it is
+	NvmeFree   uint64                 `protobuf:"varint,11,opt,name=nvme_free,json=nvmeFree,proto3" json:"nvme_free,omitempty"`
+	ScmFree    uint64                 `protobuf:"varint,12,opt,name=scm_free,json=scmFree,proto3" json:"scm_free,omitempty"`
+	// Updates are acknowledged once written (they survive the crash of any
+	// process) and flushed from the device's volatile write cache by fsync, by
+	// sync=always containers, or within the engine's flush interval.
+	// unflushed_records: WAL records acknowledged and not flushed yet, summed
+	// over the targets; flushes: device flushes of acknowledged updates since
+	// the engine opened its storage.
+	UnflushedRecords uint64 `protobuf:"varint,13,opt,name=unflushed_records,json=unflushedRecords,proto3" json:"unflushed_records,omitempty"`
+	Flushes          uint64 `protobuf:"varint,14,opt,name=flushes,proto3" json:"flushes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RankStorage) Reset() {
@@ -437,6 +445,20 @@ func (x *RankStorage) GetNvmeFree() uint64 {
 func (x *RankStorage) GetScmFree() uint64 {
 	if x != nil {
 		return x.ScmFree
+	}
+	return 0
+}
+
+func (x *RankStorage) GetUnflushedRecords() uint64 {
+	if x != nil {
+		return x.UnflushedRecords
+	}
+	return 0
+}
+
+func (x *RankStorage) GetFlushes() uint64 {
+	if x != nil {
+		return x.Flushes
 	}
 	return 0
 }
@@ -2692,7 +2714,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\amembers\x18\x03 \x03(\v2\x19.peregrine.mgmt.v1.MemberR\amembers\x12\x1f\n" +
 	"\vmap_version\x18\x04 \x01(\x04R\n" +
 	"mapVersion\"\x10\n" +
-	"\x0eStorageScanReq\"\xd8\x02\n" +
+	"\x0eStorageScanReq\"\x9f\x03\n" +
 	"\vRankStorage\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
@@ -2709,7 +2731,9 @@ const file_mgmt_proto_rawDesc = "" +
 	"\amessage\x18\n" +
 	" \x01(\tR\amessage\x12\x1b\n" +
 	"\tnvme_free\x18\v \x01(\x04R\bnvmeFree\x12\x19\n" +
-	"\bscm_free\x18\f \x01(\x04R\ascmFree\"G\n" +
+	"\bscm_free\x18\f \x01(\x04R\ascmFree\x12+\n" +
+	"\x11unflushed_records\x18\r \x01(\x04R\x10unflushedRecords\x12\x18\n" +
+	"\aflushes\x18\x0e \x01(\x04R\aflushes\"G\n" +
 	"\x0fStorageScanResp\x124\n" +
 	"\x05ranks\x18\x01 \x03(\v2\x1e.peregrine.mgmt.v1.RankStorageR\x05ranks\"(\n" +
 	"\x10StorageFormatReq\x12\x14\n" +

@@ -210,6 +210,7 @@ fn storage_table(ranks: &[pb::RankStorage], o: &mut impl Write) -> Result<()> {
         "NVME FREE>",
         "SCM TOTAL>",
         "SCM FREE>",
+        "UNFLUSHED>",
         "MESSAGE",
     ]);
     let mut ranks: Vec<&pb::RankStorage> = ranks.iter().collect();
@@ -229,6 +230,7 @@ fn storage_table(ranks: &[pb::RankStorage], o: &mut impl Write) -> Result<()> {
             human_size(r.nvme_free),
             human_size(r.scm_bytes),
             human_size(r.scm_free),
+            r.unflushed_records.to_string(),
             out::dash(&r.message),
         ]);
     }

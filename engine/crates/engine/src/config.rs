@@ -28,6 +28,11 @@ pub struct Config {
     pub targets: u32,
     #[serde(default = "default_hugepages")]
     pub hugepages: bool,
+    /// Longest an acknowledged update stays in the device's volatile write
+    /// cache before its target flushes on its own (fsync and `sync=always`
+    /// containers flush at once).
+    #[serde(default = "default_flush_interval_ms")]
+    pub flush_interval_ms: u64,
     pub scm: ScmConfig,
     pub bdev: BdevConfig,
     /// Control addresses of the management-service replicas; the first one
@@ -105,6 +110,9 @@ fn default_targets() -> u32 {
 fn default_hugepages() -> bool {
     true
 }
+fn default_flush_interval_ms() -> u64 {
+    peregrine_vos::DEFAULT_FLUSH_INTERVAL.as_millis() as u64
+}
 fn default_log_level() -> String {
     "info".into()
 }
@@ -146,6 +154,12 @@ impl Config {
         }
         if self.targets == 0 || self.targets > 64 {
             return Err(format!("targets: {} is out of range 1..=64", self.targets));
+        }
+        if !(1..=60_000).contains(&self.flush_interval_ms) {
+            return Err(format!(
+                "flush_interval_ms: {} is out of range 1..=60000",
+                self.flush_interval_ms
+            ));
         }
         if self.control_port == 0 || self.data_port == 0 {
             return Err("control_port/data_port: port 0 is not allowed".into());

@@ -43,10 +43,7 @@ impl Node {
             scm_bytes: cfg.scm.size.0,
             targets: cfg.targets,
             hugepages: cfg.hugepages,
-            flush_interval: std::env::var("PEREGRINE_VOS_FLUSH_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(peregrine_vos::DEFAULT_FLUSH_INTERVAL, Duration::from_millis),
+            flush_interval: Duration::from_millis(cfg.flush_interval_ms),
         }
     }
 
@@ -143,6 +140,10 @@ impl Node {
             rs.bdev_bytes = nvme_total;
             rs.nvme_free = nvme_free;
             rs.scm_free = scm_free;
+            for t in st.target_stats() {
+                rs.unflushed_records += t.seq - t.durable;
+                rs.flushes += t.flushes;
+            }
             let faults = st.faults();
             if !faults.is_empty() {
                 rs.state = "degraded".into();

@@ -30,6 +30,7 @@ fn bad_configs_name_the_key() {
         (GOOD.replace("size: 128MiB", "size: 1MiB"), "bdev.size"),
         (GOOD.replace("data_port: 2", "data_port: 1"), "data_port"),
         (GOOD.replace("rank: 0\n", ""), "rank"),
+        (format!("{GOOD}flush_interval_ms: 0\n"), "flush_interval_ms"),
         ("{{{".to_string(), "config"),
     ];
     for (text, key) in cases {

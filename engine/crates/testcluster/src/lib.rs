@@ -146,6 +146,12 @@ impl Default for ClusterSpec {
 impl Cluster {
     /// Start engines (not yet formatted) and wait until they have all joined.
     pub fn start(spec: ClusterSpec) -> Cluster {
+        Cluster::start_configured(spec, "")
+    }
+
+    /// As [`Cluster::start`], with `extra` (YAML lines) added to every
+    /// engine's configuration.
+    pub fn start_configured(spec: ClusterSpec, extra: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..spec.engines)
             .map(|_| (free_port(), free_port()))
@@ -162,7 +168,7 @@ impl Cluster {
                 format!(
                     "name: test\nrank: {rank}\nfault_domain: /host{rank}\ncontrol_port: {cp}\ndata_port: {dp}\ntargets: {}\nhugepages: false\n\
                      scm: {{class: ram, size: {}MiB}}\nbdev: {{class: file, path: {}, size: {}MiB}}\n\
-                     mgmt_svc_replicas: [\"{ms}\"]\nlog_level: info\nlog_file: {}\n",
+                     mgmt_svc_replicas: [\"{ms}\"]\nlog_level: info\nlog_file: {}\n{extra}",
                     spec.targets,
                     spec.scm_mib,
                     device.display(),

@@ -641,7 +641,6 @@ impl Storage {
         self.mgmt.lock().store(blob)
     }
 
-    /// Per-target counters (diagnostics).
     /// Why targets refuse updates, one line per such target (empty: none
     /// does). A target stops taking updates after a device write failed:
     /// what the device holds is unknown until the engine restarts and
@@ -653,6 +652,7 @@ impl Storage {
             .collect()
     }
 
+    /// Per-target counters (diagnostics).
     pub fn target_stats(&self) -> Vec<TargetStats> {
         (0..self.senders.len())
             .map(|t| match self.ctl(t, Ctl::Stats) {
