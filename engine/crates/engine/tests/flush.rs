@@ -5,19 +5,9 @@
 
 mod common;
 use common::*;
-use peregrine_proto::mgmt::{ContCreateReq, ContSetPropReq, PoolCreateReq, StorageScanReq};
+use peregrine_proto::mgmt::{ContCreateReq, ContSetPropReq, PoolCreateReq};
 use peregrine_proto::{ObjectClass, ObjectId};
 use std::time::{Duration, Instant};
-
-/// (WAL records acknowledged and not flushed, device flushes) of rank 0.
-fn unflushed(c: &Cluster) -> (u64, u64) {
-    let mut m = c.mgmt();
-    let r =
-        c.rt.block_on(m.storage_scan(StorageScanReq {}))
-            .unwrap()
-            .into_inner();
-    (r.ranks[0].unflushed_records, r.ranks[0].flushes)
-}
 
 fn cluster(flush_interval_ms: u64) -> Cluster {
     let c = Cluster::start_configured(
@@ -57,20 +47,20 @@ fn fsync_and_sync_always_containers_flush_acknowledged_updates() {
     assert!(!cont.sync_always());
     // Every shard of SX: both targets.
     let obj = cont.object(ObjectId::new(ObjectClass::SX, 0, 1)).unwrap();
-    let (before, flushes0) = unflushed(&c);
+    let (before, flushes0) = c.unflushed(0);
     for i in 0..8u64 {
         let v = pattern(i, 64 << 10);
         obj.update_single(format!("d{i}").as_bytes(), b"a", &v)
             .unwrap();
     }
-    let (after, flushes1) = unflushed(&c);
+    let (after, flushes1) = c.unflushed(0);
     assert!(
         after > before,
         "acknowledged before a flush: {after} records"
     );
     assert_eq!(flushes1, flushes0, "no flush asked for yet");
     obj.flush().unwrap();
-    let (left, flushes2) = unflushed(&c);
+    let (left, flushes2) = c.unflushed(0);
     assert_eq!(left, 0, "the flush covers every acknowledged update");
     assert!(flushes2 > flushes1);
     for i in 0..8u64 {
@@ -83,7 +73,7 @@ fn fsync_and_sync_always_containers_flush_acknowledged_updates() {
     let obj = synced.object(ObjectId::new(ObjectClass::S1, 0, 2)).unwrap();
     obj.update_single(b"d", b"a", &pattern(9, 64 << 10))
         .unwrap();
-    let (left, flushes3) = unflushed(&c);
+    let (left, flushes3) = c.unflushed(0);
     assert_eq!(left, 0, "sync=always: flushed before it was acknowledged");
     assert!(flushes3 > flushes2);
 }
@@ -93,12 +83,12 @@ fn the_engine_flushes_on_its_own_within_its_interval() {
     let c = cluster(200);
     let cont = c.container();
     let obj = cont.object(ObjectId::new(ObjectClass::S1, 0, 1)).unwrap();
-    let (_, flushes0) = unflushed(&c);
+    let (_, flushes0) = c.unflushed(0);
     obj.update_single(b"d", b"a", &pattern(1, 64 << 10))
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (left, flushes) = unflushed(&c);
+        let (left, flushes) = c.unflushed(0);
         if left == 0 && flushes > flushes0 {
             break;
         }

@@ -742,7 +742,7 @@ impl Filesystem for PeregrineFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        flags: OpenFlags,
+        _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -753,10 +753,8 @@ impl Filesystem for PeregrineFs {
         };
         let n = tryr!(reply, file.write_at(offset, data));
         written.store(true, Ordering::Relaxed);
-        if flags.0 & libc::O_DSYNC != 0 {
-            // O_SYNC and O_DSYNC (O_SYNC includes its bit).
-            tryr!(reply, file.sync());
-        }
+        // O_SYNC/O_DSYNC need nothing here: the kernel follows each such
+        // write with FSYNC (generic_write_sync).
         reply.written(n as u32);
     }
 

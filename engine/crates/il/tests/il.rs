@@ -133,6 +133,7 @@ struct Report {
     bytes_written: u64,
     stdio: u64,
     fallbacks: u64,
+    syncs: u64,
 }
 
 fn parse_report(stderr: &str) -> Report {
@@ -152,6 +153,7 @@ fn parse_report(stderr: &str) -> Report {
                 "bytes_written" => r.bytes_written += v,
                 "stdio" => r.stdio += v,
                 "fallbacks" => r.fallbacks += v,
+                "syncs" => r.syncs += v,
                 _ => {}
             }
         }
@@ -209,6 +211,73 @@ fn have(tool: &str) -> bool {
 }
 
 const MIB: u64 = 1 << 20;
+
+/// Writes are acknowledged once on the device; fsync and O_DSYNC flush them
+/// from its volatile cache, on the kernel path (FUSE) and through the
+/// library alike. `storage scan` counts the records waiting for a flush;
+/// the engine's own flush interval is set out of the way.
+#[test]
+fn fsync_and_o_dsync_flush_on_both_paths() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: /dev/fuse is absent; the interception tests need a FUSE mount");
+        return;
+    }
+    let c = Cluster::start_configured(
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 512,
+            scm_mib: 128,
+        },
+        "flush_interval_ms: 60000\n",
+    );
+    c.format();
+    c.create_pool(300, "SX", "crc32c");
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let waiting = |what: &str| {
+        let (left, n) = c.unflushed(0);
+        assert!(left > 0, "{what}: nothing waits for a flush ({n} flushes)");
+        n
+    };
+    // `closed`: a writer's close records the file's mtime after its last
+    // flushed write (O_DSYNC covers the data, not the times): one record.
+    let flushed = |what: &str, before: u64, closed: bool| {
+        let (left, n) = c.unflushed(0);
+        assert!(
+            left <= u64::from(closed),
+            "{what}: {left} records left unflushed"
+        );
+        assert!(n > before, "{what}: no device flush");
+    };
+
+    sh(&m.dir, "dd if=/dev/zero of=k bs=1M count=4 oflag=direct");
+    let n = waiting("writes on the kernel path");
+    sh(&m.dir, "sync k");
+    flushed("fsync on the kernel path", n, false);
+    sh(&m.dir, "dd if=/dev/zero of=k2 bs=1M count=2 oflag=direct");
+    let n = waiting("writes on the kernel path");
+    sh(
+        &m.dir,
+        "dd if=/dev/zero of=k3 bs=1M count=2 oflag=direct,dsync",
+    );
+    flushed("O_DSYNC writes on the kernel path", n, true);
+
+    let (_, r) = il_sh(&m.dir, "dd if=/dev/zero of=i bs=1M count=4");
+    assert_eq!(r.bytes_written, 4 * MIB, "{r:?}");
+    let n = waiting("intercepted writes");
+    let (_, r) = il_sh(&m.dir, "dd if=/dev/zero of=i2 bs=1M count=2 conv=fsync");
+    assert!(r.bytes_written == 2 * MIB && r.syncs >= 1, "{r:?}");
+    flushed("fsync through the library", n, true);
+    il_sh(&m.dir, "dd if=/dev/zero of=i3 bs=1M count=2");
+    let n = waiting("intercepted writes");
+    let (_, r) = il_sh(&m.dir, "dd if=/dev/zero of=i4 bs=1M count=2 oflag=dsync");
+    assert_eq!(r.bytes_written, 2 * MIB, "{r:?}");
+    flushed("O_DSYNC writes through the library", n, true);
+    assert_eq!(
+        sh(&m.dir, "cat k k2 k3 i i2 i3 i4 | wc -c").trim(),
+        "18874368"
+    );
+}
 
 #[test]
 fn interception_with_real_programs() {

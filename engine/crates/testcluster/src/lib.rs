@@ -261,22 +261,46 @@ impl Cluster {
     pub fn with_pool(spec: ClusterSpec, pool_mib: u64, oclass: &str, checksum: &str) -> Cluster {
         let c = Cluster::start(spec);
         c.format();
-        let mut m = c.mgmt();
-        c.rt.block_on(m.pool_create(PoolCreateReq {
-            label: "pool".into(),
-            total_size: pool_mib << 20,
-            ..Default::default()
-        }))
-        .unwrap_or_else(|e| panic!("pool create: {e}\n{}", c.logs()));
-        c.rt.block_on(m.cont_create(ContCreateReq {
-            pool: "pool".into(),
-            label: "cont".into(),
-            oclass: oclass.into(),
-            checksum: checksum.into(),
-            ..Default::default()
-        }))
-        .unwrap_or_else(|e| panic!("cont create: {e}"));
+        c.create_pool(pool_mib, oclass, checksum);
         c
+    }
+
+    /// Pool `pool` of `pool_mib` and container `cont` on a formatted cluster.
+    pub fn create_pool(&self, pool_mib: u64, oclass: &str, checksum: &str) {
+        let mut m = self.mgmt();
+        self.rt
+            .block_on(m.pool_create(PoolCreateReq {
+                label: "pool".into(),
+                total_size: pool_mib << 20,
+                ..Default::default()
+            }))
+            .unwrap_or_else(|e| panic!("pool create: {e}\n{}", self.logs()));
+        self.rt
+            .block_on(m.cont_create(ContCreateReq {
+                pool: "pool".into(),
+                label: "cont".into(),
+                oclass: oclass.into(),
+                checksum: checksum.into(),
+                ..Default::default()
+            }))
+            .unwrap_or_else(|e| panic!("cont create: {e}"));
+    }
+
+    /// (WAL records acknowledged and not yet flushed, device flushes) of
+    /// rank `rank`, from `storage scan`.
+    pub fn unflushed(&self, rank: u32) -> (u64, u64) {
+        let mut m = self.mgmt();
+        let r = self
+            .rt
+            .block_on(m.storage_scan(StorageScanReq {}))
+            .unwrap_or_else(|e| panic!("storage scan: {e}"))
+            .into_inner();
+        let r = r
+            .ranks
+            .iter()
+            .find(|r| r.rank == rank)
+            .expect("rank scanned");
+        (r.unflushed_records, r.flushes)
     }
 
     /// Restart a stopped engine and wait until the MS sees it ready.
