@@ -123,6 +123,14 @@ int prg_obj_fetch_array(prg_obj_t *obj, const void *dkey, size_t dkey_len,
 int prg_obj_array_size(prg_obj_t *obj, const void *dkey, size_t dkey_len,
 		       const void *akey, size_t akey_len, uint64_t *size);
 
+/**
+ * Make every update and punch of the object acknowledged so far survive a
+ * power cut, as fsync does. Updates are acknowledged once written to the
+ * engines' devices (they survive the crash of any process); a container with
+ * property sync=always flushes each one before acknowledging it.
+ */
+int prg_obj_flush(prg_obj_t *obj);
+
 /** Punch (delete) the whole object. */
 int prg_obj_punch(prg_obj_t *obj);
 /** Punch one dkey and everything under it. */

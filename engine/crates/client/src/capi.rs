@@ -439,6 +439,14 @@ pub unsafe extern "C" fn prg_obj_array_size(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn prg_obj_flush(obj: *mut PrgObj) -> c_int {
+    ffi(|| {
+        handle(obj, "obj")?.obj.flush()?;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn prg_obj_punch(obj: *mut PrgObj) -> c_int {
     ffi(|| {
         writable(handle(obj, "obj")?)?.punch()?;

@@ -153,6 +153,10 @@ static void test_class(prg_cont_t *cont, const char *oclass, uint64_t lo)
 	CHECK(n == 2);
 	CHECK(prg_obj_list_dkeys(obj, stop_cb, NULL) == 42);
 
+	/* what was acknowledged survives a power cut from here on */
+	RC(prg_obj_flush(obj));
+	CHECK(prg_obj_flush(NULL) == -EINVAL);
+
 	/* punches */
 	const void *akeys[] = {"arr"};
 	size_t akey_lens[] = {3};
