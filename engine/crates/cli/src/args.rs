@@ -66,7 +66,8 @@ pub enum SystemCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum StorageCmd {
-    /// Show every joined engine's devices and whether they are formatted.
+    /// Show every joined engine's devices, whether they are formatted, and how many
+    /// acknowledged WAL records wait for a flush of the device's write cache.
     Scan,
     /// Format the storage of every joined engine, after which they serve I/O.
     Format {

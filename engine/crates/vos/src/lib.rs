@@ -18,23 +18,37 @@
 //!
 //! # Crash consistency
 //! The index changes only by applying a logged operation, and an operation is
-//! applied only after it is durable. A target gathers queued updates into a
-//! batch, writes their data to blocks no durable state references (as it is
-//! copied in), writes ONE WAL record for the batch (header and payload CRC,
-//! device uuid, sequence number) alongside, issues ONE fdatasync once all
-//! those writes are done, and only then applies the batch to the index and
+//! applied only after its WAL record and data are written. A target gathers
+//! queued updates into a batch, writes their data to blocks no live state
+//! references (as it is copied in), writes ONE WAL record for the batch
+//! (header and payload CRC, device uuid, sequence number) alongside, and
+//! once all those writes are done applies the batch to the index and
 //! acknowledges it; several batches may be in flight, applied and
-//! acknowledged in sequence order. So an acknowledged update has its data and
-//! its record on stable storage, and so has every batch before it. A batch
+//! acknowledged in sequence order.
+//!
+//! Acknowledged means written, as a POSIX file system's write(2): the device
+//! (the kernel, for a file) holds it, so it survives the crash or `kill -9`
+//! of any process. A flush (fdatasync) of the device's volatile write cache
+//! makes it survive a power cut too: a [`Request::Flush`] (what fsync turns
+//! into), an update or punch with `sync` set (containers with property
+//! `sync=always`), and the target on its own at most
+//! [`StorageOptions::flush_interval`] after an acknowledged update. A flush
+//! covers every record written before it, and each record carries the
+//! highest sequence number known flushed when it was written (a stamp).
+//!
+//! After a crash or a power cut, replay reads the records in order. A batch
 //! torn by a crash fails its CRC or sequence check and is dropped whole with
-//! everything after it: none of that was acknowledged. A record may reach
-//! the device before its batch's data (they are written side by side, and a
-//! device may persist writes in any order before an fsync returns), but only
-//! the records of the batches in flight together; replay verifies the data
-//! checksums of the last `MAX_COMMITS` (4) records and drops from the first
-//! that fails. Records in flight past the end that replay reached stay on
-//! the device until overwritten; each record carries the generation of the
-//! target's opening that wrote it, and replay stops at a record whose
+//! everything after it. A record may have reached the device without its data
+//! (they are written side by side, and a power cut loses any write not
+//! flushed): replay verifies the data checksums of every record after the
+//! last stamp it read, and drops from the first that fails, with everything
+//! after it (none of that was flushed, so what survives a power cut is a
+//! prefix of what was acknowledged, and all that was flushed). Blocks a
+//! record frees keep their bytes until a flushed record's stamp covers that
+//! record, so replay never checks a record against blocks that were
+//! rewritten since. Records in flight past the end that replay reached stay
+//! on the device until overwritten; each record carries the generation of
+//! the target's opening that wrote it, and replay stops at a record whose
 //! generation it already passed, so such a leftover is never taken for a
 //! later batch once the restart's own records lead up to it.
 //!
@@ -45,9 +59,10 @@
 //! after it: records of an older generation or another format (device uuid)
 //! stop the scan. Block allocation is never logged: it is rebuilt from the
 //! index, so blocks of an update that never became durable are simply free
-//! again, and blocks freed by a punch, container destroy or aggregation return
-//! to the allocator only when the operation freeing them is durable (they are
-//! released by `apply`), so a live value is never overwritten.
+//! again, and blocks freed by an overwrite, punch, container destroy or
+//! aggregation return to the allocator only when a flushed stamp covers the
+//! operation freeing them (or a checkpoint follows it), so neither a live
+//! value nor one replay may still check is overwritten.
 //!
 //! # Semantics chosen where the protocol leaves room
 //! - A punch at epoch `p` hides versions at epochs `<= p` for reads at `>= p`.
@@ -91,7 +106,7 @@
 //! ([`ReplyRef`]) may borrow the target's device buffers ([`Gather`]) for
 //! the duration of the call, and an update's values may stay in the
 //! client's shared memory until the target copies them ([`Bulk`]).
-//! Fetches are answered from durable state only, before the updates queued
+//! Fetches are answered from applied (acknowledged) state only, before the updates queued
 //! in the same batch commit (see the `target` module). Control calls (`pool_create`, ...) block
 //! until every target has answered.
 
@@ -437,7 +452,7 @@ impl Storage {
     }
 
     /// Queue one data-plane request on its target. The receiver gets exactly
-    /// one reply, once the request is done (an update: once durable).
+    /// one reply, once the request is done (an update: once written).
     pub fn submit(&self, req: Request) -> mpsc::Receiver<Reply> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.submit_with(req, move |r: ReplyRef<'_>| {
@@ -470,7 +485,7 @@ impl Storage {
 
     /// Queue one data-plane request on its target; `reply` is called exactly
     /// once with its reply, once the request is done (an update: once
-    /// durable), on the target's thread (or on the caller's, for a request
+    /// written), on the target's thread (or on the caller's, for a request
     /// rejected before it is queued). It must be quick and must not block:
     /// e.g. send on a tokio oneshot or a channel, or copy a small reply out.
     pub fn submit_with(
