@@ -153,8 +153,12 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 		if cont.Spec.RedundancyFactor != nil {
 			req.RedundancyFactor = uint32(*cont.Spec.RedundancyFactor)
 		}
+		req.Props = map[string]string{}
 		if cont.Spec.ACL != "" {
-			req.Props = map[string]string{"acl": cont.Spec.ACL}
+			req.Props["acl"] = cont.Spec.ACL
+		}
+		if cont.Spec.Sync != "" {
+			req.Props["sync"] = cont.Spec.Sync
 		}
 		if info, err = ms.ContCreate(cctx, req); err != nil {
 			return nil, storeErr(err, "container %q in pool %q: create", label, pool.Status.Label)

@@ -122,10 +122,13 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 	})
 
 	It("creates and adopts containers, and holds the pool's deletion while they exist", func() {
-		Expect(k8s.Create(ctx, newContainer("data", "alpha"))).To(Succeed())
+		data := newContainer("data", "alpha")
+		data.Spec.Sync = "always"
+		Expect(k8s.Create(ctx, data)).To(Succeed())
 		c := waitContainerReady("data")
 		info, err := ms.ContQuery(ctx, &mgmtpb.ContQueryReq{Pool: "alpha", Id: "data"})
 		Expect(err).NotTo(HaveOccurred())
+		Expect(info.Props).To(HaveKeyWithValue("sync", "always"), "spec.sync reaches the store")
 		Expect(c.Status.UUID).To(Equal(info.Uuid))
 		Expect(c.Status.PoolUUID).To(Equal(getPool("alpha").Status.UUID))
 		Expect(c.Status.ObjectClass).To(Equal("SX"))

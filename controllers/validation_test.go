@@ -35,6 +35,11 @@ var _ = Describe("Validation by the API server", func() {
 		c.Spec.ObjectClass = "S3"
 		refused(c, "spec.objectClass", "Unsupported value")
 	})
+	It("refuses an unknown sync mode", func() {
+		c := newContainer("bad-sync", "alpha")
+		c.Spec.Sync = "never"
+		refused(c, "spec.sync", "Unsupported value")
+	})
 	It("refuses a redundancy factor of 5", func() {
 		p := newPool("rf5", "tank", "1GiB")
 		p.Spec.RedundancyFactor = ptrInt32(5)

@@ -51,6 +51,15 @@ type ContainerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="checksum is immutable"
 	Checksum string `json:"checksum,omitempty"`
 
+	// Sync: when an update is acknowledged. "standard" (the default): once written to the engines'
+	// devices, as a local file system's write(2); it survives the crash of any process, and fsync,
+	// O_SYNC/O_DSYNC or the engines' flush interval make it survive a power cut. "always": every
+	// update is flushed from the devices' write caches before it is acknowledged.
+	// +optional
+	// +kubebuilder:validation:Enum=standard;always
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="sync is immutable"
+	Sync string `json:"sync,omitempty"`
+
 	// ACL of the container, in the store's ACL syntax.
 	// +optional
 	ACL string `json:"acl,omitempty"`
