@@ -15,8 +15,8 @@
 //!   Peregrine mount is *tracked* if the ioctl answers and the container can
 //!   be opened (else: kernel path, unchanged).
 //! * On tracked descriptors: read, write, pread(64), pwrite(64), readv,
-//!   writev, preadv(64), pwritev(64), preadv2/pwritev2, `__read_chk`,
-//!   `__pread(64)_chk`, lseek(64) (SEEK_END/DATA/HOLE from the store), fsync,
+//!   writev, preadv(64), pwritev(64), preadv2, pwritev2, `__read_chk`,
+//!   preadv64v2, pwritev64v2, `__pread(64)_chk`, lseek(64) (SEEK_END/DATA/HOLE from the store), fsync,
 //!   fdatasync, ftruncate(64), fstat(64) (+ `__fxstat(64)`; size from the
 //!   store), close, dup, dup2, dup3, fcntl(64) F_DUPFD/F_DUPFD_CLOEXEC (and
 //!   F_SETFL for O_APPEND), copy_file_range and sendfile (emulated with
@@ -245,6 +245,8 @@ real!(r_pwritev, "pwritev", PVFn);
 real!(r_pwritev64, "pwritev64", PVFn);
 real!(r_preadv2, "preadv2", PV2Fn);
 real!(r_pwritev2, "pwritev2", PV2Fn);
+real!(r_preadv64v2, "preadv64v2", PV2Fn);
+real!(r_pwritev64v2, "pwritev64v2", PV2Fn);
 real!(r_lseek, "lseek", LseekFn);
 real!(r_lseek64, "lseek64", LseekFn);
 real!(r_fsync, "fsync", FdFn);
@@ -981,11 +983,20 @@ fn do_sync(fd: c_int, s: &Shared) -> c_int {
     // Engines acknowledge a write once written (it survives the crash of
     // any process); the flush makes it survive a power cut. The kernel's
     // view is refreshed too.
-    count(C::Syncs, 1);
     invalidate(fd, s);
+    match flush(s) {
+        0 => 0,
+        e => fail(e) as c_int,
+    }
+}
+
+/// Flush the file's acknowledged writes from the engines' device caches:
+/// 0, or an errno.
+fn flush(s: &Shared) -> c_int {
+    count(C::Syncs, 1);
     match s.file().and_then(|f| f.sync().map_err(|e| err_of(&e))) {
         Ok(()) => 0,
-        Err(e) => fail(e) as c_int,
+        Err(e) => e,
     }
 }
 
@@ -1173,7 +1184,7 @@ pv_like!(pwritev, r_pwritev, do_writev);
 pv_like!(pwritev64, r_pwritev64, do_writev);
 
 macro_rules! pv2_like {
-    ($name:ident, $real:ident, $do:ident) => {
+    ($name:ident, $real:ident, $do:ident, $writes:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             fd: c_int,
@@ -1182,19 +1193,32 @@ macro_rules! pv2_like {
             off: off_t,
             flags: c_int,
         ) -> ssize_t {
-            // RWF_* hints are ignored (RWF_APPEND is not: kernel path).
-            if flags & !(libc::RWF_HIPRI | libc::RWF_DSYNC | libc::RWF_SYNC) == 0 {
+            // RWF_HIPRI is a hint; RWF_DSYNC and RWF_SYNC flush a write
+            // as O_DSYNC would; RWF_APPEND and the rest: kernel path.
+            let sync = libc::RWF_DSYNC | libc::RWF_SYNC;
+            if flags & !(libc::RWF_HIPRI | sync) == 0 {
                 if let Some((_b, s)) = tracked(fd) {
                     let pos = if off == -1 { None } else { Some(off) };
-                    return guarded(-1, || $do(fd, &s, iov, cnt, pos));
+                    return guarded(-1, || {
+                        let n = $do(fd, &s, iov, cnt, pos);
+                        if n < 0 || !$writes || flags & sync == 0 || s.sync {
+                            return n;
+                        }
+                        match flush(&s) {
+                            0 => n,
+                            e => fail(e),
+                        }
+                    });
                 }
             }
             $real()(fd, iov, cnt, off, flags)
         }
     };
 }
-pv2_like!(preadv2, r_preadv2, do_readv);
-pv2_like!(pwritev2, r_pwritev2, do_writev);
+pv2_like!(preadv2, r_preadv2, do_readv, false);
+pv2_like!(pwritev2, r_pwritev2, do_writev, true);
+pv2_like!(preadv64v2, r_preadv64v2, do_readv, false);
+pv2_like!(pwritev64v2, r_pwritev64v2, do_writev, true);
 
 #[no_mangle]
 pub unsafe extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {

@@ -273,6 +273,15 @@ fn fsync_and_o_dsync_flush_on_both_paths() {
     let (_, r) = il_sh(&m.dir, "dd if=/dev/zero of=i4 bs=1M count=2 oflag=dsync");
     assert_eq!(r.bytes_written, 2 * MIB, "{r:?}");
     flushed("O_DSYNC writes through the library", n, true);
+    il_sh(&m.dir, "dd if=/dev/zero of=p bs=1M count=2");
+    let n = waiting("intercepted writes");
+    let (_, r) = il_sh(
+        &m.dir,
+        "python3 -c 'import os; fd = os.open(\"p2\", os.O_WRONLY | os.O_CREAT); \
+         os.pwritev(fd, [b\"x\" * 65536], 0, os.RWF_DSYNC); os.close(fd)'",
+    );
+    assert!(r.bytes_written == 65536 && r.syncs >= 1, "{r:?}");
+    flushed("pwritev2 with RWF_DSYNC through the library", n, true);
     assert_eq!(
         sh(&m.dir, "cat k k2 k3 i i2 i3 i4 | wc -c").trim(),
         "18874368"
