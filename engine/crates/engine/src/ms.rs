@@ -521,6 +521,10 @@ fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<Co
             req.checksum
         )));
     }
+    let mut props: BTreeMap<String, String> = req.props.clone().into_iter().collect();
+    if let Some(v) = props.get_mut("sync") {
+        *v = sync_mode(v)?;
+    }
     Ok(ContRec {
         uuid: Uuid::new_v4(),
         label: req.label.clone(),
@@ -530,20 +534,7 @@ fn cont_record(req: &ContCreateReq, pool: &PoolRec, engines: usize) -> Result<Co
         chunk_size,
         rf: req.redundancy_factor,
         checksum,
-        props: req
-            .props
-            .iter()
-            .map(|(k, v)| {
-                Ok((
-                    k.clone(),
-                    if k == "sync" {
-                        sync_mode(v)?
-                    } else {
-                        v.clone()
-                    },
-                ))
-            })
-            .collect::<Result<_, Status>>()?,
+        props,
         snapshots: vec![],
         create_epoch: epoch_now(),
     })
