@@ -9,29 +9,12 @@ mod common;
 use common::*;
 use peregrine_proto::data;
 use peregrine_vos::*;
-use std::os::unix::fs::FileExt;
 use uuid::Uuid;
 
 const LATEST: u64 = u64::MAX;
 
 fn flush(st: &Storage, o: &Obj) -> Reply {
     wait(st, Request::Flush(data::FlushReq { addr: o.addr() }))
-}
-
-/// Zero the bytes of the first copy of `v` found on the device (a value,
-/// or a key inside a WAL record).
-fn damage(e: &Env, v: &[u8]) {
-    let dev = std::fs::read(&e.opts.bdev.path).unwrap();
-    let head = &v[..v.len().min(64)];
-    let at = dev
-        .windows(head.len())
-        .position(|w| w == head)
-        .expect("the bytes are on the device");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&e.opts.bdev.path)
-        .unwrap();
-    f.write_all_at(&vec![0u8; v.len()], at as u64).unwrap();
 }
 
 #[test]

@@ -6,6 +6,7 @@ use peregrine_proto::data::{
     self, response::Body, Address, FetchedValue, Iod, ObjectId, ValueKind,
 };
 use peregrine_vos::*;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use uuid::Uuid;
 
@@ -295,4 +296,20 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// Zero the bytes of the first copy of `v` found on the device (a value,
+/// or a key inside a WAL record).
+pub fn damage(e: &Env, v: &[u8]) {
+    let dev = std::fs::read(&e.opts.bdev.path).unwrap();
+    let head = &v[..v.len().min(64)];
+    let at = dev
+        .windows(head.len())
+        .position(|w| w == head)
+        .expect("the bytes are on the device");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&e.opts.bdev.path)
+        .unwrap();
+    f.write_all_at(&vec![0u8; v.len()], at as u64).unwrap();
 }
