@@ -113,6 +113,9 @@ func engineConfigTemplate(ss *storagev1.ServerSet) string {
 	fmt.Fprintf(&b, "data_port: %d\n", dataPort(ss))
 	fmt.Fprintf(&b, "targets: %d\n", targets)
 	fmt.Fprintf(&b, "hugepages: %t\n", hugepages(ss).Sign() > 0)
+	if fi := ss.Spec.FlushInterval; fi != nil {
+		fmt.Fprintf(&b, "flush_interval_ms: %d\n", fi.Milliseconds())
+	}
 	fmt.Fprintf(&b, "scm: {class: ram, size: %s}\n", ss.Spec.Storage.Scm)
 	switch {
 	case ss.Spec.Storage.Nvme != nil:

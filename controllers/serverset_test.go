@@ -88,6 +88,7 @@ var _ = Describe("ServerSet", func() {
 		ss.Spec.Hugepages = ptr.To(resource.MustParse("512Mi"))
 		ss.Spec.NodeSelector = map[string]string{"peregrine.dev/storage": "true"}
 		ss.Spec.Fabric = storagev1.Fabric{Provider: "tcp", Interface: "eth1"}
+		ss.Spec.FlushInterval = &metav1.Duration{Duration: 250 * time.Millisecond}
 		Expect(k8s.Create(ctx, ss)).To(Succeed())
 
 		sts := &appsv1.StatefulSet{}
@@ -129,6 +130,7 @@ var _ = Describe("ServerSet", func() {
 		Expect(cfg).To(ContainSubstring("rank: @RANK@\n"))
 		Expect(cfg).To(ContainSubstring("targets: 2\n"))
 		Expect(cfg).To(ContainSubstring("hugepages: true\n"))
+		Expect(cfg).To(ContainSubstring("flush_interval_ms: 250\n"))
 		Expect(cfg).To(ContainSubstring("scm: {class: ram, size: 256MiB}\n"))
 		Expect(cfg).To(ContainSubstring("bdev: {class: file, path: /var/lib/peregrine/render-nvme@RANK@.img, size: 1GiB}\n"))
 		Expect(cfg).To(ContainSubstring(`mgmt_svc_replicas: ["render-0.render.default.svc:10001"]`))

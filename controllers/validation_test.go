@@ -6,6 +6,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
@@ -57,6 +58,11 @@ var _ = Describe("Validation by the API server", func() {
 		ss := newServerSet("two-devices", "127.0.0.1:1", 1)
 		ss.Spec.Storage.Nvme = &storagev1.NvmeStorage{Device: "/dev/nvme0n1"}
 		refused(ss, "spec.storage", "exactly one of nvme and emulated")
+	})
+	It("refuses a flush interval beyond a minute", func() {
+		ss := newServerSet("slow-flush", "127.0.0.1:1", 1)
+		ss.Spec.FlushInterval = &metav1.Duration{Duration: 2 * time.Minute}
+		refused(ss, "spec.flushInterval", "between 1ms and 60s")
 	})
 	It("refuses changes to immutable fields", func() {
 		// A ServerSet that does not exist: the objects stay unreconciled and are easy to delete.

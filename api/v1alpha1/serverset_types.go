@@ -66,6 +66,13 @@ type ServerSetSpec struct {
 	// +kubebuilder:validation:Maximum=65535
 	DataPort int32 `json:"dataPort,omitempty"`
 
+	// FlushInterval: the longest an engine keeps an acknowledged update in its device's volatile
+	// write cache before flushing on its own (fsync and sync=always containers flush at once);
+	// what a power cut may lose of writes not fsync'ed. The engine's default (1s) when unset.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1ms') && duration(self) <= duration('60s')",message="flushInterval must be between 1ms and 60s"
+	FlushInterval *metav1.Duration `json:"flushInterval,omitempty"`
+
 	// LogLevel of the engines.
 	// +optional
 	// +kubebuilder:default=info

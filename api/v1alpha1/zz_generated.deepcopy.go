@@ -416,6 +416,11 @@ func (in *ServerSetSpec) DeepCopyInto(out *ServerSetSpec) {
 	}
 	in.Storage.DeepCopyInto(&out.Storage)
 	out.Fabric = in.Fabric
+	if in.FlushInterval != nil {
+		in, out := &in.FlushInterval, &out.FlushInterval
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.NodeSelector != nil {
 		in, out := &in.NodeSelector, &out.NodeSelector
 		*out = make(map[string]string, len(*in))
