@@ -821,17 +821,13 @@ fn do_write(fd: c_int, s: &Shared, data: &[u8], pos: Option<i64>) -> ssize_t {
             r
         }
     };
-    let r = r.and_then(|n| {
-        if s.sync {
-            count(C::Syncs, 1);
-            file.sync()?;
-        }
-        Ok(n)
-    });
     match r {
         Ok(n) => {
             count(C::BytesWritten, n as u64);
-            n as ssize_t
+            match if s.sync { flush(s) } else { 0 } {
+                0 => n as ssize_t,
+                e => fail(e),
+            }
         }
         Err(e) => fail(err_of(&e)),
     }

@@ -338,19 +338,25 @@ enum ReadInto {
     Area(usize),
 }
 
-/// Give back the regions fetch reads landed in.
-/// The last record `records` (which follow record `base`) say was flushed.
-fn last_stamp(base: u64, records: &[(u64, Vec<WalOp>)]) -> u64 {
-    records
-        .iter()
-        .flat_map(|(_, ops)| ops)
+/// The stamp in one record's `ops` ([`WalOp::Flushed`]), if it has one.
+fn stamp_of(ops: &[WalOp]) -> Option<u64> {
+    ops.iter()
         .filter_map(|op| match op {
             WalOp::Flushed { through } => Some(*through),
             _ => None,
         })
+        .max()
+}
+
+/// The last record `records` (which follow record `base`) say was flushed.
+fn last_stamp(base: u64, records: &[(u64, Vec<WalOp>)]) -> u64 {
+    records
+        .iter()
+        .filter_map(|(_, ops)| stamp_of(ops))
         .fold(base, u64::max)
 }
 
+/// Give back the regions fetch reads landed in.
 fn release_reads(dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]) {
     for (_, into) in reads {
         if let ReadInto::Region(buf, _) = *into {
@@ -2023,14 +2029,7 @@ impl Target {
 
     /// Note the stamps ([`WalOp::Flushed`]) in record `seq`.
     fn note_stamps(&mut self, seq: u64, ops: &[WalOp]) {
-        let stamp = ops
-            .iter()
-            .filter_map(|op| match op {
-                WalOp::Flushed { through } => Some(*through),
-                _ => None,
-            })
-            .max();
-        if let Some(stamp) = stamp {
+        if let Some(stamp) = stamp_of(ops) {
             self.stamped = self.stamped.max(stamp);
             self.stamps.push_back((seq, stamp));
         }
