@@ -7,10 +7,10 @@
 # interception library (if engine/target/release/libperegrine_il.so exists), and (c) on
 # a raw device file of the same kind in the same directory (engine idle); the
 # sequential writes also with an fdatasync after each write, through the library (b')
-# and on the raw file (c'); then peregrine-mdtest on the mount. The sequential jobs run --rounds times, the paths one
-# after the other in each round, so that each round's ratios compare runs seconds apart
-# (the speed of a VM's disk and CPUs changes from minute to minute: the table shows the
-# CPU time the hypervisor stole during each run). Prints one table; writes
+# and on the raw file (c'); then peregrine-mdtest on the mount. The sequential jobs run
+# --rounds times, the paths one after the other in each round, so that each round's
+# ratios compare runs seconds apart (the speed of a VM's disk and CPUs changes from
+# minute to minute: the table shows the CPU time the hypervisor stole during each run). Prints one table; writes
 # bench/results/posix.json. The mount and the engine are stopped on any exit.
 #
 # The device files (the engine's and the raw one) are written in full with zeros first, as
@@ -45,7 +45,7 @@ THREADS=4
 BUILD=1
 RAW=1
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "posix-bench: $*" >&2
   exit 1
@@ -428,6 +428,12 @@ for name, get in SEQ.items():
         "steal_pct_rounds": {PATHS[k]: [steal(f"seq-{k}-{r}") for r in range(1, rounds + 1)]
                              for k in PATHS},
     }
+def seq_writes(key):
+    """MB/s of the seq_write job of path `key`, per round."""
+    return [(lambda j: j["seq_write"]["write"]["bw_bytes"] / 1e6 if j else None)(
+        jobs(load(f"seq-{key}-{r}"))) for r in range(1, rounds + 1)]
+
+
 # Other raw references for the writes: (c') each write flushed before the next;
 # (c'') where the engine's targets write.
 for key, row, what, label, note in [
@@ -435,10 +441,7 @@ for key, row, what, label, note in [
          "(c'): raw writes each followed by fdatasync"),
         ("cp", "seq write vs (c) placed", "raw at the targets' offsets", "raw_placed",
          "(c''): raw writes where the engine's targets put theirs")]:
-    ref = []
-    for r in range(1, rounds + 1):
-        j = jobs(load(f"seq-{key}-{r}"))
-        ref.append(j["seq_write"]["write"]["bw_bytes"] / 1e6 if j else None)
+    ref = seq_writes(key)
     if all(d is None for d in ref):
         continue
     w = result["fio"]["seq write 1MiB x4 (MB/s)"]
@@ -451,11 +454,6 @@ for key, row, what, label, note in [
         "mount_ratio": med(ra), "mount_il_ratio": med(rb), "mount_il_ratio_rounds": rb}
 # (b') against (c'): an fdatasync after each write on both sides, so every write
 # survives a power cut before the next starts (what sync=always containers give).
-def seq_writes(key):
-    return [(lambda j: j["seq_write"]["write"]["bw_bytes"] / 1e6 if j else None)(
-        jobs(load(f"seq-{key}-{r}"))) for r in range(1, rounds + 1)]
-
-
 bs, cs = seq_writes("bs"), seq_writes("cs")
 if any(x is not None for x in bs):
     rr = [ratio(b, c, False) for b, c in zip(bs, cs)]
