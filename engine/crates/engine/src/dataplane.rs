@@ -59,6 +59,12 @@ pub(crate) fn decode_request(f: Frame) -> Result<Option<Request>, FrameError> {
         Opcode::List => Request::List(f.message::<data::ListReq>("list")?),
         Opcode::QuerySize => Request::QuerySize(f.message::<data::QuerySizeReq>("query-size")?),
         Opcode::Flush => Request::Flush(f.message::<data::FlushReq>("flush")?),
+        Opcode::ListChanged => {
+            Request::ListChanged(f.message::<data::ListChangedReq>("list-changed")?)
+        }
+        Opcode::ListRecords => {
+            Request::ListRecords(f.message::<data::ListRecordsReq>("list-records")?)
+        }
     }))
 }
 

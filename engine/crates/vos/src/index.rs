@@ -10,7 +10,9 @@
 //! (a punch hides versions at its own epoch too). For arrays, later epochs win
 //! per byte; between extents of equal epoch the later write wins.
 
+use crate::error::Errno;
 use crate::superblock::BLOCK;
+use peregrine_proto::data;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -18,6 +20,16 @@ use uuid::Uuid;
 
 /// SCM charged per stored record (version or punch) on top of its key and inline bytes.
 pub(crate) const REC_OVERHEAD: u64 = 64;
+
+/// [`TargetIndex::list_changed`] with `max` 0 lists this many keys.
+pub(crate) const LIST_CHANGED_DEFAULT: usize = 1024;
+/// [`TargetIndex::list_changed`] lists at most this many keys per call.
+pub(crate) const LIST_CHANGED_MAX: usize = 4096;
+/// [`TargetIndex::list_records`] refuses a dkey with more records than this.
+pub(crate) const MAX_RECORDS: usize = 65536;
+
+/// A key [`TargetIndex::list_changed`] returns: container, object shard, dkey.
+pub(crate) type ChangedKey = (Uuid, ObjKey, Vec<u8>);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Kind {
@@ -333,6 +345,9 @@ pub(crate) struct Plan {
     /// checksum (verified when it was stored) this is: no need to compute it.
     pub stored_crc: Option<u32>,
     pub segs: Vec<Seg>,
+    /// Nothing of the iod's kind is visible at the epoch read (never
+    /// written, or punched): an ARRAY's zeros are then not written zeros.
+    pub absent: bool,
 }
 
 impl AkeyTree {
@@ -357,6 +372,13 @@ impl AkeyTree {
     fn exists(&self, floor: Option<u64>, r: u64) -> bool {
         self.visible_single(floor, r).is_some() || !self.visible_extents(floor, r).is_empty()
     }
+    /// Newest epoch of any of its versions or punches.
+    fn newest(&self) -> Option<u64> {
+        let s = self.singles.keys().next_back().copied();
+        // Extents are sorted by epoch.
+        let x = self.extents.last().map(|x| x.epoch);
+        s.max(x).max(self.punches.iter().map(|t| t.epoch).max())
+    }
     fn min_epoch(&self) -> Option<u64> {
         let s = self.singles.keys().next().copied();
         let x = self.extents.first().map(|x| x.epoch);
@@ -369,6 +391,32 @@ fn dkey_exists(d: &DkeyTree, obj_floor: Option<u64>, r: u64) -> bool {
     d.akeys
         .values()
         .any(|a| a.exists(df.max(level_floor(&a.punches, r)), r))
+}
+
+/// Whether a dkey holds a version or a punch (dkey or akey level) above `since`.
+fn dkey_changed(d: &DkeyTree, since: u64) -> bool {
+    d.punches.iter().any(|t| t.epoch > since) || d.akeys.values().any(|a| a.newest() > Some(since))
+}
+
+/// Epochs of `tombs` above `since`, ascending, each once.
+fn tomb_epochs(tombs: &[Tomb], since: u64) -> Vec<u64> {
+    let mut e: Vec<u64> = tombs
+        .iter()
+        .map(|t| t.epoch)
+        .filter(|&e| e > since)
+        .collect();
+    e.sort_unstable();
+    e.dedup();
+    e
+}
+
+fn punch_record(kind: data::RecordKind, epoch: u64, akey: &[u8]) -> data::Record {
+    data::Record {
+        kind: kind as i32,
+        epoch,
+        akey: akey.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// Keys of `map` strictly after `anchor` for which `visible` holds: up to
@@ -478,6 +526,7 @@ impl TargetIndex {
                     has_crc: false,
                     stored_crc: None,
                     segs: vec![],
+                    absent: true,
                 },
                 Some(v) => Plan {
                     status: 0,
@@ -490,6 +539,7 @@ impl TargetIndex {
                         len: v.len,
                         src: src_of(v, 0, v.len),
                     }],
+                    absent: false,
                 },
             },
             Kind::Array => {
@@ -500,8 +550,10 @@ impl TargetIndex {
                     has_crc: false,
                     stored_crc: None,
                     segs: vec![],
+                    absent: true,
                 };
                 let Some((a, f)) = found else { return plan };
+                plan.absent = a.visible_extents(f, r).is_empty();
                 plan.size = a.array_size(f, r);
                 let end = offset.saturating_add(len);
                 let mut cov = Covered::default();
@@ -538,7 +590,8 @@ impl TargetIndex {
         }
     }
 
-    /// Array size (or single value size) of an akey at `r`; 0 if absent.
+    /// Array size (or single value size) of an akey at `r`, and whether
+    /// nothing of it is visible there (then the size is 0).
     pub(crate) fn query_size(
         &self,
         pool: &Uuid,
@@ -547,16 +600,17 @@ impl TargetIndex {
         dkey: &[u8],
         akey: &[u8],
         r: u64,
-    ) -> u64 {
+    ) -> (u64, bool) {
         match self.akey_at(pool, cont, obj, dkey, akey, r) {
-            None => 0,
+            None => (0, true),
             Some((a, f)) => {
                 let arr = a.array_size(f, r);
-                if arr > 0 {
+                let size = if arr > 0 {
                     arr
                 } else {
                     a.visible_single(f, r).map_or(0, |v| v.len)
-                }
+                };
+                (size, !a.exists(f, r))
             }
         }
     }
@@ -587,6 +641,164 @@ impl TargetIndex {
         list_keys(&d.akeys, anchor, max, |a| {
             a.exists(df.max(level_floor(&a.punches, r)), r)
         })
+    }
+
+    /// Reintegration: the keys of `pool` strictly after `anchor`, in
+    /// (container, object shard, dkey) order, whose dkey holds a version or
+    /// a punch (dkey or akey level) above `since`, or whose object holds a
+    /// punch above `since` (then every dkey of it counts; an object left
+    /// with no dkeys is listed once, with an empty dkey). At most `max` keys
+    /// (0: [`LIST_CHANGED_DEFAULT`], capped at [`LIST_CHANGED_MAX`]), and
+    /// whether the listing is complete. An unknown pool lists nothing.
+    ///
+    /// It scans every dkey after the anchor until `max` keys are found
+    /// (one comparison of epochs per version and punch): nothing is kept
+    /// for it in the index.
+    pub(crate) fn list_changed(
+        &self,
+        pool: &Uuid,
+        since: u64,
+        anchor: Option<&ChangedKey>,
+        max: usize,
+    ) -> (Vec<ChangedKey>, bool) {
+        let max = match max {
+            0 => LIST_CHANGED_DEFAULT,
+            m => m.min(LIST_CHANGED_MAX),
+        };
+        let Some(p) = self.pools.get(pool) else {
+            return (vec![], true);
+        };
+        let mut keys = Vec::new();
+        // Ok(()) while more may come; Err(()) once a key beyond `max` turned up.
+        let mut push = |k: ChangedKey| {
+            if keys.len() == max {
+                return Err(());
+            }
+            keys.push(k);
+            Ok(())
+        };
+        let from = anchor.map_or(Bound::Unbounded, |(c, _, _)| Bound::Included(*c));
+        for (cid, c) in p.conts.range((from, Bound::Unbounded)) {
+            let at = anchor.filter(|(ac, _, _)| ac == cid);
+            let from = at.map_or(Bound::Unbounded, |(_, o, _)| Bound::Included(*o));
+            for (ok, o) in c.objs.range((from, Bound::Unbounded)) {
+                // The anchor's dkey, when the anchor is in this object.
+                let after = at.filter(|(_, ao, _)| ao == ok).map(|(_, _, d)| d);
+                let punched = o.punches.iter().any(|t| t.epoch > since);
+                if o.dkeys.is_empty() {
+                    // Its empty dkey sorts before any other: it is after
+                    // the anchor only when the anchor is in another object.
+                    if punched && after.is_none() && push((*cid, *ok, Vec::new())).is_err() {
+                        return (keys, false);
+                    }
+                    continue;
+                }
+                let from = after.map_or(Bound::Unbounded, |d| Bound::Excluded(d.clone()));
+                for (dk, d) in o.dkeys.range((from, Bound::Unbounded)) {
+                    if (punched || dkey_changed(d, since)) && push((*cid, *ok, dk.clone())).is_err()
+                    {
+                        return (keys, false);
+                    }
+                }
+            }
+        }
+        (keys, true)
+    }
+
+    /// Reintegration: what one dkey holds above `since`. The object's
+    /// punches (only these for an empty `dkey`), then the dkey's, then per
+    /// akey (in key order) its punches and the versions still showing at
+    /// least one byte at the latest epoch: the visible single value, and
+    /// each array extent not wholly covered by newer ones (equal epochs:
+    /// the later write covers). Each in ascending epoch order, extents of
+    /// equal epoch in write order. More than [`MAX_RECORDS`] is `-E2BIG`.
+    pub(crate) fn list_records(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        since: u64,
+    ) -> Result<Vec<data::Record>, Errno> {
+        use data::RecordKind as K;
+        let Some(o) = self.cont(pool, cont).and_then(|c| c.objs.get(obj)) else {
+            return Ok(vec![]);
+        };
+        let too_many = || {
+            Errno::new(
+                -libc::E2BIG,
+                format!(
+                    "list records: dkey {:?} holds more than {MAX_RECORDS} records above epoch {since}",
+                    String::from_utf8_lossy(dkey)
+                ),
+            )
+        };
+        let mut out = Vec::new();
+        let add = |out: &mut Vec<data::Record>, r: data::Record| {
+            if out.len() == MAX_RECORDS {
+                return Err(too_many());
+            }
+            out.push(r);
+            Ok(())
+        };
+        for e in tomb_epochs(&o.punches, since) {
+            add(&mut out, punch_record(K::RecordPunchObject, e, b""))?;
+        }
+        let Some(d) = (!dkey.is_empty()).then(|| o.dkeys.get(dkey)).flatten() else {
+            return Ok(out);
+        };
+        for e in tomb_epochs(&d.punches, since) {
+            add(&mut out, punch_record(K::RecordPunchDkey, e, b""))?;
+        }
+        let r = u64::MAX;
+        let df = level_floor(&o.punches, r).max(level_floor(&d.punches, r));
+        for (ak, a) in &d.akeys {
+            if a.newest() <= Some(since) {
+                continue;
+            }
+            for e in tomb_epochs(&a.punches, since) {
+                add(&mut out, punch_record(K::RecordPunchAkey, e, ak))?;
+            }
+            let f = df.max(level_floor(&a.punches, r));
+            if let Some(v) = a.visible_single(f, r).filter(|v| v.epoch > since) {
+                let rec = data::Record {
+                    kind: K::RecordValue as i32,
+                    epoch: v.epoch,
+                    akey: ak.clone(),
+                    value_kind: data::ValueKind::Single as i32,
+                    offset: 0,
+                    len: v.len,
+                };
+                add(&mut out, rec)?;
+            }
+            // Newest first: what newer extents (and later writes of the
+            // same epoch) cover is not visible.
+            let mut cov = Covered::default();
+            let mut shown = Vec::new();
+            for x in a.visible_extents(f, r).iter().rev() {
+                if x.epoch <= since {
+                    break;
+                }
+                let (s, e) = (x.offset, x.offset + x.len);
+                if cov.gaps(s, e).is_empty() {
+                    continue;
+                }
+                cov.add(s, e);
+                shown.push(x);
+            }
+            for x in shown.into_iter().rev() {
+                let rec = data::Record {
+                    kind: K::RecordValue as i32,
+                    epoch: x.epoch,
+                    akey: ak.clone(),
+                    value_kind: data::ValueKind::Array as i32,
+                    offset: x.offset,
+                    len: x.len,
+                };
+                add(&mut out, rec)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Apply one durable change. Device runs it frees go to `rel.runs`; the
@@ -1125,6 +1337,128 @@ mod tests {
             Some(ix)
         );
         assert_eq!(TargetIndex::decode(b"\xff\xff"), None);
+    }
+
+    #[test]
+    fn list_changed_caps_pages_and_lists_punched_objects_without_dkeys() {
+        let (mut ix, pool, cont, obj) = setup();
+        let values = vec![NewValue {
+            akey: b"a".to_vec(),
+            kind: Kind::Single,
+            offset: 0,
+            len: 1,
+            crc: None,
+            payload: inline(b"v"),
+        }];
+        for i in 0..5000u32 {
+            ix.apply(
+                WalOp::Update {
+                    pool,
+                    cont,
+                    obj,
+                    dkey: format!("d{i:05}").into_bytes(),
+                    epoch: 10,
+                    values: values.clone(),
+                },
+                &mut Released::default(),
+            );
+        }
+        let (keys, done) = ix.list_changed(&pool, 0, None, 0);
+        assert_eq!((keys.len(), done), (LIST_CHANGED_DEFAULT, false));
+        let (keys, done) = ix.list_changed(&pool, 0, None, 100_000);
+        assert_eq!((keys.len(), done), (LIST_CHANGED_MAX, false));
+        let (rest, done) = ix.list_changed(&pool, 0, keys.last(), 100_000);
+        assert_eq!((rest.len(), done), (5000 - LIST_CHANGED_MAX, true));
+        assert_eq!(rest[0].2, b"d04096");
+        // Exactly `max` left: the page says it is the last.
+        let (last, done) = ix.list_changed(&pool, 0, Some(&rest[3]), rest.len() - 4);
+        assert_eq!((last.len(), done), (rest.len() - 4, true));
+        assert!(ix.list_changed(&pool, 10, None, 0).0.is_empty());
+        assert_eq!(ix.list_changed(&Uuid::new_v4(), 0, None, 0), (vec![], true));
+
+        // An object punched with no dkeys left is listed once, empty dkey.
+        let bare = ObjKey { lo: 1, ..obj };
+        put(&mut ix, pool, cont, bare, 10, Kind::Single, 0, b"v");
+        ix.apply(
+            WalOp::Punch {
+                pool,
+                cont,
+                obj: bare,
+                dkey: vec![],
+                akeys: vec![],
+                epoch: 20,
+            },
+            &mut Released::default(),
+        );
+        let objs = &mut ix
+            .pools
+            .get_mut(&pool)
+            .unwrap()
+            .conts
+            .get_mut(&cont)
+            .unwrap()
+            .objs;
+        objs.get_mut(&bare).unwrap().dkeys.clear();
+        let (keys, done) = ix.list_changed(&pool, 15, None, 0);
+        assert_eq!((keys, done), (vec![(cont, bare, vec![])], true));
+        let anchor = (cont, bare, vec![]);
+        assert_eq!(ix.list_changed(&pool, 15, Some(&anchor), 0), (vec![], true));
+        assert!(ix.list_changed(&pool, 20, None, 0).0.is_empty());
+        assert_eq!(
+            ix.list_records(&pool, &cont, &bare, b"", 15).unwrap(),
+            vec![punch_record(data::RecordKind::RecordPunchObject, 20, b"")]
+        );
+    }
+
+    #[test]
+    fn list_records_refuses_more_than_the_cap() {
+        let (mut ix, pool, cont, obj) = setup();
+        let values = |n: usize| -> Vec<NewValue> {
+            (0..n)
+                .map(|i| NewValue {
+                    akey: format!("a{i}").into_bytes(),
+                    kind: Kind::Single,
+                    offset: 0,
+                    len: 1,
+                    crc: None,
+                    payload: inline(b"v"),
+                })
+                .collect()
+        };
+        ix.apply(
+            WalOp::Update {
+                pool,
+                cont,
+                obj,
+                dkey: b"d".to_vec(),
+                epoch: 10,
+                values: values(MAX_RECORDS),
+            },
+            &mut Released::default(),
+        );
+        assert_eq!(
+            ix.list_records(&pool, &cont, &obj, b"d", 0).unwrap().len(),
+            MAX_RECORDS
+        );
+        ix.apply(
+            WalOp::Punch {
+                pool,
+                cont,
+                obj,
+                dkey: b"d".to_vec(),
+                akeys: vec![b"a7".to_vec()],
+                epoch: 5,
+            },
+            &mut Released::default(),
+        );
+        let e = ix.list_records(&pool, &cont, &obj, b"d", 0).unwrap_err();
+        assert_eq!(e.code, -libc::E2BIG);
+        assert!(e.msg.contains("dkey \"d\""), "{}", e.msg);
+        // Above the cap only when counted from `since`.
+        assert_eq!(
+            ix.list_records(&pool, &cont, &obj, b"d", 5).unwrap().len(),
+            MAX_RECORDS
+        );
     }
 
     #[test]

@@ -67,11 +67,35 @@
 //! # Semantics chosen where the protocol leaves room
 //! - A punch at epoch `p` hides versions at epochs `<= p` for reads at `>= p`.
 //! - Fetch of a SINGLE akey with no visible value: that iod's `status` is
-//!   `-ENOENT`, `len` 0, nothing in the bulk.
+//!   `-ENOENT`, `len` 0, nothing in the bulk, and `absent` is set.
 //! - Fetch of an ARRAY iod always returns exactly `len` bytes (zeros in holes),
 //!   even when the akey does not exist: then `status` 0 and `size` 0.
+//!   `absent` is set when no extent of the akey is visible at the epoch
+//!   read (never written, or punched), so written zeros are told from
+//!   nothing; an akey with extents elsewhere (a hole at the range read) is
+//!   not absent.
 //! - `QuerySize` returns the array size, or the single value's size for a
-//!   single-value akey, or 0 when nothing is visible.
+//!   single-value akey, or 0 when nothing is visible; `absent` is set
+//!   exactly when nothing (no single value, no extent) is visible.
+//! - `ListChanged` (reintegration) reads `addr.pool` and `addr.target`
+//!   only; a pool the target does not have is `-ENOENT`, as for `List`.
+//!   It lists (cont, oid, shard, dkey) in that order (uuid bytes, then
+//!   `oid.hi`, `oid.lo`, shard, dkey bytes), strictly after the anchor:
+//!   every dkey holding a version or a dkey/akey punch above `since`, and
+//!   every dkey of an object with an object punch above `since` (such an
+//!   object with no dkeys left is listed once, with an empty dkey). `max`
+//!   0 means 1024, capped at 4096; `done` is false only when another key
+//!   follows. What aggregation removed is not listed: overwritten
+//!   versions need no copy, but neither is a punch whose tomb it dropped
+//!   (nothing left below it here), though the returning target may still
+//!   hold what it hid: aggregation is to be held while a target is out.
+//! - `ListRecords` of a pool, container or object the target does not have:
+//!   `-ENOENT` for the pool (as `List`), no records for the others; an
+//!   empty dkey lists the object's punches only. Records come in order:
+//!   object punches, dkey punches, then per akey (byte order) its punches
+//!   and values, each ascending by epoch (extents of one epoch in write
+//!   order). A value is listed only when it shows at least one byte at the
+//!   latest epoch. More than 65536 records for one dkey is `-E2BIG`.
 //! - `FetchedValue.crc` is always the CRC32C of the bytes returned; `has_crc` is
 //!   true when every extent contributing bytes was stored with a client CRC.
 //! - Listing: keys strictly after `anchor`, ascending byte order, at most `max`
@@ -179,6 +203,11 @@ pub enum Request {
     List(data::ListReq),
     QuerySize(data::QuerySizeReq),
     Flush(data::FlushReq),
+    /// Reintegration: the dkeys of a pool changed since an epoch (only
+    /// `addr.pool` and `addr.target` are read).
+    ListChanged(data::ListChangedReq),
+    /// Reintegration: the versions and punches of one dkey above an epoch.
+    ListRecords(data::ListRecordsReq),
 }
 
 /// A response and its bulk (fetched values concatenated in iod order), or an errno.
@@ -333,6 +362,8 @@ fn request_addr(req: &Request) -> Option<&data::Address> {
         Request::List(r) => r.addr.as_ref(),
         Request::QuerySize(r) => r.addr.as_ref(),
         Request::Flush(r) => r.addr.as_ref(),
+        Request::ListChanged(r) => r.addr.as_ref(),
+        Request::ListRecords(r) => r.addr.as_ref(),
     }
 }
 

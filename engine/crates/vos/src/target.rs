@@ -1378,11 +1378,18 @@ impl Target {
             }
             Request::List(l) => self.list(l),
             Request::QuerySize(q) => self.query_size(q),
+            Request::ListChanged(l) => self.list_changed(l),
+            Request::ListRecords(l) => self.list_records(l),
         };
         tx.send(r.map(|(resp, bulk)| (resp, Gather::from(bulk))));
     }
 
-    fn addr(&self, a: Option<&data::Address>, op: &str) -> Result<(Uuid, Uuid, ObjKey), Errno> {
+    /// The address's pool, checked: present, for this target, a uuid.
+    fn addr_pool<'a>(
+        &self,
+        a: Option<&'a data::Address>,
+        op: &str,
+    ) -> Result<(&'a data::Address, Uuid), Errno> {
         let a = a.ok_or_else(|| Errno::inval(format!("{op}: missing address")))?;
         if a.target != self.id {
             return Err(Errno::inval(format!(
@@ -1392,18 +1399,28 @@ impl Target {
         }
         let pool = peregrine_proto::uuid_from_bytes("pool", &a.pool)
             .map_err(|e| Errno::inval(format!("{op}: {e}")))?;
+        Ok((a, pool))
+    }
+
+    fn pool_here(&self, pool: &Uuid, op: &str) -> Result<(), Errno> {
+        if !self.index.pools.contains_key(pool) {
+            return Err(Errno::new(
+                -libc::ENOENT,
+                format!("{op}: pool {pool} not found on target {}", self.id),
+            ));
+        }
+        Ok(())
+    }
+
+    fn addr(&self, a: Option<&data::Address>, op: &str) -> Result<(Uuid, Uuid, ObjKey), Errno> {
+        let (a, pool) = self.addr_pool(a, op)?;
         let cont = peregrine_proto::uuid_from_bytes("cont", &a.cont)
             .map_err(|e| Errno::inval(format!("{op}: {e}")))?;
         let oid = a
             .oid
             .as_ref()
             .ok_or_else(|| Errno::inval(format!("{op}: missing object id")))?;
-        if !self.index.pools.contains_key(&pool) {
-            return Err(Errno::new(
-                -libc::ENOENT,
-                format!("{op}: pool {pool} not found on target {}", self.id),
-            ));
-        }
+        self.pool_here(&pool, op)?;
         Ok((
             pool,
             cont,
@@ -1413,6 +1430,14 @@ impl Target {
                 shard: a.shard,
             },
         ))
+    }
+
+    /// [`Self::addr`] of a request that names a pool only (its container
+    /// and object, if any, are not read).
+    fn pool_addr(&self, a: Option<&data::Address>, op: &str) -> Result<Uuid, Errno> {
+        let (_, pool) = self.addr_pool(a, op)?;
+        self.pool_here(&pool, op)?;
+        Ok(pool)
     }
 
     fn check_flush(&self, f: &data::FlushReq) -> Result<(), Errno> {
@@ -2205,6 +2230,7 @@ impl Target {
                 fv: data::FetchedValue {
                     status: plan.status,
                     size: plan.size,
+                    absent: plan.absent,
                     ..Default::default()
                 },
                 has_crc: plan.has_crc,
@@ -2486,12 +2512,70 @@ impl Target {
 
     fn query_size(&mut self, q: data::QuerySizeReq) -> Reply {
         let (pool, cont, obj) = self.addr(q.addr.as_ref(), "query size")?;
-        let size = self
+        let (size, absent) = self
             .index
             .query_size(&pool, &cont, &obj, &q.dkey, &q.akey, q.epoch);
         Ok((
             ok_response(Some(data::response::Body::Size(data::QuerySizeResp {
                 size,
+                absent,
+            }))),
+            Vec::new(),
+        ))
+    }
+
+    fn list_changed(&mut self, l: data::ListChangedReq) -> Reply {
+        const OP: &str = "list changed";
+        let pool = self.pool_addr(l.addr.as_ref(), OP)?;
+        let anchor = match &l.anchor {
+            None => None,
+            Some(k) => {
+                let cont = peregrine_proto::uuid_from_bytes("anchor cont", &k.cont)
+                    .map_err(|e| Errno::inval(format!("{OP}: {e}")))?;
+                let oid = k
+                    .oid
+                    .as_ref()
+                    .ok_or_else(|| Errno::inval(format!("{OP}: anchor without object id")))?;
+                let obj = ObjKey {
+                    hi: oid.hi,
+                    lo: oid.lo,
+                    shard: k.shard,
+                };
+                Some((cont, obj, k.dkey.clone()))
+            }
+        };
+        let (keys, done) = self
+            .index
+            .list_changed(&pool, l.since, anchor.as_ref(), l.max as usize);
+        let keys = keys
+            .into_iter()
+            .map(|(cont, obj, dkey)| data::ChangedKey {
+                cont: cont.as_bytes().to_vec(),
+                oid: Some(data::ObjectId {
+                    hi: obj.hi,
+                    lo: obj.lo,
+                }),
+                shard: obj.shard,
+                dkey,
+            })
+            .collect();
+        Ok((
+            ok_response(Some(data::response::Body::Changed(data::ListChangedResp {
+                keys,
+                done,
+            }))),
+            Vec::new(),
+        ))
+    }
+
+    fn list_records(&mut self, l: data::ListRecordsReq) -> Reply {
+        let (pool, cont, obj) = self.addr(l.addr.as_ref(), "list records")?;
+        let records = self
+            .index
+            .list_records(&pool, &cont, &obj, &l.dkey, l.since)?;
+        Ok((
+            ok_response(Some(data::response::Body::Records(data::ListRecordsResp {
+                records,
             }))),
             Vec::new(),
         ))
