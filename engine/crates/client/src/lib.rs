@@ -26,6 +26,7 @@ pub mod hlc;
 pub mod mgmt;
 pub mod object;
 pub mod placement;
+pub mod reintegrate;
 pub mod shm;
 #[doc(hidden)]
 pub mod testkit;

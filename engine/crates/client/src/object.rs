@@ -76,6 +76,30 @@ pub const LIST_BATCH: u32 = 1024;
 const STRIPE_LOCKS: usize = 256;
 /// Most shard requests run at once by one operation.
 const MAX_PARALLEL: usize = 32;
+/// How long an operation keeps retrying a shard that does not answer (or an
+/// engine that says the client's pool map is stale): longer than the
+/// management service takes to exclude a dead engine
+/// (`HEARTBEAT_TIMEOUT`, 6 s), so a write waits for the exclusion rather
+/// than failing half-applied.
+pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(20);
+const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Failures a retry with a fresh pool map can get past: a stale map, an
+/// engine starting or restarting, a connection lost or refused.
+fn retryable(code: i32) -> bool {
+    [
+        libc::ESTALE,
+        libc::EAGAIN,
+        libc::EHOSTUNREACH,
+        libc::ECONNRESET,
+        libc::ECONNREFUSED,
+        libc::ETIMEDOUT,
+        libc::ESHUTDOWN,
+        libc::EPIPE,
+    ]
+    .contains(&-code)
+}
 
 struct ClientInner {
     mgmt: Mgmt,
@@ -395,10 +419,10 @@ fn combine(what: &str, mut errs: Vec<Error>) -> Error {
 }
 
 /// One value as fetched from one shard, its checksum already verified.
-struct Fetched {
+pub(crate) struct Fetched {
     /// 0, or a negative errno (`-EILSEQ` also when the CRC did not match).
-    status: i32,
-    data: Vec<u8>,
+    pub(crate) status: i32,
+    pub(crate) data: Vec<u8>,
     /// The data went into the caller's buffer instead ([`Object::fetch_shard_with`]).
     placed: bool,
 }
@@ -409,7 +433,7 @@ pub struct Object {
     cont: Container,
     oid: ObjectId,
     class: ObjectClass,
-    rs: Option<Arc<ReedSolomon>>,
+    pub(crate) rs: Option<Arc<ReedSolomon>>,
     layout: Arc<Mutex<Option<CachedLayout>>>,
 }
 
@@ -642,30 +666,53 @@ impl Object {
 
     // ---- internals ----
 
-    fn what(&self, dkey: &[u8]) -> String {
+    pub(crate) fn what(&self, dkey: &[u8]) -> String {
         format!("object {} dkey {}", self.oid, fmt_key(dkey))
     }
 
-    fn gs(&self) -> u32 {
+    pub(crate) fn gs(&self) -> u32 {
         self.class.group_size()
     }
 
-    fn kp(&self) -> (usize, usize) {
+    pub(crate) fn kp(&self) -> (usize, usize) {
         let rs = self.rs.as_ref().expect("EC object");
         (rs.data_cells(), rs.parity_cells())
     }
 
-    /// Run `f` with the current pool map; on `-ESTALE` refresh it and retry once.
+    /// Run `f` with the current pool map until it succeeds, fails for a
+    /// reason a retry cannot change, or [`RETRY_WINDOW`] has passed.
+    ///
+    /// `f` must be idempotent (updates reuse their epoch: a shard that
+    /// applied the first try applies the same version again). A shard that
+    /// does not answer is never skipped on the client's own judgement: the
+    /// update waits, refreshing the pool map, until the engine is back or
+    /// the management service has excluded its targets (the map version
+    /// rises, every engine refuses the older one), and only then goes on
+    /// without it. So a degraded update is acknowledged only once the
+    /// system knows the target missed it and will bring it up to date
+    /// before it serves reads again.
     fn with_map<T>(&self, mut f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
         let pool = self.cont.pool();
-        match f(&pool.map()) {
-            Err(e) if e.code == -libc::ESTALE => {
-                let map = pool
-                    .refresh()
-                    .map_err(|r| r.context(format!("refreshing the pool map after: {e}")))?;
-                f(&map)
+        let deadline = std::time::Instant::now() + RETRY_WINDOW;
+        let mut map = pool.map();
+        let mut pause = RETRY_PAUSE_MIN;
+        loop {
+            match f(&map) {
+                Err(e) if retryable(e.code) && std::time::Instant::now() < deadline => {
+                    tracing::debug!("retrying after: {e}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                    // The management service may be the one away: keep the old map then.
+                    map = match pool.refresh() {
+                        Ok(m) => m,
+                        Err(r) if e.code == -libc::ESTALE && r.code != -libc::EHOSTUNREACH => {
+                            return Err(r.context(format!("refreshing the pool map after: {e}")))
+                        }
+                        Err(_) => pool.map(),
+                    };
+                }
+                r => return r,
             }
-            r => r,
         }
     }
 
@@ -688,7 +735,7 @@ impl Object {
         Ok(l)
     }
 
-    fn iod(&self, akey: &[u8], kind: ValueKind, offset: u64, parts: &[&[u8]]) -> Iod {
+    pub(crate) fn iod(&self, akey: &[u8], kind: ValueKind, offset: u64, parts: &[&[u8]]) -> Iod {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let csum = self.cont.checksum();
         let crc = if csum {
@@ -706,7 +753,7 @@ impl Object {
         }
     }
 
-    fn address(&self, map: &PoolMap, loc: &ShardLoc) -> data::Address {
+    pub(crate) fn address(&self, map: &PoolMap, loc: &ShardLoc) -> data::Address {
         let t = &map.targets[loc.target];
         data::Address {
             pool: map.uuid.as_bytes().to_vec(),
@@ -721,13 +768,13 @@ impl Object {
         }
     }
 
-    fn where_(&self, map: &PoolMap, loc: &ShardLoc) -> String {
+    pub(crate) fn where_(&self, map: &PoolMap, loc: &ShardLoc) -> String {
         let t = &map.targets[loc.target];
         format!("pool {:?} rank {} ({})", map.name(), t.rank, t.addr)
     }
 
     /// One request to one shard; a non-zero status becomes an error.
-    fn call(
+    pub(crate) fn call(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
@@ -752,13 +799,18 @@ impl Object {
     ) -> Result<(Option<Body>, crate::transport::Reply)> {
         let t = &map.targets[loc.target];
         let at = || self.where_(map, loc);
-        if !t.up {
+        let reads = matches!(
+            op,
+            Opcode::Fetch | Opcode::List | Opcode::QuerySize | Opcode::ListRecords
+        );
+        if !t.up || (reads && !t.readable) {
             return Err(Error::new(
                 -libc::EHOSTDOWN,
                 format!(
-                    "{}: target {} is down in pool map version {}",
+                    "{}: target {} is {} in pool map version {}",
                     at(),
                     t.index,
+                    if t.up { "being reintegrated" } else { "down" },
                     map.version
                 ),
             ));
@@ -770,29 +822,11 @@ impl Object {
             None => tr.call(&t.addr, t.index, op, &m, bulk),
         }
         .map_err(|e| e.context(at()))?;
-        let resp = data::Response::decode(reply.msg.as_slice()).map_err(|e| {
-            Error::new(
-                -libc::EPROTO,
-                format!("{}: undecodable response: {e}", at()),
-            )
-        })?;
-        let st = resp.status.unwrap_or_default();
-        if st.code != 0 {
-            let code = if st.code < 0 { st.code } else { -libc::EIO };
-            let m = if st.message.is_empty() {
-                peregrine_proto::strerror(code)
-            } else {
-                st.message
-            };
-            return Err(Error::new(
-                code,
-                format!("{}: shard {}: {m}", at(), loc.shard),
-            ));
-        }
-        Ok((resp.body, reply))
+        let body = reply_body(&reply.msg, || format!("{}: shard {}", at(), loc.shard))?;
+        Ok((body, reply))
     }
 
-    fn update_shard(
+    pub(crate) fn update_shard(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
@@ -828,7 +862,7 @@ impl Object {
         self.call(map, loc, Opcode::Update, &req, bulk).map(|_| ())
     }
 
-    fn punch_shard(
+    pub(crate) fn punch_shard(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
@@ -876,7 +910,7 @@ impl Object {
         .map_err(|e| e.context(format!("flush {}", self.oid)))
     }
 
-    fn fetch_shard(
+    pub(crate) fn fetch_shard(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
@@ -1168,12 +1202,12 @@ impl Object {
     }
 
     /// The group's shards in read order: rotation by hash so reads spread
-    /// over replicas, up targets first.
+    /// over replicas, up-and-in targets first (the others are refused).
     fn read_order(&self, map: &PoolMap, g: &Group, dkey: &[u8]) -> Vec<ShardLoc> {
         let n = g.shards.len();
         let start = (placement::mix64(placement::hash_dkey(self.oid, dkey)) % n as u64) as usize;
         let mut order: Vec<ShardLoc> = (0..n).map(|i| g.shards[(start + i) % n]).collect();
-        order.sort_by_key(|l| !map.targets[l.target].up); // stable: keeps rotation
+        order.sort_by_key(|l| !map.targets[l.target].readable); // stable: keeps rotation
         order
     }
 
@@ -1242,7 +1276,11 @@ impl Object {
         let end = offset + data.len() as u64;
         let g = self.group(map, dkey)?;
         let full = |s: u64| offset <= s * stripe && end >= (s + 1) * stripe;
-        let degraded = g.shards[..k].iter().any(|l| !map.targets[l.target].up);
+        // A data shard that cannot be read (down, or being reintegrated) is
+        // rebuilt whole from the others, not patched.
+        let degraded = g.shards[..k]
+            .iter()
+            .any(|l| !map.targets[l.target].readable);
         if degraded || (s0..s1).all(full) {
             return self.ec_write_stripes(map, &g, dkey, akey, offset, data, s0, s1);
         }
@@ -1797,6 +1835,28 @@ impl ObjectAt<'_> {
         keys.dedup();
         Ok(keys)
     }
+}
+
+/// The body of an engine's reply; a non-zero status becomes an error that
+/// says where (`at`) and what the engine said.
+pub(crate) fn reply_body(msg: &[u8], at: impl Fn() -> String) -> Result<Option<Body>> {
+    let resp = data::Response::decode(msg).map_err(|e| {
+        Error::new(
+            -libc::EPROTO,
+            format!("{}: undecodable response: {e}", at()),
+        )
+    })?;
+    let st = resp.status.unwrap_or_default();
+    if st.code != 0 {
+        let code = if st.code < 0 { st.code } else { -libc::EIO };
+        let m = if st.message.is_empty() {
+            peregrine_proto::strerror(code)
+        } else {
+            st.message
+        };
+        return Err(Error::new(code, format!("{}: {m}", at())));
+    }
+    Ok(resp.body)
 }
 
 /// The companion akey holding an EC array's logical size.

@@ -38,7 +38,11 @@ pub struct Target {
     /// Data-plane address of the engine, "host:port".
     pub addr: String,
     pub fault_domain: String,
+    /// Takes writes: up-and-in, or back and being reintegrated. A write
+    /// skips a target only when the pool map says it is down.
     pub up: bool,
+    /// Serves reads: up-and-in only (a reintegrating target may be stale).
+    pub readable: bool,
     /// The engine's shared-memory socket ("" when it has none); usable only
     /// on the engine's node.
     pub shm_path: String,
@@ -76,6 +80,7 @@ impl PoolMap {
                 addr: t.data_addr,
                 fault_domain: t.fault_domain,
                 up: t.up,
+                readable: t.up && t.state == mgmt::TargetState::TargetUpIn as i32,
                 shm_path: t.shm_path,
             })
             .collect();
@@ -281,6 +286,7 @@ pub(crate) fn test_map(engines: u32, targets: u32) -> PoolMap {
                 addr: format!("127.0.0.1:{}", 20000 + r),
                 fault_domain: format!("/node{r}"),
                 up: true,
+                readable: true,
                 shm_path: String::new(),
             });
         }

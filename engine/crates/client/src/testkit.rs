@@ -188,6 +188,9 @@ impl EngineState {
         };
         match op {
             Opcode::Ping | Opcode::Flush => ok(None, Vec::new()),
+            Opcode::ListChanged | Opcode::ListRecords => {
+                err(-libc::ENOTSUP, "the test double does not reintegrate")
+            }
             Opcode::Update => {
                 let r = decode!(data::UpdateReq);
                 let key = match shard_key(&r.addr) {
@@ -291,6 +294,7 @@ impl EngineState {
                         size,
                         crc,
                         has_crc,
+                        absent: status != 0,
                     });
                     out.extend_from_slice(&bytes);
                 }
@@ -338,12 +342,14 @@ impl EngineState {
                     Some(Val::Array(a, _)) => ok(
                         Some(Body::Size(QuerySizeResp {
                             size: a.len() as u64,
+                            absent: false,
                         })),
                         Vec::new(),
                     ),
                     Some(Val::Single(d, _)) => ok(
                         Some(Body::Size(QuerySizeResp {
                             size: d.len() as u64,
+                            absent: false,
                         })),
                         Vec::new(),
                     ),
@@ -591,6 +597,7 @@ impl FakeCluster {
                     fault_domain: format!("/n{r}"),
                     up: true,
                     shm_path: String::new(),
+                    state: mgmt::TargetState::TargetUpIn as i32,
                 });
             }
         }

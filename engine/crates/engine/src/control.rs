@@ -140,4 +140,32 @@ impl Engine for EngineService {
             reclaimed_bytes: reclaimed,
         }))
     }
+
+    async fn pool_map_update(
+        &self,
+        req: Request<PoolMapVersion>,
+    ) -> Result<Response<Empty>, Status> {
+        let m = req.into_inner();
+        let changed = self
+            .node
+            .pool_maps
+            .install(&m)
+            .map_err(Status::invalid_argument)?;
+        if changed {
+            tracing::info!(
+                "pool {}: map version {}, this engine's targets {:?}",
+                m.pool_uuid,
+                m.version,
+                TargetState::try_from(m.state).unwrap_or(TargetState::TargetUpIn)
+            );
+        }
+        // Answer once what was admitted under the older version is applied.
+        let node = self.node.clone();
+        blocking(move || {
+            node.drain_targets();
+            Ok(())
+        })
+        .await?;
+        Ok(Response::new(Empty {}))
+    }
 }

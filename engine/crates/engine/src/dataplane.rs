@@ -79,12 +79,16 @@ pub(crate) fn dispatch(
     match (req, node.storage()) {
         (None, _) => reply(error_reply(0, String::new())),
         (Some(_), Err(st)) => reply(error_reply(-libc::EAGAIN, st.message().to_string())),
-        (Some(req), Ok(storage)) => storage.submit_with(req, move |r: ReplyRef<'_>| {
-            reply(match r {
-                Ok((resp, bulk)) => (resp, bulk.into_vec()),
-                Err(e) => error_reply(e.code, e.msg),
-            })
-        }),
+        (Some(req), Ok(storage)) => match node.pool_maps.admit(&req) {
+            Err((code, message)) => reply(error_reply(code, message)),
+            // Handed to the target while admitted: see `crate::poolmap`.
+            Ok(_admitted) => storage.submit_with(req, move |r: ReplyRef<'_>| {
+                reply(match r {
+                    Ok((resp, bulk)) => (resp, bulk.into_vec()),
+                    Err(e) => error_reply(e.code, e.msg),
+                })
+            }),
+        },
     }
 }
 

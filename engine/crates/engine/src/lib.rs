@@ -10,4 +10,5 @@ pub mod control;
 pub mod dataplane;
 pub mod ms;
 pub mod node;
+pub mod poolmap;
 pub mod shm;

@@ -8,7 +8,7 @@ use peregrine_engine::node::Node;
 use peregrine_proto::mgmt::engine_server::EngineServer;
 use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::mgmt_server::MgmtServer;
-use peregrine_proto::mgmt::{ContShardSnapshotsReq, JoinReq};
+use peregrine_proto::mgmt::{ContShardSnapshotsReq, JoinReq, JoinResp};
 use peregrine_vos::StorageError;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -90,6 +90,7 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
                 Ok(resp) => {
                     warned = false;
                     let resp = resp.into_inner();
+                    apply_pool_maps(&node, &resp).await;
                     if !resp.snapshots.is_empty() || !lists_known {
                         lists_known = apply_snapshot_lists(&node, resp.snapshots).await;
                     }
@@ -112,6 +113,23 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
             _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
             _ = node.heartbeat_now.notified() => {}
         }
+    }
+}
+
+/// Learn the pool maps of a join reply: until the first, the engine serves
+/// no I/O (see `peregrine_engine::poolmap`).
+async fn apply_pool_maps(node: &Arc<Node>, resp: &JoinResp) {
+    if !resp.pool_maps_known {
+        node.pool_maps.open_all();
+        return;
+    }
+    match node.pool_maps.install_all(&resp.pool_maps) {
+        Ok(true) => {
+            let node = node.clone();
+            let _ = tokio::task::spawn_blocking(move || node.drain_targets()).await;
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!("join reply: {e}"),
     }
 }
 
@@ -163,8 +181,9 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
     let mut router = tonic::transport::Server::builder()
         .add_service(EngineServer::new(EngineService { node: node.clone() }));
     if cfg.hosts_mgmt() {
-        let ms = MgmtService::new(node.clone())?;
-        router = router.add_service(MgmtServer::new(ms));
+        let ms = Arc::new(MgmtService::new(node.clone())?);
+        peregrine_engine::ms::spawn_pool_watch(ms.clone());
+        router = router.add_service(MgmtServer::from_arc(ms));
         tracing::info!("management service on {}", cfg.control_addr());
     }
     tokio::spawn(peregrine_engine::dataplane::serve(node.clone(), data));

@@ -2,6 +2,7 @@
 //! the engine-local operations the management service drives.
 
 use crate::config::{BdevConfig, Config};
+use crate::poolmap::PoolMaps;
 use parking_lot::{Mutex, RwLock};
 use peregrine_proto::mgmt::RankStorage;
 use peregrine_vos::{BdevClass, BdevSpec, ScanState, Storage, StorageOptions};
@@ -22,6 +23,8 @@ pub struct Node {
     /// Wakes the heartbeat loop: storage just opened waits for an answered
     /// heartbeat before its targets aggregate on their own.
     pub heartbeat_now: tokio::sync::Notify,
+    /// Pool map versions and this engine's target states: what it admits.
+    pub pool_maps: Arc<PoolMaps>,
 }
 
 impl Node {
@@ -57,6 +60,7 @@ impl Node {
             maintenance_reason: Mutex::new(String::new()),
             format_lock: Mutex::new(()),
             heartbeat_now: tokio::sync::Notify::new(),
+            pool_maps: Arc::default(),
         });
         let opts = Self::storage_options(&node.cfg);
         match peregrine_vos::scan(&opts.bdev)
@@ -202,6 +206,19 @@ impl Node {
         );
         println!("peregrine-engine: rank {} ready", self.cfg.rank);
         Ok(self.scan())
+    }
+
+    /// Wait until every request a target took before now is applied (a
+    /// control call queues behind them on every target).
+    /// Pool maps' aggregation caps go to the storage first: the drain
+    /// orders them after any aggregation running.
+    pub fn drain_targets(&self) {
+        if let Some(st) = self.storage.read().clone() {
+            for (pool, cap) in self.pool_maps.aggregation_caps() {
+                st.cap_aggregation(pool, cap);
+            }
+            let _ = st.target_stats();
+        }
     }
 
     pub fn shutdown(&self) {

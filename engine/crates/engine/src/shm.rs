@@ -21,6 +21,7 @@
 
 use crate::dataplane;
 use crate::node::Node;
+use crate::poolmap::PoolMaps;
 use peregrine_proto::data::Response as DataResponse;
 use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 use peregrine_proto::shm::{self as wire, Hello, Mapping, RemotePart};
@@ -320,6 +321,7 @@ impl Live {
 struct Channel {
     live: Arc<Live>,
     target: u32,
+    pool_maps: Arc<PoolMaps>,
 }
 
 impl Drop for Channel {
@@ -366,6 +368,12 @@ impl Source for Channel {
             live.reply(&header, owned(dataplane::error_reply(0, String::new())));
             return Polled::Idle;
         };
+        // Polled on the target's own thread: admitted requests queue in order
+        // with the drain that follows a pool map change (see `crate::poolmap`).
+        if let Err((code, message)) = self.pool_maps.admit(&req).map(drop) {
+            live.reply(&header, owned(dataplane::error_reply(code, message)));
+            return Polled::Idle;
+        }
         if let Some(t) = peregrine_vos::request_target(&req).filter(|t| *t != self.target) {
             live.stats.rejected.fetch_add(1, Ordering::Relaxed);
             live.close(&format!(
@@ -483,6 +491,7 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
     let channel = Box::new(Channel {
         live: live.clone(),
         target,
+        pool_maps: node.pool_maps.clone(),
     });
     let (wake_fd, page_fd) = match storage.attach(target, channel) {
         Ok(fds) => fds,

@@ -29,6 +29,8 @@ pub enum Opcode {
     List = 5,
     QuerySize = 6,
     Flush = 7,
+    ListChanged = 8,
+    ListRecords = 9,
 }
 
 impl Opcode {
@@ -41,6 +43,8 @@ impl Opcode {
             5 => Opcode::List,
             6 => Opcode::QuerySize,
             7 => Opcode::Flush,
+            8 => Opcode::ListChanged,
+            9 => Opcode::ListRecords,
             _ => return None,
         })
     }

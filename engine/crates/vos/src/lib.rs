@@ -332,6 +332,9 @@ pub(crate) struct AggregationLease {
     base: Instant,
     /// Nanoseconds after `base`.
     until: AtomicU64,
+    /// Per pool, the highest epoch aggregation may run up to
+    /// ([`Storage::cap_aggregation`]).
+    caps: Mutex<HashMap<Uuid, u64>>,
 }
 
 impl Default for AggregationLease {
@@ -339,6 +342,7 @@ impl Default for AggregationLease {
         AggregationLease {
             base: Instant::now(),
             until: AtomicU64::new(u64::MAX),
+            caps: Mutex::default(),
         }
     }
 }
@@ -346,6 +350,12 @@ impl Default for AggregationLease {
 impl AggregationLease {
     pub(crate) fn valid(&self) -> bool {
         (self.base.elapsed().as_nanos() as u64) < self.until.load(Ordering::Relaxed)
+    }
+
+    /// The epoch an aggregation of `pool` starting now runs up to.
+    pub(crate) fn upto(&self, pool: &Uuid) -> u64 {
+        let now = peregrine_proto::epoch_now();
+        self.caps.lock().get(pool).map_or(now, |&c| c.min(now))
     }
 }
 
@@ -652,6 +662,21 @@ impl Storage {
             .checked_duration_since(self.lease.base)
             .map_or(0, |d| d.as_nanos() as u64);
         self.lease.until.store(ns, Ordering::Relaxed);
+    }
+
+    /// Let aggregations of `pool` (on their own or asked for) run up to
+    /// `cap` at most, or again up to the present (`None`). Aggregation keeps
+    /// every version and punch above the epoch it runs up to; an engine
+    /// caps it while a target of the pool is out, so that reintegration
+    /// finds every record the returning target may have missed (a punch
+    /// goes once nothing is left below it). Aggregations that start after
+    /// the call obey it.
+    pub fn cap_aggregation(&self, pool: Uuid, cap: Option<u64>) {
+        let mut caps = self.lease.caps.lock();
+        match cap {
+            Some(c) => caps.insert(pool, c),
+            None => caps.remove(&pool),
+        };
     }
 
     /// Reclaim versions that no read at a snapshot or at any epoch from now

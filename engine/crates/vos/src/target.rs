@@ -1317,7 +1317,7 @@ impl Target {
     /// Aggregate up to now: a snapshot this target learns of later at an
     /// older epoch is refused ([`Ctl::SetSnapshots`]), not silently short.
     fn aggregate(&mut self, pool: Uuid) -> Result<Released, StorageError> {
-        let upto = peregrine_proto::epoch_now();
+        let upto = self.lease.upto(&pool);
         self.commit_ctl(WalOp::AggregateTo { pool, upto })
     }
 

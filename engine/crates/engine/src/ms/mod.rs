@@ -8,11 +8,15 @@
 //! members that joined). Raft replication will later replace the single
 //! host without changing the API.
 
+mod pool_map;
+
 use crate::node::Node;
 use peregrine_proto::mgmt::engine_client::EngineClient;
 use peregrine_proto::mgmt::mgmt_server::Mgmt;
 use peregrine_proto::mgmt::*;
 use peregrine_proto::{epoch_now, ObjectClass};
+pub use pool_map::{spawn_pool_watch, REINTEGRATION_MARGIN};
+use pool_map::{RankOut, Reintegration};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -101,6 +105,43 @@ struct MsState {
     map_version: u64,
     members: BTreeMap<u32, MemberRec>,
     pools: BTreeMap<Uuid, PoolRec>,
+    /// Per pool, the ranks whose targets are not up-and-in (see `pool_map`).
+    /// Last, so that a record written before it existed decodes as the
+    /// fields before it.
+    pool_out: BTreeMap<Uuid, BTreeMap<u32, RankOut>>,
+}
+
+/// Prefix of the persisted state from the version that added `pool_out`
+/// on; the byte after "PRGMS" is the encoding version. Records without it
+/// are the first encoding (every target up-and-in).
+const STATE_MAGIC: &[u8] = b"PRGMS\x02";
+
+impl MsState {
+    fn encode(&self) -> Result<Vec<u8>, bincode::Error> {
+        let mut blob = STATE_MAGIC.to_vec();
+        bincode::serialize_into(&mut blob, self)?;
+        Ok(blob)
+    }
+
+    fn decode(blob: &[u8]) -> Result<MsState, bincode::Error> {
+        if let Some(rest) = blob.strip_prefix(STATE_MAGIC) {
+            return bincode::deserialize(rest);
+        }
+        type First = (
+            String,
+            u64,
+            BTreeMap<u32, MemberRec>,
+            BTreeMap<Uuid, PoolRec>,
+        );
+        let (system, map_version, members, pools): First = bincode::deserialize(blob)?;
+        Ok(MsState {
+            system,
+            map_version,
+            members,
+            pools,
+            pool_out: BTreeMap::new(),
+        })
+    }
 }
 
 pub struct MgmtService {
@@ -110,6 +151,8 @@ pub struct MgmtService {
     heartbeats: parking_lot::Mutex<HashMap<u32, Instant>>,
     /// When this service started counting heartbeats.
     started: Instant,
+    /// Pools being reintegrated now, or whose last try failed (and when).
+    reintegrations: parking_lot::Mutex<HashMap<Uuid, Reintegration>>,
 }
 
 fn now_unix() -> u64 {
@@ -216,7 +259,7 @@ impl MgmtService {
                 .mgmt_load()
                 .map_err(|e| format!("load management state: {e}"))?
             {
-                state = bincode::deserialize(&blob)
+                state = MsState::decode(&blob)
                     .map_err(|e| format!("management state is undecodable: {e}"))?;
                 tracing::info!(
                     "management service: loaded {} members, {} pools",
@@ -230,6 +273,7 @@ impl MgmtService {
             state: Mutex::new(state),
             heartbeats: Default::default(),
             started: Instant::now(),
+            reintegrations: Default::default(),
         })
     }
 
@@ -237,7 +281,8 @@ impl MgmtService {
     fn persist(&self, state: &MsState) -> Result<(), Status> {
         match self.node.storage() {
             Ok(st) => {
-                let blob = bincode::serialize(state)
+                let blob = state
+                    .encode()
                     .map_err(|e| Status::internal(format!("encode management state: {e}")))?;
                 st.mgmt_store(&blob)
                     .map_err(|e| Status::internal(format!("persist management state: {e}")))
@@ -361,22 +406,28 @@ impl MgmtService {
     }
 
     async fn pool_info(&self, state: &MsState, pool: &PoolRec) -> PoolInfo {
-        let (tiers, _, down) = self.pool_space(state, pool).await;
+        let (tiers, _, unreachable) = self.pool_space(state, pool).await;
+        let out = pool_map::OutTargets::of(state, pool);
         PoolInfo {
             uuid: pool.uuid.to_string(),
             label: pool.label.clone(),
-            state: if down > 0 {
+            state: if out.down > 0 || unreachable > 0 {
                 "degraded".into()
+            } else if out.reintegrating > 0 {
+                "reintegrating".into()
             } else {
                 "ready".into()
             },
             map_version: pool.map_version,
             ranks: pool.ranks.clone(),
             total_targets: pool.targets.iter().sum(),
-            disabled_targets: down,
+            // Counted out by the map, or not answering (not yet excluded).
+            disabled_targets: out.down.max(unreachable),
             tiers,
             props: props_map(&pool.props),
             containers: pool.conts.len() as u32,
+            reintegrating_targets: out.reintegrating,
+            rank_states: out.ranks,
         }
     }
 
@@ -563,6 +614,7 @@ impl Mgmt for MgmtService {
                     fault_domain: m.fault_domain.clone(),
                     targets: m.targets,
                     shm_path: m.shm_path.clone(),
+                    targets_out: pool_map::targets_out(&s, m.rank),
                 })
                 .collect(),
         }))
@@ -709,6 +761,8 @@ impl Mgmt for MgmtService {
         Ok(Response::new(JoinResp {
             map_version: s.map_version,
             snapshots,
+            pool_maps: pool_map::views_of_rank(&s, j.rank),
+            pool_maps_known: true,
         }))
     }
 
@@ -870,6 +924,7 @@ impl Mgmt for MgmtService {
         })
         .await?;
         s.pools.remove(&p.uuid);
+        s.pool_out.remove(&p.uuid);
         self.persist(&s)?;
         tracing::info!("destroyed pool {} ({})", p.label, p.uuid);
         Ok(Response::new(Empty {}))
@@ -899,14 +954,18 @@ impl Mgmt for MgmtService {
         let mut targets = vec![];
         for (i, &rank) in p.ranks.iter().enumerate() {
             let m = s.members.get(&rank);
+            // A target that stopped answering stays in (writes wait for it)
+            // until the pool watch excludes it: see `pool_map`.
+            let state = pool_map::target_state(&s, &p.uuid, rank);
             for index in 0..p.targets.get(i).copied().unwrap_or(1) {
                 targets.push(PoolTarget {
                     rank,
                     index,
                     data_addr: m.map(|m| m.data_addr.clone()).unwrap_or_default(),
                     fault_domain: m.map(|m| m.fault_domain.clone()).unwrap_or_default(),
-                    up: self.alive(rank),
+                    up: matches!(state, TargetState::TargetUpIn | TargetState::TargetUp),
                     shm_path: m.map(|m| m.shm_path.clone()).unwrap_or_default(),
+                    state: state.into(),
                 });
             }
         }
