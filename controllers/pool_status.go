@@ -2,6 +2,9 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
+	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,15 +22,19 @@ func tiersTotal(info *mgmtpb.PoolInfo) uint64 {
 }
 
 // copyPoolStatus copies a PoolQuery answer into the status; the Ready condition follows the
-// store's state.
+// store's state. Degraded is True while targets are not up-and-in: TargetsDown when some are
+// excluded (disabled), TargetsReintegrating when the only ones out are back and being brought up
+// to date; its message names the ranks and their state.
 func copyPoolStatus(pool *storagev1.Pool, info *mgmtpb.PoolInfo) {
 	st := &pool.Status
 	st.UUID, st.Label, st.MapVersion = info.Uuid, info.Label, int64(info.MapVersion)
 	st.TotalTargets, st.DisabledTargets, st.Containers = int32(info.TotalTargets), int32(info.DisabledTargets), int32(info.Containers)
+	st.ReintegratingTargets = int32(info.ReintegratingTargets)
 	st.Ranks = nil
 	for _, r := range info.Ranks {
 		st.Ranks = append(st.Ranks, int32(r))
 	}
+	st.RanksOut = ranksOut(info.RankStates)
 	st.Tiers = nil
 	var total, free uint64
 	for _, t := range info.Tiers {
@@ -39,16 +46,82 @@ func copyPoolStatus(pool *storagev1.Pool, info *mgmtpb.PoolInfo) {
 	}
 	st.Size, st.Free = humanBytes(total), humanBytes(free)
 	st.State = info.State
-	msg := fmt.Sprintf("pool %q (%s) is %s: %d targets (%d disabled), map version %d",
-		info.Label, info.Uuid, info.State, info.TotalTargets, info.DisabledTargets, info.MapVersion)
-	if info.State == "ready" {
+	msg := fmt.Sprintf("pool %q (%s) is %s: %d targets (%d disabled, %d reintegrating), map version %d",
+		info.Label, info.Uuid, info.State, info.TotalTargets, info.DisabledTargets, info.ReintegratingTargets, info.MapVersion)
+	if len(st.RanksOut) > 0 {
+		var ranks []string
+		for _, r := range st.RanksOut {
+			ranks = append(ranks, fmt.Sprintf("rank %d %s", r.Rank, targetStateWords(r.State)))
+		}
+		msg += "; targets not up-and-in: " + strings.Join(ranks, ", ")
+	}
+	switch {
+	case info.State == "ready" && info.DisabledTargets == 0 && info.ReintegratingTargets == 0 && len(st.RanksOut) == 0:
 		setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionTrue, "PoolReady", msg)
 		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionFalse, "AllTargetsUp", msg)
-	} else {
-		// A degraded pool still serves I/O; Degraded tells why.
-		setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionTrue, "PoolServing", msg)
+		return
+	case info.DisabledTargets > 0 || hasRankState(st.RanksOut, storagev1.TargetDown, storagev1.TargetDownOut):
+		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, reasonTargetsDown, msg)
+	case info.ReintegratingTargets > 0 || info.State == "reintegrating" || hasRankState(st.RanksOut, storagev1.TargetReintegrating):
+		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, reasonTargetsReintegrating, msg)
+	default:
 		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, "Pool"+titleWord(info.State), msg)
 	}
+	// A degraded or reintegrating pool still serves I/O; Degraded tells why.
+	setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionTrue, "PoolServing", msg)
+}
+
+// ranksOut is the pool map's ranks whose targets are not up-and-in, one entry per rank (the
+// status lists them by rank), sorted. Should the service name a rank twice, the entry keeps the
+// worse state: down-and-out over down over reintegrating.
+func ranksOut(states []*mgmtpb.RankTargetState) []storagev1.RankTargetState {
+	severity := map[storagev1.TargetState]int{storagev1.TargetReintegrating: 1, storagev1.TargetDown: 2, storagev1.TargetDownOut: 3}
+	byRank := map[int32]storagev1.TargetState{}
+	for _, rs := range states {
+		var s storagev1.TargetState
+		switch rs.State {
+		case mgmtpb.TargetState_TARGET_UP_IN:
+			continue
+		case mgmtpb.TargetState_TARGET_UP:
+			s = storagev1.TargetReintegrating
+		case mgmtpb.TargetState_TARGET_DOWN_OUT:
+			s = storagev1.TargetDownOut
+		default:
+			// TARGET_DOWN, or a state this operator does not know yet: not up-and-in.
+			s = storagev1.TargetDown
+		}
+		if old, ok := byRank[int32(rs.Rank)]; !ok || severity[s] > severity[old] {
+			byRank[int32(rs.Rank)] = s
+		}
+	}
+	var out []storagev1.RankTargetState
+	for r, s := range byRank {
+		out = append(out, storagev1.RankTargetState{Rank: r, State: s})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Rank < out[j].Rank })
+	return out
+}
+
+// targetStateWords is how a condition message says a rank's target state.
+func targetStateWords(s storagev1.TargetState) string {
+	switch s {
+	case storagev1.TargetDown:
+		return "down"
+	case storagev1.TargetReintegrating:
+		return "reintegrating"
+	case storagev1.TargetDownOut:
+		return "down and out"
+	}
+	return string(s)
+}
+
+func hasRankState(ranks []storagev1.RankTargetState, states ...storagev1.TargetState) bool {
+	for _, r := range ranks {
+		if slices.Contains(states, r.State) {
+			return true
+		}
+	}
+	return false
 }
 
 // lostReason is the Ready reason of a Pool or Container whose object the management service no
@@ -64,6 +137,7 @@ func markPoolLost(pool *storagev1.Pool, label string, err error) string {
 	st := &pool.Status
 	st.State = "lost"
 	st.MapVersion, st.Ranks, st.TotalTargets, st.DisabledTargets, st.Containers = 0, nil, 0, 0, 0
+	st.ReintegratingTargets, st.RanksOut = 0, nil
 	st.Tiers, st.Size, st.Free = nil, "", ""
 	forgetPoolMetrics(pool.Namespace, pool.Name)
 	msg := fmt.Sprintf("the management service no longer has pool %q (%s): %s; it was destroyed outside Kubernetes and is not re-created",

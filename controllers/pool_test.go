@@ -100,6 +100,11 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 		Expect(p.Status.Size).To(Equal(humanBytes(total)))
 		Expect(p.Status.Free).To(Equal(humanBytes(free)))
 		Expect(condition(p.Status.Conditions, storagev1.ConditionReady).Status).To(Equal(metav1.ConditionTrue))
+		Expect(p.Status.DisabledTargets).To(Equal(int32(info.DisabledTargets)))
+		Expect(p.Status.ReintegratingTargets).To(Equal(int32(info.ReintegratingTargets)))
+		Expect(p.Status.RanksOut).To(BeEmpty())
+		Expect(condition(p.Status.Conditions, storagev1.ConditionDegraded)).To(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "AllTargetsUp")))
 		Expect(p.Status.ObservedGeneration).To(Equal(p.Generation))
 	})
 
@@ -228,6 +233,7 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 				HaveField("Tiers", BeEmpty()), HaveField("Size", ""), HaveField("Free", ""),
 				HaveField("MapVersion", BeZero()), HaveField("Ranks", BeEmpty()), HaveField("TotalTargets", BeZero()),
 				HaveField("DisabledTargets", BeZero()), HaveField("Containers", BeZero()),
+				HaveField("ReintegratingTargets", BeZero()), HaveField("RanksOut", BeEmpty()),
 			))
 			g.Expect(condition(p.Status.Conditions, storagev1.ConditionReady)).To(And(
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "NotFoundInManagementService"),

@@ -49,7 +49,7 @@ func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	before := ss.DeepCopy()
 
-	live, replicas, err := r.applyWorkload(ctx, ss)
+	live, replicas, rollHold, err := r.applyWorkload(ctx, ss)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -60,7 +60,7 @@ func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if msErr != nil {
 		log.Info("management service unreachable", "address", ss.Status.MgmtAddress, "error", msErr.Error())
 	}
-	r.setConditions(ss, live, replicas, msErr)
+	r.setConditions(ss, live, replicas, rollHold, msErr)
 	ss.Status.ObservedGeneration = ss.Generation
 
 	if err := r.Status().Patch(ctx, ss, client.MergeFrom(before)); err != nil {
@@ -82,27 +82,28 @@ func (r *ServerSetReconciler) refresh() time.Duration {
 }
 
 // applyWorkload creates or updates the ConfigMap, Service, PodDisruptionBudget and StatefulSet.
-// It returns the StatefulSet as last observed (its status tells how far a roll has come) and the
-// replicas it asked for.
-func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.ServerSet) (*appsv1.StatefulSet, int32, error) {
+// It returns the StatefulSet as last observed (its status tells how far a roll has come), the
+// replicas it asked for, and, when a rolling upgrade holds only because the system is not whole
+// again (rollGate), what it waits for.
+func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.ServerSet) (*appsv1.StatefulSet, int32, string, error) {
 	cm := renderConfigMap(ss)
 	if err := r.apply(ctx, ss, cm, func(existing client.Object) {
 		existing.(*corev1.ConfigMap).Data = cm.Data
 	}); err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	svc := renderService(ss)
 	if err := r.apply(ctx, ss, svc, func(existing client.Object) {
 		e := existing.(*corev1.Service)
 		e.Spec.Selector, e.Spec.Ports, e.Spec.PublishNotReadyAddresses = svc.Spec.Selector, svc.Spec.Ports, svc.Spec.PublishNotReadyAddresses
 	}); err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	pdb := renderPDB(ss)
 	if err := r.apply(ctx, ss, pdb, func(existing client.Object) {
 		existing.(*policyv1.PodDisruptionBudget).Spec = pdb.Spec
 	}); err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 
 	replicas := ss.Spec.Engines
@@ -115,10 +116,10 @@ func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.S
 			replicas = *current.Spec.Replicas // scaling down is refused; setConditions says why
 		}
 	case !apierrors.IsNotFound(err):
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	desiredHash := templateHash(renderStatefulSet(ss, replicas, 0, configHash(cm)).Spec.Template)
-	partition := int32(0)
+	partition, rollHold := int32(0), ""
 	if found {
 		s := rollState{
 			replicas:     replicas,
@@ -130,9 +131,12 @@ func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.S
 			observed:     current.Status.ObservedGeneration >= current.Generation,
 		}
 		if s.partition > 0 && s.previousHash == s.desiredHash {
-			s.systemHealthy = r.systemHealthy(ctx, ss, replicas)
+			s.systemHealthy, s.systemMessage = r.systemHealthy(ctx, ss, replicas)
 		}
 		partition = nextPartition(s)
+		if s.waitingForSystem() {
+			rollHold = s.systemMessage
+		}
 	}
 	sts := renderStatefulSet(ss, replicas, partition, configHash(cm))
 	sts.Annotations = map[string]string{templateHashKey: desiredHash}
@@ -146,9 +150,9 @@ func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.S
 		}
 		e.Annotations[templateHashKey] = desiredHash
 	}); err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
-	return current, replicas, nil
+	return current, replicas, rollHold, nil
 }
 
 // apply creates desired (owned by ss) or, when it exists, lets mutate copy the rendered fields

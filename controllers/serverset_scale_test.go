@@ -117,7 +117,9 @@ var _ = Describe("ServerSet scale-up", func() {
 			var nvme, scm int64
 			for _, m := range sys.Members {
 				want = append(want, storagev1.EngineStatus{Rank: int32(m.Rank), UUID: m.Uuid, State: m.State,
-					ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain, Formatted: true, StorageState: "ready"})
+					ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain, Formatted: true, StorageState: "ready",
+					TargetsOut: int32(m.TargetsOut)})
+				g.Expect(m.TargetsOut).To(BeZero(), "rank %d", m.Rank)
 			}
 			for _, r := range scan.Ranks {
 				g.Expect(r.Formatted).To(BeTrue(), "rank %d", r.Rank)
@@ -130,6 +132,7 @@ var _ = Describe("ServerSet scale-up", func() {
 			g.Expect(getServerSet(name)().Status).To(And(
 				HaveField("Engines", ConsistOf(want)),
 				HaveField("MapVersion", int64(sys.MapVersion)),
+				HaveField("EnginesWithTargetsOut", BeZero()),
 				HaveField("Capacity", ConsistOf( // each tier summed over the three ranks
 					And(HaveField("Name", "scm"), HaveField("Total", scm)),
 					And(HaveField("Name", "nvme"), HaveField("Total", nvme)),

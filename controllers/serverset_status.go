@@ -181,10 +181,11 @@ func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan
 		}
 	}
 	ss.Status.Engines = nil
-	ss.Status.ReadyEngines = 0
+	ss.Status.ReadyEngines, ss.Status.EnginesWithTargetsOut = 0, 0
 	for _, m := range sys.Members {
 		e := storagev1.EngineStatus{
 			Rank: int32(m.Rank), UUID: m.Uuid, State: m.State, ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain,
+			TargetsOut: int32(m.TargetsOut),
 		}
 		if rs := storage[m.Rank]; rs != nil {
 			e.Formatted = rs.Formatted && rs.System == sys.System
@@ -193,6 +194,9 @@ func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan
 		}
 		if m.State == "joined" {
 			ss.Status.ReadyEngines++
+		}
+		if m.TargetsOut > 0 {
+			ss.Status.EnginesWithTargetsOut++
 		}
 		ss.Status.Engines = append(ss.Status.Engines, e)
 	}
@@ -205,8 +209,12 @@ func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan
 	}
 }
 
-// setConditions summarises the system in Ready, Degraded and Progressing.
-func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv1.StatefulSet, replicas int32, msErr error) {
+// setConditions summarises the system in Ready, Degraded and Progressing. Degraded is True while
+// an engine is down (EnginesDown) or, all engines up, while a rank still has targets that are not
+// up-and-in in some pool (TargetsReintegrating: back, being brought up to date). rollHold, when
+// not empty, is what a rolling upgrade waits for before restarting the next engine
+// (Progressing WaitingForSystem).
+func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv1.StatefulSet, replicas int32, rollHold string, msErr error) {
 	gen := ss.Generation
 	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&ss.Status.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
@@ -216,18 +224,29 @@ func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv
 		set(storagev1.ConditionReady, metav1.ConditionFalse, "ManagementServiceUnreachable", msg)
 		set(storagev1.ConditionDegraded, metav1.ConditionUnknown, "ManagementServiceUnreachable", msg)
 	} else {
-		var down []string
+		var down, out []string
 		for _, e := range ss.Status.Engines {
 			if e.State != "joined" && e.State != "maintenance" {
 				down = append(down, fmt.Sprintf("rank %d %s", e.Rank, e.State))
 			} else if e.StorageState == "degraded" {
 				down = append(down, fmt.Sprintf("rank %d degraded: %s", e.Rank, e.Message))
 			}
+			if e.TargetsOut > 0 {
+				out = append(out, fmt.Sprintf("rank %d: %d target(s) not up-and-in in its pools", e.Rank, e.TargetsOut))
+			}
 		}
-		if len(down) > 0 {
-			set(storagev1.ConditionDegraded, metav1.ConditionTrue, "EnginesDown", strings.Join(down, ", "))
-		} else {
-			set(storagev1.ConditionDegraded, metav1.ConditionFalse, "AllEnginesUp", "no engine is stopped or excluded")
+		switch {
+		case len(down) > 0:
+			msg := strings.Join(down, ", ")
+			if len(out) > 0 {
+				msg += "; " + strings.Join(out, ", ")
+			}
+			set(storagev1.ConditionDegraded, metav1.ConditionTrue, "EnginesDown", msg)
+		case len(out) > 0:
+			set(storagev1.ConditionDegraded, metav1.ConditionTrue, reasonTargetsReintegrating,
+				"every engine is up; targets still being reintegrated: "+strings.Join(out, ", "))
+		default:
+			set(storagev1.ConditionDegraded, metav1.ConditionFalse, "AllEnginesUp", "no engine is stopped or excluded, every target is up and in")
 		}
 		msg := fmt.Sprintf("%d of %d engines joined", ss.Status.ReadyEngines, ss.Spec.Engines)
 		if ss.Status.ReadyEngines >= ss.Spec.Engines {
@@ -245,6 +264,14 @@ func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv
 		set(storagev1.ConditionProgressing, metav1.ConditionFalse, "ScaleDownRefused",
 			fmt.Sprintf("scaling from %d to %d engines is refused until ranks %d-%d are drained from the system",
 				replicas, ss.Spec.Engines, ss.Spec.Engines, replicas-1))
+	case rollHold != "":
+		var updated int32
+		if live != nil {
+			updated = live.Status.UpdatedReplicas
+		}
+		set(storagev1.ConditionProgressing, metav1.ConditionTrue, reasonWaitingForSystem,
+			fmt.Sprintf("%d of %d engine pods updated and all ready; the next engine restarts once every rank is joined with all its targets up and in: %s",
+				updated, replicas, rollHold))
 	case live == nil || live.Status.ObservedGeneration < live.Generation || live.Status.UpdatedReplicas < replicas || live.Status.ReadyReplicas < replicas:
 		var ready, updated int32
 		if live != nil {

@@ -254,6 +254,12 @@ var _ = Describe("ServerSet", func() {
 			Expect(k8s.Get(ctx, key, sts)).To(Succeed())
 			return currentPartition(sts)
 		}, 4*time.Second, 500*time.Millisecond).Should(Equal(int32(1)))
+
+		By("Progressing says what the roll waits for, rank by rank")
+		Eventually(func() metav1.Condition {
+			return condition(getServerSet("roll")().Status.Conditions, storagev1.ConditionProgressing)
+		}, 10*time.Second).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", "WaitingForSystem"),
+			HaveField("Message", And(ContainSubstring("rank 0: maintenance"), ContainSubstring("rank 1: not a member of the system")))))
 	})
 })
 
@@ -328,7 +334,7 @@ var _ = Describe("ServerSet status from the management service", func() {
 		copySystemStatus(ss, sys, scan)
 		Expect(ss.Status.Engines[1].StorageState).To(Equal("degraded"))
 		r := &ServerSetReconciler{}
-		r.setConditions(ss, nil, 2, nil)
+		r.setConditions(ss, nil, 2, "", nil)
 		c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionDegraded)
 		Expect(c).NotTo(BeNil())
 		Expect(c.Status).To(Equal(metav1.ConditionTrue))
@@ -336,7 +342,7 @@ var _ = Describe("ServerSet status from the management service", func() {
 
 		scan.Ranks[1].State, scan.Ranks[1].Message = "ready", ""
 		copySystemStatus(ss, sys, scan)
-		r.setConditions(ss, nil, 2, nil)
+		r.setConditions(ss, nil, 2, "", nil)
 		Expect(meta.IsStatusConditionFalse(ss.Status.Conditions, storagev1.ConditionDegraded)).To(BeTrue())
 	})
 })

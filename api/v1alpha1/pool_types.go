@@ -69,7 +69,8 @@ type PoolStatus struct {
 	// Label of the pool in the store.
 	// +optional
 	Label string `json:"label,omitempty"`
-	// State as the store reports it ("ready", "degraded"), or "lost" when the management service
+	// State as the store reports it ("ready", "degraded": targets down, "reintegrating": targets
+	// back and being brought up to date), or "lost" when the management service
 	// no longer has the pool: then only uuid and label remain, the figures are cleared.
 	// +optional
 	State string `json:"state,omitempty"`
@@ -80,8 +81,19 @@ type PoolStatus struct {
 	Ranks []int32 `json:"ranks,omitempty"`
 	// +optional
 	TotalTargets int32 `json:"totalTargets,omitempty"`
+	// DisabledTargets counts the pool's targets that are excluded (down, or down and out): their
+	// engines stopped answering and their shards are served around.
 	// +optional
 	DisabledTargets int32 `json:"disabledTargets,omitempty"`
+	// ReintegratingTargets counts the pool's targets that are back and being brought up to date:
+	// they take writes and serve no reads yet.
+	// +optional
+	ReintegratingTargets int32 `json:"reintegratingTargets,omitempty"`
+	// RanksOut lists the ranks whose targets in this pool are not up-and-in, with their state.
+	// +optional
+	// +listType=map
+	// +listMapKey=rank
+	RanksOut []RankTargetState `json:"ranksOut,omitempty"`
 	// Tiers with total and free bytes.
 	// +optional
 	Tiers []TierStatus `json:"tiers,omitempty"`
@@ -100,6 +112,26 @@ type PoolStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
+// TargetState is the state of a rank's targets in a pool map, other than up-and-in.
+// +kubebuilder:validation:Enum=Down;Reintegrating;DownOut
+type TargetState string
+
+const (
+	// TargetDown: excluded, the engine stopped answering; its shards are served around.
+	TargetDown TargetState = "Down"
+	// TargetReintegrating: the engine is back and its targets are being brought up to date; they
+	// take writes and serve no reads.
+	TargetReintegrating TargetState = "Reintegrating"
+	// TargetDownOut: excluded and rebuilt elsewhere.
+	TargetDownOut TargetState = "DownOut"
+)
+
+// RankTargetState is the state of one rank's targets in a pool.
+type RankTargetState struct {
+	Rank  int32       `json:"rank"`
+	State TargetState `json:"state"`
+}
+
 // Pool is a Peregrine pool.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
@@ -107,6 +139,8 @@ type PoolStatus struct {
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`
 // +kubebuilder:printcolumn:name="Free",type=string,JSONPath=`.status.free`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Disabled",type=integer,JSONPath=`.status.disabledTargets`,description="Targets excluded (down)",priority=1
+// +kubebuilder:printcolumn:name="Reintegrating",type=integer,JSONPath=`.status.reintegratingTargets`,description="Targets back and being brought up to date",priority=1
 // +kubebuilder:printcolumn:name="UUID",type=string,JSONPath=`.status.uuid`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Pool struct {

@@ -148,6 +148,11 @@ type EngineStatus struct {
 	StorageState string `json:"storageState,omitempty"`
 	// Message explains a rank in maintenance or degraded.
 	Message string `json:"message,omitempty"`
+	// TargetsOut counts the rank's targets that are not up-and-in, summed over its pools: down
+	// (excluded while the engine is away) or back and still being reintegrated. 0 once a
+	// returning engine is reintegrated everywhere.
+	// +optional
+	TargetsOut int32 `json:"targetsOut,omitempty"`
 }
 
 // ServerSetStatus is copied from the management service (SystemQuery, StorageScan).
@@ -163,6 +168,11 @@ type ServerSetStatus struct {
 	// ReadyEngines counts ranks in state "joined".
 	// +optional
 	ReadyEngines int32 `json:"readyEngines,omitempty"`
+	// EnginesWithTargetsOut counts ranks with targets that are not up-and-in in some pool (down,
+	// or back and still being reintegrated). A rolling upgrade restarts the next engine only
+	// when it is 0 and every rank is joined.
+	// +optional
+	EnginesWithTargetsOut int32 `json:"enginesWithTargetsOut,omitempty"`
 	// MapVersion of the system map.
 	// +optional
 	MapVersion int64 `json:"mapVersion,omitempty"`
@@ -185,6 +195,7 @@ type ServerSetStatus struct {
 // +kubebuilder:resource:shortName=pss,categories=peregrine
 // +kubebuilder:printcolumn:name="Engines",type=integer,JSONPath=`.spec.engines`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyEngines`
+// +kubebuilder:printcolumn:name="Engines-Out",type=integer,JSONPath=`.status.enginesWithTargetsOut`,description="Engines with targets down or being reintegrated in some pool"
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ServerSet struct {

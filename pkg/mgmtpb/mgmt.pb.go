@@ -29,6 +29,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// A target's state in a pool map (as DAOS's): where reads and writes go.
+type TargetState int32
+
+const (
+	TargetState_TARGET_UP_IN    TargetState = 0 // serves reads and writes
+	TargetState_TARGET_DOWN     TargetState = 1 // excluded: stopped answering; its shards are served around
+	TargetState_TARGET_UP       TargetState = 2 // back, being reintegrated: takes writes, serves no reads
+	TargetState_TARGET_DOWN_OUT TargetState = 3 // excluded and rebuilt elsewhere (rebuild: not yet)
+)
+
+// Enum value maps for TargetState.
+var (
+	TargetState_name = map[int32]string{
+		0: "TARGET_UP_IN",
+		1: "TARGET_DOWN",
+		2: "TARGET_UP",
+		3: "TARGET_DOWN_OUT",
+	}
+	TargetState_value = map[string]int32{
+		"TARGET_UP_IN":    0,
+		"TARGET_DOWN":     1,
+		"TARGET_UP":       2,
+		"TARGET_DOWN_OUT": 3,
+	}
+)
+
+func (x TargetState) Enum() *TargetState {
+	p := new(TargetState)
+	*p = x
+	return p
+}
+
+func (x TargetState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TargetState) Descriptor() protoreflect.EnumDescriptor {
+	return file_mgmt_proto_enumTypes[0].Descriptor()
+}
+
+func (TargetState) Type() protoreflect.EnumType {
+	return &file_mgmt_proto_enumTypes[0]
+}
+
+func (x TargetState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TargetState.Descriptor instead.
+func (TargetState) EnumDescriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{0}
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -113,7 +166,11 @@ type Member struct {
 	Targets     uint32                 `protobuf:"varint,7,opt,name=targets,proto3" json:"targets,omitempty"`
 	// Unix socket of the engine's shared-memory data plane ("" when none);
 	// usable only by clients on the engine's node.
-	ShmPath       string `protobuf:"bytes,8,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"`
+	ShmPath string `protobuf:"bytes,8,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"`
+	// Targets of this rank that are not TARGET_UP_IN, summed over its pools:
+	// 0 once a returning engine is reintegrated everywhere (what a rolling
+	// upgrade waits for before it restarts the next engine).
+	TargetsOut    uint32 `protobuf:"varint,9,opt,name=targets_out,json=targetsOut,proto3" json:"targets_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,6 +259,13 @@ func (x *Member) GetShmPath() string {
 		return x.ShmPath
 	}
 	return ""
+}
+
+func (x *Member) GetTargetsOut() uint32 {
+	if x != nil {
+		return x.TargetsOut
+	}
+	return 0
 }
 
 type SystemQueryResp struct {
@@ -715,9 +779,13 @@ func (x *JoinReq) GetWantSnapshots() bool {
 // `snapshots`: every container's snapshot list on the engine's pools, sent
 // when it asked or when the service had counted it as stopped.
 type JoinResp struct {
-	state         protoimpl.MessageState   `protogen:"open.v1"`
-	MapVersion    uint64                   `protobuf:"varint,1,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
-	Snapshots     []*ContShardSnapshotsReq `protobuf:"bytes,2,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	state      protoimpl.MessageState   `protogen:"open.v1"`
+	MapVersion uint64                   `protobuf:"varint,1,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	Snapshots  []*ContShardSnapshotsReq `protobuf:"bytes,2,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// Every pool the engine is part of. Until an engine has these it serves
+	// no I/O: after an outage its shards may be stale.
+	PoolMaps      []*PoolMapVersion `protobuf:"bytes,3,rep,name=pool_maps,json=poolMaps,proto3" json:"pool_maps,omitempty"`
+	PoolMapsKnown bool              `protobuf:"varint,4,opt,name=pool_maps_known,json=poolMapsKnown,proto3" json:"pool_maps_known,omitempty"` // false: an older service; serve as before
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -766,6 +834,94 @@ func (x *JoinResp) GetSnapshots() []*ContShardSnapshotsReq {
 	return nil
 }
 
+func (x *JoinResp) GetPoolMaps() []*PoolMapVersion {
+	if x != nil {
+		return x.PoolMaps
+	}
+	return nil
+}
+
+func (x *JoinResp) GetPoolMapsKnown() bool {
+	if x != nil {
+		return x.PoolMapsKnown
+	}
+	return false
+}
+
+// What an engine needs of one pool map: its version and the state of the
+// engine's own targets in it.
+type PoolMapVersion struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	PoolUuid string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
+	Version  uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	State    TargetState            `protobuf:"varint,3,opt,name=state,proto3,enum=peregrine.mgmt.v1.TargetState" json:"state,omitempty"`
+	// While a target of the pool is out: aggregation runs up to this epoch
+	// at most (the oldest a reintegration copies from), as it drops a punch
+	// once nothing is left below it and a returning target must still learn
+	// of it. 0: no cap.
+	AggregationCap uint64 `protobuf:"varint,4,opt,name=aggregation_cap,json=aggregationCap,proto3" json:"aggregation_cap,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *PoolMapVersion) Reset() {
+	*x = PoolMapVersion{}
+	mi := &file_mgmt_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolMapVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolMapVersion) ProtoMessage() {}
+
+func (x *PoolMapVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_mgmt_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolMapVersion.ProtoReflect.Descriptor instead.
+func (*PoolMapVersion) Descriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PoolMapVersion) GetPoolUuid() string {
+	if x != nil {
+		return x.PoolUuid
+	}
+	return ""
+}
+
+func (x *PoolMapVersion) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *PoolMapVersion) GetState() TargetState {
+	if x != nil {
+		return x.State
+	}
+	return TargetState_TARGET_UP_IN
+}
+
+func (x *PoolMapVersion) GetAggregationCap() uint64 {
+	if x != nil {
+		return x.AggregationCap
+	}
+	return 0
+}
+
 // ---- pools ----
 type Tier struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -778,7 +934,7 @@ type Tier struct {
 
 func (x *Tier) Reset() {
 	*x = Tier{}
-	mi := &file_mgmt_proto_msgTypes[11]
+	mi := &file_mgmt_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +946,7 @@ func (x *Tier) String() string {
 func (*Tier) ProtoMessage() {}
 
 func (x *Tier) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[11]
+	mi := &file_mgmt_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +959,7 @@ func (x *Tier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tier.ProtoReflect.Descriptor instead.
 func (*Tier) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{11}
+	return file_mgmt_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Tier) GetName() string {
@@ -844,7 +1000,7 @@ type PoolCreateReq struct {
 
 func (x *PoolCreateReq) Reset() {
 	*x = PoolCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[12]
+	mi := &file_mgmt_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +1012,7 @@ func (x *PoolCreateReq) String() string {
 func (*PoolCreateReq) ProtoMessage() {}
 
 func (x *PoolCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[12]
+	mi := &file_mgmt_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1025,7 @@ func (x *PoolCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolCreateReq.ProtoReflect.Descriptor instead.
 func (*PoolCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{12}
+	return file_mgmt_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PoolCreateReq) GetLabel() string {
@@ -922,24 +1078,26 @@ func (x *PoolCreateReq) GetProps() map[string]string {
 }
 
 type PoolInfo struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	Uuid            string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
-	Label           string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
-	State           string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // "ready", "degraded"
-	MapVersion      uint64                 `protobuf:"varint,4,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
-	Ranks           []uint32               `protobuf:"varint,5,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
-	TotalTargets    uint32                 `protobuf:"varint,6,opt,name=total_targets,json=totalTargets,proto3" json:"total_targets,omitempty"`
-	DisabledTargets uint32                 `protobuf:"varint,7,opt,name=disabled_targets,json=disabledTargets,proto3" json:"disabled_targets,omitempty"`
-	Tiers           []*Tier                `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
-	Props           map[string]string      `protobuf:"bytes,9,rep,name=props,proto3" json:"props,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Containers      uint32                 `protobuf:"varint,10,opt,name=containers,proto3" json:"containers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	Uuid                 string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Label                string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
+	State                string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // "ready", "degraded" (targets down), "reintegrating"
+	MapVersion           uint64                 `protobuf:"varint,4,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	Ranks                []uint32               `protobuf:"varint,5,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	TotalTargets         uint32                 `protobuf:"varint,6,opt,name=total_targets,json=totalTargets,proto3" json:"total_targets,omitempty"`
+	DisabledTargets      uint32                 `protobuf:"varint,7,opt,name=disabled_targets,json=disabledTargets,proto3" json:"disabled_targets,omitempty"` // TARGET_DOWN or TARGET_DOWN_OUT in the pool map
+	Tiers                []*Tier                `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	Props                map[string]string      `protobuf:"bytes,9,rep,name=props,proto3" json:"props,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Containers           uint32                 `protobuf:"varint,10,opt,name=containers,proto3" json:"containers,omitempty"`
+	ReintegratingTargets uint32                 `protobuf:"varint,11,opt,name=reintegrating_targets,json=reintegratingTargets,proto3" json:"reintegrating_targets,omitempty"` // TARGET_UP: back, being brought up to date
+	RankStates           []*RankTargetState     `protobuf:"bytes,12,rep,name=rank_states,json=rankStates,proto3" json:"rank_states,omitempty"`                                // ranks whose targets are not TARGET_UP_IN
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *PoolInfo) Reset() {
 	*x = PoolInfo{}
-	mi := &file_mgmt_proto_msgTypes[13]
+	mi := &file_mgmt_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1109,7 @@ func (x *PoolInfo) String() string {
 func (*PoolInfo) ProtoMessage() {}
 
 func (x *PoolInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[13]
+	mi := &file_mgmt_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1122,7 @@ func (x *PoolInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolInfo.ProtoReflect.Descriptor instead.
 func (*PoolInfo) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{13}
+	return file_mgmt_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PoolInfo) GetUuid() string {
@@ -1037,6 +1195,72 @@ func (x *PoolInfo) GetContainers() uint32 {
 	return 0
 }
 
+func (x *PoolInfo) GetReintegratingTargets() uint32 {
+	if x != nil {
+		return x.ReintegratingTargets
+	}
+	return 0
+}
+
+func (x *PoolInfo) GetRankStates() []*RankTargetState {
+	if x != nil {
+		return x.RankStates
+	}
+	return nil
+}
+
+type RankTargetState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	State         TargetState            `protobuf:"varint,2,opt,name=state,proto3,enum=peregrine.mgmt.v1.TargetState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankTargetState) Reset() {
+	*x = RankTargetState{}
+	mi := &file_mgmt_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankTargetState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankTargetState) ProtoMessage() {}
+
+func (x *RankTargetState) ProtoReflect() protoreflect.Message {
+	mi := &file_mgmt_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankTargetState.ProtoReflect.Descriptor instead.
+func (*RankTargetState) Descriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RankTargetState) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankTargetState) GetState() TargetState {
+	if x != nil {
+		return x.State
+	}
+	return TargetState_TARGET_UP_IN
+}
+
 type PoolListReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1045,7 +1269,7 @@ type PoolListReq struct {
 
 func (x *PoolListReq) Reset() {
 	*x = PoolListReq{}
-	mi := &file_mgmt_proto_msgTypes[14]
+	mi := &file_mgmt_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1281,7 @@ func (x *PoolListReq) String() string {
 func (*PoolListReq) ProtoMessage() {}
 
 func (x *PoolListReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[14]
+	mi := &file_mgmt_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1294,7 @@ func (x *PoolListReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolListReq.ProtoReflect.Descriptor instead.
 func (*PoolListReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{14}
+	return file_mgmt_proto_rawDescGZIP(), []int{16}
 }
 
 type PoolListResp struct {
@@ -1082,7 +1306,7 @@ type PoolListResp struct {
 
 func (x *PoolListResp) Reset() {
 	*x = PoolListResp{}
-	mi := &file_mgmt_proto_msgTypes[15]
+	mi := &file_mgmt_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1318,7 @@ func (x *PoolListResp) String() string {
 func (*PoolListResp) ProtoMessage() {}
 
 func (x *PoolListResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[15]
+	mi := &file_mgmt_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1331,7 @@ func (x *PoolListResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolListResp.ProtoReflect.Descriptor instead.
 func (*PoolListResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{15}
+	return file_mgmt_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PoolListResp) GetPools() []*PoolInfo {
@@ -1126,7 +1350,7 @@ type PoolQueryReq struct {
 
 func (x *PoolQueryReq) Reset() {
 	*x = PoolQueryReq{}
-	mi := &file_mgmt_proto_msgTypes[16]
+	mi := &file_mgmt_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1362,7 @@ func (x *PoolQueryReq) String() string {
 func (*PoolQueryReq) ProtoMessage() {}
 
 func (x *PoolQueryReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[16]
+	mi := &file_mgmt_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1375,7 @@ func (x *PoolQueryReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolQueryReq.ProtoReflect.Descriptor instead.
 func (*PoolQueryReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{16}
+	return file_mgmt_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PoolQueryReq) GetId() string {
@@ -1171,7 +1395,7 @@ type PoolDestroyReq struct {
 
 func (x *PoolDestroyReq) Reset() {
 	*x = PoolDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[17]
+	mi := &file_mgmt_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1407,7 @@ func (x *PoolDestroyReq) String() string {
 func (*PoolDestroyReq) ProtoMessage() {}
 
 func (x *PoolDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[17]
+	mi := &file_mgmt_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1420,7 @@ func (x *PoolDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDestroyReq.ProtoReflect.Descriptor instead.
 func (*PoolDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{17}
+	return file_mgmt_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PoolDestroyReq) GetId() string {
@@ -1223,7 +1447,7 @@ type PoolSetPropReq struct {
 
 func (x *PoolSetPropReq) Reset() {
 	*x = PoolSetPropReq{}
-	mi := &file_mgmt_proto_msgTypes[18]
+	mi := &file_mgmt_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1459,7 @@ func (x *PoolSetPropReq) String() string {
 func (*PoolSetPropReq) ProtoMessage() {}
 
 func (x *PoolSetPropReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[18]
+	mi := &file_mgmt_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1472,7 @@ func (x *PoolSetPropReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSetPropReq.ProtoReflect.Descriptor instead.
 func (*PoolSetPropReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{18}
+	return file_mgmt_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PoolSetPropReq) GetId() string {
@@ -1274,7 +1498,7 @@ type PoolConnectReq struct {
 
 func (x *PoolConnectReq) Reset() {
 	*x = PoolConnectReq{}
-	mi := &file_mgmt_proto_msgTypes[19]
+	mi := &file_mgmt_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1510,7 @@ func (x *PoolConnectReq) String() string {
 func (*PoolConnectReq) ProtoMessage() {}
 
 func (x *PoolConnectReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[19]
+	mi := &file_mgmt_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1523,7 @@ func (x *PoolConnectReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolConnectReq.ProtoReflect.Descriptor instead.
 func (*PoolConnectReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{19}
+	return file_mgmt_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PoolConnectReq) GetId() string {
@@ -1315,15 +1539,16 @@ type PoolTarget struct {
 	Index         uint32                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"` // target index inside the engine
 	DataAddr      string                 `protobuf:"bytes,3,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
 	FaultDomain   string                 `protobuf:"bytes,4,opt,name=fault_domain,json=faultDomain,proto3" json:"fault_domain,omitempty"`
-	Up            bool                   `protobuf:"varint,5,opt,name=up,proto3" json:"up,omitempty"`
+	Up            bool                   `protobuf:"varint,5,opt,name=up,proto3" json:"up,omitempty"`                         // takes writes (TARGET_UP_IN or TARGET_UP)
 	ShmPath       string                 `protobuf:"bytes,6,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"` // the engine's shared-memory socket, "" when none
+	State         TargetState            `protobuf:"varint,7,opt,name=state,proto3,enum=peregrine.mgmt.v1.TargetState" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolTarget) Reset() {
 	*x = PoolTarget{}
-	mi := &file_mgmt_proto_msgTypes[20]
+	mi := &file_mgmt_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1560,7 @@ func (x *PoolTarget) String() string {
 func (*PoolTarget) ProtoMessage() {}
 
 func (x *PoolTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[20]
+	mi := &file_mgmt_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1573,7 @@ func (x *PoolTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolTarget.ProtoReflect.Descriptor instead.
 func (*PoolTarget) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{20}
+	return file_mgmt_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PoolTarget) GetRank() uint32 {
@@ -1393,6 +1618,13 @@ func (x *PoolTarget) GetShmPath() string {
 	return ""
 }
 
+func (x *PoolTarget) GetState() TargetState {
+	if x != nil {
+		return x.State
+	}
+	return TargetState_TARGET_UP_IN
+}
+
 type PoolMap struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Uuid          string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
@@ -1405,7 +1637,7 @@ type PoolMap struct {
 
 func (x *PoolMap) Reset() {
 	*x = PoolMap{}
-	mi := &file_mgmt_proto_msgTypes[21]
+	mi := &file_mgmt_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1649,7 @@ func (x *PoolMap) String() string {
 func (*PoolMap) ProtoMessage() {}
 
 func (x *PoolMap) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[21]
+	mi := &file_mgmt_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1662,7 @@ func (x *PoolMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMap.ProtoReflect.Descriptor instead.
 func (*PoolMap) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{21}
+	return file_mgmt_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PoolMap) GetUuid() string {
@@ -1479,7 +1711,7 @@ type ContCreateReq struct {
 
 func (x *ContCreateReq) Reset() {
 	*x = ContCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[22]
+	mi := &file_mgmt_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1723,7 @@ func (x *ContCreateReq) String() string {
 func (*ContCreateReq) ProtoMessage() {}
 
 func (x *ContCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[22]
+	mi := &file_mgmt_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1736,7 @@ func (x *ContCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContCreateReq.ProtoReflect.Descriptor instead.
 func (*ContCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{22}
+	return file_mgmt_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ContCreateReq) GetPool() string {
@@ -1591,7 +1823,7 @@ type ContInfo struct {
 
 func (x *ContInfo) Reset() {
 	*x = ContInfo{}
-	mi := &file_mgmt_proto_msgTypes[23]
+	mi := &file_mgmt_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1835,7 @@ func (x *ContInfo) String() string {
 func (*ContInfo) ProtoMessage() {}
 
 func (x *ContInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[23]
+	mi := &file_mgmt_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1848,7 @@ func (x *ContInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContInfo.ProtoReflect.Descriptor instead.
 func (*ContInfo) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{23}
+	return file_mgmt_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ContInfo) GetUuid() string {
@@ -1719,7 +1951,7 @@ type ContListReq struct {
 
 func (x *ContListReq) Reset() {
 	*x = ContListReq{}
-	mi := &file_mgmt_proto_msgTypes[24]
+	mi := &file_mgmt_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1963,7 @@ func (x *ContListReq) String() string {
 func (*ContListReq) ProtoMessage() {}
 
 func (x *ContListReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[24]
+	mi := &file_mgmt_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1976,7 @@ func (x *ContListReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContListReq.ProtoReflect.Descriptor instead.
 func (*ContListReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{24}
+	return file_mgmt_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ContListReq) GetPool() string {
@@ -1763,7 +1995,7 @@ type ContListResp struct {
 
 func (x *ContListResp) Reset() {
 	*x = ContListResp{}
-	mi := &file_mgmt_proto_msgTypes[25]
+	mi := &file_mgmt_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +2007,7 @@ func (x *ContListResp) String() string {
 func (*ContListResp) ProtoMessage() {}
 
 func (x *ContListResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[25]
+	mi := &file_mgmt_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +2020,7 @@ func (x *ContListResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContListResp.ProtoReflect.Descriptor instead.
 func (*ContListResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{25}
+	return file_mgmt_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContListResp) GetContainers() []*ContInfo {
@@ -1808,7 +2040,7 @@ type ContQueryReq struct {
 
 func (x *ContQueryReq) Reset() {
 	*x = ContQueryReq{}
-	mi := &file_mgmt_proto_msgTypes[26]
+	mi := &file_mgmt_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2052,7 @@ func (x *ContQueryReq) String() string {
 func (*ContQueryReq) ProtoMessage() {}
 
 func (x *ContQueryReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[26]
+	mi := &file_mgmt_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2065,7 @@ func (x *ContQueryReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContQueryReq.ProtoReflect.Descriptor instead.
 func (*ContQueryReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{26}
+	return file_mgmt_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ContQueryReq) GetPool() string {
@@ -1861,7 +2093,7 @@ type ContDestroyReq struct {
 
 func (x *ContDestroyReq) Reset() {
 	*x = ContDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[27]
+	mi := &file_mgmt_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2105,7 @@ func (x *ContDestroyReq) String() string {
 func (*ContDestroyReq) ProtoMessage() {}
 
 func (x *ContDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[27]
+	mi := &file_mgmt_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2118,7 @@ func (x *ContDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContDestroyReq.ProtoReflect.Descriptor instead.
 func (*ContDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{27}
+	return file_mgmt_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ContDestroyReq) GetPool() string {
@@ -1921,7 +2153,7 @@ type ContSetPropReq struct {
 
 func (x *ContSetPropReq) Reset() {
 	*x = ContSetPropReq{}
-	mi := &file_mgmt_proto_msgTypes[28]
+	mi := &file_mgmt_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2165,7 @@ func (x *ContSetPropReq) String() string {
 func (*ContSetPropReq) ProtoMessage() {}
 
 func (x *ContSetPropReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[28]
+	mi := &file_mgmt_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2178,7 @@ func (x *ContSetPropReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContSetPropReq.ProtoReflect.Descriptor instead.
 func (*ContSetPropReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{28}
+	return file_mgmt_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ContSetPropReq) GetPool() string {
@@ -1981,7 +2213,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_mgmt_proto_msgTypes[29]
+	mi := &file_mgmt_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2225,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[29]
+	mi := &file_mgmt_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2238,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{29}
+	return file_mgmt_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Snapshot) GetEpoch() uint64 {
@@ -2041,7 +2273,7 @@ type SnapCreateReq struct {
 
 func (x *SnapCreateReq) Reset() {
 	*x = SnapCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[30]
+	mi := &file_mgmt_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2285,7 @@ func (x *SnapCreateReq) String() string {
 func (*SnapCreateReq) ProtoMessage() {}
 
 func (x *SnapCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[30]
+	mi := &file_mgmt_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2298,7 @@ func (x *SnapCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapCreateReq.ProtoReflect.Descriptor instead.
 func (*SnapCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{30}
+	return file_mgmt_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapCreateReq) GetPool() string {
@@ -2100,7 +2332,7 @@ type SnapListReq struct {
 
 func (x *SnapListReq) Reset() {
 	*x = SnapListReq{}
-	mi := &file_mgmt_proto_msgTypes[31]
+	mi := &file_mgmt_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2112,7 +2344,7 @@ func (x *SnapListReq) String() string {
 func (*SnapListReq) ProtoMessage() {}
 
 func (x *SnapListReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[31]
+	mi := &file_mgmt_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2125,7 +2357,7 @@ func (x *SnapListReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapListReq.ProtoReflect.Descriptor instead.
 func (*SnapListReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{31}
+	return file_mgmt_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapListReq) GetPool() string {
@@ -2151,7 +2383,7 @@ type SnapListResp struct {
 
 func (x *SnapListResp) Reset() {
 	*x = SnapListResp{}
-	mi := &file_mgmt_proto_msgTypes[32]
+	mi := &file_mgmt_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2395,7 @@ func (x *SnapListResp) String() string {
 func (*SnapListResp) ProtoMessage() {}
 
 func (x *SnapListResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[32]
+	mi := &file_mgmt_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2408,7 @@ func (x *SnapListResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapListResp.ProtoReflect.Descriptor instead.
 func (*SnapListResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{32}
+	return file_mgmt_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapListResp) GetSnapshots() []*Snapshot {
@@ -2198,7 +2430,7 @@ type SnapDestroyReq struct {
 
 func (x *SnapDestroyReq) Reset() {
 	*x = SnapDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[33]
+	mi := &file_mgmt_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2442,7 @@ func (x *SnapDestroyReq) String() string {
 func (*SnapDestroyReq) ProtoMessage() {}
 
 func (x *SnapDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[33]
+	mi := &file_mgmt_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2455,7 @@ func (x *SnapDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapDestroyReq.ProtoReflect.Descriptor instead.
 func (*SnapDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{33}
+	return file_mgmt_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapDestroyReq) GetPool() string {
@@ -2266,7 +2498,7 @@ type PoolShardCreateReq struct {
 
 func (x *PoolShardCreateReq) Reset() {
 	*x = PoolShardCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[34]
+	mi := &file_mgmt_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2510,7 @@ func (x *PoolShardCreateReq) String() string {
 func (*PoolShardCreateReq) ProtoMessage() {}
 
 func (x *PoolShardCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[34]
+	mi := &file_mgmt_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2523,7 @@ func (x *PoolShardCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardCreateReq.ProtoReflect.Descriptor instead.
 func (*PoolShardCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{34}
+	return file_mgmt_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PoolShardCreateReq) GetPoolUuid() string {
@@ -2324,7 +2556,7 @@ type PoolShardDestroyReq struct {
 
 func (x *PoolShardDestroyReq) Reset() {
 	*x = PoolShardDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[35]
+	mi := &file_mgmt_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2568,7 @@ func (x *PoolShardDestroyReq) String() string {
 func (*PoolShardDestroyReq) ProtoMessage() {}
 
 func (x *PoolShardDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[35]
+	mi := &file_mgmt_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2581,7 @@ func (x *PoolShardDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardDestroyReq.ProtoReflect.Descriptor instead.
 func (*PoolShardDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{35}
+	return file_mgmt_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PoolShardDestroyReq) GetPoolUuid() string {
@@ -2368,7 +2600,7 @@ type PoolShardQueryReq struct {
 
 func (x *PoolShardQueryReq) Reset() {
 	*x = PoolShardQueryReq{}
-	mi := &file_mgmt_proto_msgTypes[36]
+	mi := &file_mgmt_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2612,7 @@ func (x *PoolShardQueryReq) String() string {
 func (*PoolShardQueryReq) ProtoMessage() {}
 
 func (x *PoolShardQueryReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[36]
+	mi := &file_mgmt_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2625,7 @@ func (x *PoolShardQueryReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardQueryReq.ProtoReflect.Descriptor instead.
 func (*PoolShardQueryReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{36}
+	return file_mgmt_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PoolShardQueryReq) GetPoolUuid() string {
@@ -2417,7 +2649,7 @@ type PoolShardSpace struct {
 
 func (x *PoolShardSpace) Reset() {
 	*x = PoolShardSpace{}
-	mi := &file_mgmt_proto_msgTypes[37]
+	mi := &file_mgmt_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2661,7 @@ func (x *PoolShardSpace) String() string {
 func (*PoolShardSpace) ProtoMessage() {}
 
 func (x *PoolShardSpace) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[37]
+	mi := &file_mgmt_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2674,7 @@ func (x *PoolShardSpace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardSpace.ProtoReflect.Descriptor instead.
 func (*PoolShardSpace) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{37}
+	return file_mgmt_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PoolShardSpace) GetScmTotal() uint64 {
@@ -2490,7 +2722,7 @@ type ContShardDestroyReq struct {
 
 func (x *ContShardDestroyReq) Reset() {
 	*x = ContShardDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[38]
+	mi := &file_mgmt_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2734,7 @@ func (x *ContShardDestroyReq) String() string {
 func (*ContShardDestroyReq) ProtoMessage() {}
 
 func (x *ContShardDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[38]
+	mi := &file_mgmt_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2747,7 @@ func (x *ContShardDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContShardDestroyReq.ProtoReflect.Descriptor instead.
 func (*ContShardDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{38}
+	return file_mgmt_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ContShardDestroyReq) GetPoolUuid() string {
@@ -2546,7 +2778,7 @@ type ContShardSnapshotsReq struct {
 
 func (x *ContShardSnapshotsReq) Reset() {
 	*x = ContShardSnapshotsReq{}
-	mi := &file_mgmt_proto_msgTypes[39]
+	mi := &file_mgmt_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2790,7 @@ func (x *ContShardSnapshotsReq) String() string {
 func (*ContShardSnapshotsReq) ProtoMessage() {}
 
 func (x *ContShardSnapshotsReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[39]
+	mi := &file_mgmt_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2803,7 @@ func (x *ContShardSnapshotsReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContShardSnapshotsReq.ProtoReflect.Descriptor instead.
 func (*ContShardSnapshotsReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{39}
+	return file_mgmt_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ContShardSnapshotsReq) GetPoolUuid() string {
@@ -2611,7 +2843,7 @@ type AggregateReq struct {
 
 func (x *AggregateReq) Reset() {
 	*x = AggregateReq{}
-	mi := &file_mgmt_proto_msgTypes[40]
+	mi := &file_mgmt_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2623,7 +2855,7 @@ func (x *AggregateReq) String() string {
 func (*AggregateReq) ProtoMessage() {}
 
 func (x *AggregateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[40]
+	mi := &file_mgmt_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2636,7 +2868,7 @@ func (x *AggregateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateReq.ProtoReflect.Descriptor instead.
 func (*AggregateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{40}
+	return file_mgmt_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AggregateReq) GetPoolUuid() string {
@@ -2655,7 +2887,7 @@ type AggregateResp struct {
 
 func (x *AggregateResp) Reset() {
 	*x = AggregateResp{}
-	mi := &file_mgmt_proto_msgTypes[41]
+	mi := &file_mgmt_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2667,7 +2899,7 @@ func (x *AggregateResp) String() string {
 func (*AggregateResp) ProtoMessage() {}
 
 func (x *AggregateResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[41]
+	mi := &file_mgmt_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2680,7 +2912,7 @@ func (x *AggregateResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateResp.ProtoReflect.Descriptor instead.
 func (*AggregateResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{41}
+	return file_mgmt_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AggregateResp) GetReclaimedBytes() uint64 {
@@ -2697,7 +2929,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"mgmt.proto\x12\x11peregrine.mgmt.v1\"\a\n" +
 	"\x05Empty\"\x10\n" +
-	"\x0eSystemQueryReq\"\xde\x01\n" +
+	"\x0eSystemQueryReq\"\xff\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12!\n" +
@@ -2706,7 +2938,9 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\tR\x05state\x12!\n" +
 	"\ffault_domain\x18\x06 \x01(\tR\vfaultDomain\x12\x18\n" +
 	"\atargets\x18\a \x01(\rR\atargets\x12\x19\n" +
-	"\bshm_path\x18\b \x01(\tR\ashmPath\"\xa0\x01\n" +
+	"\bshm_path\x18\b \x01(\tR\ashmPath\x12\x1f\n" +
+	"\vtargets_out\x18\t \x01(\rR\n" +
+	"targetsOut\"\xa0\x01\n" +
 	"\x0fSystemQueryResp\x12\x16\n" +
 	"\x06system\x18\x01 \x01(\tR\x06system\x12\x1f\n" +
 	"\vleader_rank\x18\x02 \x01(\rR\n" +
@@ -2751,11 +2985,18 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x05state\x18\b \x01(\tR\x05state\x12\x19\n" +
 	"\bshm_path\x18\t \x01(\tR\ashmPath\x12%\n" +
 	"\x0ewant_snapshots\x18\n" +
-	" \x01(\bR\rwantSnapshots\"s\n" +
+	" \x01(\bR\rwantSnapshots\"\xdb\x01\n" +
 	"\bJoinResp\x12\x1f\n" +
 	"\vmap_version\x18\x01 \x01(\x04R\n" +
 	"mapVersion\x12F\n" +
-	"\tsnapshots\x18\x02 \x03(\v2(.peregrine.mgmt.v1.ContShardSnapshotsReqR\tsnapshots\"D\n" +
+	"\tsnapshots\x18\x02 \x03(\v2(.peregrine.mgmt.v1.ContShardSnapshotsReqR\tsnapshots\x12>\n" +
+	"\tpool_maps\x18\x03 \x03(\v2!.peregrine.mgmt.v1.PoolMapVersionR\bpoolMaps\x12&\n" +
+	"\x0fpool_maps_known\x18\x04 \x01(\bR\rpoolMapsKnown\"\xa6\x01\n" +
+	"\x0ePoolMapVersion\x12\x1b\n" +
+	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x124\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x1e.peregrine.mgmt.v1.TargetStateR\x05state\x12'\n" +
+	"\x0faggregation_cap\x18\x04 \x01(\x04R\x0eaggregationCap\"D\n" +
 	"\x04Tier\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\x04R\x05total\x12\x12\n" +
@@ -2773,7 +3014,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x04\n" +
 	"\bPoolInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x14\n" +
@@ -2788,11 +3029,17 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"containers\x18\n" +
 	" \x01(\rR\n" +
-	"containers\x1a8\n" +
+	"containers\x123\n" +
+	"\x15reintegrating_targets\x18\v \x01(\rR\x14reintegratingTargets\x12C\n" +
+	"\vrank_states\x18\f \x03(\v2\".peregrine.mgmt.v1.RankTargetStateR\n" +
+	"rankStates\x1a8\n" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\r\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"[\n" +
+	"\x0fRankTargetState\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x124\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1e.peregrine.mgmt.v1.TargetStateR\x05state\"\r\n" +
 	"\vPoolListReq\"A\n" +
 	"\fPoolListResp\x121\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1b.peregrine.mgmt.v1.PoolInfoR\x05pools\"\x1e\n" +
@@ -2809,7 +3056,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\" \n" +
 	"\x0ePoolConnectReq\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xa1\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd7\x01\n" +
 	"\n" +
 	"PoolTarget\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
@@ -2817,7 +3064,8 @@ const file_mgmt_proto_rawDesc = "" +
 	"\tdata_addr\x18\x03 \x01(\tR\bdataAddr\x12!\n" +
 	"\ffault_domain\x18\x04 \x01(\tR\vfaultDomain\x12\x0e\n" +
 	"\x02up\x18\x05 \x01(\bR\x02up\x12\x19\n" +
-	"\bshm_path\x18\x06 \x01(\tR\ashmPath\"\x86\x01\n" +
+	"\bshm_path\x18\x06 \x01(\tR\ashmPath\x124\n" +
+	"\x05state\x18\a \x01(\x0e2\x1e.peregrine.mgmt.v1.TargetStateR\x05state\"\x86\x01\n" +
 	"\aPoolMap\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x18\n" +
@@ -2929,7 +3177,12 @@ const file_mgmt_proto_rawDesc = "" +
 	"\fAggregateReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\"8\n" +
 	"\rAggregateResp\x12'\n" +
-	"\x0freclaimed_bytes\x18\x01 \x01(\x04R\x0ereclaimedBytes2\x83\v\n" +
+	"\x0freclaimed_bytes\x18\x01 \x01(\x04R\x0ereclaimedBytes*T\n" +
+	"\vTargetState\x12\x10\n" +
+	"\fTARGET_UP_IN\x10\x00\x12\x0f\n" +
+	"\vTARGET_DOWN\x10\x01\x12\r\n" +
+	"\tTARGET_UP\x10\x02\x12\x13\n" +
+	"\x0fTARGET_DOWN_OUT\x10\x032\x83\v\n" +
 	"\x04Mgmt\x12T\n" +
 	"\vSystemQuery\x12!.peregrine.mgmt.v1.SystemQueryReq\x1a\".peregrine.mgmt.v1.SystemQueryResp\x12T\n" +
 	"\vStorageScan\x12!.peregrine.mgmt.v1.StorageScanReq\x1a\".peregrine.mgmt.v1.StorageScanResp\x12Z\n" +
@@ -2951,7 +3204,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"SnapCreate\x12 .peregrine.mgmt.v1.SnapCreateReq\x1a\x1b.peregrine.mgmt.v1.Snapshot\x12K\n" +
 	"\bSnapList\x12\x1e.peregrine.mgmt.v1.SnapListReq\x1a\x1f.peregrine.mgmt.v1.SnapListResp\x12J\n" +
-	"\vSnapDestroy\x12!.peregrine.mgmt.v1.SnapDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty2\xa8\x05\n" +
+	"\vSnapDestroy\x12!.peregrine.mgmt.v1.SnapDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty2\xf6\x05\n" +
 	"\x06Engine\x12E\n" +
 	"\tLocalScan\x12\x18.peregrine.mgmt.v1.Empty\x1a\x1e.peregrine.mgmt.v1.RankStorage\x12R\n" +
 	"\vLocalFormat\x12#.peregrine.mgmt.v1.StorageFormatReq\x1a\x1e.peregrine.mgmt.v1.RankStorage\x12R\n" +
@@ -2960,7 +3213,8 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x0ePoolShardQuery\x12$.peregrine.mgmt.v1.PoolShardQueryReq\x1a!.peregrine.mgmt.v1.PoolShardSpace\x12T\n" +
 	"\x10ContShardDestroy\x12&.peregrine.mgmt.v1.ContShardDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty\x12X\n" +
 	"\x12ContShardSnapshots\x12(.peregrine.mgmt.v1.ContShardSnapshotsReq\x1a\x18.peregrine.mgmt.v1.Empty\x12N\n" +
-	"\tAggregate\x12\x1f.peregrine.mgmt.v1.AggregateReq\x1a .peregrine.mgmt.v1.AggregateRespB3Z1github.com/peregrine-storage/peregrine/pkg/mgmtpbb\x06proto3"
+	"\tAggregate\x12\x1f.peregrine.mgmt.v1.AggregateReq\x1a .peregrine.mgmt.v1.AggregateResp\x12L\n" +
+	"\rPoolMapUpdate\x12!.peregrine.mgmt.v1.PoolMapVersion\x1a\x18.peregrine.mgmt.v1.EmptyB3Z1github.com/peregrine-storage/peregrine/pkg/mgmtpbb\x06proto3"
 
 var (
 	file_mgmt_proto_rawDescOnce sync.Once
@@ -2974,132 +3228,143 @@ func file_mgmt_proto_rawDescGZIP() []byte {
 	return file_mgmt_proto_rawDescData
 }
 
-var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_mgmt_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_mgmt_proto_goTypes = []any{
-	(*Empty)(nil),                 // 0: peregrine.mgmt.v1.Empty
-	(*SystemQueryReq)(nil),        // 1: peregrine.mgmt.v1.SystemQueryReq
-	(*Member)(nil),                // 2: peregrine.mgmt.v1.Member
-	(*SystemQueryResp)(nil),       // 3: peregrine.mgmt.v1.SystemQueryResp
-	(*StorageScanReq)(nil),        // 4: peregrine.mgmt.v1.StorageScanReq
-	(*RankStorage)(nil),           // 5: peregrine.mgmt.v1.RankStorage
-	(*StorageScanResp)(nil),       // 6: peregrine.mgmt.v1.StorageScanResp
-	(*StorageFormatReq)(nil),      // 7: peregrine.mgmt.v1.StorageFormatReq
-	(*StorageFormatResp)(nil),     // 8: peregrine.mgmt.v1.StorageFormatResp
-	(*JoinReq)(nil),               // 9: peregrine.mgmt.v1.JoinReq
-	(*JoinResp)(nil),              // 10: peregrine.mgmt.v1.JoinResp
-	(*Tier)(nil),                  // 11: peregrine.mgmt.v1.Tier
-	(*PoolCreateReq)(nil),         // 12: peregrine.mgmt.v1.PoolCreateReq
-	(*PoolInfo)(nil),              // 13: peregrine.mgmt.v1.PoolInfo
-	(*PoolListReq)(nil),           // 14: peregrine.mgmt.v1.PoolListReq
-	(*PoolListResp)(nil),          // 15: peregrine.mgmt.v1.PoolListResp
-	(*PoolQueryReq)(nil),          // 16: peregrine.mgmt.v1.PoolQueryReq
-	(*PoolDestroyReq)(nil),        // 17: peregrine.mgmt.v1.PoolDestroyReq
-	(*PoolSetPropReq)(nil),        // 18: peregrine.mgmt.v1.PoolSetPropReq
-	(*PoolConnectReq)(nil),        // 19: peregrine.mgmt.v1.PoolConnectReq
-	(*PoolTarget)(nil),            // 20: peregrine.mgmt.v1.PoolTarget
-	(*PoolMap)(nil),               // 21: peregrine.mgmt.v1.PoolMap
-	(*ContCreateReq)(nil),         // 22: peregrine.mgmt.v1.ContCreateReq
-	(*ContInfo)(nil),              // 23: peregrine.mgmt.v1.ContInfo
-	(*ContListReq)(nil),           // 24: peregrine.mgmt.v1.ContListReq
-	(*ContListResp)(nil),          // 25: peregrine.mgmt.v1.ContListResp
-	(*ContQueryReq)(nil),          // 26: peregrine.mgmt.v1.ContQueryReq
-	(*ContDestroyReq)(nil),        // 27: peregrine.mgmt.v1.ContDestroyReq
-	(*ContSetPropReq)(nil),        // 28: peregrine.mgmt.v1.ContSetPropReq
-	(*Snapshot)(nil),              // 29: peregrine.mgmt.v1.Snapshot
-	(*SnapCreateReq)(nil),         // 30: peregrine.mgmt.v1.SnapCreateReq
-	(*SnapListReq)(nil),           // 31: peregrine.mgmt.v1.SnapListReq
-	(*SnapListResp)(nil),          // 32: peregrine.mgmt.v1.SnapListResp
-	(*SnapDestroyReq)(nil),        // 33: peregrine.mgmt.v1.SnapDestroyReq
-	(*PoolShardCreateReq)(nil),    // 34: peregrine.mgmt.v1.PoolShardCreateReq
-	(*PoolShardDestroyReq)(nil),   // 35: peregrine.mgmt.v1.PoolShardDestroyReq
-	(*PoolShardQueryReq)(nil),     // 36: peregrine.mgmt.v1.PoolShardQueryReq
-	(*PoolShardSpace)(nil),        // 37: peregrine.mgmt.v1.PoolShardSpace
-	(*ContShardDestroyReq)(nil),   // 38: peregrine.mgmt.v1.ContShardDestroyReq
-	(*ContShardSnapshotsReq)(nil), // 39: peregrine.mgmt.v1.ContShardSnapshotsReq
-	(*AggregateReq)(nil),          // 40: peregrine.mgmt.v1.AggregateReq
-	(*AggregateResp)(nil),         // 41: peregrine.mgmt.v1.AggregateResp
-	nil,                           // 42: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	nil,                           // 43: peregrine.mgmt.v1.PoolInfo.PropsEntry
-	nil,                           // 44: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	nil,                           // 45: peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	nil,                           // 46: peregrine.mgmt.v1.ContInfo.PropsEntry
-	nil,                           // 47: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	nil,                           // 48: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	(TargetState)(0),              // 0: peregrine.mgmt.v1.TargetState
+	(*Empty)(nil),                 // 1: peregrine.mgmt.v1.Empty
+	(*SystemQueryReq)(nil),        // 2: peregrine.mgmt.v1.SystemQueryReq
+	(*Member)(nil),                // 3: peregrine.mgmt.v1.Member
+	(*SystemQueryResp)(nil),       // 4: peregrine.mgmt.v1.SystemQueryResp
+	(*StorageScanReq)(nil),        // 5: peregrine.mgmt.v1.StorageScanReq
+	(*RankStorage)(nil),           // 6: peregrine.mgmt.v1.RankStorage
+	(*StorageScanResp)(nil),       // 7: peregrine.mgmt.v1.StorageScanResp
+	(*StorageFormatReq)(nil),      // 8: peregrine.mgmt.v1.StorageFormatReq
+	(*StorageFormatResp)(nil),     // 9: peregrine.mgmt.v1.StorageFormatResp
+	(*JoinReq)(nil),               // 10: peregrine.mgmt.v1.JoinReq
+	(*JoinResp)(nil),              // 11: peregrine.mgmt.v1.JoinResp
+	(*PoolMapVersion)(nil),        // 12: peregrine.mgmt.v1.PoolMapVersion
+	(*Tier)(nil),                  // 13: peregrine.mgmt.v1.Tier
+	(*PoolCreateReq)(nil),         // 14: peregrine.mgmt.v1.PoolCreateReq
+	(*PoolInfo)(nil),              // 15: peregrine.mgmt.v1.PoolInfo
+	(*RankTargetState)(nil),       // 16: peregrine.mgmt.v1.RankTargetState
+	(*PoolListReq)(nil),           // 17: peregrine.mgmt.v1.PoolListReq
+	(*PoolListResp)(nil),          // 18: peregrine.mgmt.v1.PoolListResp
+	(*PoolQueryReq)(nil),          // 19: peregrine.mgmt.v1.PoolQueryReq
+	(*PoolDestroyReq)(nil),        // 20: peregrine.mgmt.v1.PoolDestroyReq
+	(*PoolSetPropReq)(nil),        // 21: peregrine.mgmt.v1.PoolSetPropReq
+	(*PoolConnectReq)(nil),        // 22: peregrine.mgmt.v1.PoolConnectReq
+	(*PoolTarget)(nil),            // 23: peregrine.mgmt.v1.PoolTarget
+	(*PoolMap)(nil),               // 24: peregrine.mgmt.v1.PoolMap
+	(*ContCreateReq)(nil),         // 25: peregrine.mgmt.v1.ContCreateReq
+	(*ContInfo)(nil),              // 26: peregrine.mgmt.v1.ContInfo
+	(*ContListReq)(nil),           // 27: peregrine.mgmt.v1.ContListReq
+	(*ContListResp)(nil),          // 28: peregrine.mgmt.v1.ContListResp
+	(*ContQueryReq)(nil),          // 29: peregrine.mgmt.v1.ContQueryReq
+	(*ContDestroyReq)(nil),        // 30: peregrine.mgmt.v1.ContDestroyReq
+	(*ContSetPropReq)(nil),        // 31: peregrine.mgmt.v1.ContSetPropReq
+	(*Snapshot)(nil),              // 32: peregrine.mgmt.v1.Snapshot
+	(*SnapCreateReq)(nil),         // 33: peregrine.mgmt.v1.SnapCreateReq
+	(*SnapListReq)(nil),           // 34: peregrine.mgmt.v1.SnapListReq
+	(*SnapListResp)(nil),          // 35: peregrine.mgmt.v1.SnapListResp
+	(*SnapDestroyReq)(nil),        // 36: peregrine.mgmt.v1.SnapDestroyReq
+	(*PoolShardCreateReq)(nil),    // 37: peregrine.mgmt.v1.PoolShardCreateReq
+	(*PoolShardDestroyReq)(nil),   // 38: peregrine.mgmt.v1.PoolShardDestroyReq
+	(*PoolShardQueryReq)(nil),     // 39: peregrine.mgmt.v1.PoolShardQueryReq
+	(*PoolShardSpace)(nil),        // 40: peregrine.mgmt.v1.PoolShardSpace
+	(*ContShardDestroyReq)(nil),   // 41: peregrine.mgmt.v1.ContShardDestroyReq
+	(*ContShardSnapshotsReq)(nil), // 42: peregrine.mgmt.v1.ContShardSnapshotsReq
+	(*AggregateReq)(nil),          // 43: peregrine.mgmt.v1.AggregateReq
+	(*AggregateResp)(nil),         // 44: peregrine.mgmt.v1.AggregateResp
+	nil,                           // 45: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	nil,                           // 46: peregrine.mgmt.v1.PoolInfo.PropsEntry
+	nil,                           // 47: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	nil,                           // 48: peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	nil,                           // 49: peregrine.mgmt.v1.ContInfo.PropsEntry
+	nil,                           // 50: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	nil,                           // 51: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
 }
 var file_mgmt_proto_depIdxs = []int32{
-	2,  // 0: peregrine.mgmt.v1.SystemQueryResp.members:type_name -> peregrine.mgmt.v1.Member
-	5,  // 1: peregrine.mgmt.v1.StorageScanResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
-	5,  // 2: peregrine.mgmt.v1.StorageFormatResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
-	39, // 3: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	42, // 4: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	11, // 5: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
-	43, // 6: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
-	13, // 7: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
-	44, // 8: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	20, // 9: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
-	45, // 10: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	46, // 11: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
-	23, // 12: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
-	47, // 13: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	29, // 14: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
-	48, // 15: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
-	1,  // 16: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
-	4,  // 17: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
-	7,  // 18: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	9,  // 19: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
-	12, // 20: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
-	14, // 21: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
-	16, // 22: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
-	17, // 23: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
-	18, // 24: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
-	19, // 25: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
-	22, // 26: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
-	24, // 27: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
-	26, // 28: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
-	27, // 29: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
-	28, // 30: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
-	30, // 31: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
-	31, // 32: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
-	33, // 33: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
-	0,  // 34: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
-	7,  // 35: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	34, // 36: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
-	35, // 37: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
-	36, // 38: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
-	38, // 39: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
-	39, // 40: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	40, // 41: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
-	3,  // 42: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
-	6,  // 43: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
-	8,  // 44: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
-	10, // 45: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
-	13, // 46: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
-	15, // 47: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
-	13, // 48: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
-	0,  // 49: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
-	13, // 50: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
-	21, // 51: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
-	23, // 52: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
-	25, // 53: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
-	23, // 54: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
-	0,  // 55: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
-	23, // 56: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
-	29, // 57: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
-	32, // 58: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
-	0,  // 59: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
-	5,  // 60: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
-	5,  // 61: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
-	0,  // 62: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
-	0,  // 63: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	37, // 64: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
-	0,  // 65: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	0,  // 66: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
-	41, // 67: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
-	42, // [42:68] is the sub-list for method output_type
-	16, // [16:42] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	3,  // 0: peregrine.mgmt.v1.SystemQueryResp.members:type_name -> peregrine.mgmt.v1.Member
+	6,  // 1: peregrine.mgmt.v1.StorageScanResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
+	6,  // 2: peregrine.mgmt.v1.StorageFormatResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
+	42, // 3: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	12, // 4: peregrine.mgmt.v1.JoinResp.pool_maps:type_name -> peregrine.mgmt.v1.PoolMapVersion
+	0,  // 5: peregrine.mgmt.v1.PoolMapVersion.state:type_name -> peregrine.mgmt.v1.TargetState
+	45, // 6: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	13, // 7: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
+	46, // 8: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
+	16, // 9: peregrine.mgmt.v1.PoolInfo.rank_states:type_name -> peregrine.mgmt.v1.RankTargetState
+	0,  // 10: peregrine.mgmt.v1.RankTargetState.state:type_name -> peregrine.mgmt.v1.TargetState
+	15, // 11: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
+	47, // 12: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	0,  // 13: peregrine.mgmt.v1.PoolTarget.state:type_name -> peregrine.mgmt.v1.TargetState
+	23, // 14: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
+	48, // 15: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	49, // 16: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
+	26, // 17: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
+	50, // 18: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	32, // 19: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
+	51, // 20: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	2,  // 21: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
+	5,  // 22: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
+	8,  // 23: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	10, // 24: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
+	14, // 25: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
+	17, // 26: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
+	19, // 27: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
+	20, // 28: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
+	21, // 29: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
+	22, // 30: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
+	25, // 31: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
+	27, // 32: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
+	29, // 33: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
+	30, // 34: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
+	31, // 35: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
+	33, // 36: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
+	34, // 37: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
+	36, // 38: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
+	1,  // 39: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
+	8,  // 40: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	37, // 41: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
+	38, // 42: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
+	39, // 43: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
+	41, // 44: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
+	42, // 45: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	43, // 46: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
+	12, // 47: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
+	4,  // 48: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
+	7,  // 49: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
+	9,  // 50: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
+	11, // 51: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
+	15, // 52: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
+	18, // 53: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
+	15, // 54: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
+	1,  // 55: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
+	15, // 56: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
+	24, // 57: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
+	26, // 58: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
+	28, // 59: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
+	26, // 60: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
+	1,  // 61: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
+	26, // 62: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
+	32, // 63: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
+	35, // 64: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
+	1,  // 65: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
+	6,  // 66: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
+	6,  // 67: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
+	1,  // 68: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
+	1,  // 69: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	40, // 70: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
+	1,  // 71: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	1,  // 72: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
+	44, // 73: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
+	1,  // 74: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
+	48, // [48:75] is the sub-list for method output_type
+	21, // [21:48] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_mgmt_proto_init() }
@@ -3112,13 +3377,14 @@ func file_mgmt_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mgmt_proto_rawDesc), len(file_mgmt_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   49,
+			NumEnums:      1,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
 		GoTypes:           file_mgmt_proto_goTypes,
 		DependencyIndexes: file_mgmt_proto_depIdxs,
+		EnumInfos:         file_mgmt_proto_enumTypes,
 		MessageInfos:      file_mgmt_proto_msgTypes,
 	}.Build()
 	File_mgmt_proto = out.File

@@ -793,6 +793,7 @@ const (
 	Engine_ContShardDestroy_FullMethodName   = "/peregrine.mgmt.v1.Engine/ContShardDestroy"
 	Engine_ContShardSnapshots_FullMethodName = "/peregrine.mgmt.v1.Engine/ContShardSnapshots"
 	Engine_Aggregate_FullMethodName          = "/peregrine.mgmt.v1.Engine/Aggregate"
+	Engine_PoolMapUpdate_FullMethodName      = "/peregrine.mgmt.v1.Engine/PoolMapUpdate"
 )
 
 // EngineClient is the client API for Engine service.
@@ -810,6 +811,10 @@ type EngineClient interface {
 	// The snapshot epochs of a container, which aggregation must keep readable.
 	ContShardSnapshots(ctx context.Context, in *ContShardSnapshotsReq, opts ...grpc.CallOption) (*Empty, error)
 	Aggregate(ctx context.Context, in *AggregateReq, opts ...grpc.CallOption) (*AggregateResp, error)
+	// A pool map changed: the engine refuses requests made with an older
+	// version from now on, and serves its own targets as their state says.
+	// Answered once requests admitted under the older version are applied.
+	PoolMapUpdate(ctx context.Context, in *PoolMapVersion, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type engineClient struct {
@@ -900,6 +905,16 @@ func (c *engineClient) Aggregate(ctx context.Context, in *AggregateReq, opts ...
 	return out, nil
 }
 
+func (c *engineClient) PoolMapUpdate(ctx context.Context, in *PoolMapVersion, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Engine_PoolMapUpdate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EngineServer is the server API for Engine service.
 // All implementations must embed UnimplementedEngineServer
 // for forward compatibility.
@@ -915,6 +930,10 @@ type EngineServer interface {
 	// The snapshot epochs of a container, which aggregation must keep readable.
 	ContShardSnapshots(context.Context, *ContShardSnapshotsReq) (*Empty, error)
 	Aggregate(context.Context, *AggregateReq) (*AggregateResp, error)
+	// A pool map changed: the engine refuses requests made with an older
+	// version from now on, and serves its own targets as their state says.
+	// Answered once requests admitted under the older version are applied.
+	PoolMapUpdate(context.Context, *PoolMapVersion) (*Empty, error)
 	mustEmbedUnimplementedEngineServer()
 }
 
@@ -948,6 +967,9 @@ func (UnimplementedEngineServer) ContShardSnapshots(context.Context, *ContShardS
 }
 func (UnimplementedEngineServer) Aggregate(context.Context, *AggregateReq) (*AggregateResp, error) {
 	return nil, status.Error(codes.Unimplemented, "method Aggregate not implemented")
+}
+func (UnimplementedEngineServer) PoolMapUpdate(context.Context, *PoolMapVersion) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method PoolMapUpdate not implemented")
 }
 func (UnimplementedEngineServer) mustEmbedUnimplementedEngineServer() {}
 func (UnimplementedEngineServer) testEmbeddedByValue()                {}
@@ -1114,6 +1136,24 @@ func _Engine_Aggregate_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_PoolMapUpdate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PoolMapVersion)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).PoolMapUpdate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_PoolMapUpdate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).PoolMapUpdate(ctx, req.(*PoolMapVersion))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1152,6 +1192,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Aggregate",
 			Handler:    _Engine_Aggregate_Handler,
+		},
+		{
+			MethodName: "PoolMapUpdate",
+			Handler:    _Engine_PoolMapUpdate_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
