@@ -176,6 +176,7 @@ pub async fn system(m: &mut Mgmt, cmd: SystemCmd, json: bool, o: &mut impl Write
                 "DATA",
                 "FAULT DOMAIN",
                 "TARGETS>",
+                "OUT>",
                 "UUID",
             ]);
             let mut members = r.members;
@@ -188,6 +189,7 @@ pub async fn system(m: &mut Mgmt, cmd: SystemCmd, json: bool, o: &mut impl Write
                     mb.data_addr,
                     out::dash(&mb.fault_domain),
                     mb.targets.to_string(),
+                    mb.targets_out.to_string(),
                     mb.uuid,
                 ]);
             }
@@ -273,7 +275,10 @@ fn pool_details(p: &pb::PoolInfo, o: &mut impl Write) -> Result<()> {
             ("Ranks", out::ranks_text(&p.ranks)),
             (
                 "Targets",
-                format!("{} ({} disabled)", p.total_targets, p.disabled_targets),
+                format!(
+                    "{} ({} disabled, {} reintegrating)",
+                    p.total_targets, p.disabled_targets, p.reintegrating_targets
+                ),
             ),
             ("Containers", p.containers.to_string()),
             ("Properties", out::props_text(&p.props)),

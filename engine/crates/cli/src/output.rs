@@ -163,7 +163,7 @@ pub fn dash(s: &str) -> String {
 pub fn member_json(m: &Member) -> Value {
     json!({
         "rank": m.rank, "uuid": m.uuid, "control_addr": m.control_addr, "data_addr": m.data_addr,
-        "state": m.state, "fault_domain": m.fault_domain, "targets": m.targets,
+        "state": m.state, "fault_domain": m.fault_domain, "targets": m.targets, "targets_out": m.targets_out,
     })
 }
 
@@ -184,6 +184,7 @@ pub fn pool_json(p: &PoolInfo) -> Value {
     json!({
         "uuid": p.uuid, "label": p.label, "state": p.state, "map_version": p.map_version,
         "ranks": p.ranks, "total_targets": p.total_targets, "disabled_targets": p.disabled_targets,
+        "reintegrating_targets": p.reintegrating_targets,
         "tiers": p.tiers.iter().map(tier_json).collect::<Vec<_>>(), "props": sorted(&p.props),
         "containers": p.containers,
     })

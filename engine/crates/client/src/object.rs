@@ -35,10 +35,22 @@
 //! - **Epochs**: each update (each piece of a large one) takes a fresh epoch
 //!   from the process's hybrid logical clock; reads are at
 //!   [`EPOCH_LATEST`] unless made through [`Object::at`].
-//! - **Pool map**: a target marked down is not contacted; writes skip down
-//!   shards while a group keeps its redundancy (at most `fault_tolerance`
-//!   down). An engine answering `-ESTALE` makes the client refresh the map
-//!   from the management service and retry once.
+//! - **Pool map**: targets are up-and-in (reads and writes), up (being
+//!   reintegrated: writes only) or down (neither). Writes skip down shards
+//!   while a group keeps its redundancy (at most `fault_tolerance` down);
+//!   reads use up-and-in shards only. A shard that does not answer is never
+//!   skipped on the client's own judgement: the operation retries with a
+//!   refreshed map until the engine answers again or the management service
+//!   has excluded it ([`RETRY_WINDOW`]); an engine answering `-ESTALE` (the
+//!   client's map is older than its own) makes the client refresh the map
+//!   and retry. So an update is acknowledged degraded only under a map that
+//!   marks the skipped shard down, and reintegration copies it there before
+//!   the shard serves reads again (see the `reintegrate` module).
+//! - **Not yet atomic across shards**: the cells of an EC update, and the
+//!   replicas of an RP update, are written one by one, with no distributed
+//!   transaction; a reader may see part of an EC update in flight, and an
+//!   update that fails for good (or whose client dies) may be left applied
+//!   on some shards only.
 
 use crate::error::{fmt_key, Error, Result};
 use crate::hlc;

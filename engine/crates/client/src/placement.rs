@@ -437,6 +437,7 @@ mod tests {
             addr: "x:1".into(),
             fault_domain: String::new(),
             up: true,
+            readable: true,
             shm_path: String::new(),
         });
         let mut moved = 0;
@@ -467,6 +468,7 @@ mod tests {
             addr: "x:1".into(),
             fault_domain: String::new(),
             up: true,
+            readable: true,
             shm_path: String::new(),
         });
         let mut kept = 0;

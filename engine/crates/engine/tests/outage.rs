@@ -307,7 +307,7 @@ fn outage(class: ObjectClass, engines: u32, victim: usize, down: Duration) {
             device_mib: 1024,
             scm_mib: 64,
         },
-        960 * engines as u64,
+        640 * engines as u64,
         class.name(),
         "crc32c",
     );
@@ -426,7 +426,7 @@ fn rolling_restart_under_a_writer() {
             device_mib: 1024,
             scm_mib: 64,
         },
-        2880,
+        1920,
         class.name(),
         "crc32c",
     );
@@ -478,7 +478,7 @@ fn many_restarts() {
                 device_mib: 1024,
                 scm_mib: 128,
             },
-            2880,
+            1920,
             class.name(),
             "crc32c",
         );
