@@ -94,6 +94,8 @@ const MAX_PARALLEL: usize = 32;
 /// (`HEARTBEAT_TIMEOUT`, 6 s), so a write waits for the exclusion rather
 /// than failing half-applied.
 pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a read keeps refreshing a pool map engines call stale.
+const READ_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
 const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(20);
 const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -116,6 +118,8 @@ fn retryable(code: i32) -> bool {
 struct ClientInner {
     mgmt: Mgmt,
     transport: Arc<dyn Transport>,
+    /// [`Client::set_retry_window`], in milliseconds.
+    retry_window_ms: std::sync::atomic::AtomicU64,
 }
 
 /// A connection to a Peregrine system: the management service plus the
@@ -143,8 +147,31 @@ impl Client {
     pub fn connect_with(mgmt_addr: &str, transport: Arc<dyn Transport>) -> Result<Client> {
         let mgmt = Mgmt::connect(mgmt_addr)?;
         Ok(Client {
-            inner: Arc::new(ClientInner { mgmt, transport }),
+            inner: Arc::new(ClientInner {
+                mgmt,
+                transport,
+                retry_window_ms: (RETRY_WINDOW.as_millis() as u64).into(),
+            }),
         })
+    }
+
+    /// How long an update waits for a shard that does not answer before it
+    /// fails (default [`RETRY_WINDOW`]). Below the management service's
+    /// failure detection (6 s) an update whose engine died fails (maybe
+    /// applied on some shards) instead of going on degraded.
+    pub fn set_retry_window(&self, window: std::time::Duration) {
+        self.inner.retry_window_ms.store(
+            window.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    fn retry_window(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.inner
+                .retry_window_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// The blocking management API, for admin calls.
@@ -703,9 +730,26 @@ impl Object {
     /// without it. So a degraded update is acknowledged only once the
     /// system knows the target missed it and will bring it up to date
     /// before it serves reads again.
-    fn with_map<T>(&self, mut f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
+    fn with_map<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
+        let window = self.cont.pool().client().retry_window();
+        self.retry_with_map(f, retryable, window)
+    }
+
+    /// For reads, which go to another replica or reconstruct on their own
+    /// when a shard does not answer: retried only when an engine says the
+    /// client's pool map is stale, a few times.
+    fn with_map_for_read<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
+        self.retry_with_map(f, |c| c == -libc::ESTALE, READ_RETRY_WINDOW)
+    }
+
+    fn retry_with_map<T>(
+        &self,
+        mut f: impl FnMut(&PoolMap) -> Result<T>,
+        retryable: fn(i32) -> bool,
+        window: std::time::Duration,
+    ) -> Result<T> {
         let pool = self.cont.pool();
-        let deadline = std::time::Instant::now() + RETRY_WINDOW;
+        let deadline = std::time::Instant::now() + window;
         let mut map = pool.map();
         let mut pause = RETRY_PAUSE_MIN;
         loop {
@@ -1707,7 +1751,7 @@ impl ObjectAt<'_> {
         check_keys(dkey, Some(akey))?;
         let o = self.obj;
         let what = o.what(dkey);
-        o.with_map(|map| {
+        o.with_map_for_read(|map| {
             let g = o.group(map, dkey)?;
             o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
                 let iod = Iod {
@@ -1765,7 +1809,7 @@ impl ObjectAt<'_> {
                 let pos = offset + done as u64;
                 let piece_end = ((pos / batch + 1) * batch).min(offset + buf.len() as u64);
                 let n = (piece_end - pos) as usize;
-                o.with_map(|map| {
+                o.with_map_for_read(|map| {
                     o.ec_fetch_piece(map, self.epoch, dkey, akey, pos, &mut buf[done..done + n])
                 })
                 .map_err(|e| {
@@ -1781,7 +1825,7 @@ impl ObjectAt<'_> {
         }
         for (i, piece) in buf.chunks_mut(MAX_IO).enumerate() {
             let off = offset + (i * MAX_IO) as u64;
-            o.with_map(|map| {
+            o.with_map_for_read(|map| {
                 let g = o.group(map, dkey)?;
                 o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
                     o.fetch_extent_into(map, loc, self.epoch, dkey, akey, off, piece)
@@ -1801,7 +1845,7 @@ impl ObjectAt<'_> {
         } else {
             akey.to_vec()
         };
-        o.with_map(|map| {
+        o.with_map_for_read(|map| {
             let g = o.group(map, dkey)?;
             o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
                 o.size_shard(map, loc, self.epoch, dkey, &key)
@@ -1813,7 +1857,7 @@ impl ObjectAt<'_> {
     pub fn list_dkeys(&self) -> Result<Vec<Vec<u8>>> {
         let o = self.obj;
         let what = format!("object {}", o.oid);
-        o.with_map(|map| {
+        o.with_map_for_read(|map| {
             let groups = o.layout(map)?;
             let lists = par_map(&groups, |g| {
                 // Any shard of the group has every dkey of the group.
@@ -1833,7 +1877,7 @@ impl ObjectAt<'_> {
         check_keys(dkey, None)?;
         let o = self.obj;
         let what = o.what(dkey);
-        let keys = o.with_map(|map| {
+        let keys = o.with_map_for_read(|map| {
             let g = o.group(map, dkey)?;
             o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
                 o.list_shard(map, loc, self.epoch, dkey)

@@ -304,8 +304,18 @@ fn replicated_reads_survive_failures_and_corruption() {
     fc.engine(rk[1]).down.store(true, Relaxed);
     assert_eq!(obj.fetch_single(b"d", b"s").unwrap().unwrap(), b"single");
     assert!(obj.fetch_array(b"d", b"a", 0, big.len()).unwrap() == big);
-    // A write needs every reachable replica.
+    // A write needs every replica the pool map counts in: it waits for
+    // them (the management service would exclude them), then fails.
+    obj.container()
+        .pool()
+        .client()
+        .set_retry_window(Duration::from_millis(300));
+    let t0 = Instant::now();
     let e = obj.update_single(b"d", b"s", b"x").unwrap_err();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "it did not wait"
+    );
     assert!(
         e.msg.contains(&format!("rank {}", rk[0])) || e.msg.contains(&format!("rank {}", rk[1])),
         "{e}"
@@ -418,7 +428,11 @@ fn errors_name_what_failed() {
         .cont_open("nope")
         .unwrap_err();
     assert_eq!(e.code, -libc::ENOENT, "{e}");
-    // A dead engine: error names pool, rank and address.
+    // A dead engine: error names pool, rank and address (once the update
+    // has waited for it long enough).
+    cont.pool()
+        .client()
+        .set_retry_window(Duration::from_millis(300));
     let obj = cont.object(ObjectId::new(ObjectClass::S1, 0, 1)).unwrap();
     let r = ranks(&obj, b"d")[0];
     fc.engine(r).down.store(true, Relaxed);

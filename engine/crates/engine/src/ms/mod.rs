@@ -105,9 +105,8 @@ struct MsState {
     map_version: u64,
     members: BTreeMap<u32, MemberRec>,
     pools: BTreeMap<Uuid, PoolRec>,
-    /// Per pool, the ranks whose targets are not up-and-in (see `pool_map`).
-    /// Last, so that a record written before it existed decodes as the
-    /// fields before it.
+    /// Per pool, the ranks whose targets are not up-and-in (see `pool_map`;
+    /// records written before it existed: [`MsState::decode`]).
     pool_out: BTreeMap<Uuid, BTreeMap<u32, RankOut>>,
 }
 

@@ -377,3 +377,103 @@ impl MgmtService {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{MemberRec, PoolRec};
+    use super::*;
+
+    fn pool(ranks: &[u32]) -> PoolRec {
+        PoolRec {
+            uuid: Uuid::new_v4(),
+            label: "tank".into(),
+            ranks: ranks.to_vec(),
+            targets: vec![2; ranks.len()],
+            scm_per_target: 1 << 20,
+            nvme_per_target: 1 << 20,
+            props: Default::default(),
+            map_version: 1,
+            conts: Default::default(),
+        }
+    }
+
+    fn state() -> (MsState, Uuid) {
+        let p = pool(&[0, 1, 2]);
+        let uuid = p.uuid;
+        let mut s = MsState {
+            system: "test".into(),
+            ..Default::default()
+        };
+        s.members.insert(
+            1,
+            MemberRec {
+                rank: 1,
+                uuid: "u".into(),
+                control_addr: "c".into(),
+                data_addr: "d".into(),
+                fault_domain: "/h1".into(),
+                targets: 2,
+                state: "ready".into(),
+                shm_path: String::new(),
+            },
+        );
+        s.pools.insert(uuid, p);
+        (s, uuid)
+    }
+
+    #[test]
+    fn states_survive_a_restart_and_the_first_encoding_still_decodes() {
+        let (mut s, uuid) = state();
+        s.pool_out.entry(uuid).or_default().insert(
+            2,
+            RankOut {
+                state: OutState::Up,
+                since: 42,
+            },
+        );
+        let back = MsState::decode(&s.encode().unwrap()).unwrap();
+        assert_eq!(back.pool_out, s.pool_out);
+        assert_eq!(back.pools[&uuid].ranks, vec![0, 1, 2]);
+        // What engines before pool map states wrote: the fields, no prefix.
+        let first = bincode::serialize(&(&s.system, s.map_version, &s.members, &s.pools)).unwrap();
+        let old = MsState::decode(&first).unwrap();
+        assert!(old.pool_out.is_empty(), "every target up-and-in");
+        assert_eq!(old.members.len(), 1);
+        assert_eq!(old.pools[&uuid].label, "tank");
+        assert!(MsState::decode(b"PRGMS\x02garbage").is_err());
+    }
+
+    #[test]
+    fn views_counts_and_aggregation_cap() {
+        let (mut s, uuid) = state();
+        assert_eq!(target_state(&s, &uuid, 1), TargetState::TargetUpIn);
+        assert_eq!(views_of_rank(&s, 1)[0].aggregation_cap, 0);
+        let out = s.pool_out.entry(uuid).or_default();
+        out.insert(
+            1,
+            RankOut {
+                state: OutState::Down,
+                since: 70,
+            },
+        );
+        out.insert(
+            2,
+            RankOut {
+                state: OutState::Up,
+                since: 50,
+            },
+        );
+        let v = views_of_rank(&s, 1);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].state, TargetState::TargetDown as i32);
+        assert_eq!(v[0].aggregation_cap, 50, "the oldest epoch a copy needs");
+        assert_eq!(
+            views_of_rank(&s, 0)[0].state,
+            TargetState::TargetUpIn as i32
+        );
+        assert!(views_of_rank(&s, 7).is_empty());
+        assert_eq!((targets_out(&s, 0), targets_out(&s, 1)), (0, 2));
+        let o = OutTargets::of(&s, &s.pools[&uuid]);
+        assert_eq!((o.down, o.reintegrating, o.ranks.len()), (2, 2, 2));
+    }
+}
