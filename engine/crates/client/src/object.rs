@@ -94,7 +94,8 @@ const MAX_PARALLEL: usize = 32;
 /// (`HEARTBEAT_TIMEOUT`, 6 s), so a write waits for the exclusion rather
 /// than failing half-applied.
 pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
-/// How long a read keeps refreshing a pool map engines call stale.
+/// How long a read keeps retrying engines that call its pool map stale or
+/// are starting.
 const READ_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
 const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(20);
 const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
@@ -445,8 +446,14 @@ fn combine(what: &str, mut errs: Vec<Error>) -> Error {
     if errs.len() == 1 {
         return errs.pop().unwrap().context(what);
     }
-    let code = if errs.iter().any(|e| e.code == -CSUM_ERRNO) {
+    let code = if errs.iter().any(|e| e.code == -libc::ESTALE) {
+        // A newer pool map may show where to read: retried with it.
+        -libc::ESTALE
+    } else if errs.iter().any(|e| e.code == -CSUM_ERRNO) {
         -CSUM_ERRNO
+    } else if errs.iter().any(|e| e.code == -libc::EAGAIN) {
+        // A replica is only starting: worth another try.
+        -libc::EAGAIN
     } else {
         errs.last().map(|e| e.code).unwrap_or(-libc::EIO)
     };
@@ -736,10 +743,14 @@ impl Object {
     }
 
     /// For reads, which go to another replica or reconstruct on their own
-    /// when a shard does not answer: retried only when an engine says the
-    /// client's pool map is stale, a few times.
+    /// when a shard does not answer: retried for a few seconds only when an
+    /// engine says the client's pool map is stale, or that it is starting.
     fn with_map_for_read<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
-        self.retry_with_map(f, |c| c == -libc::ESTALE, READ_RETRY_WINDOW)
+        self.retry_with_map(
+            f,
+            |c| c == -libc::ESTALE || c == -libc::EAGAIN,
+            READ_RETRY_WINDOW,
+        )
     }
 
     fn retry_with_map<T>(
@@ -1295,7 +1306,10 @@ impl Object {
         let mut s = first;
         while s <= last {
             let s_end = (s + EC_BATCH_STRIPES).min(last + 1);
-            self.with_map(|map| self.ec_update_batch(map, dkey, akey, offset, data, s, s_end))?;
+            let torn = std::cell::Cell::new(None);
+            self.with_map(|map| {
+                self.ec_update_batch(map, dkey, akey, offset, data, s, s_end, &torn)
+            })?;
             s = s_end;
         }
         Ok(())
@@ -1315,6 +1329,13 @@ impl Object {
     /// impossible and a fresh read would have to reconstruct from parity
     /// the write has not updated yet. That fallback has the cross-process
     /// lost-update race again (only while degraded).
+    ///
+    /// `torn`: the epoch of this write's first partial-stripe data write,
+    /// once one was tried. A try that failed after it left those data cells
+    /// ahead of their parity; a retry that has to reconstruct (degraded)
+    /// then reads the stripes as they were just before it, when data and
+    /// parity still matched (reconstructing from the newer data cells and
+    /// the older parity would make up the missing cells).
     #[allow(clippy::too_many_arguments)]
     fn ec_update_batch(
         &self,
@@ -1325,6 +1346,7 @@ impl Object {
         data: &[u8],
         s0: u64,
         s1: u64,
+        torn: &std::cell::Cell<Option<u64>>,
     ) -> Result<()> {
         let _locks = self.lock_stripes(dkey, akey, s0, s1);
         let (k, _) = self.kp();
@@ -1337,22 +1359,33 @@ impl Object {
         let degraded = g.shards[..k]
             .iter()
             .any(|l| !map.targets[l.target].readable);
+        let read_at = torn.get().map_or(EPOCH_LATEST, |e| e - 1);
         if degraded || (s0..s1).all(full) {
-            return self.ec_write_stripes(map, &g, dkey, akey, offset, data, s0, s1);
+            return self.ec_write_stripes(map, &g, dkey, akey, offset, data, s0, s1, read_at);
         }
         // The write is contiguous: whole stripes form the range f0..f1.
         let f0 = if full(s0) { s0 } else { s0 + 1 };
         let f1 = if full(s1 - 1) { s1 } else { s1 - 1 };
         if f0 < f1 {
-            self.ec_write_stripes(map, &g, dkey, akey, offset, data, f0, f1)?;
+            self.ec_write_stripes(map, &g, dkey, akey, offset, data, f0, f1, read_at)?;
         }
         let partial: Vec<u64> = (s0..s1).filter(|&s| !full(s)).collect();
         let logical_end = end.min(s1 * stripe);
-        self.ec_write_partial(map, &g, dkey, akey, offset, data, &partial, logical_end)
+        self.ec_write_partial(
+            map,
+            &g,
+            dkey,
+            akey,
+            offset,
+            data,
+            &partial,
+            logical_end,
+            torn,
+        )
     }
 
     /// Write stripes `s0..s1` whole: all `k + p` cells, partial stripes read
-    /// (degraded if needed), merged and re-encoded.
+    /// at `read_at` (degraded if needed), merged and re-encoded.
     #[allow(clippy::too_many_arguments)]
     fn ec_write_stripes(
         &self,
@@ -1364,6 +1397,7 @@ impl Object {
         data: &[u8],
         s0: u64,
         s1: u64,
+        read_at: u64,
     ) -> Result<()> {
         let (k, _) = self.kp();
         let rs = self.rs.as_ref().unwrap();
@@ -1380,7 +1414,7 @@ impl Object {
             } else {
                 // Partial stripe: merge into what is there (read degraded if needed).
                 let mut buf = self
-                    .ec_read_stripe(map, g, EPOCH_LATEST, dkey, akey, s, &[])?
+                    .ec_read_stripe(map, g, read_at, dkey, akey, s, &[])?
                     .concat();
                 let (a, b) = (offset.max(lo), end.min(hi));
                 buf[(a - lo) as usize..(b - lo) as usize]
@@ -1455,6 +1489,7 @@ impl Object {
         data: &[u8],
         stripes: &[u64],
         logical_end: u64,
+        torn: &std::cell::Cell<Option<u64>>,
     ) -> Result<()> {
         self.check_redundancy(map, g)?;
         let (k, _) = self.kp();
@@ -1485,6 +1520,9 @@ impl Object {
         }
         let touched: Vec<usize> = (0..k).filter(|&j| !ranges[j].is_empty()).collect();
         let epoch = hlc::now();
+        if torn.get().is_none() {
+            torn.set(Some(epoch));
+        }
         par_map(&touched, |&j| {
             let mut iods: Vec<Iod> = ranges[j]
                 .iter()

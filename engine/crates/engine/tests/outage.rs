@@ -177,9 +177,12 @@ impl Workload {
                 // of each of its states is not kept, only the order, so
                 // the single value is checked as "not older than acked".
                 if !h.states[versions.clone()].contains(&crc) {
+                    let older = h.states.iter().rposition(|&c| c == crc);
                     Some(format!(
-                        "array matches no version in {versions:?} (of {})",
-                        h.states.len() - 1
+                        "array matches no version in {versions:?} (of {}){} at {}",
+                        h.states.len() - 1,
+                        older.map_or(String::new(), |v| format!(", it is version {v}")),
+                        now_utc()
                     ))
                 } else if floor > 0 && s.is_none() {
                     Some("single value missing".into())
@@ -257,6 +260,31 @@ fn pool_out(c: &Cluster) -> (u64, u32, u32) {
         p.disabled_targets + p.reintegrating_targets,
         members,
     )
+}
+
+/// Wall-clock time as the engines' logs print it (seconds of the day, UTC).
+fn now_utc() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let d = t.as_secs() % 86400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        d / 3600,
+        d / 60 % 60,
+        d % 60,
+        t.subsec_millis()
+    )
+}
+
+/// The management service's pool map changes, from the logs (to tell what
+/// a failure happened next to).
+fn pool_map_events(c: &Cluster) -> String {
+    c.logs()
+        .lines()
+        .filter(|l| l.contains("pool ") && (l.contains("rank") || l.contains("map version")))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Wait until every target is up and in again.
@@ -443,6 +471,9 @@ fn rolling_restart_under_a_writer() {
     w.stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().unwrap();
+    }
+    if !w.wrong.lock().unwrap().is_empty() {
+        eprintln!("{}", pool_map_events(&c));
     }
     w.assert_clean("rolling restart");
     verify_each_missing(&mut c, &w);
