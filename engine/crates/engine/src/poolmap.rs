@@ -60,20 +60,6 @@ fn reads(req: &Request) -> bool {
     )
 }
 
-fn request_pool(req: &Request) -> Option<(&[u8], u64)> {
-    let a = match req {
-        Request::Update(r, _) => r.addr.as_ref(),
-        Request::Fetch(r) => r.addr.as_ref(),
-        Request::Punch(r) => r.addr.as_ref(),
-        Request::List(r) => r.addr.as_ref(),
-        Request::QuerySize(r) => r.addr.as_ref(),
-        Request::Flush(r) => r.addr.as_ref(),
-        Request::ListChanged(r) => r.addr.as_ref(),
-        Request::ListRecords(r) => r.addr.as_ref(),
-    }?;
-    Some((&a.pool, a.map_version))
-}
-
 impl PoolMaps {
     /// Admit `req` or say why not. Hold the returned guard until the
     /// request is handed to its target.
@@ -89,9 +75,10 @@ impl PoolMaps {
             ));
         };
         // A malformed address is the target's to reject, with its own message.
-        let Some((pool, version)) = request_pool(req) else {
+        let Some(addr) = peregrine_vos::request_addr(req) else {
             return Ok(guard);
         };
+        let (pool, version) = (&addr.pool, addr.map_version);
         let Some(view) = Uuid::from_slice(pool).ok().and_then(|p| known.get(&p)) else {
             // A pool created after the last heartbeat: nothing of it was missed.
             return Ok(guard);

@@ -364,7 +364,8 @@ pub fn request_target(req: &Request) -> Option<u32> {
     request_addr(req).map(|a| a.target)
 }
 
-fn request_addr(req: &Request) -> Option<&data::Address> {
+/// The address a request names, if it has one.
+pub fn request_addr(req: &Request) -> Option<&data::Address> {
     match req {
         Request::Update(r, _) => r.addr.as_ref(),
         Request::Fetch(r) => r.addr.as_ref(),
