@@ -668,8 +668,10 @@ type JoinReq struct {
 	FaultDomain string                 `protobuf:"bytes,5,opt,name=fault_domain,json=faultDomain,proto3" json:"fault_domain,omitempty"`
 	Targets     uint32                 `protobuf:"varint,6,opt,name=targets,proto3" json:"targets,omitempty"`
 	System      string                 `protobuf:"bytes,7,opt,name=system,proto3" json:"system,omitempty"`
-	State       string                 `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`                    // "ready" or "maintenance"
-	ShmPath     string                 `protobuf:"bytes,9,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"` // shared-memory data-plane socket, "" when none
+	// "ready" or "maintenance"; "stopping" from an engine shutting down (its
+	// targets are excluded at once instead of after the heartbeat timeout).
+	State   string `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`
+	ShmPath string `protobuf:"bytes,9,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"` // shared-memory data-plane socket, "" when none
 	// The engine does not know the snapshot lists yet (it just started).
 	WantSnapshots bool `protobuf:"varint,10,opt,name=want_snapshots,json=wantSnapshots,proto3" json:"want_snapshots,omitempty"`
 	unknownFields protoimpl.UnknownFields

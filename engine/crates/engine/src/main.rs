@@ -3,7 +3,7 @@
 use clap::Parser;
 use peregrine_engine::config::Config;
 use peregrine_engine::control::EngineService;
-use peregrine_engine::ms::{MgmtService, AGGREGATION_LEASE};
+use peregrine_engine::ms::{MgmtService, AGGREGATION_LEASE, STATE_STOPPING};
 use peregrine_engine::node::Node;
 use peregrine_proto::mgmt::engine_server::EngineServer;
 use peregrine_proto::mgmt::mgmt_client::MgmtClient;
@@ -60,6 +60,9 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
     // targets may aggregate on their own, for a lease per answered heartbeat).
     let mut lists_known = false;
     loop {
+        if node.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         if client.is_none() {
             if let Ok(ep) = tonic::transport::Endpoint::from_shared(format!("http://{leader}")) {
                 if let Ok(ch) = ep
@@ -113,6 +116,39 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
             _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
             _ = node.heartbeat_now.notified() => {}
         }
+    }
+}
+
+/// Tell the management service this engine is stopping, so that it
+/// excludes its targets at once: updates then go on without them instead
+/// of waiting out the heartbeat timeout (a rolling upgrade stops engines
+/// this way). Best effort, bounded: a service that does not answer finds
+/// out by the timeout.
+async fn announce_stop(node: &Arc<Node>) {
+    node.stopping
+        .store(true, std::sync::atomic::Ordering::Release);
+    if node.cfg.hosts_mgmt() {
+        return; // the service stops with this engine: nobody to tell
+    }
+    let leader = node.cfg.mgmt_leader();
+    let req = JoinReq {
+        rank: node.cfg.rank,
+        uuid: node.uuid().to_string(),
+        control_addr: node.cfg.control_addr(),
+        data_addr: node.cfg.data_addr(),
+        fault_domain: node.cfg.fault_domain.clone(),
+        targets: node.cfg.targets,
+        system: node.cfg.name.clone(),
+        state: STATE_STOPPING.into(),
+        ..Default::default()
+    };
+    let told = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        let mut c = MgmtClient::connect(format!("http://{leader}")).await.ok()?;
+        c.join(req).await.ok()
+    })
+    .await;
+    if !matches!(told, Ok(Some(_))) {
+        tracing::warn!("could not tell the management service at {leader} that this engine stops");
     }
 }
 
@@ -197,6 +233,7 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
         .unwrap_or_default();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(control);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = node.clone();
     tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
@@ -205,6 +242,7 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
             _ = tokio::signal::ctrl_c() => {},
         }
         tracing::info!("shutting down");
+        announce_stop(&stopping).await;
         let _ = stop_tx.send(true);
     });
     tokio::spawn(join_loop(node.clone(), shm_path));

@@ -25,6 +25,8 @@ pub struct Node {
     pub heartbeat_now: tokio::sync::Notify,
     /// Pool map versions and this engine's target states: what it admits.
     pub pool_maps: Arc<PoolMaps>,
+    /// Shutting down: no more heartbeats (the service was told it stops).
+    pub stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
@@ -61,6 +63,7 @@ impl Node {
             format_lock: Mutex::new(()),
             heartbeat_now: tokio::sync::Notify::new(),
             pool_maps: Arc::default(),
+            stopping: Default::default(),
         });
         let opts = Self::storage_options(&node.cfg);
         match peregrine_vos::scan(&opts.bdev)

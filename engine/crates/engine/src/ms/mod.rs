@@ -32,6 +32,8 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(6);
 /// that was answered (and once it knows the snapshot lists): before the
 /// service counts it as stopped, and so before a snapshot may skip it.
 pub const AGGREGATION_LEASE: Duration = Duration::from_secs(3);
+/// `JoinReq.state` of an engine shutting down.
+pub const STATE_STOPPING: &str = "stopping";
 /// Share of a pool's total size given to the SCM tier when none is given.
 pub const DEFAULT_TIER_RATIO: f64 = 0.06;
 /// Epochs a snapshot creation tries before giving up (each refusal means an
@@ -152,6 +154,8 @@ pub struct MgmtService {
     started: Instant,
     /// Pools being reintegrated now, or whose last try failed (and when).
     reintegrations: parking_lot::Mutex<HashMap<Uuid, Reintegration>>,
+    /// Ranks that said they stop and have not joined since.
+    stopping: parking_lot::Mutex<std::collections::HashSet<u32>>,
 }
 
 fn now_unix() -> u64 {
@@ -273,6 +277,7 @@ impl MgmtService {
             heartbeats: Default::default(),
             started: Instant::now(),
             reintegrations: Default::default(),
+            stopping: Default::default(),
         })
     }
 
@@ -707,6 +712,19 @@ impl Mgmt for MgmtService {
                 j.rank, j.system, s.system
             )));
         }
+        if j.state == STATE_STOPPING {
+            // Counted as stopped from now: the pool watch excludes its
+            // targets on its next round. Only the member itself may say so.
+            if s.members.get(&j.rank).is_some_and(|m| m.uuid == j.uuid) {
+                self.heartbeats.lock().remove(&j.rank);
+                self.stopping.lock().insert(j.rank);
+                tracing::info!("rank {} is stopping", j.rank);
+            }
+            return Ok(Response::new(JoinResp {
+                map_version: s.map_version,
+                ..Default::default()
+            }));
+        }
         let changed = match s.members.get(&j.rank) {
             Some(m) => {
                 m.control_addr != j.control_addr
@@ -739,6 +757,7 @@ impl Mgmt for MgmtService {
         }
         let returning = !self.alive(j.rank);
         self.heartbeats.lock().insert(j.rank, Instant::now());
+        self.stopping.lock().remove(&j.rank);
         // A returning engine may have missed snapshot changes while it was away.
         let snapshots = if returning || j.want_snapshots {
             let rank = j.rank;

@@ -189,11 +189,16 @@ impl MgmtService {
             for rank in ranks {
                 let cur = s.pool_out.get(&uuid).and_then(|o| o.get(&rank)).copied();
                 let next = match cur {
-                    // Alive without its storage (maintenance) serves nothing either.
-                    None if detect && !self.ready(&s, rank) => Some(RankOut {
-                        state: OutState::Down,
-                        since: self.horizon(rank),
-                    }),
+                    // Alive without its storage (maintenance) serves nothing
+                    // either. One that said it stops is out at once.
+                    None if (detect || self.stopping.lock().contains(&rank))
+                        && !self.ready(&s, rank) =>
+                    {
+                        Some(RankOut {
+                            state: OutState::Down,
+                            since: self.horizon(rank),
+                        })
+                    }
                     Some(o) if o.state == OutState::Up && !self.alive(rank) => Some(RankOut {
                         state: OutState::Down,
                         ..o
