@@ -33,6 +33,12 @@ pub struct Config {
     /// containers flush at once).
     #[serde(default = "default_flush_interval_ms")]
     pub flush_interval_ms: u64,
+    /// Management service: how long the changes made while an engine is
+    /// out stay reintegrable (the other engines hold their aggregation back
+    /// for it). An engine out longer has its pool shards wiped and copied
+    /// whole when it returns, and aggregation goes on meanwhile.
+    #[serde(default = "default_reintegration_window_s")]
+    pub reintegration_window_s: u64,
     pub scm: ScmConfig,
     pub bdev: BdevConfig,
     /// Control addresses of the management-service replicas; the first one
@@ -113,6 +119,9 @@ fn default_hugepages() -> bool {
 fn default_flush_interval_ms() -> u64 {
     peregrine_vos::DEFAULT_FLUSH_INTERVAL.as_millis() as u64
 }
+fn default_reintegration_window_s() -> u64 {
+    3600
+}
 fn default_log_level() -> String {
     "info".into()
 }
@@ -159,6 +168,12 @@ impl Config {
             return Err(format!(
                 "flush_interval_ms: {} is out of range 1..=60000",
                 self.flush_interval_ms
+            ));
+        }
+        if !(10..=604_800).contains(&self.reintegration_window_s) {
+            return Err(format!(
+                "reintegration_window_s: {} is out of range 10..=604800 (10 s to a week)",
+                self.reintegration_window_s
             ));
         }
         if self.control_port == 0 || self.data_port == 0 {

@@ -528,6 +528,47 @@ fn clean_stop_is_excluded_at_once() {
     w.assert_clean("clean stop, each engine missing in turn");
 }
 
+/// An engine out longer than the reintegration window (10 s here; an
+/// hour by default) no longer holds the others' aggregation back; when it
+/// returns its pool shards are wiped and copied whole.
+#[test]
+fn engine_out_past_the_reintegration_window_is_copied_whole() {
+    let class = ObjectClass::Ec2P1G1;
+    let mut c = Cluster::start_configured(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 1024,
+            scm_mib: 64,
+        },
+        "reintegration_window_s: 10\n",
+    );
+    c.format();
+    c.create_pool(1920, class.name(), "crc32c");
+    let w = Workload::new(class);
+    let threads = start(&c, &w);
+    std::thread::sleep(Duration::from_secs(1));
+    c.engines[1].kill9();
+    // The margin (90 s) plus the window must pass; `since` is set 90 s
+    // before the last heartbeat, so 10 s after it the window is over.
+    std::thread::sleep(Duration::from_secs(14));
+    c.restart(1);
+    wait_reintegrated(&c, Duration::from_secs(90));
+    std::thread::sleep(Duration::from_secs(1));
+    w.stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let events = pool_map_events(&c);
+    assert!(
+        events.contains("longer than the reintegration window") && events.contains("wiped"),
+        "rank 1 was not copied whole:\n{events}"
+    );
+    w.assert_clean("out past the reintegration window");
+    verify_each_missing(&mut c, &w);
+    w.assert_clean("out past the reintegration window, each engine missing in turn");
+}
+
 /// The long version, by hand: `PEREGRINE_RESTARTS=100 cargo test -p
 /// peregrine-engine --test outage many_restarts -- --ignored --nocapture`.
 /// Random victims (the management service's engine among them), down for

@@ -20,6 +20,13 @@
 //! makes the returning target writable: from then on no update can skip
 //! it, and the copy covers everything before.
 //!
+//! While a rank is out, every engine of the pool aggregates only up to the
+//! oldest `since` (aggregation drops a punch once nothing is left below it,
+//! and the copy would miss it). A rank out longer than the engine config's
+//! `reintegration_window_s` stops holding aggregation back (`full`): when it
+//! returns, its pool shards are wiped while it is still DOWN, and the copy
+//! starts from epoch 0 (everything visible).
+//!
 //! `since` is an epoch below every update the target may have missed: the
 //! time of its last heartbeat less [`REINTEGRATION_MARGIN`], which covers a
 //! client's retries of one update (epochs are chosen once, before the first
@@ -28,7 +35,9 @@
 
 use super::{engine_client, MgmtService, MsState, PoolRec, HEARTBEAT_TIMEOUT};
 use peregrine_proto::epoch_now;
-use peregrine_proto::mgmt::{PoolMapVersion, RankTargetState, TargetState};
+use peregrine_proto::mgmt::{
+    PoolMapVersion, PoolShardCreateReq, PoolShardDestroyReq, RankTargetState, TargetState,
+};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +69,9 @@ pub(crate) struct RankOut {
     state: OutState,
     /// Reintegration copies what changed above this epoch.
     since: u64,
+    /// Out longer than the reintegration window: aggregation is no longer
+    /// held back for it, and it returns wiped, for a whole copy.
+    full: bool,
 }
 
 /// A pool's reintegration: running, or failed at the given time.
@@ -96,7 +108,7 @@ fn view(s: &MsState, p: &PoolRec, rank: u32) -> PoolMapVersion {
         aggregation_cap: s
             .pool_out
             .get(&p.uuid)
-            .and_then(|o| o.values().map(|r| r.since).min())
+            .and_then(|o| o.values().filter(|r| !r.full).map(|r| r.since).min())
             .unwrap_or(0),
     }
 }
@@ -170,6 +182,38 @@ impl MgmtService {
         epoch_now().saturating_sub(back.as_nanos() as u64)
     }
 
+    /// Whether a rank out since `o` has been out longer than the
+    /// reintegration window.
+    fn window_passed(&self, o: RankOut) -> bool {
+        let out_for = epoch_now().saturating_sub(o.since) / 1_000_000_000;
+        out_for > REINTEGRATION_MARGIN.as_secs() + self.node.cfg.reintegration_window_s
+    }
+
+    /// Empty the pool shards of a rank that returns after the reintegration
+    /// window: destroy and create them again (it is DOWN: it serves no I/O).
+    async fn wipe_pool_shard(&self, s: &MsState, pool: &Uuid, rank: u32) -> Result<(), String> {
+        let p = s.pools.get(pool).ok_or("pool destroyed")?;
+        let m = s.members.get(&rank).ok_or("not a member")?;
+        let mut c = engine_client(&m.control_addr)
+            .await
+            .map_err(|e| e.message().to_string())?;
+        let id = pool.to_string();
+        c.pool_shard_destroy(PoolShardDestroyReq {
+            pool_uuid: id.clone(),
+        })
+        .await
+        .map_err(|e| format!("destroy: {}", e.message()))?;
+        c.pool_shard_create(PoolShardCreateReq {
+            pool_uuid: id,
+            scm_per_target: p.scm_per_target,
+            nvme_per_target: p.nvme_per_target,
+        })
+        .await
+        .map_err(|e| format!("create: {}", e.message()))?;
+        tracing::info!("pool {pool}: rank {rank}'s shards wiped for a whole copy");
+        Ok(())
+    }
+
     /// Whether `rank` is alive with its storage open (it can take writes).
     fn ready(&self, s: &MsState, rank: u32) -> bool {
         self.alive(rank) && s.members.get(&rank).is_some_and(|m| m.state == "ready")
@@ -197,22 +241,45 @@ impl MgmtService {
                         Some(RankOut {
                             state: OutState::Down,
                             since: self.horizon(rank),
+                            full: false,
                         })
                     }
                     Some(o) if o.state == OutState::Up && !self.alive(rank) => Some(RankOut {
                         state: OutState::Down,
                         ..o
                     }),
-                    Some(o) if o.state == OutState::Down && self.ready(&s, rank) => Some(RankOut {
-                        state: OutState::Up,
-                        ..o
-                    }),
+                    Some(o) if o.state == OutState::Down && self.ready(&s, rank) && !o.full => {
+                        Some(RankOut {
+                            state: OutState::Up,
+                            ..o
+                        })
+                    }
+                    Some(o) if o.state == OutState::Down && self.ready(&s, rank) => {
+                        // Still DOWN (no I/O) while its shards are wiped.
+                        match self.wipe_pool_shard(&s, &uuid, rank).await {
+                            Ok(()) => Some(RankOut {
+                                state: OutState::Up,
+                                since: 0,
+                                full: false,
+                            }),
+                            Err(e) => {
+                                tracing::warn!(
+                                    "pool {uuid}: rank {rank} is back after the reintegration window; wiping its shards: {e}"
+                                );
+                                None
+                            }
+                        }
+                    }
+                    Some(o) if o.state == OutState::Down && !o.full && self.window_passed(o) => {
+                        Some(RankOut { full: true, ..o })
+                    }
                     _ => None,
                 };
                 if let Some(n) = next {
                     tracing::warn!(
                         "pool {uuid}: rank {rank} {}",
                         match n.state {
+                            OutState::Down if n.full => "has been out longer than the reintegration window: aggregation goes on, it will be copied whole",
                             OutState::Down => "stopped answering: its targets are excluded",
                             OutState::Up => "is back: reintegrating its targets",
                             OutState::DownOut => "is out",
@@ -434,6 +501,7 @@ mod tests {
             RankOut {
                 state: OutState::Up,
                 since: 42,
+                full: false,
             },
         );
         let back = MsState::decode(&s.encode().unwrap()).unwrap();
@@ -458,7 +526,8 @@ mod tests {
             1,
             RankOut {
                 state: OutState::Down,
-                since: 70,
+                since: 30,
+                full: true,
             },
         );
         out.insert(
@@ -466,12 +535,16 @@ mod tests {
             RankOut {
                 state: OutState::Up,
                 since: 50,
+                full: false,
             },
         );
         let v = views_of_rank(&s, 1);
         assert_eq!(v.len(), 1);
         assert_eq!(v[0].state, TargetState::TargetDown as i32);
-        assert_eq!(v[0].aggregation_cap, 50, "the oldest epoch a copy needs");
+        assert_eq!(
+            v[0].aggregation_cap, 50,
+            "the oldest epoch a copy needs, of ranks still within the window"
+        );
         assert_eq!(
             views_of_rank(&s, 0)[0].state,
             TargetState::TargetUpIn as i32
