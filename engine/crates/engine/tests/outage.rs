@@ -21,6 +21,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const OBJECTS: u64 = 16;
+
+/// These tests run one at a time (each starts three to six engines and
+/// kills some; two at once on a 2-core machine stretch the timings they
+/// exercise).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 /// Longer than the management service's failure detection (6 s).
 const LONG: Duration = Duration::from_secs(9);
 /// Shorter than it: the engine is back before anyone notices.
@@ -364,6 +372,9 @@ fn outage(class: ObjectClass, engines: u32, victim: usize, down: Duration) {
         w.writes.load(Ordering::Relaxed) > 10,
         "the writer made no progress"
     );
+    if !w.wrong.lock().unwrap().is_empty() {
+        eprintln!("{}", pool_map_events(&c));
+    }
     w.assert_clean(&format!("{class}, rank {victim} down {down:?}"));
     verify_each_missing(&mut c, &w);
     w.assert_clean(&format!("{class} after rank {victim} came back"));
@@ -377,36 +388,43 @@ fn outage(class: ObjectClass, engines: u32, victim: usize, down: Duration) {
 
 #[test]
 fn rp_2g1_engine_down_past_detection() {
+    let _serial = one_at_a_time();
     outage(ObjectClass::Rp2G1, 3, 2, LONG);
 }
 
 #[test]
 fn rp_2g1_management_engine_down_briefly() {
+    let _serial = one_at_a_time();
     outage(ObjectClass::Rp2G1, 3, 0, SHORT);
 }
 
 #[test]
 fn rp_3g1_engine_down_past_detection() {
+    let _serial = one_at_a_time();
     outage(ObjectClass::Rp3G1, 3, 1, LONG);
 }
 
 #[test]
 fn ec_2p1g1_engine_down_past_detection() {
+    let _serial = one_at_a_time();
     outage(ObjectClass::Ec2P1G1, 3, 1, LONG);
 }
 
 #[test]
 fn ec_2p1g1_engine_down_briefly() {
+    let _serial = one_at_a_time();
     outage(ObjectClass::Ec2P1G1, 3, 2, SHORT);
 }
 
 #[test]
 fn ec_2p1g1_management_engine_down_past_detection() {
+    let _serial = one_at_a_time();
     outage(ObjectClass::Ec2P1G1, 3, 0, LONG);
 }
 
 #[test]
 fn ec_4p2g1_engine_down_past_detection() {
+    let _serial = one_at_a_time();
     outage(ObjectClass::Ec4P2G1, 6, 4, LONG);
 }
 
@@ -416,6 +434,7 @@ fn ec_4p2g1_engine_down_past_detection() {
 #[test]
 #[ignore = "needs distributed transactions (DTX) for EC updates"]
 fn ec_reads_see_no_update_in_flight() {
+    let _serial = one_at_a_time();
     let c = Cluster::with_pool(
         ClusterSpec {
             engines: 3,
@@ -446,6 +465,7 @@ fn ec_reads_see_no_update_in_flight() {
 /// next one taken down only once it is back in every pool.
 #[test]
 fn rolling_restart_under_a_writer() {
+    let _serial = one_at_a_time();
     let class = ObjectClass::Ec2P1G1;
     let mut c = Cluster::with_pool(
         ClusterSpec {
@@ -485,6 +505,7 @@ fn rolling_restart_under_a_writer() {
 /// within about a second instead of waiting out the 6 s heartbeat timeout.
 #[test]
 fn clean_stop_is_excluded_at_once() {
+    let _serial = one_at_a_time();
     let class = ObjectClass::Rp2G1;
     let mut c = Cluster::with_pool(
         ClusterSpec {
@@ -533,6 +554,7 @@ fn clean_stop_is_excluded_at_once() {
 /// returns its pool shards are wiped and copied whole.
 #[test]
 fn engine_out_past_the_reintegration_window_is_copied_whole() {
+    let _serial = one_at_a_time();
     let class = ObjectClass::Ec2P1G1;
     let mut c = Cluster::start_configured(
         ClusterSpec {
@@ -576,6 +598,7 @@ fn engine_out_past_the_reintegration_window_is_copied_whole() {
 #[test]
 #[ignore = "long: minutes per ten restarts"]
 fn many_restarts() {
+    let _serial = one_at_a_time();
     let restarts: u64 = std::env::var("PEREGRINE_RESTARTS")
         .ok()
         .and_then(|v| v.parse().ok())
