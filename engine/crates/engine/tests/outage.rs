@@ -186,11 +186,20 @@ impl Workload {
                 // the single value is checked as "not older than acked".
                 if !h.states[versions.clone()].contains(&crc) {
                     let older = h.states.iter().rposition(|&c| c == crc);
+                    // Stored that way, or read that way (a race of the read)?
+                    let again = obj.fetch_array(b"d", b"a", 0, self.span).map(|d| {
+                        if crc32c(&d) == crc {
+                            "the same"
+                        } else {
+                            "other"
+                        }
+                    });
                     Some(format!(
-                        "array matches no version in {versions:?} (of {}){} at {}",
+                        "array matches no version in {versions:?} (of {}){} at {} (pool map version {}); read again: {again:?} bytes",
                         h.states.len() - 1,
                         older.map_or(String::new(), |v| format!(", it is version {v}")),
-                        now_utc()
+                        now_utc(),
+                        cont.pool().map().version
                     ))
                 } else if floor > 0 && s.is_none() {
                     Some("single value missing".into())
