@@ -51,6 +51,21 @@ fn init_logging(cfg: &Config) -> Result<(), String> {
     Ok(())
 }
 
+/// This engine's identity and addresses, in `state`.
+fn join_req(node: &Node, state: &str) -> JoinReq {
+    JoinReq {
+        rank: node.cfg.rank,
+        uuid: node.uuid().to_string(),
+        control_addr: node.cfg.control_addr(),
+        data_addr: node.cfg.data_addr(),
+        fault_domain: node.cfg.fault_domain.clone(),
+        targets: node.cfg.targets,
+        system: node.cfg.name.clone(),
+        state: state.into(),
+        ..Default::default()
+    }
+}
+
 /// Register with the management service and keep heartbeating.
 async fn join_loop(node: Arc<Node>, shm_path: String) {
     let leader = node.cfg.mgmt_leader();
@@ -77,16 +92,9 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
         }
         if let Some(c) = client.as_mut() {
             let req = JoinReq {
-                rank: node.cfg.rank,
-                uuid: node.uuid().to_string(),
-                control_addr: node.cfg.control_addr(),
-                data_addr: node.cfg.data_addr(),
-                fault_domain: node.cfg.fault_domain.clone(),
-                targets: node.cfg.targets,
-                system: node.cfg.name.clone(),
-                state: node.state().into(),
                 shm_path: shm_path.clone(),
                 want_snapshots: !lists_known,
+                ..join_req(&node, node.state())
             };
             let sent = Instant::now();
             match c.join(req).await {
@@ -131,17 +139,7 @@ async fn announce_stop(node: &Arc<Node>) {
         return; // the service stops with this engine: nobody to tell
     }
     let leader = node.cfg.mgmt_leader();
-    let req = JoinReq {
-        rank: node.cfg.rank,
-        uuid: node.uuid().to_string(),
-        control_addr: node.cfg.control_addr(),
-        data_addr: node.cfg.data_addr(),
-        fault_domain: node.cfg.fault_domain.clone(),
-        targets: node.cfg.targets,
-        system: node.cfg.name.clone(),
-        state: STATE_STOPPING.into(),
-        ..Default::default()
-    };
+    let req = join_req(node, STATE_STOPPING);
     let told = tokio::time::timeout(SHUTDOWN_GRACE, async {
         let mut c = MgmtClient::connect(format!("http://{leader}")).await.ok()?;
         c.join(req).await.ok()

@@ -345,6 +345,7 @@ fn verify_each_missing(c: &mut Cluster, w: &Workload) {
 }
 
 fn outage(class: ObjectClass, engines: u32, victim: usize, down: Duration) {
+    let _serial = one_at_a_time();
     let mut c = Cluster::with_pool(
         ClusterSpec {
             engines,
@@ -397,43 +398,36 @@ fn outage(class: ObjectClass, engines: u32, victim: usize, down: Duration) {
 
 #[test]
 fn rp_2g1_engine_down_past_detection() {
-    let _serial = one_at_a_time();
     outage(ObjectClass::Rp2G1, 3, 2, LONG);
 }
 
 #[test]
 fn rp_2g1_management_engine_down_briefly() {
-    let _serial = one_at_a_time();
     outage(ObjectClass::Rp2G1, 3, 0, SHORT);
 }
 
 #[test]
 fn rp_3g1_engine_down_past_detection() {
-    let _serial = one_at_a_time();
     outage(ObjectClass::Rp3G1, 3, 1, LONG);
 }
 
 #[test]
 fn ec_2p1g1_engine_down_past_detection() {
-    let _serial = one_at_a_time();
     outage(ObjectClass::Ec2P1G1, 3, 1, LONG);
 }
 
 #[test]
 fn ec_2p1g1_engine_down_briefly() {
-    let _serial = one_at_a_time();
     outage(ObjectClass::Ec2P1G1, 3, 2, SHORT);
 }
 
 #[test]
 fn ec_2p1g1_management_engine_down_past_detection() {
-    let _serial = one_at_a_time();
     outage(ObjectClass::Ec2P1G1, 3, 0, LONG);
 }
 
 #[test]
 fn ec_4p2g1_engine_down_past_detection() {
-    let _serial = one_at_a_time();
     outage(ObjectClass::Ec4P2G1, 6, 4, LONG);
 }
 
