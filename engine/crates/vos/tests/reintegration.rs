@@ -120,20 +120,6 @@ fn array_iod(akey: &str, offset: u64, len: u64) -> Iod {
     }
 }
 
-fn size(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akey: &str) -> data::QuerySizeResp {
-    let req = data::QuerySizeReq {
-        addr: o.addr(),
-        epoch,
-        dkey: dkey.as_bytes().to_vec(),
-        akey: akey.as_bytes().to_vec(),
-    };
-    let (resp, _) = wait(st, Request::QuerySize(req)).unwrap();
-    let Some(Body::Size(s)) = resp.body else {
-        panic!("query size reply without body")
-    };
-    s
-}
-
 #[test]
 fn list_changed_pages_in_order_across_containers_and_objects() {
     let e = env(64, 2);
@@ -514,7 +500,7 @@ fn query_size_says_absent() {
     update(&st, &o, 10, "d", vec![extent("x", 0, &[0; 4])]).unwrap();
     update(&st, &o, 10, "d", vec![single("s", b"")]).unwrap();
     let s = |epoch, akey| {
-        let r = size(&st, &o, epoch, "d", akey);
+        let r = query_size_resp(&st, &o, epoch, "d", akey);
         (r.size, r.absent)
     };
     assert_eq!(s(u64::MAX, "x"), (4, false));

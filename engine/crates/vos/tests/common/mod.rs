@@ -272,6 +272,17 @@ pub fn list_all(st: &Storage, o: &Obj, epoch: u64, dkey: &str, max: u32) -> Vec<
 }
 
 pub fn query_size(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akey: &str) -> u64 {
+    query_size_resp(st, o, epoch, dkey, akey).size
+}
+
+/// The whole query-size reply (size, and whether anything is visible).
+pub fn query_size_resp(
+    st: &Storage,
+    o: &Obj,
+    epoch: u64,
+    dkey: &str,
+    akey: &str,
+) -> data::QuerySizeResp {
     let req = data::QuerySizeReq {
         addr: o.addr(),
         epoch,
@@ -282,7 +293,7 @@ pub fn query_size(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akey: &str) -> 
     let Some(Body::Size(s)) = resp.body else {
         panic!("query size reply without body")
     };
-    s.size
+    s
 }
 
 /// Deterministic pseudo-random bytes.
