@@ -21,6 +21,8 @@
 //! degraded reads) are documented in [`object`].
 
 pub mod capi;
+pub mod dtx;
+mod ec_write;
 pub mod error;
 pub mod hlc;
 pub mod mgmt;

@@ -10,14 +10,14 @@
 //! - **Erasure coding** (`EC_kPp`, cell [`EC_CELL_SIZE`]): array byte `o` is
 //!   in cell `c = o / cell`, stripe `s = c / k`, stored on data shard
 //!   `c % k` at shard offset `s * cell + o % cell`; parity shard `j` holds
-//!   stripe `s`'s parity cell `j` at `s * cell`. Whole-stripe writes
-//!   write all `k + p` cells. Partial-stripe writes write only the caller's
-//!   bytes to the data shards, then re-encode parity from a fresh read of
-//!   the data cells and write it (writers updating disjoint bytes of a
-//!   stripe from different processes keep each other's data; each writer
-//!   re-encodes until the parity matches what the data shards hold, see
-//!   `Object::ec_write_partial`). With a data shard down, partial stripes
-//!   are read (reconstructed), merged and re-encoded whole instead. The logical array size is kept in a companion ARRAY akey
+//!   stripe `s`'s parity cell `j` at `s * cell`. A write takes stripes in
+//!   batches, each one transaction over all live cells (see the `ec_write`
+//!   module): whole stripes are encoded from the caller's bytes; partial
+//!   ones are read (reconstructed if a data shard cannot be read), merged,
+//!   encoded, and written only where they changed (the caller's bytes, and
+//!   parity), as a compare-and-swap on the stripe's version so that
+//!   concurrent writers in other processes never lose each other's bytes.
+//!   The logical array size is kept in a companion ARRAY akey
 //!   `"\0prg.size\0" + akey` ([`EC_SIZE_PREFIX`]) replicated on all `k + p`
 //!   shards: each write also stores one zero byte at `end - 1`, so the
 //!   engine's own "highest byte + 1" *is* the logical size; it only grows,
@@ -46,11 +46,11 @@
 //!   and retry. So an update is acknowledged degraded only under a map that
 //!   marks the skipped shard down, and reintegration copies it there before
 //!   the shard serves reads again (see the `reintegrate` module).
-//! - **Not yet atomic across shards**: the cells of an EC update, and the
-//!   replicas of an RP update, are written one by one, with no distributed
-//!   transaction; a reader may see part of an EC update in flight, and an
-//!   update that fails for good (or whose client dies) may be left applied
-//!   on some shards only.
+//! - **Transactions**: an update or punch of more than one shard (the
+//!   replicas of an RP object, the cells of an EC stripe batch) is one
+//!   distributed transaction (see the `dtx` module): it takes effect on all
+//!   of them or on none, and a read of a dkey with one in progress waits
+//!   for its outcome (`-EINPROGRESS`, retried).
 
 use crate::error::{fmt_key, Error, Result};
 use crate::hlc;
@@ -68,7 +68,6 @@ use peregrine_proto::mgmt::{ContInfo, ContQueryReq, PoolConnectReq, SnapCreateRe
 use peregrine_proto::oclass::EC_CELL_SIZE;
 use peregrine_proto::{ObjectClass, ObjectId, Redundancy, CSUM_ERRNO, EPOCH_LATEST};
 use prost::Message;
-use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 use uuid::Uuid;
@@ -77,11 +76,7 @@ use uuid::Uuid;
 pub const EC_SIZE_PREFIX: &[u8] = b"\0prg.size\0";
 /// Largest bulk of one request to one shard for striped/replicated arrays.
 pub const MAX_IO: usize = 8 << 20;
-/// Stripes per request round for EC arrays.
-pub const EC_BATCH_STRIPES: u64 = 32;
-/// Most parity re-encodings of one partial-stripe write racing other
-/// writers of the same stripe before it gives up with `-EAGAIN`.
-pub const EC_PARITY_ROUNDS: usize = 16;
+pub use crate::ec_write::{EC_BATCH_STRIPES, EC_CAS_ROUNDS};
 /// Keys per list request.
 pub const LIST_BATCH: u32 = 1024;
 /// Locks serializing this process's EC writes per stripe.
@@ -94,9 +89,11 @@ const MAX_PARALLEL: usize = 32;
 /// (`HEARTBEAT_TIMEOUT`, 6 s), so a write waits for the exclusion rather
 /// than failing half-applied.
 pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
-/// How long a read keeps retrying engines that call its pool map stale or
-/// are starting.
-const READ_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a read keeps retrying engines that call its pool map stale, are
+/// starting, or hold a transaction on its dkey undecided: longer than an
+/// engine waits before it aborts a transaction its client abandoned
+/// (`peregrine_vos::DTX_ABANDON_MS`).
+pub(crate) const READ_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(20);
 const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(20);
 const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -421,7 +418,7 @@ fn rs_codec(k: usize, p: usize) -> Arc<ReedSolomon> {
 
 /// Run `f` over `items` in parallel (scoped threads, at most
 /// [`MAX_PARALLEL`] at once; the first item runs on the calling thread).
-fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     if items.len() <= 1 {
         return items.iter().map(&f).collect();
     }
@@ -454,6 +451,9 @@ fn combine(what: &str, mut errs: Vec<Error>) -> Error {
     } else if errs.iter().any(|e| e.code == -libc::EAGAIN) {
         // A replica is only starting: worth another try.
         -libc::EAGAIN
+    } else if errs.iter().any(|e| e.code == -libc::EINPROGRESS) {
+        // An update is being decided: read again once it is.
+        -libc::EINPROGRESS
     } else {
         errs.last().map(|e| e.code).unwrap_or(-libc::EIO)
     };
@@ -471,6 +471,8 @@ pub(crate) struct Fetched {
     pub(crate) data: Vec<u8>,
     /// The data went into the caller's buffer instead ([`Object::fetch_shard_with`]).
     placed: bool,
+    /// The newest epoch of the versions it was read from (0: none).
+    pub(crate) epoch: u64,
 }
 
 /// An open object. Cheap to clone.
@@ -530,8 +532,8 @@ impl Object {
             let g = self.group(map, dkey)?;
             let epoch = hlc::now();
             let iod = self.iod(akey, ValueKind::Single, 0, &[value]);
-            self.write_shards(map, &[g], |loc| {
-                self.update_shard(map, loc, epoch, dkey, vec![iod.clone()], &[value])
+            self.write_shards(map, &[g], |loc, tx| {
+                self.update_shard(map, loc, tx, epoch, dkey, vec![iod.clone()], &[value])
             })
         })
         .map_err(|e| e.context(self.what(dkey)))
@@ -575,7 +577,13 @@ impl Object {
                 ));
             }
             self.check_redundancy(map, &g)?;
-            self.update_shard_cond(map, &first, epoch, dkey, vec![iod.clone()], &[value], true)
+            let req = self.update_req(map, &first, None, epoch, dkey, vec![iod.clone()]);
+            let req = UpdateReq {
+                insert_only: true,
+                ..req
+            };
+            self.call(map, &first, Opcode::Update, &req, &[value])
+                .map(|_| ())
         })
         .map_err(|e| e.context(format!("{} akey {}", self.what(dkey), fmt_key(akey))))?;
         // The other shards, unconditionally (retried separately: the
@@ -587,8 +595,8 @@ impl Object {
                 shards: g.shards[1..].to_vec(),
             };
             self.check_redundancy(map, &g)?;
-            self.write_shards(map, &[rest], |loc| {
-                self.update_shard(map, loc, epoch, dkey, vec![iod.clone()], &[value])
+            self.write_shards(map, &[rest], |loc, tx| {
+                self.update_shard(map, loc, tx, epoch, dkey, vec![iod.clone()], &[value])
             })
         })
         .map_err(|e| e.context(self.what(dkey)))
@@ -611,8 +619,8 @@ impl Object {
                     let g = self.group(map, dkey)?;
                     let epoch = hlc::now();
                     let iod = self.iod(akey, ValueKind::Array, off, &[piece]);
-                    self.write_shards(map, &[g], |loc| {
-                        self.update_shard(map, loc, epoch, dkey, vec![iod.clone()], &[piece])
+                    self.write_shards(map, &[g], |loc, tx| {
+                        self.update_shard(map, loc, tx, epoch, dkey, vec![iod.clone()], &[piece])
                     })
                 })?;
                 done += piece.len();
@@ -627,8 +635,8 @@ impl Object {
         self.with_map(|map| {
             let groups = self.layout(map)?;
             let epoch = hlc::now();
-            self.write_shards(map, &groups, |loc| {
-                self.punch_shard(map, loc, epoch, b"", &[])
+            self.write_shards(map, &groups, |loc, tx| {
+                self.punch_shard(map, loc, tx, epoch, b"", &[])
             })
         })
         .map_err(|e| e.context(format!("object {}", self.oid)))
@@ -640,8 +648,8 @@ impl Object {
         self.with_map(|map| {
             let g = self.group(map, dkey)?;
             let epoch = hlc::now();
-            self.write_shards(map, &[g], |loc| {
-                self.punch_shard(map, loc, epoch, dkey, &[])
+            self.write_shards(map, &[g], |loc, tx| {
+                self.punch_shard(map, loc, tx, epoch, dkey, &[])
             })
         })
         .map_err(|e| e.context(self.what(dkey)))
@@ -663,8 +671,8 @@ impl Object {
         self.with_map(|map| {
             let g = self.group(map, dkey)?;
             let epoch = hlc::now();
-            self.write_shards(map, &[g], |loc| {
-                self.punch_shard(map, loc, epoch, dkey, &all)
+            self.write_shards(map, &[g], |loc, tx| {
+                self.punch_shard(map, loc, tx, epoch, dkey, &all)
             })
         })
         .map_err(|e| e.context(self.what(dkey)))
@@ -737,7 +745,7 @@ impl Object {
     /// without it. So a degraded update is acknowledged only once the
     /// system knows the target missed it and will bring it up to date
     /// before it serves reads again.
-    fn with_map<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
+    pub(crate) fn with_map<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
         let window = self.cont.pool().client().retry_window();
         self.retry_with_map(f, retryable, window)
     }
@@ -745,10 +753,12 @@ impl Object {
     /// For reads, which go to another replica or reconstruct on their own
     /// when a shard does not answer: retried for a few seconds only when an
     /// engine says the client's pool map is stale, or that it is starting.
+    /// A dkey with a transaction in progress (`-EINPROGRESS`) is read again
+    /// once it is decided.
     fn with_map_for_read<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
         self.retry_with_map(
             f,
-            |c| c == -libc::ESTALE || c == -libc::EAGAIN,
+            |c| c == -libc::ESTALE || c == -libc::EAGAIN || c == -libc::EINPROGRESS,
             READ_RETRY_WINDOW,
         )
     }
@@ -763,8 +773,18 @@ impl Object {
         let deadline = std::time::Instant::now() + window;
         let mut map = pool.map();
         let mut pause = RETRY_PAUSE_MIN;
+        let mut in_progress_pause = std::time::Duration::from_micros(200);
         loop {
             match f(&map) {
+                // Decided within a round trip or two, normally: no new map needed.
+                Err(e)
+                    if e.code == -libc::EINPROGRESS
+                        && retryable(e.code)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(in_progress_pause);
+                    in_progress_pause = (in_progress_pause * 2).min(RETRY_PAUSE_MAX);
+                }
                 Err(e) if retryable(e.code) && std::time::Instant::now() < deadline => {
                     tracing::debug!("retrying after: {e}");
                     std::thread::sleep(pause);
@@ -817,6 +837,7 @@ impl Object {
             len: len as u64,
             crc,
             has_crc: csum,
+            ..Default::default()
         }
     }
 
@@ -893,46 +914,47 @@ impl Object {
         Ok((body, reply))
     }
 
+    /// Update one shard (prepare it, as part of `tx`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn update_shard(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
+        tx: Option<&data::Dtx>,
         epoch: u64,
         dkey: &[u8],
         iods: Vec<Iod>,
         bulk: &[&[u8]],
     ) -> Result<()> {
-        self.update_shard_cond(map, loc, epoch, dkey, iods, bulk, false)
+        let req = self.update_req(map, loc, tx, epoch, dkey, iods);
+        self.call(map, loc, Opcode::Update, &req, bulk).map(|_| ())
     }
 
-    /// [`Object::update_shard`], conditional on none of the akeys existing
-    /// on that shard when `insert_only` (the engine answers `-EEXIST`).
-    #[allow(clippy::too_many_arguments)]
-    fn update_shard_cond(
+    pub(crate) fn update_req(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
+        tx: Option<&data::Dtx>,
         epoch: u64,
         dkey: &[u8],
         iods: Vec<Iod>,
-        bulk: &[&[u8]],
-        insert_only: bool,
-    ) -> Result<()> {
-        let req = UpdateReq {
+    ) -> UpdateReq {
+        UpdateReq {
             addr: Some(self.address(map, loc)),
             epoch,
             dkey: dkey.to_vec(),
             iods,
-            insert_only,
+            insert_only: false,
             sync: self.cont.sync_always(),
-        };
-        self.call(map, loc, Opcode::Update, &req, bulk).map(|_| ())
+            dtx: tx.cloned(),
+        }
     }
 
     pub(crate) fn punch_shard(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
+        tx: Option<&data::Dtx>,
         epoch: u64,
         dkey: &[u8],
         akeys: &[Vec<u8>],
@@ -943,6 +965,7 @@ impl Object {
             dkey: dkey.to_vec(),
             akeys: akeys.to_vec(),
             sync: self.cont.sync_always(),
+            dtx: tx.cloned(),
         };
         self.call(map, loc, Opcode::Punch, &req, &[]).map(|_| ())
     }
@@ -1059,6 +1082,7 @@ impl Object {
                 status,
                 data,
                 placed,
+                epoch: v.epoch,
             });
         }
         Ok(fetched)
@@ -1083,6 +1107,7 @@ impl Object {
             len: len as u64,
             crc: 0,
             has_crc: false,
+            ..Default::default()
         };
         let v = self
             .fetch_shard(map, loc, epoch, dkey, vec![iod])?
@@ -1119,6 +1144,7 @@ impl Object {
             len: out.len() as u64,
             crc: 0,
             has_crc: false,
+            ..Default::default()
         };
         let v = self
             .fetch_shard_with(map, loc, epoch, dkey, vec![iod], Some(&mut *out))?
@@ -1224,11 +1250,13 @@ impl Object {
     /// Apply `f` to every shard of `groups` in parallel. Shards on down
     /// targets are skipped while their group keeps redundancy; any failure
     /// of a reachable shard fails the whole write.
-    fn write_shards(
+    /// Write the live shards of `groups` as one transaction
+    /// ([`crate::dtx`]): `f` prepares one shard (or, alone, writes it).
+    pub(crate) fn write_shards(
         &self,
         map: &PoolMap,
         groups: &[Group],
-        f: impl Fn(&ShardLoc) -> Result<()> + Sync,
+        f: impl Fn(&ShardLoc, Option<&data::Dtx>) -> Result<()> + Sync,
     ) -> Result<()> {
         let mut live = Vec::new();
         for g in groups {
@@ -1240,15 +1268,12 @@ impl Object {
                     .copied(),
             );
         }
-        par_map(&live, f)
-            .into_iter()
-            .collect::<Result<Vec<()>>>()
-            .map(|_| ())
+        self.transact(map, &live, f)
     }
 
     /// `-EHOSTDOWN` if more of the group's shards are on down targets than
     /// the class tolerates.
-    fn check_redundancy(&self, map: &PoolMap, g: &Group) -> Result<()> {
+    pub(crate) fn check_redundancy(&self, map: &PoolMap, g: &Group) -> Result<()> {
         let ft = self.class.fault_tolerance() as usize;
         let down: Vec<&ShardLoc> = g
             .shards
@@ -1298,316 +1323,6 @@ impl Object {
 
     // ---- erasure coding ----
 
-    fn ec_update(&self, dkey: &[u8], akey: &[u8], offset: u64, data: &[u8]) -> Result<()> {
-        let (k, _) = self.kp();
-        let stripe = k as u64 * EC_CELL_SIZE;
-        let end = offset + data.len() as u64;
-        let (first, last) = (offset / stripe, (end - 1) / stripe);
-        let mut s = first;
-        while s <= last {
-            let s_end = (s + EC_BATCH_STRIPES).min(last + 1);
-            let torn = std::cell::Cell::new(None);
-            self.with_map(|map| {
-                self.ec_update_batch(map, dkey, akey, offset, data, s, s_end, &torn)
-            })?;
-            s = s_end;
-        }
-        Ok(())
-    }
-
-    /// Write stripes `s0..s1` of a write of `data` at `offset`.
-    ///
-    /// Whole stripes are encoded from `data` and written to all cells.
-    /// Partial stripes (only the first and last of a batch can be) go
-    /// through [`Object::ec_write_partial`]: only the caller's bytes are
-    /// written to the data shards, then parity is recomputed from a fresh
-    /// read, so a writer in another process updating other bytes of the
-    /// same stripe does not get its data overwritten with stale bytes.
-    /// Degraded case: with any data shard of the group on a down target the
-    /// whole batch falls back to read (reconstructing) - merge - re-encode -
-    /// write all live cells, as a partial write to a down data shard is
-    /// impossible and a fresh read would have to reconstruct from parity
-    /// the write has not updated yet. That fallback has the cross-process
-    /// lost-update race again (only while degraded).
-    ///
-    /// `torn`: the epoch of this write's first partial-stripe data write,
-    /// once one was tried. A try that failed after it left those data cells
-    /// ahead of their parity; a retry that has to reconstruct (degraded)
-    /// then reads the stripes as they were just before it, when data and
-    /// parity still matched (reconstructing from the newer data cells and
-    /// the older parity would make up the missing cells).
-    #[allow(clippy::too_many_arguments)]
-    fn ec_update_batch(
-        &self,
-        map: &PoolMap,
-        dkey: &[u8],
-        akey: &[u8],
-        offset: u64,
-        data: &[u8],
-        s0: u64,
-        s1: u64,
-        torn: &std::cell::Cell<Option<u64>>,
-    ) -> Result<()> {
-        let _locks = self.lock_stripes(dkey, akey, s0, s1);
-        let (k, _) = self.kp();
-        let stripe = k as u64 * EC_CELL_SIZE;
-        let end = offset + data.len() as u64;
-        let g = self.group(map, dkey)?;
-        let full = |s: u64| offset <= s * stripe && end >= (s + 1) * stripe;
-        // A data shard that cannot be read (down, or being reintegrated) is
-        // rebuilt whole from the others, not patched.
-        let degraded = g.shards[..k]
-            .iter()
-            .any(|l| !map.targets[l.target].readable);
-        let read_at = torn.get().map_or(EPOCH_LATEST, |e| e - 1);
-        if degraded || (s0..s1).all(full) {
-            return self.ec_write_stripes(map, &g, dkey, akey, offset, data, s0, s1, read_at);
-        }
-        // The write is contiguous: whole stripes form the range f0..f1.
-        let f0 = if full(s0) { s0 } else { s0 + 1 };
-        let f1 = if full(s1 - 1) { s1 } else { s1 - 1 };
-        if f0 < f1 {
-            self.ec_write_stripes(map, &g, dkey, akey, offset, data, f0, f1, read_at)?;
-        }
-        let partial: Vec<u64> = (s0..s1).filter(|&s| !full(s)).collect();
-        let logical_end = end.min(s1 * stripe);
-        self.ec_write_partial(
-            map,
-            &g,
-            dkey,
-            akey,
-            offset,
-            data,
-            &partial,
-            logical_end,
-            torn,
-        )
-    }
-
-    /// Write stripes `s0..s1` whole: all `k + p` cells, partial stripes read
-    /// at `read_at` (degraded if needed), merged and re-encoded.
-    #[allow(clippy::too_many_arguments)]
-    fn ec_write_stripes(
-        &self,
-        map: &PoolMap,
-        g: &Group,
-        dkey: &[u8],
-        akey: &[u8],
-        offset: u64,
-        data: &[u8],
-        s0: u64,
-        s1: u64,
-        read_at: u64,
-    ) -> Result<()> {
-        let (k, _) = self.kp();
-        let rs = self.rs.as_ref().unwrap();
-        let cell = EC_CELL_SIZE as usize;
-        let stripe = (k * cell) as u64;
-        let end = offset + data.len() as u64;
-        let mut stripes: Vec<Cow<[u8]>> = Vec::with_capacity((s1 - s0) as usize);
-        for s in s0..s1 {
-            let (lo, hi) = (s * stripe, (s + 1) * stripe);
-            if offset <= lo && end >= hi {
-                stripes.push(Cow::Borrowed(
-                    &data[(lo - offset) as usize..(hi - offset) as usize],
-                ));
-            } else {
-                // Partial stripe: merge into what is there (read degraded if needed).
-                let mut buf = self
-                    .ec_read_stripe(map, g, read_at, dkey, akey, s, &[])?
-                    .concat();
-                let (a, b) = (offset.max(lo), end.min(hi));
-                buf[(a - lo) as usize..(b - lo) as usize]
-                    .copy_from_slice(&data[(a - offset) as usize..(b - offset) as usize]);
-                stripes.push(Cow::Owned(buf));
-            }
-        }
-        let parity: Vec<Vec<Vec<u8>>> = stripes
-            .iter()
-            .map(|st| {
-                let cells: Vec<&[u8]> = st.chunks(cell).collect();
-                rs.encode(&cells).map_err(|e| Error::io(e.to_string()))
-            })
-            .collect::<Result<_>>()?;
-        let logical_end = end.min(s1 * stripe);
-        let zero = [0u8; 1];
-        let size_iod = self.iod(
-            &size_akey(akey),
-            ValueKind::Array,
-            logical_end - 1,
-            &[&zero],
-        );
-        let epoch = hlc::now();
-        let gs = self.gs();
-        self.write_shards(map, std::slice::from_ref(g), |loc| {
-            let j = (loc.shard - g.group * gs) as usize;
-            let mut parts: Vec<&[u8]> = (0..stripes.len())
-                .map(|i| {
-                    if j < k {
-                        &stripes[i][j * cell..(j + 1) * cell]
-                    } else {
-                        &parity[i][j - k][..]
-                    }
-                })
-                .collect();
-            let iods = vec![
-                self.iod(akey, ValueKind::Array, s0 * cell as u64, &parts),
-                size_iod.clone(),
-            ];
-            parts.push(&zero);
-            self.update_shard(map, loc, epoch, dkey, iods, &parts)
-        })
-    }
-
-    /// Partial-stripe update of `stripes` (all data shards of `g` up):
-    /// 1. write to each data shard only the byte ranges of `data` that fall
-    ///    on it (byte-granular extents; no other bytes are rewritten);
-    /// 2. once all those writes are acknowledged, read the stripes' `k` data
-    ///    cells afresh (directly, never reconstructed) and encode parity;
-    /// 3. write the parity cells.
-    ///
-    /// The size akey goes to the touched data shards in step 1 and to all
-    /// other shards in step 3.
-    ///
-    /// 4. re-read the data cells: if another writer changed them meanwhile,
-    ///    encode and write parity again (at most [`EC_PARITY_ROUNDS`] times).
-    ///
-    /// Two writers (in different processes; the stripe locks only cover
-    /// this one) updating the same stripe at once never lose each other's
-    /// data, and once both have returned the parity matches the data. While
-    /// they are in flight a degraded read of that stripe may reconstruct
-    /// from parity that is being replaced. Failures after step 1 leave the
-    /// data written and the parity stale until the next write of the stripe.
-    #[allow(clippy::too_many_arguments)]
-    fn ec_write_partial(
-        &self,
-        map: &PoolMap,
-        g: &Group,
-        dkey: &[u8],
-        akey: &[u8],
-        offset: u64,
-        data: &[u8],
-        stripes: &[u64],
-        logical_end: u64,
-        torn: &std::cell::Cell<Option<u64>>,
-    ) -> Result<()> {
-        self.check_redundancy(map, g)?;
-        let (k, _) = self.kp();
-        let rs = self.rs.as_ref().unwrap();
-        let cell = EC_CELL_SIZE;
-        let stripe = k as u64 * cell;
-        let end = offset + data.len() as u64;
-        let zero = [0u8; 1];
-        let size_iod = self.iod(
-            &size_akey(akey),
-            ValueKind::Array,
-            logical_end - 1,
-            &[&zero],
-        );
-        // (shard offset, bytes) written to each data shard.
-        let mut ranges: Vec<Vec<(u64, &[u8])>> = vec![Vec::new(); k];
-        for &s in stripes {
-            for (j, r) in ranges.iter_mut().enumerate() {
-                let lo = s * stripe + j as u64 * cell;
-                let (a, b) = (offset.max(lo), end.min(lo + cell));
-                if a < b {
-                    r.push((
-                        s * cell + (a - lo),
-                        &data[(a - offset) as usize..(b - offset) as usize],
-                    ));
-                }
-            }
-        }
-        let touched: Vec<usize> = (0..k).filter(|&j| !ranges[j].is_empty()).collect();
-        let epoch = hlc::now();
-        if torn.get().is_none() {
-            torn.set(Some(epoch));
-        }
-        par_map(&touched, |&j| {
-            let mut iods: Vec<Iod> = ranges[j]
-                .iter()
-                .map(|&(o, d)| self.iod(akey, ValueKind::Array, o, &[d]))
-                .collect();
-            iods.push(size_iod.clone());
-            let mut parts: Vec<&[u8]> = ranges[j].iter().map(|r| r.1).collect();
-            parts.push(&zero);
-            self.update_shard(map, &g.shards[j], epoch, dkey, iods, &parts)
-        })
-        .into_iter()
-        .collect::<Result<Vec<()>>>()?;
-        // Fresh read, after the data writes: this includes any other
-        // writer's bytes already acknowledged on the data shards.
-        let data_idx: Vec<usize> = (0..k).collect();
-        let read_cells = || -> Result<Vec<Vec<Vec<u8>>>> {
-            stripes
-                .iter()
-                .map(|&s| {
-                    par_map(&data_idx, |&j| {
-                        self.fetch_extent(
-                            map,
-                            &g.shards[j],
-                            EPOCH_LATEST,
-                            dkey,
-                            akey,
-                            s * cell,
-                            cell as usize,
-                        )
-                    })
-                    .into_iter()
-                    .collect::<Result<Vec<Vec<u8>>>>()
-                })
-                .collect()
-        };
-        let gs = self.gs();
-        let mut used = read_cells()?;
-        // Write parity, then check the data it was computed from is still
-        // what the shards hold; if another writer changed it meanwhile,
-        // encode again. A writer returns only after such a check passed, so
-        // once concurrent writers have all returned, the last parity
-        // written matches the data (any data write after a writer's check
-        // is followed by that other writer's own, later, parity write).
-        for _ in 0..EC_PARITY_ROUNDS {
-            let parity: Vec<Vec<Vec<u8>>> = used
-                .iter()
-                .map(|cells| {
-                    let cells: Vec<&[u8]> = cells.iter().map(|c| &c[..]).collect();
-                    rs.encode(&cells).map_err(|e| Error::io(e.to_string()))
-                })
-                .collect::<Result<_>>()?;
-            let epoch = hlc::now();
-            self.write_shards(map, std::slice::from_ref(g), |loc| {
-                let j = (loc.shard - g.group * gs) as usize;
-                let mut iods = Vec::new();
-                let mut parts: Vec<&[u8]> = Vec::new();
-                if j >= k {
-                    for (i, &s) in stripes.iter().enumerate() {
-                        let pc = &parity[i][j - k][..];
-                        iods.push(self.iod(akey, ValueKind::Array, s * cell, &[pc]));
-                        parts.push(pc);
-                    }
-                } else if !ranges[j].is_empty() {
-                    return Ok(()); // data and size already written
-                }
-                iods.push(size_iod.clone());
-                parts.push(&zero);
-                self.update_shard(map, loc, epoch, dkey, iods, &parts)
-            })?;
-            let now = read_cells()?;
-            if now == used {
-                return Ok(());
-            }
-            used = now;
-        }
-        Err(Error::new(
-            -libc::EAGAIN,
-            format!(
-                "object {} dkey {}: parity of stripes {stripes:?} kept changing under concurrent writers; the data is written, retry to settle parity",
-                self.oid,
-                fmt_key(dkey)
-            ),
-        ))
-    }
-
     /// Serialize this process's writes to the same stripes: a degraded
     /// partial-stripe write is read-merge-write, and two of them
     /// interleaving would lose one's bytes (also a full-stripe write racing
@@ -1616,7 +1331,7 @@ impl Object {
     /// by hash of (container, object, dkey, akey, stripe), taken in index
     /// order so batches cannot deadlock. Writers in other processes are not
     /// covered (documented limitation, as the engine does not arbitrate).
-    fn lock_stripes(
+    pub(crate) fn lock_stripes(
         &self,
         dkey: &[u8],
         akey: &[u8],
@@ -1646,7 +1361,7 @@ impl Object {
     /// The `k` data cells of stripe `s`, reconstructed from parity when data
     /// shards fail. Shards listed in `bad` (group indexes) are not asked.
     #[allow(clippy::too_many_arguments)]
-    fn ec_read_stripe(
+    pub(crate) fn ec_read_stripe(
         &self,
         map: &PoolMap,
         g: &Group,
@@ -1734,6 +1449,29 @@ impl Object {
         // One contiguous extent per data shard: its cells in consecutive
         // stripes are adjacent in shard space.
         let jobs: Vec<usize> = (0..k).filter(|&j| !segs[j].is_empty()).collect();
+        let touched: BTreeSet<u64> = segs.iter().flatten().map(|s| s.stripe).collect();
+        let touched: Vec<u64> = touched.into_iter().collect();
+        // A read of several cells is made of several requests: fenced by
+        // the stripes' versions (see `ec_write`), read before and after it,
+        // it saw no transaction land between them.
+        let fence_at = (epoch == EPOCH_LATEST).then(|| {
+            g.shards[k..]
+                .iter()
+                .copied()
+                .find(|l| map.targets[l.target].readable)
+        });
+        let fence = |parts: usize| -> Result<Option<(ShardLoc, Vec<u64>)>> {
+            let Some(Some(loc)) = fence_at.filter(|_| parts > 1) else {
+                return Ok(None);
+            };
+            match self.stripe_versions(map, &loc, dkey, akey, &touched) {
+                Ok(v) => Ok(Some((loc, v))),
+                Err(e) if e.code == -libc::EINPROGRESS || e.code == -libc::ESTALE => Err(e),
+                // Parity out of reach: the read goes on unfenced.
+                Err(_) => Ok(None),
+            }
+        };
+        let mut before = fence(jobs.len())?;
         let res = par_map(&jobs, |&j| {
             let first = segs[j][0].shard_off;
             let len: usize = segs[j].iter().map(|s| s.len).sum();
@@ -1757,26 +1495,67 @@ impl Object {
                 }
             }
         }
-        if bad.is_empty() {
-            return Ok(());
+        if !bad.is_empty() {
+            if before.is_none() {
+                before = fence(2)?;
+            }
+            self.ec_rebuild_piece(
+                map,
+                &g,
+                epoch,
+                dkey,
+                akey,
+                &bad,
+                errs,
+                |j, s, cells| {
+                    for sg in segs[j].iter().filter(|sg| sg.stripe == s) {
+                        let from = (sg.shard_off - s * cell) as usize;
+                        buf[sg.dst..sg.dst + sg.len].copy_from_slice(&cells[from..from + sg.len]);
+                    }
+                },
+                |j| segs[j].iter().map(|s| s.stripe).collect(),
+            )?;
         }
-        // Degraded: rebuild the failed shards' part of each touched stripe.
-        let stripes: BTreeSet<u64> = bad
-            .iter()
-            .flat_map(|&j| segs[j].iter().map(|s| s.stripe))
-            .collect();
+        if let Some((loc, v)) = before {
+            if self.stripe_versions(map, &loc, dkey, akey, &touched)? != v {
+                return Err(Error::new(
+                    -libc::EINPROGRESS,
+                    format!(
+                        "{}: akey {}: stripes {touched:?} changed during the read",
+                        self.what(dkey),
+                        fmt_key(akey)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Degraded read: rebuild the failed shards' (`bad`) part of each stripe
+    /// they cover (`stripes_of`), handing each rebuilt cell to `put`.
+    #[allow(clippy::too_many_arguments)]
+    fn ec_rebuild_piece(
+        &self,
+        map: &PoolMap,
+        g: &Group,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        bad: &[usize],
+        mut errs: Vec<Error>,
+        mut put: impl FnMut(usize, u64, &[u8]),
+        stripes_of: impl Fn(usize) -> Vec<u64>,
+    ) -> Result<()> {
+        let stripes: BTreeSet<u64> = bad.iter().flat_map(|&j| stripes_of(j)).collect();
         for s in stripes {
             let cells = self
-                .ec_read_stripe(map, &g, epoch, dkey, akey, s, &bad)
+                .ec_read_stripe(map, g, epoch, dkey, akey, s, bad)
                 .map_err(|e| {
                     errs.push(e);
                     combine(&self.what(dkey), std::mem::take(&mut errs))
                 })?;
-            for &j in &bad {
-                for sg in segs[j].iter().filter(|sg| sg.stripe == s) {
-                    let from = (sg.shard_off - s * cell) as usize;
-                    buf[sg.dst..sg.dst + sg.len].copy_from_slice(&cells[j][from..from + sg.len]);
-                }
+            for &j in bad {
+                put(j, s, &cells[j]);
             }
         }
         Ok(())
@@ -1799,6 +1578,7 @@ impl ObjectAt<'_> {
                     len: 0,
                     crc: 0,
                     has_crc: false,
+                    ..Default::default()
                 };
                 let v = o
                     .fetch_shard(map, loc, self.epoch, dkey, vec![iod])?

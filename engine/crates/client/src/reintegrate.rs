@@ -299,7 +299,7 @@ impl Object {
                 let j = (d.shard - g.group * gs) as usize;
                 let c = cells[j].as_deref().expect("reconstructed");
                 let iod = self.iod(&akey, ValueKind::Array, st * cell, &[c]);
-                self.update_shard(map, d, epoch, dkey, vec![iod], &[c])?;
+                self.update_shard(map, d, None, epoch, dkey, vec![iod], &[c])?;
                 stats.bytes += c.len() as u64;
             }
             stats.stripes += 1;
@@ -343,7 +343,7 @@ impl Object {
                 Error::new(-libc::EPROTO, format!("unknown record kind {}", r.kind))
             })?;
             let mut punch = |d: &[u8], akeys: &[Vec<u8>]| {
-                self.punch_shard(map, to, r.epoch, d, akeys)
+                self.punch_shard(map, to, None, r.epoch, d, akeys)
                     .map(|_| stats.punches += 1)
             };
             match kind {
@@ -359,6 +359,7 @@ impl Object {
                         len: if single { 0 } else { r.len },
                         crc: 0,
                         has_crc: false,
+                        ..Default::default()
                     };
                     let v = self
                         .fetch_shard(map, from, r.epoch, dkey, vec![iod])?
@@ -388,7 +389,7 @@ impl Object {
                         ValueKind::Array
                     };
                     let iod = self.iod(&r.akey, kind, r.offset, &[&v.data]);
-                    self.update_shard(map, to, r.epoch, dkey, vec![iod], &[&v.data])?;
+                    self.update_shard(map, to, None, r.epoch, dkey, vec![iod], &[&v.data])?;
                     stats.values += 1;
                     stats.bytes += v.data.len() as u64;
                 }

@@ -187,7 +187,9 @@ impl EngineState {
             Ok((a.pool.clone(), a.cont.clone(), oid.hi, oid.lo, a.shard))
         };
         match op {
-            Opcode::Ping | Opcode::Flush => ok(None, Vec::new()),
+            // Updates apply at once here: there is nothing to decide.
+            Opcode::Ping | Opcode::Flush | Opcode::DtxDecide => ok(None, Vec::new()),
+            Opcode::DtxQuery => err(-libc::ENOTSUP, "the test double keeps no transactions"),
             Opcode::ListChanged | Opcode::ListRecords => {
                 err(-libc::ENOTSUP, "the test double does not reintegrate")
             }
@@ -295,6 +297,7 @@ impl EngineState {
                         crc,
                         has_crc,
                         absent: status != 0,
+                        epoch: 0,
                     });
                     out.extend_from_slice(&bytes);
                 }

@@ -65,6 +65,8 @@ pub(crate) fn decode_request(f: Frame) -> Result<Option<Request>, FrameError> {
         Opcode::ListRecords => {
             Request::ListRecords(f.message::<data::ListRecordsReq>("list-records")?)
         }
+        Opcode::DtxDecide => Request::DtxDecide(f.message::<data::DtxDecideReq>("dtx-decide")?),
+        Opcode::DtxQuery => Request::DtxQuery(f.message::<data::DtxQueryReq>("dtx-query")?),
     }))
 }
 

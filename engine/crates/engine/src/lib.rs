@@ -8,6 +8,7 @@
 pub mod config;
 pub mod control;
 pub mod dataplane;
+pub mod dtx;
 pub mod ms;
 pub mod node;
 pub mod poolmap;

@@ -221,6 +221,7 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
         tracing::info!("management service on {}", cfg.control_addr());
     }
     tokio::spawn(peregrine_engine::dataplane::serve(node.clone(), data));
+    peregrine_engine::dtx::spawn(node.clone());
     // Shared memory for clients on this node; optional, TCP serves everyone.
     let shm = peregrine_engine::shm::serve(node.clone(), &cfg.shm_socket())
         .map_err(|e| tracing::warn!("shared-memory data plane disabled: {e}"))

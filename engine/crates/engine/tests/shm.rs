@@ -483,9 +483,11 @@ fn update_frame(
             len: value.len() as u64,
             crc: peregrine_isal::crc32c(value),
             has_crc: true,
+            ..Default::default()
         }],
         insert_only: false,
         sync: false,
+        dtx: None,
     };
     let msg = prost::Message::encode_to_vec(&req);
     let mut f = frame::encode_frame(Opcode::Update, 0, epoch, &msg, &[bulk]).unwrap();

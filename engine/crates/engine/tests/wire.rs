@@ -117,9 +117,11 @@ fn malformed_frames_close_only_their_connection() {
             len: 1 << 20,
             crc: 0,
             has_crc: false,
+            ..Default::default()
         }],
         insert_only: false,
         sync: false,
+        dtx: None,
     };
     frame::write_frame(
         &mut s,

@@ -31,6 +31,8 @@ pub enum Opcode {
     Flush = 7,
     ListChanged = 8,
     ListRecords = 9,
+    DtxDecide = 10,
+    DtxQuery = 11,
 }
 
 impl Opcode {
@@ -45,6 +47,8 @@ impl Opcode {
             7 => Opcode::Flush,
             8 => Opcode::ListChanged,
             9 => Opcode::ListRecords,
+            10 => Opcode::DtxDecide,
+            11 => Opcode::DtxQuery,
             _ => return None,
         })
     }

@@ -10,6 +10,7 @@
 //! (a punch hides versions at its own epoch too). For arrays, later epochs win
 //! per byte; between extents of equal epoch the later write wins.
 
+use crate::dtx::{DtxTable, TxId};
 use crate::error::Errno;
 use crate::superblock::BLOCK;
 use peregrine_proto::data;
@@ -139,19 +140,43 @@ pub(crate) struct TargetIndex {
     /// The highest epoch an aggregation ran up to ([`WalOp::AggregateTo`]):
     /// a snapshot at or below it may have lost versions only it would see.
     pub aggregated_to: u64,
+    /// The transactions held prepared here, and those decided (see [`crate::dtx`]).
+    pub dtx: DtxTable,
+}
+
+/// A checkpoint written before transactions existed.
+#[derive(Deserialize)]
+struct IndexBeforeDtx {
+    pools: BTreeMap<Uuid, PoolTree>,
+    aggregated_to: u64,
 }
 
 impl TargetIndex {
-    /// Decode a checkpoint; those written before `aggregated_to` existed hold
-    /// the pools only (their aggregations ran up to the latest epoch, which
-    /// no epoch test can express, so they count as none).
+    /// Decode a checkpoint. Those written before transactions existed hold
+    /// no transaction table (none was pending); those written before
+    /// `aggregated_to` existed hold the pools only (their aggregations ran
+    /// up to the latest epoch, which no epoch test can express, so they
+    /// count as none).
     pub(crate) fn decode(b: &[u8]) -> Option<TargetIndex> {
-        bincode::deserialize(b).ok().or_else(|| {
-            bincode::deserialize(b).ok().map(|pools| TargetIndex {
-                pools,
-                aggregated_to: 0,
+        let mut ix = bincode::deserialize::<TargetIndex>(b)
+            .ok()
+            .or_else(|| {
+                bincode::deserialize::<IndexBeforeDtx>(b)
+                    .ok()
+                    .map(|o| TargetIndex {
+                        pools: o.pools,
+                        aggregated_to: o.aggregated_to,
+                        dtx: DtxTable::default(),
+                    })
             })
-        })
+            .or_else(|| {
+                bincode::deserialize(b).ok().map(|pools| TargetIndex {
+                    pools,
+                    ..TargetIndex::default()
+                })
+            })?;
+        ix.dtx.rebuild();
+        Some(ix)
     }
 }
 
@@ -220,6 +245,47 @@ pub(crate) enum WalOp {
     Flushed {
         through: u64,
     },
+    /// An update or punch (`op`) of transaction `id`, held until the
+    /// transaction is decided ([`crate::dtx`]). `shards`: (rank, target) of
+    /// each shard of it, leader first; `at_ms`: when it was logged
+    /// (milliseconds since the Unix epoch).
+    Prepare {
+        id: TxId,
+        shards: Vec<(u32, u32)>,
+        at_ms: u64,
+        op: Box<WalOp>,
+    },
+    /// Transaction `id` is committed (its held ops are applied) or aborted
+    /// (dropped); either way the decision is remembered for a while.
+    Decide {
+        pool: Uuid,
+        id: TxId,
+        commit: bool,
+        at_ms: u64,
+    },
+}
+
+impl WalOp {
+    /// The pool whose visible state the op changes, if any (for aggregation).
+    pub(crate) fn changed_pool(&self) -> Option<Uuid> {
+        match self {
+            WalOp::Update { pool, .. }
+            | WalOp::Punch { pool, .. }
+            | WalOp::Decide {
+                pool, commit: true, ..
+            } => Some(*pool),
+            _ => None,
+        }
+    }
+
+    /// The values of an update, prepared or not, as logged.
+    pub(crate) fn update_values(&self) -> &[NewValue] {
+        match self {
+            WalOp::Update { values, .. } => values,
+            WalOp::Prepare { op, .. } => op.update_values(),
+            _ => &[],
+        }
+    }
 }
 
 /// SCM charged for one stored value.
@@ -348,6 +414,8 @@ pub(crate) struct Plan {
     /// Nothing of the iod's kind is visible at the epoch read (never
     /// written, or punched): an ARRAY's zeros are then not written zeros.
     pub absent: bool,
+    /// The newest epoch of the versions the bytes come from (0: none).
+    pub epoch: u64,
 }
 
 impl AkeyTree {
@@ -416,6 +484,44 @@ fn punch_record(kind: data::RecordKind, epoch: u64, akey: &[u8]) -> data::Record
         epoch,
         akey: akey.to_vec(),
         ..Default::default()
+    }
+}
+
+/// A page of [`TargetIndex::list_changed`]: the keys found in the trees,
+/// merged in order with the keys of held changes.
+struct Page {
+    keys: Vec<ChangedKey>,
+    max: usize,
+    /// Keys with held changes not listed yet, ascending.
+    held: std::iter::Peekable<std::vec::IntoIter<ChangedKey>>,
+}
+
+impl Page {
+    /// List `k` after the held keys before it. Ok(()) while more may come;
+    /// Err(()) once a key beyond `max` turned up.
+    fn push(&mut self, k: ChangedKey) -> Result<(), ()> {
+        while let Some(h) = self.held.next_if(|h| *h <= k) {
+            if h != k {
+                self.add(h)?;
+            }
+        }
+        self.add(k)
+    }
+    fn add(&mut self, k: ChangedKey) -> Result<(), ()> {
+        if self.keys.len() == self.max {
+            return Err(());
+        }
+        self.keys.push(k);
+        Ok(())
+    }
+    /// The held keys after the last key of the trees; whether all fit.
+    fn finish(mut self) -> (Vec<ChangedKey>, bool) {
+        while let Some(h) = self.held.next() {
+            if self.add(h).is_err() {
+                return (self.keys, false);
+            }
+        }
+        (self.keys, true)
     }
 }
 
@@ -527,6 +633,7 @@ impl TargetIndex {
                     stored_crc: None,
                     segs: vec![],
                     absent: true,
+                    epoch: 0,
                 },
                 Some(v) => Plan {
                     status: 0,
@@ -540,6 +647,7 @@ impl TargetIndex {
                         src: src_of(v, 0, v.len),
                     }],
                     absent: false,
+                    epoch: v.epoch,
                 },
             },
             Kind::Array => {
@@ -551,6 +659,7 @@ impl TargetIndex {
                     stored_crc: None,
                     segs: vec![],
                     absent: true,
+                    epoch: 0,
                 };
                 let Some((a, f)) = found else { return plan };
                 plan.absent = a.visible_extents(f, r).is_empty();
@@ -566,6 +675,7 @@ impl TargetIndex {
                     }
                     for (gs, ge) in cov.gaps(s, e) {
                         all_crc &= x.crc.is_some();
+                        plan.epoch = plan.epoch.max(x.epoch);
                         // The newest piece is the whole request as written (and
                         // then the only piece), or the crc must be computed.
                         if exact.is_none() {
@@ -615,6 +725,28 @@ impl TargetIndex {
         }
     }
 
+    /// The newest epoch of the stored extents of an akey that overlap
+    /// `[start, end)`, visible or not.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn newest_extent(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        dkey: &[u8],
+        akey: &[u8],
+        start: u64,
+        end: u64,
+    ) -> Option<u64> {
+        let o = self.cont(pool, cont)?.objs.get(obj)?;
+        let a = o.dkeys.get(dkey)?.akeys.get(akey)?;
+        a.extents
+            .iter()
+            .filter(|x| x.offset < end && start < x.offset + x.len)
+            .map(|x| x.epoch)
+            .max()
+    }
+
     /// List dkeys (`dkey` empty) or the akeys of `dkey` visible at `r`, strictly after `anchor`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn list(
@@ -650,6 +782,9 @@ impl TargetIndex {
     /// with no dkeys is listed once, with an empty dkey). At most `max` keys
     /// (0: [`LIST_CHANGED_DEFAULT`], capped at [`LIST_CHANGED_MAX`]), and
     /// whether the listing is complete. An unknown pool lists nothing.
+    /// Every key with a change held by a transaction is listed too, whatever
+    /// its epoch (a held punch of an object: its empty dkey), so that
+    /// reintegration comes back to it.
     ///
     /// It scans every dkey after the anchor until `max` keys are found
     /// (one comparison of epochs per version and punch): nothing is kept
@@ -668,14 +803,10 @@ impl TargetIndex {
         let Some(p) = self.pools.get(pool) else {
             return (vec![], true);
         };
-        let mut keys = Vec::new();
-        // Ok(()) while more may come; Err(()) once a key beyond `max` turned up.
-        let mut push = |k: ChangedKey| {
-            if keys.len() == max {
-                return Err(());
-            }
-            keys.push(k);
-            Ok(())
+        let mut page = Page {
+            keys: Vec::new(),
+            max,
+            held: self.dtx.held_keys(pool, anchor).into_iter().peekable(),
         };
         let from = anchor.map_or(Bound::Unbounded, |(c, _, _)| Bound::Included(*c));
         for (cid, c) in p.conts.range((from, Bound::Unbounded)) {
@@ -688,21 +819,22 @@ impl TargetIndex {
                 if o.dkeys.is_empty() {
                     // Its empty dkey sorts before any other: it is after
                     // the anchor only when the anchor is in another object.
-                    if punched && after.is_none() && push((*cid, *ok, Vec::new())).is_err() {
-                        return (keys, false);
+                    if punched && after.is_none() && page.push((*cid, *ok, Vec::new())).is_err() {
+                        return (page.keys, false);
                     }
                     continue;
                 }
                 let from = after.map_or(Bound::Unbounded, |d| Bound::Excluded(d.clone()));
                 for (dk, d) in o.dkeys.range((from, Bound::Unbounded)) {
-                    if (punched || dkey_changed(d, since)) && push((*cid, *ok, dk.clone())).is_err()
+                    if (punched || dkey_changed(d, since))
+                        && page.push((*cid, *ok, dk.clone())).is_err()
                     {
-                        return (keys, false);
+                        return (page.keys, false);
                     }
                 }
             }
         }
-        (keys, true)
+        page.finish()
     }
 
     /// Reintegration: what one dkey holds above `since`. The object's
@@ -816,6 +948,7 @@ impl TargetIndex {
                 if let Some(p) = self.pools.remove(&pool) {
                     p.conts.values().for_each(|c| rel.cont(c));
                 }
+                self.dtx.drop_pool(pool, rel);
             }
             WalOp::ContDestroy { pool, cont } => {
                 if let Some(c) = self
@@ -825,6 +958,7 @@ impl TargetIndex {
                 {
                     rel.cont(&c);
                 }
+                self.dtx.drop_cont(pool, cont, rel);
             }
             WalOp::SetSnapshots {
                 pool,
@@ -940,6 +1074,30 @@ impl TargetIndex {
                 self.aggregated_to = self.aggregated_to.max(upto);
             }
             WalOp::Flushed { .. } => {}
+            WalOp::Prepare {
+                id,
+                shards,
+                at_ms,
+                op,
+            } => {
+                let live = match &*op {
+                    WalOp::Update { pool, .. } | WalOp::Punch { pool, .. } => {
+                        self.pools.contains_key(pool)
+                    }
+                    _ => false,
+                };
+                self.dtx.hold(id, shards, at_ms, *op, live, rel);
+            }
+            WalOp::Decide {
+                pool,
+                id,
+                commit,
+                at_ms,
+            } => {
+                for op in self.dtx.decide(pool, id, commit, at_ms, rel) {
+                    self.apply(op, rel);
+                }
+            }
         }
     }
 
@@ -957,6 +1115,7 @@ impl TargetIndex {
         for p in self.pools.values() {
             p.conts.values().for_each(|c| rel.cont(c));
         }
+        self.dtx.device_runs(&mut rel);
         rel.runs
     }
 
@@ -1337,6 +1496,51 @@ mod tests {
             Some(ix)
         );
         assert_eq!(TargetIndex::decode(b"\xff\xff"), None);
+    }
+
+    #[test]
+    fn checkpoints_from_before_transactions_decode() {
+        #[derive(Serialize)]
+        struct IndexBeforeDtx<'a> {
+            pools: &'a BTreeMap<Uuid, PoolTree>,
+            aggregated_to: u64,
+        }
+        let (mut ix, pool, cont, obj) = setup();
+        put(&mut ix, pool, cont, obj, 10, Kind::Single, 0, b"v");
+        let old = bincode::serialize(&IndexBeforeDtx {
+            pools: &ix.pools,
+            aggregated_to: 42,
+        })
+        .unwrap();
+        let back = TargetIndex::decode(&old).expect("checkpoint before transactions");
+        assert_eq!(back.aggregated_to, 42);
+        assert_eq!(back.pools, ix.pools);
+        assert_eq!(back.dtx, crate::dtx::DtxTable::default());
+
+        // And the current format keeps the transactions, derived lookups rebuilt.
+        let id = TxId { hi: 7, lo: 8 };
+        ix.apply(
+            WalOp::Prepare {
+                id,
+                shards: vec![(1, 2)],
+                at_ms: 5,
+                op: Box::new(WalOp::Punch {
+                    pool,
+                    cont,
+                    obj,
+                    dkey: b"d".to_vec(),
+                    akeys: vec![],
+                    epoch: 20,
+                }),
+            },
+            &mut Released::default(),
+        );
+        let back = TargetIndex::decode(&bincode::serialize(&ix).unwrap()).unwrap();
+        assert_eq!(back, ix);
+        assert!(back
+            .dtx
+            .check_read("fetch", &pool, &cont, &obj, Some(b"d"), 20)
+            .is_err());
     }
 
     #[test]

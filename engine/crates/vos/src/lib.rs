@@ -120,6 +120,40 @@
 //!   Targets aggregate on their own (a pool 80% full, idle) only under the
 //!   aggregation lease ([`Storage::lease_aggregation`]; endless unless an
 //!   engine sets it).
+//! - `FetchedValue.epoch` is the newest epoch of the versions the returned
+//!   bytes come from (ARRAY: those showing in the range read; SINGLE: the
+//!   value's), 0 when nothing is.
+//! - `Iod.has_unchanged_since` (ARRAY values only; on a SINGLE one the
+//!   update is `-EINVAL`): the update fails whole with `-EBUSY`, nothing
+//!   stored, if a stored extent of the akey overlapping the iod's range has
+//!   an epoch above `unchanged_since`, or if a change of the akey is in
+//!   flight on the target or held by another transaction.
+//!
+//! # Transactions (DTX)
+//! An update or punch with `dtx` set is *prepared*: validated, staged and
+//! logged as usual, answered once written, but held (invisible to reads and
+//! aggregation, its space counted as used by its pool) until its
+//! transaction is decided by [`Request::DtxDecide`]: a commit applies what
+//! is held at its own epochs, an abort frees it. The state of a transaction
+//! on a target counts the changes in flight as applied.
+//! - A prepare of an aborted transaction is `-ECANCELED`; of a committed
+//!   one, or a repeat of a change already held (same container, object,
+//!   dkey, epoch and kind: a retry), succeeds and stores nothing.
+//! - Commit: prepared or committed succeeds; aborted is `-ECANCELED`;
+//!   unknown is `-ENOENT` for the leader and recorded as committed by the
+//!   other shards. Abort: committed is `-EEXIST`; anything else is, or is
+//!   recorded as, aborted (a later prepare is refused). At most 1024 ids; if
+//!   one fails, none is decided. Decisions are kept an hour after later ones.
+//! - `DtxQuery` with `resolve` records an unknown transaction as aborted and
+//!   aborts one held for more than [`DTX_ABANDON_MS`]; `DtxPending` lists the
+//!   transactions of a pool held at least `older_than_ms`, oldest first.
+//! - A fetch, size query, list or list-records of a dkey with a held change
+//!   at or below the epoch read (list records: any epoch; a held punch of
+//!   the object holds every dkey; a list of dkeys: any held change of the
+//!   object) fails whole with `-EINPROGRESS`. `ListChanged` lists every key
+//!   with a held change, whatever its epoch.
+//! - Destroying a pool or container drops the changes held in it; a pool's
+//!   decisions go with it.
 //!
 //! # Threads and replies
 //! [`Storage::submit`] returns a `std::sync::mpsc::Receiver` that receives
@@ -138,6 +172,7 @@ mod alloc;
 mod bufpool;
 mod bulk;
 mod device;
+mod dtx;
 mod error;
 mod index;
 mod mgmt;
@@ -146,6 +181,7 @@ mod target;
 mod wal;
 
 pub use bulk::{Bulk, Gather, SharedBytes};
+pub use dtx::{DTX_ABANDON_MS, DTX_STALE_MS};
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
 
@@ -208,6 +244,12 @@ pub enum Request {
     ListChanged(data::ListChangedReq),
     /// Reintegration: the versions and punches of one dkey above an epoch.
     ListRecords(data::ListRecordsReq),
+    /// Decide transactions (leader) or apply their decision (the others).
+    DtxDecide(data::DtxDecideReq),
+    /// What this target knows of a transaction (see `DtxQueryReq.resolve`).
+    DtxQuery(data::DtxQueryReq),
+    /// Engine-internal: transactions held prepared here for a while.
+    DtxPending(data::DtxPendingReq),
 }
 
 /// A response and its bulk (fetched values concatenated in iod order), or an errno.
@@ -375,6 +417,9 @@ pub fn request_addr(req: &Request) -> Option<&data::Address> {
         Request::Flush(r) => r.addr.as_ref(),
         Request::ListChanged(r) => r.addr.as_ref(),
         Request::ListRecords(r) => r.addr.as_ref(),
+        Request::DtxDecide(r) => r.addr.as_ref(),
+        Request::DtxQuery(r) => r.addr.as_ref(),
+        Request::DtxPending(r) => r.addr.as_ref(),
     }
 }
 

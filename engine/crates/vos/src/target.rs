@@ -71,6 +71,7 @@ use crate::alloc::BlockAlloc;
 use crate::bufpool::BUF_BYTES;
 use crate::device::DeviceIo;
 use crate::device::{env_us, spin_us, Op};
+use crate::dtx::{self, Admit, OpKey};
 use crate::error::{Errno, StorageError};
 use crate::index::{
     value_scm, DevExtent, Kind, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
@@ -576,6 +577,12 @@ fn ok_response(body: Option<data::response::Body>) -> data::Response {
     }
 }
 
+fn dtx_state_response(state: data::DtxState) -> data::Response {
+    ok_response(Some(data::response::Body::DtxState(data::DtxQueryResp {
+        state: state as i32,
+    })))
+}
+
 fn kind_of(k: i32, op: &str) -> Result<Kind, Errno> {
     match data::ValueKind::try_from(k) {
         Ok(data::ValueKind::Single) => Ok(Kind::Single),
@@ -797,10 +804,7 @@ impl Target {
 
     fn data_intact(&mut self, ops: &[WalOp]) -> Result<bool, StorageError> {
         for op in ops {
-            let WalOp::Update { values, .. } = op else {
-                continue;
-            };
-            for v in values {
+            for v in op.update_values() {
                 if let Payload::Device(ext) = &v.payload {
                     let bytes = self
                         .dev
@@ -1300,8 +1304,8 @@ impl Target {
             }
             self.seq = c.seq;
             for op in c.ops {
-                if let WalOp::Update { pool, .. } | WalOp::Punch { pool, .. } = &op {
-                    self.dirty.insert(*pool);
+                if let Some(pool) = op.changed_pool() {
+                    self.dirty.insert(pool);
                 }
                 self.apply(op, c.seq);
             }
@@ -1341,23 +1345,14 @@ impl Target {
                 }
                 let sync = u.sync;
                 match self.prepare_update(u, bulk) {
-                    Ok(()) => {
-                        self.open.sync |= sync;
-                        self.open.replies.push(tx);
-                        return;
-                    }
+                    Ok(admit) => return self.answer_staged(admit, sync, tx),
                     Err(e) => Err(e),
                 }
             }
             Request::Punch(p) => {
                 let sync = p.sync;
                 match self.prepare_punch(p) {
-                    Ok(op) => {
-                        self.open.ops.push(op);
-                        self.open.sync |= sync;
-                        self.open.replies.push(tx);
-                        return;
-                    }
+                    Ok(admit) => return self.answer_staged(admit, sync, tx),
                     Err(e) => Err(e),
                 }
             }
@@ -1380,8 +1375,94 @@ impl Target {
             Request::QuerySize(q) => self.query_size(q),
             Request::ListChanged(l) => self.list_changed(l),
             Request::ListRecords(l) => self.list_records(l),
+            Request::DtxDecide(d) => {
+                let decided = self
+                    .pool_addr(d.addr.as_ref(), "dtx decide")
+                    .and_then(|pool| {
+                        dtx::decide(
+                            &self.index,
+                            self.in_flight(),
+                            pool,
+                            self.id,
+                            &d,
+                            dtx::now_ms(),
+                        )
+                    });
+                match decided {
+                    Ok(ops) if ops.is_empty() => Ok((ok_response(None), Vec::new())),
+                    Ok(ops) => return self.log_then_answer(ops, None, tx),
+                    Err(e) => Err(e),
+                }
+            }
+            Request::DtxQuery(q) => {
+                let known = self
+                    .pool_addr(q.addr.as_ref(), "dtx query")
+                    .and_then(|pool| {
+                        dtx::query(&self.index, self.in_flight(), pool, &q, dtx::now_ms())
+                    });
+                match known {
+                    Ok((state, None)) => Ok((dtx_state_response(state), Vec::new())),
+                    Ok((state, Some(op))) => {
+                        return self.log_then_answer(vec![op], Some(dtx_state_response(state)), tx)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Request::DtxPending(p) => self.pool_addr(p.addr.as_ref(), "dtx pending").map(|pool| {
+                let pending = dtx::pending(&self.index, &pool, &p, dtx::now_ms());
+                let body = data::response::Body::DtxPending(pending);
+                (ok_response(Some(body)), Vec::new())
+            }),
         };
         tx.send(r.map(|(resp, bulk)| (resp, Gather::from(bulk))));
+    }
+
+    /// The changes logged or gathered and not applied yet, in the order
+    /// they will be applied.
+    fn in_flight(&self) -> impl Iterator<Item = &WalOp> + Clone {
+        self.commits
+            .iter()
+            .flat_map(|c| c.ops.iter())
+            .chain(self.open.ops.iter())
+    }
+
+    /// Answer an update or punch [`Self::prepare_update`] or
+    /// [`Self::prepare_punch`] took: once its batch is written if it was
+    /// staged; if there was nothing to store (a transaction's retry), at
+    /// once if the index already holds what it asked for (and, with
+    /// `sync`, that is flushed), else after the changes in flight.
+    fn answer_staged(&mut self, admit: Admit, sync: bool, tx: Responder) {
+        match admit {
+            Admit::Known { durable: true } if !sync || self.durable >= self.seq => {
+                tx.send(Ok((ok_response(None), Gather::default())));
+            }
+            Admit::Known { .. } => {
+                // A batch with nothing to log commits only when synchronous.
+                self.open.sync |= sync || self.open.ops.is_empty();
+                self.open.replies.push(tx);
+            }
+            Admit::Stage => {
+                self.open.sync |= sync;
+                self.open.replies.push(tx);
+            }
+        }
+    }
+
+    /// Gather `ops` (transaction decisions) into the open batch and answer
+    /// once they are written: with `resp` if given, else a plain success.
+    fn log_then_answer(&mut self, ops: Vec<WalOp>, resp: Option<data::Response>, tx: Responder) {
+        if let Some(e) = &self.broken {
+            tx.send(Err(e.clone()));
+            return;
+        }
+        self.open.ops.extend(ops);
+        let tx = match resp {
+            None => tx,
+            Some(resp) => Responder(Some(Box::new(move |r: crate::ReplyRef<'_>| {
+                tx.send(r.map(|(_, bulk)| (resp, bulk)))
+            }))),
+        };
+        self.open.replies.push(tx);
     }
 
     /// The address's pool, checked: present, for this target, a uuid.
@@ -1459,7 +1540,9 @@ impl Target {
         Ok(())
     }
 
-    fn prepare_update(&mut self, u: data::UpdateReq, bulk: Bulk) -> Result<(), Errno> {
+    /// Validate and stage an update into the open batch; a transaction's
+    /// update as a [`WalOp::Prepare`], unless there is nothing to store.
+    fn prepare_update(&mut self, u: data::UpdateReq, bulk: Bulk) -> Result<Admit, Errno> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
@@ -1471,6 +1554,21 @@ impl Target {
             return Err(Errno::inval(
                 "update: epoch u64::MAX is reserved for reads of the latest version",
             ));
+        }
+        let tx = dtx::parse(u.dtx.as_ref(), "update")?;
+        if let Some((id, _)) = &tx {
+            let key = OpKey {
+                pool: &pool,
+                cont: &cont,
+                obj: &obj,
+                dkey: &u.dkey,
+                epoch: u.epoch,
+                punch: false,
+            };
+            let admit = dtx::admit(&self.index, self.in_flight(), *id, &key, "update")?;
+            if admit != Admit::Stage {
+                return Ok(admit);
+            }
         }
         let dk = show(&u.dkey);
         let total = u.iods.iter().try_fold(0u64, |s, i| s.checked_add(i.len));
@@ -1500,6 +1598,12 @@ impl Target {
                     show(&iod.akey)
                 )));
             }
+            if kind == Kind::Single && iod.has_unchanged_since {
+                return Err(Errno::inval(format!(
+                    "update: akey {:?}: unchanged_since applies to ARRAY values only",
+                    show(&iod.akey)
+                )));
+            }
             let large = range.len() >= peregrine_proto::DATA_THRESHOLD;
             scm_need += value_scm(
                 &u.dkey,
@@ -1526,10 +1630,17 @@ impl Target {
                 }
             }
         }
+        for iod in u.iods.iter().filter(|i| i.has_unchanged_since) {
+            let at = (&pool, &cont, &obj, u.dkey.as_slice());
+            let own = tx.as_ref().map(|t| t.0);
+            dtx::check_unchanged(&self.index, self.in_flight(), own, at, iod)?;
+        }
         let p = &self.index.pools[&pool];
         let (os, on) = self.open.space.get(&pool).copied().unwrap_or_default();
         let (cs, cn) = self.claimed.get(&pool).copied().unwrap_or_default();
-        let (bs, bn) = (os + cs, on + cn);
+        // Changes held by transactions take their space until decided.
+        let (hs, hn) = self.index.dtx.held_space(&pool);
+        let (bs, bn) = (os + cs + hs, on + cn + hn);
         for (tier, need, total, used) in [
             ("scm", scm_need, p.scm_total, p.scm_used() + bs),
             ("nvme", nvme_need, p.nvme_total, p.nvme_used() + bn),
@@ -1612,15 +1723,24 @@ impl Target {
         let s = batch.space.entry(pool).or_default();
         s.0 += scm_need;
         s.1 += nvme_need;
-        batch.ops.push(WalOp::Update {
+        let op = WalOp::Update {
             pool,
             cont,
             obj,
             dkey: u.dkey,
             epoch: u.epoch,
             values,
+        };
+        batch.ops.push(match tx {
+            None => op,
+            Some((id, shards)) => WalOp::Prepare {
+                id,
+                shards,
+                at_ms: dtx::now_ms(),
+                op: Box::new(op),
+            },
         });
-        Ok(())
+        Ok(Admit::Stage)
     }
 
     /// Give a large value fresh data blocks and copy its bytes (`range` of
@@ -1803,7 +1923,9 @@ impl Target {
         newest > floor
     }
 
-    fn prepare_punch(&mut self, p: data::PunchReq) -> Result<WalOp, Errno> {
+    /// Validate a punch and gather it into the open batch; a transaction's
+    /// punch as a [`WalOp::Prepare`], unless there is nothing to store.
+    fn prepare_punch(&mut self, p: data::PunchReq) -> Result<Admit, Errno> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
@@ -1811,14 +1933,39 @@ impl Target {
         if p.dkey.is_empty() && !p.akeys.is_empty() {
             return Err(Errno::inval("punch: akeys given without a dkey"));
         }
-        Ok(WalOp::Punch {
+        let tx = dtx::parse(p.dtx.as_ref(), "punch")?;
+        if let Some((id, _)) = &tx {
+            let key = OpKey {
+                pool: &pool,
+                cont: &cont,
+                obj: &obj,
+                dkey: &p.dkey,
+                epoch: p.epoch,
+                punch: true,
+            };
+            let admit = dtx::admit(&self.index, self.in_flight(), *id, &key, "punch")?;
+            if admit != Admit::Stage {
+                return Ok(admit);
+            }
+        }
+        let op = WalOp::Punch {
             pool,
             cont,
             obj,
             dkey: p.dkey,
             akeys: p.akeys,
             epoch: p.epoch,
-        })
+        };
+        self.open.ops.push(match tx {
+            None => op,
+            Some((id, shards)) => WalOp::Prepare {
+                id,
+                shards,
+                at_ms: dtx::now_ms(),
+                op: Box::new(op),
+            },
+        });
+        Ok(Admit::Stage)
     }
 
     /// Start committing the gathered batch: its WAL record and the value
@@ -2028,8 +2175,8 @@ impl Target {
         match res {
             Ok(()) => {
                 for op in b.ops {
-                    if let WalOp::Update { pool, .. } | WalOp::Punch { pool, .. } = &op {
-                        self.dirty.insert(*pool);
+                    if let Some(pool) = op.changed_pool() {
+                        self.dirty.insert(pool);
                     }
                     self.apply(op, self.seq);
                 }
@@ -2213,6 +2360,10 @@ impl Target {
     /// in place; device segments still to read.
     fn plan(&self, f: &data::FetchReq) -> Result<Vec<IodRead>, Errno> {
         let (pool, cont, obj) = self.addr(f.addr.as_ref(), "fetch")?;
+        // Planned after every change acknowledged before the fetch was taken.
+        self.index
+            .dtx
+            .check_read("fetch", &pool, &cont, &obj, Some(&f.dkey), f.epoch)?;
         let mut iods = Vec::with_capacity(f.iods.len());
         for iod in &f.iods {
             let kind = kind_of(iod.kind, "fetch")?;
@@ -2231,6 +2382,7 @@ impl Target {
                     status: plan.status,
                     size: plan.size,
                     absent: plan.absent,
+                    epoch: plan.epoch,
                     ..Default::default()
                 },
                 has_crc: plan.has_crc,
@@ -2491,6 +2643,10 @@ impl Target {
 
     fn list(&mut self, l: data::ListReq) -> Reply {
         let (pool, cont, obj) = self.addr(l.addr.as_ref(), "list")?;
+        let dkey = (!l.dkey.is_empty()).then_some(l.dkey.as_slice());
+        self.index
+            .dtx
+            .check_read("list", &pool, &cont, &obj, dkey, l.epoch)?;
         let max = if l.max == 0 {
             DEFAULT_LIST_MAX
         } else {
@@ -2512,6 +2668,9 @@ impl Target {
 
     fn query_size(&mut self, q: data::QuerySizeReq) -> Reply {
         let (pool, cont, obj) = self.addr(q.addr.as_ref(), "query size")?;
+        self.index
+            .dtx
+            .check_read("query size", &pool, &cont, &obj, Some(&q.dkey), q.epoch)?;
         let (size, absent) = self
             .index
             .query_size(&pool, &cont, &obj, &q.dkey, &q.akey, q.epoch);
@@ -2570,6 +2729,10 @@ impl Target {
 
     fn list_records(&mut self, l: data::ListRecordsReq) -> Reply {
         let (pool, cont, obj) = self.addr(l.addr.as_ref(), "list records")?;
+        let r = peregrine_proto::EPOCH_LATEST;
+        self.index
+            .dtx
+            .check_read("list records", &pool, &cont, &obj, Some(&l.dkey), r)?;
         let records = self
             .index
             .list_records(&pool, &cont, &obj, &l.dkey, l.since)?;
@@ -2634,11 +2797,13 @@ impl Target {
                     .pools
                     .get(&pool)
                     .ok_or_else(|| self.pool_missing(&pool))?;
+                // Changes held by transactions take their space until decided.
+                let (hs, hn) = self.index.dtx.held_space(&pool);
                 Ok(CtlOut::Space(PoolSpace {
                     scm_total: p.scm_total,
-                    scm_free: p.scm_total.saturating_sub(p.scm_used()),
+                    scm_free: p.scm_total.saturating_sub(p.scm_used() + hs),
                     nvme_total: p.nvme_total,
-                    nvme_free: p.nvme_total.saturating_sub(p.nvme_used()),
+                    nvme_free: p.nvme_total.saturating_sub(p.nvme_used() + hn),
                     cont_used: p
                         .conts
                         .iter()
@@ -2653,7 +2818,7 @@ impl Target {
                     .pools
                     .get(&pool)
                     .ok_or_else(|| self.pool_missing(&pool))?;
-                if p.conts.contains_key(&cont) {
+                if p.conts.contains_key(&cont) || self.index.dtx.holds_cont(&pool, &cont) {
                     self.commit_ctl(WalOp::ContDestroy { pool, cont })?;
                 }
                 Ok(CtlOut::Done)
@@ -2806,6 +2971,7 @@ mod tests {
             iods: vec![iod(len as u64)],
             insert_only: false,
             sync: false,
+            dtx: None,
         };
         Request::Update(u, vec![byte; len].into())
     }
@@ -2869,6 +3035,7 @@ mod tests {
             }],
             insert_only: false,
             sync: false,
+            dtx: None,
         };
         let u = Request::Update(u, value.clone().into());
         t.handle(u, Responder(None));

@@ -20,6 +20,7 @@ fn insert_req(o: &Obj, epoch: u64, dkey: &str, v: &[u8]) -> Request {
             iods: vec![iod],
             insert_only: true,
             sync: false,
+            dtx: None,
         },
         bulk.into(),
     )

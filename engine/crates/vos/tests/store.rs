@@ -161,6 +161,7 @@ fn punches_and_listing_with_anchors() {
                 iods: vec![iod],
                 insert_only: false,
                 sync: false,
+                dtx: None,
             };
             st.submit(Request::Update(req, v.into()))
         })
@@ -716,6 +717,7 @@ fn malformed_requests_get_errnos() {
                 iods: vec![iod.clone()],
                 insert_only: false,
                 sync: false,
+                dtx: None,
             },
             bulk.into(),
         )
@@ -969,6 +971,7 @@ fn batched_fetches_are_exact() {
                 iods: vec![iod],
                 insert_only: false,
                 sync: false,
+                dtx: None,
             };
             pending.push((st.submit(Request::Update(req, v.into())), Vec::new(), false));
         }
@@ -1044,6 +1047,7 @@ fn insert_req(o: &Obj, epoch: u64, dkey: &str, akey: &str, v: &[u8]) -> Request 
         iods: vec![iod],
         insert_only: true,
         sync: false,
+        dtx: None,
     };
     Request::Update(req, bulk.into())
 }
@@ -1068,6 +1072,7 @@ fn insert_only_is_a_conditional_insert() {
         iods: vec![i1, i2],
         insert_only: true,
         sync: false,
+        dtx: None,
     };
     let err = wait(&st, Request::Update(req, [v1, v2].concat().into())).unwrap_err();
     assert_eq!(err.code, -libc::EEXIST, "{err}");
@@ -1125,6 +1130,7 @@ fn insert_only_is_a_conditional_insert() {
         dkey: b"k0".to_vec(),
         akeys: vec![],
         sync: false,
+        dtx: None,
     }));
     let ri = st.submit(insert_req(&o, 1001, "k0", "inode", b"x"));
     let ru = st.submit({
@@ -1137,6 +1143,7 @@ fn insert_only_is_a_conditional_insert() {
                 iods: vec![iod],
                 insert_only: false,
                 sync: false,
+                dtx: None,
             },
             bulk.into(),
         )

@@ -112,6 +112,7 @@ pub fn extent(akey: &str, offset: u64, v: &[u8]) -> (Iod, Vec<u8>) {
             len: v.len() as u64,
             crc: peregrine_isal::crc32c(v),
             has_crc: true,
+            ..Default::default()
         },
         v.to_vec(),
     )
@@ -137,6 +138,7 @@ pub fn update(
         iods,
         insert_only: false,
         sync: false,
+        dtx: None,
     };
     wait(st, Request::Update(req, bulk.into())).map(|_| ())
 }
@@ -229,6 +231,7 @@ pub fn punch(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akeys: &[&str]) -> R
         dkey: dkey.as_bytes().to_vec(),
         akeys: akeys.iter().map(|a| a.as_bytes().to_vec()).collect(),
         sync: false,
+        dtx: None,
     };
     wait(st, Request::Punch(req)).map(|_| ())
 }
