@@ -414,7 +414,8 @@ pub(crate) struct Plan {
     /// Nothing of the iod's kind is visible at the epoch read (never
     /// written, or punched): an ARRAY's zeros are then not written zeros.
     pub absent: bool,
-    /// The newest epoch of the versions the bytes come from (0: none).
+    /// The newest epoch of the versions the bytes come from, or of the
+    /// punch hiding older ones, if later (0: none).
     pub epoch: u64,
 }
 
@@ -662,6 +663,8 @@ impl TargetIndex {
                     epoch: 0,
                 };
                 let Some((a, f)) = found else { return plan };
+                // A punch is a change too (see `newest_extent`).
+                plan.epoch = f.unwrap_or(0);
                 plan.absent = a.visible_extents(f, r).is_empty();
                 plan.size = a.array_size(f, r);
                 let end = offset.saturating_add(len);
@@ -725,8 +728,11 @@ impl TargetIndex {
         }
     }
 
-    /// The newest epoch of the stored extents of an akey that overlap
-    /// `[start, end)`, visible or not.
+    /// The newest change of bytes `[start, end)` of an array akey: the
+    /// newest epoch of its extents overlapping them, visible or not, or of
+    /// a punch covering it, if later. At the latest epoch this is what a
+    /// fetch of the range reports as its epoch ([`Plan::epoch`]): the newest
+    /// overlapping extent is visible there unless a later punch hides it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn newest_extent(
         &self,
@@ -738,13 +744,14 @@ impl TargetIndex {
         start: u64,
         end: u64,
     ) -> Option<u64> {
-        let o = self.cont(pool, cont)?.objs.get(obj)?;
-        let a = o.dkeys.get(dkey)?.akeys.get(akey)?;
+        let (a, floor) =
+            self.akey_at(pool, cont, obj, dkey, akey, peregrine_proto::EPOCH_LATEST)?;
         a.extents
             .iter()
             .filter(|x| x.offset < end && start < x.offset + x.len)
             .map(|x| x.epoch)
             .max()
+            .max(floor)
     }
 
     /// List dkeys (`dkey` empty) or the akeys of `dkey` visible at `r`, strictly after `anchor`.
