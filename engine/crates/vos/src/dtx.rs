@@ -450,6 +450,21 @@ impl DtxTable {
     }
 
     /// (scm, nvme) the held changes of `pool` take.
+    /// The oldest epoch of a change held in `pool`: aggregation stays below
+    /// it, so that change, once committed, is ordered against every version
+    /// and punch as it would have been (a punch above it must still be there).
+    pub(crate) fn oldest_held_epoch(&self, pool: &Uuid) -> Option<u64> {
+        self.pending
+            .values()
+            .filter(|p| p.pool == *pool)
+            .flat_map(|p| &p.ops)
+            .filter_map(|op| match op {
+                WalOp::Update { epoch, .. } | WalOp::Punch { epoch, .. } => Some(*epoch),
+                _ => None,
+            })
+            .min()
+    }
+
     pub(crate) fn held_space(&self, pool: &Uuid) -> (u64, u64) {
         self.space.get(pool).copied().unwrap_or_default()
     }

@@ -1321,7 +1321,10 @@ impl Target {
     /// Aggregate up to now: a snapshot this target learns of later at an
     /// older epoch is refused ([`Ctl::SetSnapshots`]), not silently short.
     fn aggregate(&mut self, pool: Uuid) -> Result<Released, StorageError> {
-        let upto = self.lease.upto(&pool);
+        let mut upto = self.lease.upto(&pool);
+        if let Some(held) = self.index.dtx.oldest_held_epoch(&pool) {
+            upto = upto.min(held.saturating_sub(1));
+        }
         self.commit_ctl(WalOp::AggregateTo { pool, upto })
     }
 
