@@ -11,11 +11,14 @@
 //!    version like an update (`-ESTALE` aborts the try and the update is
 //!    retried under the newer map), so no transaction prepared under an
 //!    old map commits after a reintegration started copying.
-//! 3. **Apply**: the other shards are told the outcome. If that message is
-//!    lost (this process dies, a shard is away), the shard's engine asks
-//!    the leader after `peregrine_vos::DTX_STALE_MS` (the engine's resolver); a leader that
-//!    holds a transaction undecided that long aborts it, and one asked
-//!    about a transaction it never saw records it as aborted, so a late
+//! 3. **Apply**: the leader's engine tells the other shards once its
+//!    decision is durable (the client does not wait for that); until they
+//!    hear, their reads of the dkey answer `-EINPROGRESS`. If that message
+//!    is lost (the leader's engine dies, a shard is away), the shard's
+//!    engine asks the leader after `peregrine_vos::DTX_STALE_MS` (the
+//!    engine's resolver); a leader that holds a transaction undecided for
+//!    `peregrine_vos::DTX_ABANDON_MS` aborts it, and one asked about a
+//!    transaction it never saw records it as aborted, so a late
 //!    prepare cannot commit it afterwards.
 //!
 //! A failed prepare aborts the transaction at the leader first (it is the
@@ -80,17 +83,17 @@ impl Object {
         let id = dtx.id.expect("set by new_dtx");
         let prepared = crate::object::par_map(live, |l| prepare(l, Some(&dtx)));
         if let Some(e) = prepared.into_iter().find_map(|r| r.err()) {
-            self.settle(map, live, &id, false);
+            self.abort(map, live, &id);
             return Err(e);
         }
         let (leader, rest) = live.split_first().expect("two shards or more");
-        if let Err(e) = self.decide(map, leader, &id, true, true) {
+        if let Err(e) = self.commit_at_leader(map, leader, rest, &id) {
             return Err(match e.code {
                 // Decided before the leader heard from this client (the
                 // leader aborted it, or the map changed): nothing was applied
                 // anywhere, and the caller's retry prepares afresh.
                 c if c == -libc::ECANCELED || c == -libc::ESTALE => {
-                    self.settle(map, live, &id, false);
+                    self.abort(map, live, &id);
                     Error::new(if c == -libc::ESTALE { c } else { -libc::EAGAIN }, e.msg)
                 }
                 // The leader may or may not have committed: leave the
@@ -99,53 +102,49 @@ impl Object {
                 _ => e,
             });
         }
-        self.settle(map, rest, &id, true);
         Ok(())
     }
 
-    /// Tell `shards` the outcome, best effort (an engine that misses it asks
-    /// the leader). An abort goes to the first shard (the leader) first.
-    fn settle(&self, map: &PoolMap, shards: &[ShardLoc], id: &DtxId, commit: bool) {
-        let (first, rest) = match shards.split_first() {
-            Some((f, r)) if !commit => (Some(f), r),
-            _ => (None, shards),
-        };
-        if let Some(leader) = first {
-            if let Err(e) = self.decide(map, leader, id, false, true) {
-                tracing::debug!("aborting transaction at its leader: {e}");
-            }
-        }
-        for r in crate::object::par_map(rest, |l| self.decide(map, l, id, commit, false)) {
-            if let Err(e) = r {
-                tracing::debug!("telling a shard the outcome of a transaction: {e}");
-            }
-        }
-    }
-
-    fn decide(
+    /// Commit at the leader, whose engine then tells `rest` itself.
+    fn commit_at_leader(
         &self,
         map: &PoolMap,
-        loc: &ShardLoc,
+        leader: &ShardLoc,
+        rest: &[ShardLoc],
         id: &DtxId,
-        commit: bool,
-        leader: bool,
     ) -> Result<()> {
         let req = DtxDecideReq {
-            addr: Some(self.address(map, loc)),
+            addr: Some(self.address(map, leader)),
             ids: vec![*id],
-            commit,
-            leader,
+            commit: true,
+            leader: true,
+            notify: new_dtx(map, rest).shards,
         };
-        self.call(map, loc, Opcode::DtxDecide, &req, &[])
+        self.call(map, leader, Opcode::DtxDecide, &req, &[])
             .map(|_| ())
-            .map_err(|e| {
-                e.context(format!(
-                    "{} transaction {:016x}{:016x}",
-                    if commit { "commit" } else { "abort" },
-                    id.hi,
-                    id.lo
-                ))
-            })
+            .map_err(|e| e.context(format!("commit transaction {:016x}{:016x}", id.hi, id.lo)))
+    }
+
+    /// Abort at the leader (the one that could commit it), then at the
+    /// others; best effort (an engine that misses it asks the leader).
+    fn abort(&self, map: &PoolMap, shards: &[ShardLoc], id: &DtxId) {
+        let Some((leader, rest)) = shards.split_first() else {
+            return;
+        };
+        let abort = |loc: &ShardLoc, leader: bool| {
+            let req = DtxDecideReq {
+                addr: Some(self.address(map, loc)),
+                ids: vec![*id],
+                commit: false,
+                leader,
+                notify: Vec::new(),
+            };
+            if let Err(e) = self.call(map, loc, Opcode::DtxDecide, &req, &[]) {
+                tracing::debug!("aborting transaction {:016x}{:016x}: {e}", id.hi, id.lo);
+            }
+        };
+        abort(leader, true);
+        crate::object::par_map(rest, |l| abort(l, false));
     }
 }
 

@@ -140,12 +140,25 @@ impl Setup {
     }
 
     fn decide(&self, loc: &ShardLoc, dtx: &Dtx, commit: bool, leader: bool) -> data::Response {
+        self.decide_notifying(loc, dtx, commit, leader, &[])
+    }
+
+    /// [`Setup::decide`], the leader's engine asked to tell `notify` itself.
+    fn decide_notifying(
+        &self,
+        loc: &ShardLoc,
+        dtx: &Dtx,
+        commit: bool,
+        leader: bool,
+        notify: &[DtxShard],
+    ) -> data::Response {
         let map = self.map();
         let req = data::DtxDecideReq {
             addr: Some(self.addr(&map, loc)),
             ids: vec![dtx.id.unwrap()],
             commit,
             leader,
+            notify: notify.to_vec(),
         };
         self.call(loc, Opcode::DtxDecide, &req, &[])
     }
@@ -249,6 +262,24 @@ fn an_abandoned_transaction_is_aborted_everywhere() {
     // The client's late commit finds it aborted.
     let r = s.decide(&shards[0], &dtx, true, true);
     assert_eq!(status(&r), -libc::ECANCELED, "{r:?}");
+}
+
+/// The client's way: the leader's engine tells the other shards of the
+/// commit itself, long before they would have asked it.
+#[test]
+fn the_leader_tells_the_other_shards_of_its_commit() {
+    let _serial = one_at_a_time();
+    let s = setup();
+    let shards = s.shards();
+    let dtx = s.new_dtx(&shards);
+    s.prepare_all(&dtx);
+    let r = s.decide_notifying(&shards[0], &dtx, true, true, &dtx.shards[1..]);
+    assert_eq!(status(&r), 0, "{r:?}");
+    let t = s.expect_everywhere(&shards, b"v2", Duration::from_secs(15));
+    assert!(
+        t < Duration::from_millis(peregrine_vos::DTX_STALE_MS / 2),
+        "the other shards applied the commit after {t:?}: they asked the leader, nobody told them"
+    );
 }
 
 /// Committed at the leader only (the client died right after): the other

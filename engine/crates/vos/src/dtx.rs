@@ -669,6 +669,12 @@ pub(crate) fn decide<'a>(
 ) -> Result<Vec<WalOp>, Errno> {
     use DtxState::*;
     const OP: &str = "dtx decide";
+    if req.notify.len() > MAX_SHARDS {
+        return Err(Errno::inval(format!(
+            "{OP}: {} shards to notify, at most {MAX_SHARDS}",
+            req.notify.len()
+        )));
+    }
     if req.ids.len() > MAX_DECIDE {
         return Err(Errno::inval(format!(
             "{OP}: {} transactions named, at most {MAX_DECIDE} per request",

@@ -87,6 +87,7 @@ fn decide(st: &Storage, pool: Uuid, ids: &[u64], commit: bool, leader: bool) -> 
         ids: ids.iter().map(|&lo| id(lo)).collect(),
         commit,
         leader,
+        notify: Vec::new(),
     };
     wait(st, Request::DtxDecide(req)).map(|_| ())
 }
@@ -385,7 +386,7 @@ fn resolve_aborts_unknown_and_stale_transactions() {
         DtxState::DtxPrepared,
         "its client may still decide"
     );
-    std::thread::sleep(std::time::Duration::from_millis(DTX_STALE_MS + 200));
+    std::thread::sleep(std::time::Duration::from_millis(DTX_ABANDON_MS + 200));
     assert_eq!(query(&st, pool, 10, true), DtxState::DtxAborted);
     assert_eq!(query(&st, pool, 10, false), DtxState::DtxAborted);
     assert_eq!(get_single(&st, &o, LATEST, "d", "s"), Err(-libc::ENOENT));
@@ -552,9 +553,11 @@ fn unchanged_since_refuses_an_update_of_a_changed_range() {
     update(&st, &o, 30, "d", vec![extent_if("arr", 60, &[3; 40], 10)]).unwrap();
     update(&st, &o, 31, "d", vec![extent_if("arr", 0, &[4; 10], 30)]).unwrap();
 
-    // A change held by another transaction counts; one's own does not.
+    // A change held by another transaction counts where it overlaps; one's
+    // own does not.
     prepare(&st, &o, 40, 50, "d", vec![extent("arr", 500, &[5; 10])]).unwrap();
-    let err = update(&st, &o, 60, "d", vec![extent_if("arr", 0, &[6; 10], 40)]).unwrap_err();
+    update(&st, &o, 55, "d", vec![extent_if("arr", 200, &[6; 10], 31)]).unwrap();
+    let err = update(&st, &o, 60, "d", vec![extent_if("arr", 505, &[6; 10], 40)]).unwrap_err();
     assert_eq!(err.code, -libc::EBUSY, "{err}");
     assert!(err.msg.contains("transaction"), "{}", err.msg);
     prepare(

@@ -17,21 +17,19 @@
 //! An engine coming back whose leader decided differently meanwhile is
 //! reintegrated from the shards that stayed, so the outcome they applied wins.
 
+use super::{addr, local, Maps};
 use crate::node::Node;
 use peregrine::placement::PoolMap;
-use peregrine::{Client, TransportKind};
 use peregrine_proto::data::{self, response::Body, DtxShard, DtxState};
 use peregrine_vos::{Request, Storage};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use uuid::Uuid;
 
 /// How often the transactions held prepared are looked at.
 const ROUND: Duration = Duration::from_secs(1);
 
 /// Start the resolver thread.
-pub fn spawn(node: Arc<Node>) {
+pub(super) fn spawn(node: Arc<Node>) {
     let r = std::thread::Builder::new()
         .name("dtx-resolver".into())
         .spawn(move || {
@@ -46,49 +44,6 @@ pub fn spawn(node: Arc<Node>) {
     if let Err(e) = r {
         tracing::error!("transaction resolver not started: {e}");
     }
-}
-
-/// Pool maps, fetched from the management service when needed.
-#[derive(Default)]
-struct Maps {
-    client: Option<Client>,
-    pools: HashMap<Uuid, peregrine::Pool>,
-}
-
-impl Maps {
-    fn fresh(&mut self, node: &Node, pool: Uuid) -> Result<(Arc<PoolMap>, Client), String> {
-        if self.client.is_none() {
-            let c = Client::connect_with_transport(&node.cfg.mgmt_leader(), TransportKind::Tcp)
-                .map_err(|e| e.to_string())?;
-            self.client = Some(c);
-        }
-        let client = self.client.clone().expect("set above");
-        if let std::collections::hash_map::Entry::Vacant(v) = self.pools.entry(pool) {
-            v.insert(
-                client
-                    .pool_connect(&pool.to_string())
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        let map = self.pools[&pool].refresh().map_err(|e| e.to_string())?;
-        Ok((map, client))
-    }
-}
-
-fn local(st: &Storage, req: Request) -> Result<Option<Body>, String> {
-    match st.submit(req).recv() {
-        Ok(Ok((resp, _))) => Ok(resp.body),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("target gone".into()),
-    }
-}
-
-fn addr(pool: Uuid, target: u32) -> Option<data::Address> {
-    Some(data::Address {
-        pool: pool.as_bytes().to_vec(),
-        target,
-        ..Default::default()
-    })
 }
 
 fn round(node: &Node, st: &Storage, maps: &mut Maps) {
@@ -110,7 +65,7 @@ fn round(node: &Node, st: &Storage, maps: &mut Maps) {
             if pending.is_empty() {
                 continue;
             }
-            let (map, client) = match maps.fresh(node, pool) {
+            let (map, client) = match maps.map(&node.cfg.mgmt_leader(), pool, Duration::ZERO) {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(
@@ -171,6 +126,7 @@ fn round(node: &Node, st: &Storage, maps: &mut Maps) {
                         ids: vec![id],
                         commit,
                         leader: false,
+                        notify: Vec::new(),
                     });
                     if let Err(e) = local(st, req) {
                         tracing::warn!(
