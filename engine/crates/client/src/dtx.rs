@@ -4,38 +4,41 @@
 //! 1. **Prepare**: every shard gets its update (or punch) with the
 //!    transaction ([`data::Dtx`]: a random id and the shards, leader
 //!    first). Engines log it and hold it: a read of its dkey answers
-//!    `-EINPROGRESS` (retried) until it is decided, so no reader sees part of it.
-//! 2. **Decide**: once every shard prepared, the leader is told to commit.
-//!    Its durable record is the one decision; the update is acknowledged
-//!    only after it. The leader's commit is checked against the pool map
-//!    version like an update (`-ESTALE` aborts the try and the update is
-//!    retried under the newer map), so no transaction prepared under an
-//!    old map commits after a reintegration started copying.
-//! 3. **Apply**: the leader's engine tells the other shards once its
-//!    decision is durable (the client does not wait for that); until they
-//!    hear, their reads of the dkey answer `-EINPROGRESS`. If that message
-//!    is lost (the leader's engine dies, a shard is away), the shard's
-//!    engine asks the leader after `peregrine_vos::DTX_STALE_MS` (the
-//!    engine's resolver); a leader that holds a transaction undecided for
-//!    `peregrine_vos::DTX_ABANDON_MS` aborts it, and one asked about a
-//!    transaction it never saw records it as aborted, so a late
-//!    prepare cannot commit it afterwards.
+//!    `-EINPROGRESS` (retried) until it is decided, so no reader sees part
+//!    of it.
+//! 2. **Committed once every shard prepared** (DAOS's "committable"): the
+//!    update is acknowledged then, after one round trip. A prepare that
+//!    fails aborts the transaction at the leader first (its record is the
+//!    decision), then at the others.
+//! 3. **Apply**: this process tells every shard, in the background, in
+//!    batches (one request per target for all the transactions waiting);
+//!    until a shard hears, its reads of the dkey answer `-EINPROGRESS`, and
+//!    a reader here sends what is waiting at once. If the process dies
+//!    first, the engines settle it (their resolver, after
+//!    `peregrine_vos::DTX_STALE_MS`): the leader asks every other shard,
+//!    and commits if all hold it prepared; a shard that never saw it
+//!    records it aborted, so a prepare still on its way is refused and the
+//!    client that sent it cannot count it as committed.
 //!
-//! A failed prepare aborts the transaction at the leader first (it is the
-//! one that could commit it), then at the others. Retries of an operation
-//! keep its epoch and bytes, so a transaction whose outcome was unknown
-//! (the leader did not answer the commit) and a retry of it write the same
-//! thing.
+//! Retries of an operation keep its epoch and bytes, so a transaction whose
+//! outcome the client could not learn and a retry of it write the same thing.
 
 use crate::error::{Error, Result};
 use crate::object::Object;
 use crate::placement::{PoolMap, ShardLoc};
+use crate::Transport;
+use parking_lot::{Condvar, Mutex};
 use peregrine_proto::data::{self, response::Body, Dtx, DtxDecideReq, DtxId, DtxShard};
 use peregrine_proto::frame::Opcode;
 use prost::Message;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use uuid::Uuid;
 
 /// Most shards one transaction spans (engines refuse more).
 pub const MAX_SHARDS: usize = 64;
+/// Most transactions one commit request names (engines refuse more).
+const MAX_DECIDE: usize = 1024;
 
 /// A fresh transaction over `shards` (the first is the leader).
 fn new_dtx(map: &PoolMap, shards: &[ShardLoc]) -> Dtx {
@@ -57,7 +60,7 @@ fn new_dtx(map: &PoolMap, shards: &[ShardLoc]) -> Dtx {
 
 impl Object {
     /// Run `prepare` on every shard of `live` (in parallel) as one
-    /// transaction, then decide it. One shard needs no transaction:
+    /// transaction: committed if they all succeed, else aborted. One shard needs no transaction:
     /// `prepare` gets `None` and its update is applied at once.
     pub(crate) fn transact(
         &self,
@@ -84,45 +87,26 @@ impl Object {
         let prepared = crate::object::par_map(live, |l| prepare(l, Some(&dtx)));
         if let Some(e) = prepared.into_iter().find_map(|r| r.err()) {
             self.abort(map, live, &id);
-            return Err(e);
-        }
-        let (leader, rest) = live.split_first().expect("two shards or more");
-        if let Err(e) = self.commit_at_leader(map, leader, rest, &id) {
             return Err(match e.code {
-                // Decided before the leader heard from this client (the
-                // leader aborted it, or the map changed): nothing was applied
-                // anywhere, and the caller's retry prepares afresh.
-                c if c == -libc::ECANCELED || c == -libc::ESTALE => {
-                    self.abort(map, live, &id);
-                    Error::new(if c == -libc::ESTALE { c } else { -libc::EAGAIN }, e.msg)
-                }
-                // The leader may or may not have committed: leave the
-                // outcome to it (the shards ask it); the retry writes the
-                // same epoch and bytes under a new transaction.
+                // A shard had already given up on this transaction (the
+                // engines settled it while this prepare was slow): nothing
+                // was applied; the caller's retry prepares afresh.
+                c if c == -libc::ECANCELED => Error::new(-libc::EAGAIN, e.msg),
                 _ => e,
             });
         }
+        let client = self.container().pool().client();
+        client.committer().push(live.iter().map(|l| {
+            let t = &map.targets[l.target];
+            Commit {
+                addr: t.addr.clone(),
+                pool: map.uuid,
+                target: t.index,
+                map_version: map.version,
+                id,
+            }
+        }));
         Ok(())
-    }
-
-    /// Commit at the leader, whose engine then tells `rest` itself.
-    fn commit_at_leader(
-        &self,
-        map: &PoolMap,
-        leader: &ShardLoc,
-        rest: &[ShardLoc],
-        id: &DtxId,
-    ) -> Result<()> {
-        let req = DtxDecideReq {
-            addr: Some(self.address(map, leader)),
-            ids: vec![*id],
-            commit: true,
-            leader: true,
-            notify: new_dtx(map, rest).shards,
-        };
-        self.call(map, leader, Opcode::DtxDecide, &req, &[])
-            .map(|_| ())
-            .map_err(|e| e.context(format!("commit transaction {:016x}{:016x}", id.hi, id.lo)))
     }
 
     /// Abort at the leader (the one that could commit it), then at the
@@ -137,7 +121,6 @@ impl Object {
                 ids: vec![*id],
                 commit: false,
                 leader,
-                notify: Vec::new(),
             };
             if let Err(e) = self.call(map, loc, Opcode::DtxDecide, &req, &[]) {
                 tracing::debug!("aborting transaction {:016x}{:016x}: {e}", id.hi, id.lo);
@@ -145,6 +128,126 @@ impl Object {
         };
         abort(leader, true);
         crate::object::par_map(rest, |l| abort(l, false));
+    }
+}
+
+/// A commit to tell one shard.
+struct Commit {
+    addr: String,
+    pool: Uuid,
+    target: u32,
+    map_version: u64,
+    id: DtxId,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Commit>,
+    /// Commits pushed and sent so far (a flush waits for `sent` to reach
+    /// what was pushed when it began).
+    pushed: u64,
+    sent: u64,
+    stop: bool,
+}
+
+/// Sends the commits of this process's transactions to their shards, in
+/// the background and in batches.
+pub(crate) struct Committer {
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Committer {
+    pub(crate) fn start(transport: Arc<dyn Transport>) -> Committer {
+        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        let q = queue.clone();
+        let thread = std::thread::Builder::new()
+            .name("peregrine-commit".into())
+            .spawn(move || send_loop(&q, transport.as_ref()))
+            .map_err(|e| tracing::warn!("no commit thread ({e}): engines settle transactions themselves, reads wait seconds"))
+            .ok();
+        Committer { queue, thread }
+    }
+
+    fn push(&self, commits: impl Iterator<Item = Commit>) {
+        let (m, cv) = &*self.queue;
+        let mut q = m.lock();
+        let before = q.waiting.len();
+        q.waiting.extend(commits);
+        q.pushed += (q.waiting.len() - before) as u64;
+        cv.notify_all();
+    }
+
+    /// Wait until every commit pushed so far was sent.
+    pub(crate) fn flush(&self) {
+        if self.thread.is_none() {
+            return;
+        }
+        let (m, cv) = &*self.queue;
+        let mut q = m.lock();
+        let upto = q.pushed;
+        while q.sent < upto {
+            cv.wait(&mut q);
+        }
+    }
+}
+
+impl Drop for Committer {
+    /// What was acknowledged is sent before the process goes on without it.
+    fn drop(&mut self) {
+        self.flush();
+        self.queue.0.lock().stop = true;
+        self.queue.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn send_loop(queue: &(Mutex<Queue>, Condvar), tr: &dyn Transport) {
+    let (m, cv) = queue;
+    loop {
+        let (batch, upto) = {
+            let mut q = m.lock();
+            while q.waiting.is_empty() && !q.stop {
+                cv.wait(&mut q);
+            }
+            if q.waiting.is_empty() {
+                return;
+            }
+            (std::mem::take(&mut q.waiting), q.pushed)
+        };
+        let mut to: BTreeMap<(String, Uuid, u32), (u64, Vec<DtxId>)> = BTreeMap::new();
+        for c in batch {
+            let e = to.entry((c.addr, c.pool, c.target)).or_default();
+            e.0 = e.0.max(c.map_version);
+            e.1.push(c.id);
+        }
+        let groups: Vec<_> = to.into_iter().collect();
+        crate::object::par_map(&groups, |((addr, pool, target), (version, ids))| {
+            for chunk in ids.chunks(MAX_DECIDE) {
+                let req = DtxDecideReq {
+                    addr: Some(data::Address {
+                        pool: pool.as_bytes().to_vec(),
+                        target: *target,
+                        map_version: *version,
+                        ..Default::default()
+                    }),
+                    ids: chunk.to_vec(),
+                    commit: true,
+                    leader: false,
+                };
+                let r = tr
+                    .call(addr, *target, Opcode::DtxDecide, &req.encode_to_vec(), &[])
+                    .and_then(|reply| crate::object::reply_body(&reply.msg, || addr.clone()));
+                if let Err(e) = r {
+                    tracing::debug!("{addr} target {target}: {} commits not delivered ({e}); the engine will ask their leaders", chunk.len());
+                }
+            }
+        });
+        let mut q = m.lock();
+        q.sent = upto;
+        cv.notify_all();
     }
 }
 

@@ -55,6 +55,8 @@ impl Object {
                     Err(e) if e.code == -libc::EINPROGRESS && Instant::now() < deadline => {}
                     r => break r?,
                 }
+                // Maybe held by this process's own commit, not sent yet.
+                self.container().pool().client().committer().flush();
                 // Spread writers racing for the same stripes apart.
                 let cap = 1u64 << busy.min(7);
                 std::thread::sleep(Duration::from_micros(
@@ -95,6 +97,11 @@ impl Object {
             .copied()
             .find(|l| map.targets[l.target].readable);
         let versioned: Vec<u64> = (s0..s1).filter(|&s| learn || !full(s)).collect();
+        if !versioned.is_empty() {
+            // A stripe this process wrote just before reads as in progress
+            // until its commit is sent.
+            self.container().pool().client().committer().flush();
+        }
         let versions = match cas {
             Some(loc) if !versioned.is_empty() => {
                 self.stripe_versions(map, &loc, dkey, akey, &versioned)?

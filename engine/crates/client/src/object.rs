@@ -90,9 +90,9 @@ const MAX_PARALLEL: usize = 32;
 /// than failing half-applied.
 pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a read keeps retrying engines that call its pool map stale, are
-/// starting, or hold a transaction on its dkey undecided: longer than an
-/// engine waits before it aborts a transaction its client abandoned
-/// (`peregrine_vos::DTX_ABANDON_MS`).
+/// starting, or hold a transaction on its dkey undecided: time for the
+/// engines to settle one whose client died (`peregrine_vos::DTX_STALE_MS`,
+/// then a round of questions), or whose leader died (failure detection, 6 s).
 pub(crate) const READ_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(20);
 const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(20);
 const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
@@ -118,6 +118,8 @@ struct ClientInner {
     transport: Arc<dyn Transport>,
     /// [`Client::set_retry_window`], in milliseconds.
     retry_window_ms: std::sync::atomic::AtomicU64,
+    /// Tells shards of this process's committed transactions.
+    committer: crate::dtx::Committer,
 }
 
 /// A connection to a Peregrine system: the management service plus the
@@ -147,6 +149,7 @@ impl Client {
         Ok(Client {
             inner: Arc::new(ClientInner {
                 mgmt,
+                committer: crate::dtx::Committer::start(transport.clone()),
                 transport,
                 retry_window_ms: (RETRY_WINDOW.as_millis() as u64).into(),
             }),
@@ -179,6 +182,10 @@ impl Client {
 
     pub fn transport(&self) -> &Arc<dyn Transport> {
         &self.inner.transport
+    }
+
+    pub(crate) fn committer(&self) -> &crate::dtx::Committer {
+        &self.inner.committer
     }
 
     /// Tell the transport which engines of a pool map offer shared memory.
@@ -782,6 +789,8 @@ impl Object {
                         && retryable(e.code)
                         && std::time::Instant::now() < deadline =>
                 {
+                    // Maybe this process's own commit, not sent yet.
+                    pool.client().committer().flush();
                     std::thread::sleep(in_progress_pause);
                     in_progress_pause = (in_progress_pause * 2).min(RETRY_PAUSE_MAX);
                 }

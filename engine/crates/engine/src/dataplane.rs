@@ -84,19 +84,12 @@ pub(crate) fn dispatch(
         (Some(req), Ok(storage)) => match node.pool_maps.admit(&req) {
             Err((code, message)) => reply(error_reply(code, message)),
             // Handed to the target while admitted: see `crate::poolmap`.
-            Ok(_admitted) => {
-                let notices = crate::dtx::Notifier::notice(&req);
-                let notifier = node.notifier.clone();
-                storage.submit_with(req, move |r: ReplyRef<'_>| {
-                    if let (Some(n), Ok(_)) = (notices, &r) {
-                        notifier.send(n);
-                    }
-                    reply(match r {
-                        Ok((resp, bulk)) => (resp, bulk.into_vec()),
-                        Err(e) => error_reply(e.code, e.msg),
-                    })
+            Ok(_admitted) => storage.submit_with(req, move |r: ReplyRef<'_>| {
+                reply(match r {
+                    Ok((resp, bulk)) => (resp, bulk.into_vec()),
+                    Err(e) => error_reply(e.code, e.msg),
                 })
-            }
+            }),
         },
     }
 }

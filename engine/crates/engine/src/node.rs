@@ -25,9 +25,6 @@ pub struct Node {
     pub heartbeat_now: tokio::sync::Notify,
     /// Pool map versions and this engine's target states: what it admits.
     pub pool_maps: Arc<PoolMaps>,
-    /// Tells the other shards of the transactions this engine's targets
-    /// commit as leaders.
-    pub notifier: Arc<crate::dtx::Notifier>,
     /// Shutting down: no more heartbeats (the service was told it stops).
     pub stopping: std::sync::atomic::AtomicBool,
 }
@@ -58,7 +55,6 @@ impl Node {
     /// Open the device if it is formatted for this system and rank;
     /// otherwise come up in maintenance mode with the reason recorded.
     pub fn start(cfg: Config) -> Result<Arc<Node>, String> {
-        let notifier = Arc::new(crate::dtx::Notifier::start(cfg.mgmt_leader()));
         let node = Arc::new(Node {
             cfg,
             storage: RwLock::new(None),
@@ -67,7 +63,6 @@ impl Node {
             format_lock: Mutex::new(()),
             heartbeat_now: tokio::sync::Notify::new(),
             pool_maps: Arc::default(),
-            notifier,
             stopping: Default::default(),
         });
         let opts = Self::storage_options(&node.cfg);

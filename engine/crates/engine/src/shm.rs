@@ -322,7 +322,6 @@ struct Channel {
     live: Arc<Live>,
     target: u32,
     pool_maps: Arc<PoolMaps>,
-    notifier: Arc<crate::dtx::Notifier>,
 }
 
 impl Drop for Channel {
@@ -391,14 +390,9 @@ impl Source for Channel {
             _ => None,
         };
         let l = live.clone();
-        let notices = crate::dtx::Notifier::notice(&req);
-        let notifier = self.notifier.clone();
         Polled::Request(
             req,
             Box::new(move |r: ReplyRef<'_>| {
-                if let (Some(n), Ok(_)) = (notices, &r) {
-                    notifier.send(n);
-                }
                 l.reply(
                     &header,
                     r.unwrap_or_else(|e| owned(dataplane::error_reply(e.code, e.msg))),
@@ -498,7 +492,6 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
         live: live.clone(),
         target,
         pool_maps: node.pool_maps.clone(),
-        notifier: node.notifier.clone(),
     });
     let (wake_fd, page_fd) = match storage.attach(target, channel) {
         Ok(fds) => fds,

@@ -118,11 +118,16 @@ impl Setup {
 
     /// Prepare "v2" on every shard, as the client library does first.
     fn prepare_all(&self, dtx: &Dtx) {
+        self.prepare_on(dtx, &self.shards());
+    }
+
+    /// Prepare "v2" on `locs` only (the client died before the others).
+    fn prepare_on(&self, dtx: &Dtx, locs: &[ShardLoc]) {
         let map = self.map();
         let epoch = peregrine::hlc::now();
-        for loc in self.shards() {
+        for loc in locs {
             let req = data::UpdateReq {
-                addr: Some(self.addr(&map, &loc)),
+                addr: Some(self.addr(&map, loc)),
                 epoch,
                 dkey: DKEY.to_vec(),
                 iods: vec![data::Iod {
@@ -134,31 +139,18 @@ impl Setup {
                 dtx: Some(dtx.clone()),
                 ..Default::default()
             };
-            let r = self.call(&loc, Opcode::Update, &req, &[b"v2"]);
+            let r = self.call(loc, Opcode::Update, &req, &[b"v2"]);
             assert_eq!(status(&r), 0, "prepare: {r:?}");
         }
     }
 
     fn decide(&self, loc: &ShardLoc, dtx: &Dtx, commit: bool, leader: bool) -> data::Response {
-        self.decide_notifying(loc, dtx, commit, leader, &[])
-    }
-
-    /// [`Setup::decide`], the leader's engine asked to tell `notify` itself.
-    fn decide_notifying(
-        &self,
-        loc: &ShardLoc,
-        dtx: &Dtx,
-        commit: bool,
-        leader: bool,
-        notify: &[DtxShard],
-    ) -> data::Response {
         let map = self.map();
         let req = data::DtxDecideReq {
             addr: Some(self.addr(&map, loc)),
             ids: vec![dtx.id.unwrap()],
             commit,
             leader,
-            notify: notify.to_vec(),
         };
         self.call(loc, Opcode::DtxDecide, &req, &[])
     }
@@ -236,11 +228,28 @@ fn status(r: &data::Response) -> i32 {
     r.status.as_ref().map_or(0, |s| s.code)
 }
 
-/// Prepared everywhere, never decided (the client died): a read waits for
-/// the outcome instead of seeing it, the leader aborts it once abandoned,
-/// the others learn that from it, and every replica serves the old value.
+/// The client library's way: acknowledged once every shard prepared, the
+/// commits sent in the background; a reader in the same process sees the
+/// update at once, and every replica serves it well before the engines
+/// would have settled it themselves.
 #[test]
-fn an_abandoned_transaction_is_aborted_everywhere() {
+fn the_client_commits_in_the_background() {
+    let _serial = one_at_a_time();
+    let s = setup();
+    let obj = s.cont.object(s.oid).unwrap();
+    obj.update_single(DKEY, AKEY, b"v2").unwrap();
+    assert_eq!(s.read(), b"v2");
+    let t = s.expect_everywhere(&s.shards(), b"v2", Duration::from_secs(15));
+    assert!(
+        t < Duration::from_millis(peregrine_vos::DTX_STALE_MS / 2),
+        "replicas applied the commit after {t:?}: the engines settled it, the client did not send it"
+    );
+}
+
+/// Prepared everywhere, then the client died: every shard prepared, so it
+/// may have been acknowledged: the engines commit it.
+#[test]
+fn a_transaction_prepared_everywhere_is_committed_when_its_client_dies() {
     let _serial = one_at_a_time();
     let s = setup();
     let shards = s.shards();
@@ -253,33 +262,49 @@ fn an_abandoned_transaction_is_aborted_everywhere() {
             "a prepared update is neither visible nor hidden"
         );
     }
-    let t = s.expect_everywhere(&shards, b"v1", Duration::from_secs(30));
+    let t = s.expect_everywhere(&shards, b"v2", Duration::from_secs(30));
     assert!(
-        t >= Duration::from_millis(peregrine_vos::DTX_ABANDON_MS - 1000),
-        "aborted after {t:?}: before the client could have been given up on"
+        t >= Duration::from_millis(peregrine_vos::DTX_STALE_MS - 500),
+        "settled after {t:?}: before the client could have been given up on"
     );
-    assert_eq!(s.read(), b"v1");
-    // The client's late commit finds it aborted.
-    let r = s.decide(&shards[0], &dtx, true, true);
-    assert_eq!(status(&r), -libc::ECANCELED, "{r:?}");
+    assert_eq!(s.read(), b"v2");
 }
 
-/// The client's way: the leader's engine tells the other shards of the
-/// commit itself, long before they would have asked it.
+/// Prepared on some shards only, then the client died: it cannot have been
+/// acknowledged; the engines abort it, and a prepare still on its way to a
+/// shard that never saw it is refused.
 #[test]
-fn the_leader_tells_the_other_shards_of_its_commit() {
+fn a_transaction_prepared_on_some_shards_is_aborted_when_its_client_dies() {
     let _serial = one_at_a_time();
     let s = setup();
     let shards = s.shards();
-    let dtx = s.new_dtx(&shards);
-    s.prepare_all(&dtx);
-    let r = s.decide_notifying(&shards[0], &dtx, true, true, &dtx.shards[1..]);
-    assert_eq!(status(&r), 0, "{r:?}");
-    let t = s.expect_everywhere(&shards, b"v2", Duration::from_secs(15));
-    assert!(
-        t < Duration::from_millis(peregrine_vos::DTX_STALE_MS / 2),
-        "the other shards applied the commit after {t:?}: they asked the leader, nobody told them"
-    );
+    // Missing on a participant; then missing on the leader.
+    for missing in [2, 0] {
+        let dtx = s.new_dtx(&shards);
+        let some: Vec<ShardLoc> = (0..3)
+            .filter(|&i| i != missing)
+            .map(|i| shards[i])
+            .collect();
+        s.prepare_on(&dtx, &some);
+        s.expect_everywhere(&shards, b"v1", Duration::from_secs(30));
+        assert_eq!(s.read(), b"v1");
+        let map = s.map();
+        let late = data::UpdateReq {
+            addr: Some(s.addr(&map, &shards[missing])),
+            epoch: peregrine::hlc::now(),
+            dkey: DKEY.to_vec(),
+            iods: vec![data::Iod {
+                akey: AKEY.to_vec(),
+                kind: ValueKind::Single as i32,
+                len: 2,
+                ..Default::default()
+            }],
+            dtx: Some(dtx.clone()),
+            ..Default::default()
+        };
+        let r = s.call(&shards[missing], Opcode::Update, &late, &[b"v3"]);
+        assert_eq!(status(&r), -libc::ECANCELED, "late prepare: {r:?}");
+    }
 }
 
 /// Committed at the leader only (the client died right after): the other
@@ -319,11 +344,11 @@ fn a_leader_killed_after_its_commit_is_replaced() {
     s.expect_everywhere(&shards, b"v2", Duration::from_secs(30));
 }
 
-/// The leader is killed after every shard prepared, nobody committed, and
-/// it comes back at once: it still holds the transaction (its log), aborts
-/// it as abandoned, and so do the others.
+/// The leader is killed after every shard prepared (the client may have
+/// acknowledged it) and comes back at once: it still holds the transaction
+/// (its log), settles it, committed, and so do the others.
 #[test]
-fn a_leader_killed_before_any_commit_aborts_after_its_return() {
+fn a_leader_killed_after_every_prepare_commits_after_its_return() {
     let _serial = one_at_a_time();
     let mut s = setup();
     let shards = s.shards();
@@ -334,7 +359,22 @@ fn a_leader_killed_before_any_commit_aborts_after_its_return() {
     std::thread::sleep(Duration::from_secs(1));
     s.c.restart(leader);
     wait_all_up_in(&s, Duration::from_secs(60));
-    s.expect_everywhere(&shards, b"v1", Duration::from_secs(30));
+    s.expect_everywhere(&shards, b"v2", Duration::from_secs(30));
+}
+
+/// The leader is killed, and stays down, with one shard never prepared:
+/// once the pool map counts it out, the first live shard settles it, finds
+/// the unprepared one and aborts.
+#[test]
+fn a_leader_kept_down_with_a_shard_unprepared_is_replaced_and_aborts() {
+    let _serial = one_at_a_time();
+    let mut s = setup();
+    let shards = s.shards();
+    let dtx = s.new_dtx(&shards);
+    s.prepare_on(&dtx, &shards[..2]);
+    let leader = s.rank_of(&shards[0]) as usize;
+    s.c.engines[leader].kill9();
+    s.expect_everywhere(&shards[1..], b"v1", Duration::from_secs(30));
 }
 
 /// A participant is killed after it prepared; the client commits (leader,

@@ -38,14 +38,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use uuid::Uuid;
 
-/// A transaction held prepared for longer than this (milliseconds) is
-/// aborted by a `DtxQuery` with `resolve`: its client is taken to be gone.
+/// A transaction held prepared this long (milliseconds) without its commit
+/// is in doubt: the engine's resolver settles it (its client normally sends
+/// the commit within a round trip of the last prepare).
 pub const DTX_STALE_MS: u64 = 2000;
-/// A transaction its leader has held undecided this long was abandoned by
-/// its client (which commits right after every shard prepared): the leader
-/// aborts it when asked to resolve it. Well above [`DTX_STALE_MS`], so a
-/// slow client's commit still arrives in time on a loaded machine.
-pub const DTX_ABANDON_MS: u64 = 10_000;
 /// Most shards a transaction may list.
 pub(crate) const MAX_SHARDS: usize = 64;
 /// Most transactions one `DtxDecide` may name.
@@ -669,12 +665,6 @@ pub(crate) fn decide<'a>(
 ) -> Result<Vec<WalOp>, Errno> {
     use DtxState::*;
     const OP: &str = "dtx decide";
-    if req.notify.len() > MAX_SHARDS {
-        return Err(Errno::inval(format!(
-            "{OP}: {} shards to notify, at most {MAX_SHARDS}",
-            req.notify.len()
-        )));
-    }
     if req.ids.len() > MAX_DECIDE {
         return Err(Errno::inval(format!(
             "{OP}: {} transactions named, at most {MAX_DECIDE} per request",
@@ -726,8 +716,8 @@ pub(crate) fn decide<'a>(
 }
 
 /// The answer to a `DtxQuery` of `pool`, and the abort to log first, if
-/// `resolve` decides one (unknown here, or prepared for more than
-/// [`DTX_ABANDON_MS`]).
+/// `resolve` decides one (the transaction is unknown here: a prepare still
+/// on its way must be refused).
 pub(crate) fn query<'a>(
     ix: &TargetIndex,
     in_flight: impl Iterator<Item = &'a WalOp>,
@@ -741,13 +731,7 @@ pub(crate) fn query<'a>(
         .map(TxId::from)
         .ok_or_else(|| Errno::inval("dtx query: missing transaction id"))?;
     let st = state_with(ix, in_flight, id);
-    let stale = ix
-        .dtx
-        .pending
-        .get(&id)
-        .is_some_and(|p| now.saturating_sub(p.at_ms) > DTX_ABANDON_MS);
-    let abort =
-        req.resolve && (st == DtxState::DtxUnknown || (st == DtxState::DtxPrepared && stale));
+    let abort = req.resolve && st == DtxState::DtxUnknown;
     if !abort {
         return Ok((st, None));
     }

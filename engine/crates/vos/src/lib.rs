@@ -144,8 +144,8 @@
 //!   other shards. Abort: committed is `-EEXIST`; anything else is, or is
 //!   recorded as, aborted (a later prepare is refused). At most 1024 ids; if
 //!   one fails, none is decided. Decisions are kept an hour after later ones.
-//! - `DtxQuery` with `resolve` records an unknown transaction as aborted and
-//!   aborts one held for more than [`DTX_ABANDON_MS`]; `DtxPending` lists the
+//! - `DtxQuery` with `resolve` records an unknown transaction as aborted (a
+//!   prepare of it still on its way is refused); `DtxPending` lists the
 //!   transactions of a pool held at least `older_than_ms`, oldest first.
 //! - A fetch, size query, list or list-records of a dkey with a held change
 //!   at or below the epoch read (list records: any epoch; a held punch of
@@ -181,7 +181,7 @@ mod target;
 mod wal;
 
 pub use bulk::{Bulk, Gather, SharedBytes};
-pub use dtx::{DTX_ABANDON_MS, DTX_STALE_MS};
+pub use dtx::DTX_STALE_MS;
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
 

@@ -1,12 +1,8 @@
 //! The engine's part in distributed transactions (the client library's
-//! `dtx` module drives them): telling the other shards of a transaction
-//! its leader committed ([`notify`]), and settling transactions whose
-//! client stopped driving them ([`resolve`]).
+//! `dtx` module drives them): settling those whose client stopped driving
+//! them ([`resolve`]).
 
-mod notify;
 mod resolve;
-
-pub use notify::Notifier;
 
 use crate::node::Node;
 use peregrine::placement::PoolMap;
@@ -18,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// Start the resolver; the notifier starts with the node.
+/// Start the resolver.
 pub fn spawn(node: Arc<Node>) {
     resolve::spawn(node);
 }

@@ -1,21 +1,21 @@
-//! Transactions in doubt: what settles a transaction its client stopped
-//! driving (it died, or a shard missed the outcome).
+//! Transactions in doubt: what settles a transaction whose client stopped
+//! driving it (it died before its commits went out, or a shard missed them).
 //!
-//! Once a second this engine lists the transactions its targets have held
-//! prepared for [`peregrine_vos::DTX_STALE_MS`] and settles each:
-//! - held by its leader here: asked with `resolve`, the target aborts it
-//!   once it is abandoned ([`peregrine_vos::DTX_ABANDON_MS`]: no commit came);
-//! - otherwise the leader is asked (`resolve`): it answers its decision,
-//!   or, never having seen the transaction, records it aborted;
+//! The rule (as DAOS's): a transaction is committed once every shard has
+//! prepared it; the client acknowledges it then. So once a second this
+//! engine lists the transactions its targets have held prepared for
+//! [`peregrine_vos::DTX_STALE_MS`] and settles each:
+//! - held by its leader here: the leader asks every other shard, with
+//!   `resolve` (a shard that never saw it records it aborted, so a prepare
+//!   still on its way is refused and the client cannot count it committed).
+//!   Committed or aborted anywhere decides; all prepared means committed.
+//!   A shard the pool map counts down does not count (reintegration brings
+//!   it up to date); one that does not answer yet, does: wait.
+//! - otherwise the leader is asked: its decision is followed; while it holds
+//!   the transaction undecided, it is the one settling it.
 //! - a leader that does not answer and that the pool map counts down is
-//!   replaced by the first up-and-in shard of the transaction. That shard
-//!   asks the other live ones: committed or aborted anywhere decides; if
-//!   every one holds it prepared, the leader may have committed (it could
-//!   only after all prepared) and nobody can have seen an abort, so it
-//!   commits. The others follow that shard's answer.
-//!
-//! An engine coming back whose leader decided differently meanwhile is
-//! reintegrated from the shards that stayed, so the outcome they applied wins.
+//!   replaced by the first up-and-in shard, which settles it the leader's
+//!   way; the others follow that shard's answer.
 
 use super::{addr, local, Maps};
 use crate::node::Node;
@@ -88,18 +88,7 @@ fn round(node: &Node, st: &Storage, maps: &mut Maps) {
                     peregrine::dtx::query(client.transport().as_ref(), &map, s, &id, resolve)
                 };
                 let outcome = if *leader == me {
-                    // Aborts it here if it is abandoned; nothing to apply.
-                    let q = Request::DtxQuery(data::DtxQueryReq {
-                        addr: addr(pool, target),
-                        id: Some(id),
-                        resolve: true,
-                    });
-                    if let Err(e) = local(st, q) {
-                        tracing::warn!(
-                            "pool {pool} target {target}: settling a transaction it leads: {e}"
-                        );
-                    }
-                    None
+                    settle(&map, &dtx.shards, &me, &ask)
                 } else {
                     match ask(leader, true) {
                         Ok(s) => decided(s),
@@ -126,7 +115,6 @@ fn round(node: &Node, st: &Storage, maps: &mut Maps) {
                         ids: vec![id],
                         commit,
                         leader: false,
-                        notify: Vec::new(),
                     });
                     if let Err(e) = local(st, req) {
                         tracing::warn!(
@@ -152,8 +140,8 @@ fn leader_down(map: &PoolMap, leader: &DtxShard) -> bool {
     peregrine::dtx::target_of(map, leader).is_none_or(|t| !t.up)
 }
 
-/// The outcome under a leader that is down: decided by the first
-/// up-and-in shard of the transaction (see the module comment).
+/// The outcome under a leader that is down: settled by the first up-and-in
+/// shard of the transaction, which the others ask.
 fn substitute(
     map: &PoolMap,
     shards: &[DtxShard],
@@ -165,9 +153,20 @@ fn substitute(
     if sub != me {
         return ask(sub, false).ok().and_then(decided);
     }
-    // Up-and-in only: a shard being reintegrated may have lost what it held.
-    for s in shards[1..].iter().filter(readable).filter(|s| *s != me) {
-        match ask(s, false).ok()? {
+    settle(map, shards, me, ask)
+}
+
+/// Settle a transaction this shard decides (see the module comment).
+fn settle(
+    map: &PoolMap,
+    shards: &[DtxShard],
+    me: &DtxShard,
+    ask: &dyn Fn(&DtxShard, bool) -> peregrine::Result<DtxState>,
+) -> Option<bool> {
+    let counted =
+        |s: &&DtxShard| *s != me && peregrine::dtx::target_of(map, s).is_some_and(|t| t.up);
+    for s in shards.iter().filter(counted) {
+        match ask(s, true).ok()? {
             DtxState::DtxCommitted => return Some(true),
             DtxState::DtxAborted | DtxState::DtxUnknown => return Some(false),
             DtxState::DtxPrepared => {}
