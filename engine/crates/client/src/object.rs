@@ -1422,8 +1422,88 @@ impl Object {
     }
 
     /// Read `buf.len()` bytes at `start` (at most [`EC_BATCH_STRIPES`] stripes).
-    #[allow(clippy::too_many_arguments)]
+    ///
+    /// Several cells come from several requests; no transaction may land
+    /// between them. Every EC write and punch of an akey reaches all its
+    /// shards (its size akey at least), so the newest change of the size
+    /// akey that each data shard reports with its cells names the last
+    /// write it applied: all the same, the cells are of one state. Otherwise
+    /// (a write landed, a shard failed, or aggregation dropped an old punch
+    /// on one shard and not yet on another) the read goes the slower way,
+    /// fenced by the stripes' parity version.
     fn ec_fetch_piece(
+        &self,
+        map: &PoolMap,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        start: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let (k, _) = self.kp();
+        let cell = EC_CELL_SIZE;
+        let end = start + buf.len() as u64;
+        let g = self.group(map, dkey)?;
+        // Per data shard: (shard offset of its first byte, bytes, where in buf).
+        let mut parts: Vec<Vec<(u64, usize, usize)>> = vec![Vec::new(); k];
+        let mut o = start;
+        while o < end {
+            let (c, within) = (o / cell, o % cell);
+            let l = (cell - within).min(end - o);
+            parts[(c % k as u64) as usize].push((
+                (c / k as u64) * cell + within,
+                l as usize,
+                (o - start) as usize,
+            ));
+            o += l;
+        }
+        let jobs: Vec<usize> = (0..k).filter(|&j| !parts[j].is_empty()).collect();
+        if jobs.len() < 2 || epoch != EPOCH_LATEST {
+            return self.ec_fetch_piece_fenced(map, epoch, dkey, akey, start, buf);
+        }
+        let size = size_akey(akey);
+        let res = par_map(&jobs, |&j| -> Result<(Vec<u8>, u64)> {
+            let first = parts[j][0].0;
+            let len: u64 = parts[j].iter().map(|p| p.1 as u64).sum();
+            let array = |akey: &[u8], offset, len| Iod {
+                akey: akey.to_vec(),
+                kind: ValueKind::Array as i32,
+                offset,
+                len,
+                ..Default::default()
+            };
+            // The size akey with no bytes: its newest change (see above).
+            let iods = vec![array(akey, first, len), array(&size, 0, 0)];
+            let mut v = self.fetch_shard(map, &g.shards[j], epoch, dkey, iods)?;
+            let version = v[1].epoch;
+            let mut d = match v.swap_remove(0) {
+                f if f.status == 0 => f.data,
+                f if f.status == -libc::ENOENT => Vec::new(),
+                f => return Err(self.value_error(map, &g.shards[j], akey, f.status)),
+            };
+            d.resize(len as usize, 0);
+            Ok((d, version))
+        });
+        let got: Option<Vec<(Vec<u8>, u64)>> = res.into_iter().map(|r| r.ok()).collect();
+        match got {
+            Some(cells) if cells.windows(2).all(|w| w[0].1 == w[1].1) => {
+                for (&j, (d, _)) in jobs.iter().zip(&cells) {
+                    let first = parts[j][0].0;
+                    for &(off, len, dst) in &parts[j] {
+                        let from = (off - first) as usize;
+                        buf[dst..dst + len].copy_from_slice(&d[from..from + len]);
+                    }
+                }
+                Ok(())
+            }
+            _ => self.ec_fetch_piece_fenced(map, epoch, dkey, akey, start, buf),
+        }
+    }
+
+    /// [`Object::ec_fetch_piece`] the slower way: fenced by the stripes'
+    /// parity versions, reconstructing the cells of failed data shards.
+    #[allow(clippy::too_many_arguments)]
+    fn ec_fetch_piece_fenced(
         &self,
         map: &PoolMap,
         epoch: u64,

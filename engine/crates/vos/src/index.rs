@@ -665,6 +665,16 @@ impl TargetIndex {
                 let Some((a, f)) = found else { return plan };
                 // A punch is a change too (see `newest_extent`).
                 plan.epoch = f.unwrap_or(0);
+                if len == 0 {
+                    // No bytes: the newest change of the whole akey.
+                    let newest = a
+                        .extents
+                        .iter()
+                        .filter(|x| x.epoch <= r)
+                        .map(|x| x.epoch)
+                        .max();
+                    plan.epoch = plan.epoch.max(newest.unwrap_or(0));
+                }
                 plan.absent = a.visible_extents(f, r).is_empty();
                 plan.size = a.array_size(f, r);
                 let end = offset.saturating_add(len);

@@ -613,6 +613,13 @@ fn fetched_value_says_the_epoch_of_its_bytes() {
         "a hole"
     );
     assert_eq!(array_epoch(&st, &o, LATEST, "d", array("none", 0, 10)).0, 0);
+    // No bytes asked: the newest change of the whole akey, punches too.
+    assert_eq!(array_epoch(&st, &o, LATEST, "d", array("arr", 0, 0)).0, 20);
+    assert_eq!(array_epoch(&st, &o, 15, "d", array("arr", 0, 0)).0, 10);
+    punch(&st, &o, 30, "d", &["arr"]).unwrap();
+    assert_eq!(array_epoch(&st, &o, LATEST, "d", array("arr", 0, 0)).0, 30);
+    update(&st, &o, 40, "d", vec![extent("arr", 500, &[3; 10])]).unwrap();
+    assert_eq!(array_epoch(&st, &o, LATEST, "d", array("arr", 0, 0)).0, 40);
     let single_iod = Iod {
         akey: b"s".to_vec(),
         kind: ValueKind::Single as i32,
