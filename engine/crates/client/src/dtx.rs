@@ -8,8 +8,9 @@
 //!    of it.
 //! 2. **Committed once every shard prepared** (DAOS's "committable"): the
 //!    update is acknowledged then, after one round trip. A prepare that
-//!    fails aborts the transaction at the leader first (its record is the
-//!    decision), then at the others.
+//!    fails aborts the transaction on every shard (one abort anywhere is
+//!    enough: that shard refuses the prepare, so it is never prepared
+//!    everywhere).
 //! 3. **Apply**: this process tells every shard, in the background, in
 //!    batches (one request per target for all the transactions waiting);
 //!    until a shard hears, its reads of the dkey answer `-EINPROGRESS`, and
@@ -60,8 +61,9 @@ fn new_dtx(map: &PoolMap, shards: &[ShardLoc]) -> Dtx {
 
 impl Object {
     /// Run `prepare` on every shard of `live` (in parallel) as one
-    /// transaction: committed if they all succeed, else aborted. One shard needs no transaction:
-    /// `prepare` gets `None` and its update is applied at once.
+    /// transaction: committed if they all succeed, else aborted. One shard
+    /// needs no transaction: `prepare` gets `None` and its update is
+    /// applied at once.
     pub(crate) fn transact(
         &self,
         map: &PoolMap,
@@ -79,14 +81,28 @@ impl Object {
         live: &[ShardLoc],
         prepare: &(dyn Fn(&ShardLoc, Option<&Dtx>) -> Result<()> + Sync),
     ) -> Result<()> {
-        if let [one] = live {
-            return prepare(one, None);
+        self.run_dtx(map, live, live, |l, tx| prepare(l, tx))
+    }
+
+    /// The protocol: `prepare` each of `jobs` (a request to one shard of
+    /// `shards`, the transaction's shards, leader first) in parallel;
+    /// committed if they all succeed, else aborted. One shard alone needs
+    /// no transaction (`None`).
+    fn run_dtx<J: Sync>(
+        &self,
+        map: &PoolMap,
+        shards: &[ShardLoc],
+        jobs: &[J],
+        prepare: impl Fn(&J, Option<&Dtx>) -> Result<()> + Sync,
+    ) -> Result<()> {
+        if shards.len() == 1 {
+            return jobs.iter().try_for_each(|j| prepare(j, None));
         }
-        let dtx = new_dtx(map, live);
+        let dtx = new_dtx(map, shards);
         let id = dtx.id.expect("set by new_dtx");
-        let prepared = crate::object::par_map(live, |l| prepare(l, Some(&dtx)));
+        let prepared = crate::object::par_map(jobs, |j| prepare(j, Some(&dtx)));
         if let Some(e) = prepared.into_iter().find_map(|r| r.err()) {
-            self.abort(map, live, &id);
+            self.abort(map, shards, &id);
             return Err(match e.code {
                 // A shard had already given up on this transaction (the
                 // engines settled it while this prepare was slow): nothing
@@ -96,7 +112,7 @@ impl Object {
             });
         }
         let client = self.container().pool().client();
-        client.committer().push(live.iter().map(|l| {
+        client.committer().push(shards.iter().map(|l| {
             let t = &map.targets[l.target];
             Commit {
                 addr: t.addr.clone(),
@@ -109,25 +125,147 @@ impl Object {
         Ok(())
     }
 
-    /// Abort at the leader (the one that could commit it), then at the
-    /// others; best effort (an engine that misses it asks the leader).
+    /// Abort on every shard at once, best effort. An abort recorded on any
+    /// shard is enough: that shard refuses the prepare from then on, so the
+    /// transaction can never be prepared everywhere, and whoever settles it
+    /// finds the abort. (Not waiting on a dead leader first keeps the other
+    /// shards' reads from waiting on it.)
     fn abort(&self, map: &PoolMap, shards: &[ShardLoc], id: &DtxId) {
-        let Some((leader, rest)) = shards.split_first() else {
-            return;
-        };
-        let abort = |loc: &ShardLoc, leader: bool| {
+        crate::object::par_map(shards, |loc| {
             let req = DtxDecideReq {
                 addr: Some(self.address(map, loc)),
                 ids: vec![*id],
                 commit: false,
-                leader,
+                leader: false,
             };
             if let Err(e) = self.call(map, loc, Opcode::DtxDecide, &req, &[]) {
                 tracing::debug!("aborting transaction {:016x}{:016x}: {e}", id.hi, id.lo);
             }
+        });
+    }
+}
+
+/// One change of a [`Transaction`].
+enum Change {
+    Single {
+        obj: Object,
+        dkey: Vec<u8>,
+        akey: Vec<u8>,
+        value: Vec<u8>,
+    },
+    PunchDkey {
+        obj: Object,
+        dkey: Vec<u8>,
+    },
+}
+
+impl Change {
+    fn obj(&self) -> &Object {
+        match self {
+            Change::Single { obj, .. } | Change::PunchDkey { obj, .. } => obj,
+        }
+    }
+    fn dkey(&self) -> &[u8] {
+        match self {
+            Change::Single { dkey, .. } | Change::PunchDkey { dkey, .. } => dkey,
+        }
+    }
+}
+
+/// Changes of several dkeys, of any objects of one container, that take
+/// effect all together or not at all (what a rename or a hard link of the
+/// POSIX layer needs): one distributed transaction over every shard they
+/// touch, at one epoch.
+pub struct Transaction {
+    changes: Vec<Change>,
+}
+
+impl crate::Container {
+    /// An empty transaction; [`Transaction::commit`] applies it.
+    pub fn transaction(&self) -> Transaction {
+        Transaction {
+            changes: Vec::new(),
+        }
+    }
+}
+
+impl Transaction {
+    /// Set SINGLE value `akey` of `dkey` of `obj`.
+    pub fn update_single(
+        &mut self,
+        obj: &Object,
+        dkey: &[u8],
+        akey: &[u8],
+        value: &[u8],
+    ) -> &mut Self {
+        self.changes.push(Change::Single {
+            obj: obj.clone(),
+            dkey: dkey.to_vec(),
+            akey: akey.to_vec(),
+            value: value.to_vec(),
+        });
+        self
+    }
+
+    /// Punch `dkey` of `obj` and everything under it.
+    pub fn punch_dkey(&mut self, obj: &Object, dkey: &[u8]) -> &mut Self {
+        self.changes.push(Change::PunchDkey {
+            obj: obj.clone(),
+            dkey: dkey.to_vec(),
+        });
+        self
+    }
+
+    /// Apply every change, or none: retried under a newer pool map as
+    /// single updates are, at one epoch.
+    pub fn commit(self) -> Result<()> {
+        let Some(first) = self.changes.first().map(|c| c.obj().clone()) else {
+            return Ok(());
         };
-        abort(leader, true);
-        crate::object::par_map(rest, |l| abort(l, false));
+        for c in &self.changes {
+            c.obj().check_change(c)?;
+        }
+        let epoch = crate::hlc::now();
+        first.with_map(|map| {
+            // Every live shard of every change; the transaction's shards
+            // are the targets they reach (leader: the first).
+            let mut jobs: Vec<(&Change, ShardLoc)> = Vec::new();
+            let mut shards: Vec<ShardLoc> = Vec::new();
+            for c in &self.changes {
+                let o = c.obj();
+                let g = o.group(map, c.dkey())?;
+                o.check_redundancy(map, &g)?;
+                for l in g.shards.iter().filter(|l| map.targets[l.target].up) {
+                    jobs.push((c, *l));
+                    if !shards.iter().any(|s| s.target == l.target) {
+                        shards.push(*l);
+                    }
+                }
+            }
+            first.run_dtx(map, &shards, &jobs, |(c, loc), tx| match c {
+                Change::Single {
+                    obj,
+                    dkey,
+                    akey,
+                    value,
+                } => {
+                    let iod = obj.iod(akey, data::ValueKind::Single, 0, &[value]);
+                    obj.update_shard(map, loc, tx, epoch, dkey, vec![iod], &[value])
+                }
+                Change::PunchDkey { obj, dkey } => obj.punch_shard(map, loc, tx, epoch, dkey, &[]),
+            })
+        })
+    }
+}
+
+impl Object {
+    fn check_change(&self, c: &Change) -> Result<()> {
+        match c {
+            Change::Single {
+                dkey, akey, value, ..
+            } => self.check_single(dkey, akey, value),
+            Change::PunchDkey { dkey, .. } => crate::object::check_keys(dkey, None),
+        }
     }
 }
 
@@ -273,7 +411,7 @@ pub fn target_of<'m>(map: &'m PoolMap, shard: &DtxShard) -> Option<&'m crate::pl
 /// Ask `shard` what it knows of transaction `id` of `map`'s pool (see
 /// `DtxQueryReq.resolve`).
 pub fn query(
-    tr: &dyn crate::Transport,
+    tr: &dyn Transport,
     map: &PoolMap,
     shard: &DtxShard,
     id: &DtxId,

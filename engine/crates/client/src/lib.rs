@@ -34,6 +34,7 @@ pub mod shm;
 pub mod testkit;
 pub mod transport;
 
+pub use dtx::Transaction;
 pub use error::{Error, Result};
 pub use mgmt::Mgmt;
 pub use object::{Client, Container, Object, ObjectAt, Pool};

@@ -513,7 +513,7 @@ impl Object {
     }
 
     /// Keys valid and the value small enough for one frame.
-    fn check_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
+    pub(crate) fn check_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
         check_keys(dkey, Some(akey))?;
         if value.len() > peregrine_proto::frame::MAX_BULK as usize {
             return Err(Error::inval(format!(
@@ -1441,30 +1441,18 @@ impl Object {
         buf: &mut [u8],
     ) -> Result<()> {
         let (k, _) = self.kp();
-        let cell = EC_CELL_SIZE;
-        let end = start + buf.len() as u64;
         let g = self.group(map, dkey)?;
-        // Per data shard: (shard offset of its first byte, bytes, where in buf).
-        let mut parts: Vec<Vec<(u64, usize, usize)>> = vec![Vec::new(); k];
-        let mut o = start;
-        while o < end {
-            let (c, within) = (o / cell, o % cell);
-            let l = (cell - within).min(end - o);
-            parts[(c % k as u64) as usize].push((
-                (c / k as u64) * cell + within,
-                l as usize,
-                (o - start) as usize,
-            ));
-            o += l;
-        }
-        let jobs: Vec<usize> = (0..k).filter(|&j| !parts[j].is_empty()).collect();
+        let segs = cell_segs(k, start, buf.len());
+        // One contiguous extent per data shard: its cells in consecutive
+        // stripes are adjacent in shard space.
+        let jobs: Vec<usize> = (0..k).filter(|&j| !segs[j].is_empty()).collect();
         if jobs.len() < 2 || epoch != EPOCH_LATEST {
-            return self.ec_fetch_piece_fenced(map, epoch, dkey, akey, start, buf);
+            return self.ec_fetch_piece_fenced(map, &g, epoch, dkey, akey, &segs, buf);
         }
         let size = size_akey(akey);
         let res = par_map(&jobs, |&j| -> Result<(Vec<u8>, u64)> {
-            let first = parts[j][0].0;
-            let len: u64 = parts[j].iter().map(|p| p.1 as u64).sum();
+            let first = segs[j][0].shard_off;
+            let len: u64 = segs[j].iter().map(|s| s.len as u64).sum();
             let array = |akey: &[u8], offset, len| Iod {
                 akey: akey.to_vec(),
                 kind: ValueKind::Array as i32,
@@ -1488,53 +1476,34 @@ impl Object {
         match got {
             Some(cells) if cells.windows(2).all(|w| w[0].1 == w[1].1) => {
                 for (&j, (d, _)) in jobs.iter().zip(&cells) {
-                    let first = parts[j][0].0;
-                    for &(off, len, dst) in &parts[j] {
-                        let from = (off - first) as usize;
-                        buf[dst..dst + len].copy_from_slice(&d[from..from + len]);
+                    let first = segs[j][0].shard_off;
+                    for sg in &segs[j] {
+                        let from = (sg.shard_off - first) as usize;
+                        buf[sg.dst..sg.dst + sg.len].copy_from_slice(&d[from..from + sg.len]);
                     }
                 }
                 Ok(())
             }
-            _ => self.ec_fetch_piece_fenced(map, epoch, dkey, akey, start, buf),
+            _ => self.ec_fetch_piece_fenced(map, &g, epoch, dkey, akey, &segs, buf),
         }
     }
 
     /// [`Object::ec_fetch_piece`] the slower way: fenced by the stripes'
     /// parity versions, reconstructing the cells of failed data shards.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     fn ec_fetch_piece_fenced(
         &self,
         map: &PoolMap,
+        g: &Group,
         epoch: u64,
         dkey: &[u8],
         akey: &[u8],
-        start: u64,
+        segs: &[Vec<CellSeg>],
         buf: &mut [u8],
     ) -> Result<()> {
-        struct Seg {
-            shard_off: u64,
-            len: usize,
-            dst: usize,
-            stripe: u64,
-        }
         let (k, _) = self.kp();
         let cell = EC_CELL_SIZE;
-        let g = self.group(map, dkey)?;
-        let end = start + buf.len() as u64;
-        let mut segs: Vec<Vec<Seg>> = (0..k).map(|_| Vec::new()).collect();
-        let mut o = start;
-        while o < end {
-            let (c, within) = (o / cell, o % cell);
-            let l = (cell - within).min(end - o);
-            segs[(c % k as u64) as usize].push(Seg {
-                shard_off: (c / k as u64) * cell + within,
-                len: l as usize,
-                dst: (o - start) as usize,
-                stripe: c / k as u64,
-            });
-            o += l;
-        }
         // One contiguous extent per data shard: its cells in consecutive
         // stripes are adjacent in shard space.
         let jobs: Vec<usize> = (0..k).filter(|&j| !segs[j].is_empty()).collect();
@@ -1590,7 +1559,7 @@ impl Object {
             }
             self.ec_rebuild_piece(
                 map,
-                &g,
+                g,
                 epoch,
                 dkey,
                 akey,
@@ -1655,6 +1624,36 @@ impl Object {
         }
         Ok(())
     }
+}
+
+/// A piece of an EC read on one data shard.
+struct CellSeg {
+    shard_off: u64,
+    len: usize,
+    /// Where in the caller's buffer.
+    dst: usize,
+    stripe: u64,
+}
+
+/// The pieces of a read of `len` bytes at `start` on each of the `k` data
+/// shards, in shard order.
+fn cell_segs(k: usize, start: u64, len: usize) -> Vec<Vec<CellSeg>> {
+    let cell = EC_CELL_SIZE;
+    let end = start + len as u64;
+    let mut segs: Vec<Vec<CellSeg>> = (0..k).map(|_| Vec::new()).collect();
+    let mut o = start;
+    while o < end {
+        let (c, within) = (o / cell, o % cell);
+        let l = (cell - within).min(end - o);
+        segs[(c % k as u64) as usize].push(CellSeg {
+            shard_off: (c / k as u64) * cell + within,
+            len: l as usize,
+            dst: (o - start) as usize,
+            stripe: c / k as u64,
+        });
+        o += l;
+    }
+    segs
 }
 
 impl ObjectAt<'_> {
@@ -1833,7 +1832,7 @@ pub fn size_akey(akey: &[u8]) -> Vec<u8> {
     [EC_SIZE_PREFIX, akey].concat()
 }
 
-fn check_keys(dkey: &[u8], akey: Option<&[u8]>) -> Result<()> {
+pub(crate) fn check_keys(dkey: &[u8], akey: Option<&[u8]>) -> Result<()> {
     if dkey.is_empty() {
         return Err(Error::inval(
             "empty dkey (an empty dkey means \"whole object\" on the wire)",

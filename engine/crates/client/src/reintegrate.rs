@@ -132,8 +132,19 @@ pub fn reintegrate_pool(
                 };
                 let Some(c) = c else { continue };
                 let obj = c.object(oid)?;
-                obj.reintegrate_dkey(&map, &g, &key.dkey, since, &back, &mut stats)
-                    .map_err(|e| e.context(obj.what(&key.dkey)))?;
+                // A transaction in flight on the dkey: copy it once decided.
+                let deadline = std::time::Instant::now() + crate::object::READ_RETRY_WINDOW;
+                loop {
+                    match obj.reintegrate_dkey(&map, &g, &key.dkey, since, &back, &mut stats) {
+                        Err(e)
+                            if e.code == -libc::EINPROGRESS
+                                && std::time::Instant::now() < deadline =>
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        r => break r.map_err(|e| e.context(obj.what(&key.dkey)))?,
+                    }
+                }
                 stats.dkeys += 1;
             }
             if finished {

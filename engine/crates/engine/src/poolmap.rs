@@ -78,16 +78,14 @@ impl PoolMaps {
         let Some(addr) = peregrine_vos::request_addr(req) else {
             return Ok(guard);
         };
-        // The outcome of a transaction reaching a shard, or a question
-        // about one, is not an update: whatever this engine's state or map,
-        // it must be able to learn and tell what was decided. Only the
-        // leader's commit decides, so only it is held to the map.
-        let held_to_map = match req {
-            Request::DtxDecide(d) => d.leader && d.commit,
-            Request::DtxQuery(_) | Request::DtxPending(_) => false,
-            _ => true,
-        };
-        if !held_to_map {
+        // A transaction's outcome reaching a shard, or a question about it,
+        // is not an update: whatever this engine's state or map, it must be
+        // able to learn and tell what was decided. The prepares, which
+        // decide (committed once all prepared), are held to the map.
+        if matches!(
+            req,
+            Request::DtxDecide(_) | Request::DtxQuery(_) | Request::DtxPending(_)
+        ) {
             return Ok(guard);
         }
         let (pool, version) = (&addr.pool, addr.map_version);

@@ -413,3 +413,88 @@ fn wait_all_up_in(s: &Setup, within: Duration) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Changes of two objects in one transaction (what a rename does): applied
+/// together; and when a shard of one of them cannot prepare (its engine is
+/// dead), neither, even where the other's shards had prepared.
+#[test]
+fn a_transaction_over_two_objects_applies_both_or_neither() {
+    let _serial = one_at_a_time();
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        384,
+        "RP_2G1",
+        "crc32c",
+    );
+    let cont = c.container();
+    let a = cont
+        .object(ObjectId::new(ObjectClass::Rp2G1, 7, 1))
+        .unwrap();
+    let b = cont
+        .object(ObjectId::new(ObjectClass::Rp2G1, 7, 2))
+        .unwrap();
+    let map = cont.pool().refresh().unwrap();
+    let ranks = |o: &peregrine::Object, dkey: &[u8]| -> Vec<u32> {
+        placement::place(&map, o.id(), ObjectClass::Rp2G1, dkey)
+            .unwrap()
+            .shards
+            .iter()
+            .map(|l| map.targets[l.target].rank)
+            .collect()
+    };
+    // A dkey of b whose replicas are not all where a's are.
+    let ra = ranks(&a, b"x");
+    let (ybkey, victim) = (0..64)
+        .map(|i| format!("y{i}").into_bytes())
+        .find_map(|k| {
+            let rb = ranks(&b, &k);
+            ra.iter().find(|r| !rb.contains(r)).map(|&v| (k, v))
+        })
+        .expect("some dkey of b is placed apart from a's");
+    a.update_single(b"x", b"v", b"old-a").unwrap();
+    b.update_single(&ybkey, b"v", b"old-b").unwrap();
+
+    let mut tx = cont.transaction();
+    tx.update_single(&a, b"x", b"v", b"new-a")
+        .update_single(&b, &ybkey, b"v", b"new-b");
+    tx.commit().unwrap();
+    assert_eq!(a.fetch_single(b"x", b"v").unwrap().unwrap(), b"new-a");
+    assert_eq!(b.fetch_single(&ybkey, b"v").unwrap().unwrap(), b"new-b");
+
+    // The victim holds a replica of a's dkey only: b's shards prepare, a's
+    // cannot; the transaction fails and neither change stays.
+    cont.pool()
+        .client()
+        .set_retry_window(Duration::from_secs(1));
+    c.engines[victim as usize].kill9();
+    let mut tx = cont.transaction();
+    tx.update_single(&a, b"x", b"v", b"lost-a")
+        .update_single(&b, &ybkey, b"v", b"lost-b");
+    let err = tx.commit().unwrap_err();
+    eprintln!("commit with rank {victim} dead: {err}");
+    c.restart(victim as usize);
+    let cont = c.container();
+    let (a, b) = (cont.object(a.id()).unwrap(), cont.object(b.id()).unwrap());
+    assert_eq!(a.fetch_single(b"x", b"v").unwrap().unwrap(), b"new-a");
+    assert_eq!(b.fetch_single(&ybkey, b"v").unwrap().unwrap(), b"new-b");
+    // Through every replica of b's dkey too.
+    let map = cont.pool().refresh().unwrap();
+    for l in placement::place(&map, b.id(), ObjectClass::Rp2G1, &ybkey)
+        .unwrap()
+        .shards
+    {
+        let r = map.targets[l.target].rank as usize;
+        c.engines[r].kill9();
+        assert_eq!(
+            b.fetch_single(&ybkey, b"v").unwrap().unwrap(),
+            b"new-b",
+            "with rank {r} stopped"
+        );
+        c.restart(r);
+    }
+}
