@@ -435,27 +435,27 @@ fn a_transaction_over_two_objects_applies_both_or_neither() {
     let a = cont
         .object(ObjectId::new(ObjectClass::Rp2G1, 7, 1))
         .unwrap();
-    let b = cont
-        .object(ObjectId::new(ObjectClass::Rp2G1, 7, 2))
-        .unwrap();
     let map = cont.pool().refresh().unwrap();
-    let ranks = |o: &peregrine::Object, dkey: &[u8]| -> Vec<u32> {
-        placement::place(&map, o.id(), ObjectClass::Rp2G1, dkey)
+    let ranks = |o: ObjectId| -> Vec<u32> {
+        placement::place(&map, o, ObjectClass::Rp2G1, b"x")
             .unwrap()
             .shards
             .iter()
             .map(|l| map.targets[l.target].rank)
             .collect()
     };
-    // A dkey of b whose replicas are not all where a's are.
-    let ra = ranks(&a, b"x");
-    let (ybkey, victim) = (0..64)
-        .map(|i| format!("y{i}").into_bytes())
-        .find_map(|k| {
-            let rb = ranks(&b, &k);
-            ra.iter().find(|r| !rb.contains(r)).map(|&v| (k, v))
+    // An object b whose replicas are not all where a's are (one group per
+    // object: every dkey of an object has the same replicas).
+    let ra = ranks(a.id());
+    let (b, victim) = (2..64)
+        .map(|i| ObjectId::new(ObjectClass::Rp2G1, 7, i))
+        .find_map(|o| {
+            let rb = ranks(o);
+            ra.iter().find(|r| !rb.contains(r)).map(|&v| (o, v))
         })
-        .expect("some dkey of b is placed apart from a's");
+        .expect("some object is placed apart from a");
+    let b = cont.object(b).unwrap();
+    let ybkey = b"y".to_vec();
     a.update_single(b"x", b"v", b"old-a").unwrap();
     b.update_single(&ybkey, b"v", b"old-b").unwrap();
 
