@@ -105,10 +105,12 @@ fn view(s: &MsState, p: &PoolRec, rank: u32) -> PoolMapVersion {
         pool_uuid: p.uuid.to_string(),
         version: p.map_version,
         state: target_state(s, &p.uuid, rank).into(),
+        // 0 means no cap on the wire: a rank copied whole (`since` 0) caps
+        // aggregation at epoch 1, so every version its copy reads stays.
         aggregation_cap: s
             .pool_out
             .get(&p.uuid)
-            .and_then(|o| o.values().filter(|r| !r.full).map(|r| r.since).min())
+            .and_then(|o| o.values().filter(|r| !r.full).map(|r| r.since.max(1)).min())
             .unwrap_or(0),
     }
 }
@@ -553,5 +555,16 @@ mod tests {
         assert_eq!((targets_out(&s, 0), targets_out(&s, 1)), (0, 2));
         let o = OutTargets::of(&s, &s.pools[&uuid]);
         assert_eq!((o.down, o.reintegrating, o.ranks.len()), (2, 2, 2));
+        // Back after the window, wiped, copied whole from epoch 0: its copy
+        // still holds aggregation back (0 would mean no cap at all).
+        s.pool_out.get_mut(&uuid).unwrap().insert(
+            2,
+            RankOut {
+                state: OutState::Up,
+                since: 0,
+                full: false,
+            },
+        );
+        assert_eq!(views_of_rank(&s, 1)[0].aggregation_cap, 1);
     }
 }
