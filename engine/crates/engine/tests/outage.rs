@@ -433,6 +433,16 @@ fn rp_3g1_engine_down_past_detection() {
 }
 
 #[test]
+fn rp_3g1_engine_down_briefly() {
+    outage(ObjectClass::Rp3G1, 3, 2, SHORT);
+}
+
+#[test]
+fn ec_4p2g1_engine_down_briefly() {
+    outage(ObjectClass::Ec4P2G1, 6, 3, SHORT);
+}
+
+#[test]
 fn ec_2p1g1_engine_down_past_detection() {
     outage(ObjectClass::Ec2P1G1, 3, 1, LONG);
 }
