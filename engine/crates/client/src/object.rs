@@ -188,6 +188,14 @@ impl Client {
         &self.inner.committer
     }
 
+    /// Send the commits of the transactions acknowledged so far to their
+    /// shards now and wait for them (done on drop too). A process that
+    /// exits without dropping its client should call this first, or other
+    /// readers of what it wrote last wait for the engines to settle it.
+    pub fn flush_commits(&self) {
+        self.inner.committer.flush();
+    }
+
     /// Tell the transport which engines of a pool map offer shared memory.
     fn learn_routes(&self, map: &PoolMap) {
         for t in &map.targets {

@@ -1740,6 +1740,18 @@ pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
 
 // ---------------------------------------------------- init, fork, report
 
+/// At exit: the connections are never dropped (they live in a static), so
+/// send the commits of this process's last writes before it goes, or other
+/// readers of them wait for the engines to settle them (seconds).
+extern "C" fn flush_commits() {
+    // Another thread may hold the table while the process exits: skip then.
+    if let Some(conts) = CONTS.try_lock() {
+        for (_, c) in conts.iter() {
+            c.pool().client().flush_commits();
+        }
+    }
+}
+
 extern "C" fn fork_prepare() {
     // Hold the tables across fork so the child gets them consistent.
     std::mem::forget(FDS.write());
@@ -1797,6 +1809,7 @@ extern "C" fn il_init() {
     // SAFETY: registering static handlers.
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        libc::atexit(flush_commits);
         if env_on(b"PEREGRINE_IL_REPORT\0") {
             let fd = r_fcntl()(2, libc::F_DUPFD_CLOEXEC, 900);
             REPORT_FD.store(fd, Ordering::Relaxed);
