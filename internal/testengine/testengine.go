@@ -1,0 +1,232 @@
+// Package testengine runs real peregrine-engine processes for Go tests: a system of one or more
+// engines on sparse device files, formatted and ready for pools. It is test support shared by the
+// CSI driver's suites; nothing in it is a fake.
+package testengine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+)
+
+// System is a running set of engines; rank 0 hosts the management service.
+type System struct {
+	Name    string
+	Dir     string
+	Engines []*exec.Cmd
+	// MgmtAddr is the management service's address (host:port).
+	MgmtAddr string
+	conn     *grpc.ClientConn
+}
+
+// EngineBin is the engine binary: PEREGRINE_ENGINE_BIN, else engine/target/debug/peregrine-engine
+// found upwards from the working directory.
+func EngineBin() (string, error) {
+	if b := os.Getenv("PEREGRINE_ENGINE_BIN"); b != "" {
+		return b, nil
+	}
+	return findUp(filepath.Join("engine", "target", "debug", "peregrine-engine"))
+}
+
+// Bin finds another binary of the engine workspace (peregrine-fuse, libperegrine_il.so) next to
+// the engine binary.
+func Bin(name string) (string, error) {
+	e, err := EngineBin()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(e), name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s: %w (build the engine workspace: cd engine && cargo build --workspace)", p, err)
+	}
+	return p, nil
+}
+
+func findUp(rel string) (string, error) {
+	d, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(d, rel)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		up := filepath.Dir(d)
+		if up == d {
+			return "", fmt.Errorf("%s not found above the working directory; build it (cd engine && cargo build --workspace) or set PEREGRINE_ENGINE_BIN", rel)
+		}
+		d = up
+	}
+}
+
+var (
+	portsMu sync.Mutex
+	ports   = map[int]bool{}
+)
+
+// FreePort is a loopback port nothing listens on, never the same twice in this process.
+func FreePort() (int, error) {
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if !ports[p] {
+			ports[p] = true
+			return p, nil
+		}
+	}
+}
+
+// Start runs `engines` engines (2 targets each, 256 MiB of RAM metadata and a sparse device file
+// of deviceSize bytes each) under dir, waits for them to join and formats their storage.
+func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
+	bin, err := EngineBin()
+	if err != nil {
+		return nil, err
+	}
+	s := &System{Name: name, Dir: dir}
+	type ep struct{ cp, dp int }
+	eps := make([]ep, engines)
+	for i := range eps {
+		if eps[i].cp, err = FreePort(); err != nil {
+			return nil, err
+		}
+		if eps[i].dp, err = FreePort(); err != nil {
+			return nil, err
+		}
+	}
+	s.MgmtAddr = fmt.Sprintf("127.0.0.1:%d", eps[0].cp)
+	for i, p := range eps {
+		edir := filepath.Join(dir, fmt.Sprintf("%s-%d", name, i))
+		if err := os.MkdirAll(edir, 0o755); err != nil {
+			return nil, err
+		}
+		device := filepath.Join(edir, "nvme.img")
+		f, err := os.Create(device)
+		if err != nil {
+			return nil, err
+		}
+		if err := f.Truncate(deviceSize); err != nil {
+			return nil, err
+		}
+		_ = f.Close()
+		cfg := fmt.Sprintf("name: %s\nrank: %d\nfault_domain: /host%d\ncontrol_port: %d\ndata_port: %d\ntargets: 2\nhugepages: false\n"+
+			"scm: {class: ram, size: 256MiB}\nbdev: {class: file, path: %s, size: %d}\nmgmt_svc_replicas: [%q]\n"+
+			"log_level: info\nlog_file: %s\n", name, i, i, p.cp, p.dp, device, deviceSize, s.MgmtAddr, filepath.Join(edir, "engine.log"))
+		cfgPath := filepath.Join(edir, "engine.yaml")
+		if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+			return nil, err
+		}
+		out, err := os.Create(filepath.Join(edir, "engine.out"))
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(bin, "--config", cfgPath)
+		cmd.Stdout, cmd.Stderr = out, out
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			_ = out.Close()
+			s.Stop()
+			return nil, err
+		}
+		_ = out.Close()
+		s.Engines = append(s.Engines, cmd)
+	}
+	if s.conn, err = grpc.NewClient(s.MgmtAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	if err := s.waitMembers(engines, "", 60*time.Second); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := s.Mgmt().StorageFormat(ctx, &mgmtpb.StorageFormatReq{}); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("storage format: %w", err)
+	}
+	if err := s.waitMembers(engines, "joined", 60*time.Second); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Mgmt is a client of the system's management service.
+func (s *System) Mgmt() mgmtpb.MgmtClient { return mgmtpb.NewMgmtClient(s.conn) }
+
+// waitMembers waits until n ranks are members of the system in the given state ("": any).
+func (s *System) waitMembers(n int, state string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r, err := s.Mgmt().SystemQuery(ctx, &mgmtpb.SystemQueryReq{})
+		cancel()
+		if err == nil {
+			ready := 0
+			var states []string
+			for _, m := range r.Members {
+				states = append(states, fmt.Sprintf("%d:%s", m.Rank, m.State))
+				if state == "" || m.State == state {
+					ready++
+				}
+			}
+			if ready >= n {
+				return nil
+			}
+			last = strings.Join(states, " ")
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("engines of %s did not join in %s (last: %s); logs under %s", s.Name, timeout, last, s.Dir)
+}
+
+// Stop kills every engine and waits for them.
+func (s *System) Stop() {
+	for _, c := range s.Engines {
+		if c.Process != nil {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}
+	if s.conn != nil {
+		_ = s.conn.Close()
+	}
+}
+
+// ErrNoFuse is returned by CheckFuse where FUSE mounts cannot be made.
+var ErrNoFuse = errors.New("FUSE unavailable")
+
+// CheckFuse reports whether this process can make FUSE mounts (root and /dev/fuse).
+func CheckFuse() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w: not root", ErrNoFuse)
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoFuse, err)
+	}
+	return nil
+}
