@@ -1819,8 +1819,13 @@ type ContInfo struct {
 	UsedBytes        uint64                 `protobuf:"varint,11,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	Snapshots        uint32                 `protobuf:"varint,12,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	CreateEpoch      uint64                 `protobuf:"varint,13,opt,name=create_epoch,json=createEpoch,proto3" json:"create_epoch,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The property `quota` in bytes of data (0: none), and what counts
+	// against it: the bytes stored, replicas and parity of the container's
+	// file object class taken out (used_bytes counts them).
+	QuotaBytes     uint64 `protobuf:"varint,14,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"`
+	QuotaUsedBytes uint64 `protobuf:"varint,15,opt,name=quota_used_bytes,json=quotaUsedBytes,proto3" json:"quota_used_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ContInfo) Reset() {
@@ -1940,6 +1945,20 @@ func (x *ContInfo) GetSnapshots() uint32 {
 func (x *ContInfo) GetCreateEpoch() uint64 {
 	if x != nil {
 		return x.CreateEpoch
+	}
+	return 0
+}
+
+func (x *ContInfo) GetQuotaBytes() uint64 {
+	if x != nil {
+		return x.QuotaBytes
+	}
+	return 0
+}
+
+func (x *ContInfo) GetQuotaUsedBytes() uint64 {
+	if x != nil {
+		return x.QuotaUsedBytes
 	}
 	return 0
 }
@@ -2836,6 +2855,76 @@ func (x *ContShardSnapshotsReq) GetAdding() uint64 {
 	return 0
 }
 
+// A container's quota on one engine, in stored bytes: `limit` 0 lifts it;
+// `used_elsewhere`: what the container holds on the other engines.
+type ContShardQuotaReq struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PoolUuid      string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
+	ContUuid      string                 `protobuf:"bytes,2,opt,name=cont_uuid,json=contUuid,proto3" json:"cont_uuid,omitempty"`
+	Limit         uint64                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	UsedElsewhere uint64                 `protobuf:"varint,4,opt,name=used_elsewhere,json=usedElsewhere,proto3" json:"used_elsewhere,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContShardQuotaReq) Reset() {
+	*x = ContShardQuotaReq{}
+	mi := &file_mgmt_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContShardQuotaReq) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContShardQuotaReq) ProtoMessage() {}
+
+func (x *ContShardQuotaReq) ProtoReflect() protoreflect.Message {
+	mi := &file_mgmt_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContShardQuotaReq.ProtoReflect.Descriptor instead.
+func (*ContShardQuotaReq) Descriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ContShardQuotaReq) GetPoolUuid() string {
+	if x != nil {
+		return x.PoolUuid
+	}
+	return ""
+}
+
+func (x *ContShardQuotaReq) GetContUuid() string {
+	if x != nil {
+		return x.ContUuid
+	}
+	return ""
+}
+
+func (x *ContShardQuotaReq) GetLimit() uint64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ContShardQuotaReq) GetUsedElsewhere() uint64 {
+	if x != nil {
+		return x.UsedElsewhere
+	}
+	return 0
+}
+
 type AggregateReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PoolUuid      string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
@@ -2845,7 +2934,7 @@ type AggregateReq struct {
 
 func (x *AggregateReq) Reset() {
 	*x = AggregateReq{}
-	mi := &file_mgmt_proto_msgTypes[42]
+	mi := &file_mgmt_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +2946,7 @@ func (x *AggregateReq) String() string {
 func (*AggregateReq) ProtoMessage() {}
 
 func (x *AggregateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[42]
+	mi := &file_mgmt_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +2959,7 @@ func (x *AggregateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateReq.ProtoReflect.Descriptor instead.
 func (*AggregateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{42}
+	return file_mgmt_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AggregateReq) GetPoolUuid() string {
@@ -2889,7 +2978,7 @@ type AggregateResp struct {
 
 func (x *AggregateResp) Reset() {
 	*x = AggregateResp{}
-	mi := &file_mgmt_proto_msgTypes[43]
+	mi := &file_mgmt_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2901,7 +2990,7 @@ func (x *AggregateResp) String() string {
 func (*AggregateResp) ProtoMessage() {}
 
 func (x *AggregateResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[43]
+	mi := &file_mgmt_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2914,7 +3003,7 @@ func (x *AggregateResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateResp.ProtoReflect.Descriptor instead.
 func (*AggregateResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{43}
+	return file_mgmt_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AggregateResp) GetReclaimedBytes() uint64 {
@@ -3088,7 +3177,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x04\n" +
 	"\bContInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x1b\n" +
@@ -3106,7 +3195,10 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\v \x01(\x04R\tusedBytes\x12\x1c\n" +
 	"\tsnapshots\x18\f \x01(\rR\tsnapshots\x12!\n" +
-	"\fcreate_epoch\x18\r \x01(\x04R\vcreateEpoch\x1a8\n" +
+	"\fcreate_epoch\x18\r \x01(\x04R\vcreateEpoch\x12\x1f\n" +
+	"\vquota_bytes\x18\x0e \x01(\x04R\n" +
+	"quotaBytes\x12(\n" +
+	"\x10quota_used_bytes\x18\x0f \x01(\x04R\x0equotaUsedBytes\x1a8\n" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -3175,7 +3267,12 @@ const file_mgmt_proto_rawDesc = "" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x1b\n" +
 	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\x12\x16\n" +
 	"\x06epochs\x18\x03 \x03(\x04R\x06epochs\x12\x16\n" +
-	"\x06adding\x18\x04 \x01(\x04R\x06adding\"+\n" +
+	"\x06adding\x18\x04 \x01(\x04R\x06adding\"\x8a\x01\n" +
+	"\x11ContShardQuotaReq\x12\x1b\n" +
+	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x1b\n" +
+	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x04R\x05limit\x12%\n" +
+	"\x0eused_elsewhere\x18\x04 \x01(\x04R\rusedElsewhere\"+\n" +
 	"\fAggregateReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\"8\n" +
 	"\rAggregateResp\x12'\n" +
@@ -3206,7 +3303,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"SnapCreate\x12 .peregrine.mgmt.v1.SnapCreateReq\x1a\x1b.peregrine.mgmt.v1.Snapshot\x12K\n" +
 	"\bSnapList\x12\x1e.peregrine.mgmt.v1.SnapListReq\x1a\x1f.peregrine.mgmt.v1.SnapListResp\x12J\n" +
-	"\vSnapDestroy\x12!.peregrine.mgmt.v1.SnapDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty2\xf6\x05\n" +
+	"\vSnapDestroy\x12!.peregrine.mgmt.v1.SnapDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty2\xc8\x06\n" +
 	"\x06Engine\x12E\n" +
 	"\tLocalScan\x12\x18.peregrine.mgmt.v1.Empty\x1a\x1e.peregrine.mgmt.v1.RankStorage\x12R\n" +
 	"\vLocalFormat\x12#.peregrine.mgmt.v1.StorageFormatReq\x1a\x1e.peregrine.mgmt.v1.RankStorage\x12R\n" +
@@ -3214,7 +3311,8 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x10PoolShardDestroy\x12&.peregrine.mgmt.v1.PoolShardDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty\x12Y\n" +
 	"\x0ePoolShardQuery\x12$.peregrine.mgmt.v1.PoolShardQueryReq\x1a!.peregrine.mgmt.v1.PoolShardSpace\x12T\n" +
 	"\x10ContShardDestroy\x12&.peregrine.mgmt.v1.ContShardDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty\x12X\n" +
-	"\x12ContShardSnapshots\x12(.peregrine.mgmt.v1.ContShardSnapshotsReq\x1a\x18.peregrine.mgmt.v1.Empty\x12N\n" +
+	"\x12ContShardSnapshots\x12(.peregrine.mgmt.v1.ContShardSnapshotsReq\x1a\x18.peregrine.mgmt.v1.Empty\x12P\n" +
+	"\x0eContShardQuota\x12$.peregrine.mgmt.v1.ContShardQuotaReq\x1a\x18.peregrine.mgmt.v1.Empty\x12N\n" +
 	"\tAggregate\x12\x1f.peregrine.mgmt.v1.AggregateReq\x1a .peregrine.mgmt.v1.AggregateResp\x12L\n" +
 	"\rPoolMapUpdate\x12!.peregrine.mgmt.v1.PoolMapVersion\x1a\x18.peregrine.mgmt.v1.EmptyB3Z1github.com/peregrine-storage/peregrine/pkg/mgmtpbb\x06proto3"
 
@@ -3231,7 +3329,7 @@ func file_mgmt_proto_rawDescGZIP() []byte {
 }
 
 var file_mgmt_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_mgmt_proto_goTypes = []any{
 	(TargetState)(0),              // 0: peregrine.mgmt.v1.TargetState
 	(*Empty)(nil),                 // 1: peregrine.mgmt.v1.Empty
@@ -3276,15 +3374,16 @@ var file_mgmt_proto_goTypes = []any{
 	(*PoolShardSpace)(nil),        // 40: peregrine.mgmt.v1.PoolShardSpace
 	(*ContShardDestroyReq)(nil),   // 41: peregrine.mgmt.v1.ContShardDestroyReq
 	(*ContShardSnapshotsReq)(nil), // 42: peregrine.mgmt.v1.ContShardSnapshotsReq
-	(*AggregateReq)(nil),          // 43: peregrine.mgmt.v1.AggregateReq
-	(*AggregateResp)(nil),         // 44: peregrine.mgmt.v1.AggregateResp
-	nil,                           // 45: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	nil,                           // 46: peregrine.mgmt.v1.PoolInfo.PropsEntry
-	nil,                           // 47: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	nil,                           // 48: peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	nil,                           // 49: peregrine.mgmt.v1.ContInfo.PropsEntry
-	nil,                           // 50: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	nil,                           // 51: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	(*ContShardQuotaReq)(nil),     // 43: peregrine.mgmt.v1.ContShardQuotaReq
+	(*AggregateReq)(nil),          // 44: peregrine.mgmt.v1.AggregateReq
+	(*AggregateResp)(nil),         // 45: peregrine.mgmt.v1.AggregateResp
+	nil,                           // 46: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	nil,                           // 47: peregrine.mgmt.v1.PoolInfo.PropsEntry
+	nil,                           // 48: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	nil,                           // 49: peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	nil,                           // 50: peregrine.mgmt.v1.ContInfo.PropsEntry
+	nil,                           // 51: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	nil,                           // 52: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
 }
 var file_mgmt_proto_depIdxs = []int32{
 	3,  // 0: peregrine.mgmt.v1.SystemQueryResp.members:type_name -> peregrine.mgmt.v1.Member
@@ -3293,21 +3392,21 @@ var file_mgmt_proto_depIdxs = []int32{
 	42, // 3: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
 	12, // 4: peregrine.mgmt.v1.JoinResp.pool_maps:type_name -> peregrine.mgmt.v1.PoolMapVersion
 	0,  // 5: peregrine.mgmt.v1.PoolMapVersion.state:type_name -> peregrine.mgmt.v1.TargetState
-	45, // 6: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	46, // 6: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
 	13, // 7: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
-	46, // 8: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
+	47, // 8: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
 	16, // 9: peregrine.mgmt.v1.PoolInfo.rank_states:type_name -> peregrine.mgmt.v1.RankTargetState
 	0,  // 10: peregrine.mgmt.v1.RankTargetState.state:type_name -> peregrine.mgmt.v1.TargetState
 	15, // 11: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
-	47, // 12: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	48, // 12: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
 	0,  // 13: peregrine.mgmt.v1.PoolTarget.state:type_name -> peregrine.mgmt.v1.TargetState
 	23, // 14: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
-	48, // 15: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	49, // 16: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
+	49, // 15: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	50, // 16: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
 	26, // 17: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
-	50, // 18: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	51, // 18: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
 	32, // 19: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
-	51, // 20: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	52, // 20: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
 	2,  // 21: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
 	5,  // 22: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
 	8,  // 23: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
@@ -3333,37 +3432,39 @@ var file_mgmt_proto_depIdxs = []int32{
 	39, // 43: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
 	41, // 44: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
 	42, // 45: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	43, // 46: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
-	12, // 47: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
-	4,  // 48: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
-	7,  // 49: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
-	9,  // 50: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
-	11, // 51: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
-	15, // 52: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
-	18, // 53: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
-	15, // 54: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
-	1,  // 55: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
-	15, // 56: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
-	24, // 57: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
-	26, // 58: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
-	28, // 59: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
-	26, // 60: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
-	1,  // 61: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
-	26, // 62: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
-	32, // 63: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
-	35, // 64: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
-	1,  // 65: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
-	6,  // 66: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
-	6,  // 67: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
-	1,  // 68: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
-	1,  // 69: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	40, // 70: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
-	1,  // 71: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	1,  // 72: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
-	44, // 73: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
-	1,  // 74: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
-	48, // [48:75] is the sub-list for method output_type
-	21, // [21:48] is the sub-list for method input_type
+	43, // 46: peregrine.mgmt.v1.Engine.ContShardQuota:input_type -> peregrine.mgmt.v1.ContShardQuotaReq
+	44, // 47: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
+	12, // 48: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
+	4,  // 49: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
+	7,  // 50: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
+	9,  // 51: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
+	11, // 52: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
+	15, // 53: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
+	18, // 54: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
+	15, // 55: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
+	1,  // 56: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
+	15, // 57: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
+	24, // 58: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
+	26, // 59: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
+	28, // 60: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
+	26, // 61: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
+	1,  // 62: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
+	26, // 63: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
+	32, // 64: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
+	35, // 65: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
+	1,  // 66: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
+	6,  // 67: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
+	6,  // 68: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
+	1,  // 69: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
+	1,  // 70: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	40, // 71: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
+	1,  // 72: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	1,  // 73: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
+	1,  // 74: peregrine.mgmt.v1.Engine.ContShardQuota:output_type -> peregrine.mgmt.v1.Empty
+	45, // 75: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
+	1,  // 76: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
+	49, // [49:77] is the sub-list for method output_type
+	21, // [21:49] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -3380,7 +3481,7 @@ func file_mgmt_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mgmt_proto_rawDesc), len(file_mgmt_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   51,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -792,6 +792,7 @@ const (
 	Engine_PoolShardQuery_FullMethodName     = "/peregrine.mgmt.v1.Engine/PoolShardQuery"
 	Engine_ContShardDestroy_FullMethodName   = "/peregrine.mgmt.v1.Engine/ContShardDestroy"
 	Engine_ContShardSnapshots_FullMethodName = "/peregrine.mgmt.v1.Engine/ContShardSnapshots"
+	Engine_ContShardQuota_FullMethodName     = "/peregrine.mgmt.v1.Engine/ContShardQuota"
 	Engine_Aggregate_FullMethodName          = "/peregrine.mgmt.v1.Engine/Aggregate"
 	Engine_PoolMapUpdate_FullMethodName      = "/peregrine.mgmt.v1.Engine/PoolMapUpdate"
 )
@@ -810,6 +811,7 @@ type EngineClient interface {
 	ContShardDestroy(ctx context.Context, in *ContShardDestroyReq, opts ...grpc.CallOption) (*Empty, error)
 	// The snapshot epochs of a container, which aggregation must keep readable.
 	ContShardSnapshots(ctx context.Context, in *ContShardSnapshotsReq, opts ...grpc.CallOption) (*Empty, error)
+	ContShardQuota(ctx context.Context, in *ContShardQuotaReq, opts ...grpc.CallOption) (*Empty, error)
 	Aggregate(ctx context.Context, in *AggregateReq, opts ...grpc.CallOption) (*AggregateResp, error)
 	// A pool map changed: the engine refuses requests made with an older
 	// version from now on, and serves its own targets as their state says.
@@ -895,6 +897,16 @@ func (c *engineClient) ContShardSnapshots(ctx context.Context, in *ContShardSnap
 	return out, nil
 }
 
+func (c *engineClient) ContShardQuota(ctx context.Context, in *ContShardQuotaReq, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Engine_ContShardQuota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *engineClient) Aggregate(ctx context.Context, in *AggregateReq, opts ...grpc.CallOption) (*AggregateResp, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(AggregateResp)
@@ -929,6 +941,7 @@ type EngineServer interface {
 	ContShardDestroy(context.Context, *ContShardDestroyReq) (*Empty, error)
 	// The snapshot epochs of a container, which aggregation must keep readable.
 	ContShardSnapshots(context.Context, *ContShardSnapshotsReq) (*Empty, error)
+	ContShardQuota(context.Context, *ContShardQuotaReq) (*Empty, error)
 	Aggregate(context.Context, *AggregateReq) (*AggregateResp, error)
 	// A pool map changed: the engine refuses requests made with an older
 	// version from now on, and serves its own targets as their state says.
@@ -964,6 +977,9 @@ func (UnimplementedEngineServer) ContShardDestroy(context.Context, *ContShardDes
 }
 func (UnimplementedEngineServer) ContShardSnapshots(context.Context, *ContShardSnapshotsReq) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method ContShardSnapshots not implemented")
+}
+func (UnimplementedEngineServer) ContShardQuota(context.Context, *ContShardQuotaReq) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method ContShardQuota not implemented")
 }
 func (UnimplementedEngineServer) Aggregate(context.Context, *AggregateReq) (*AggregateResp, error) {
 	return nil, status.Error(codes.Unimplemented, "method Aggregate not implemented")
@@ -1118,6 +1134,24 @@ func _Engine_ContShardSnapshots_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_ContShardQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ContShardQuotaReq)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).ContShardQuota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_ContShardQuota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).ContShardQuota(ctx, req.(*ContShardQuotaReq))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Engine_Aggregate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AggregateReq)
 	if err := dec(in); err != nil {
@@ -1188,6 +1222,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ContShardSnapshots",
 			Handler:    _Engine_ContShardSnapshots_Handler,
+		},
+		{
+			MethodName: "ContShardQuota",
+			Handler:    _Engine_ContShardQuota_Handler,
 		},
 		{
 			MethodName: "Aggregate",

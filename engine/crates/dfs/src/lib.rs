@@ -86,7 +86,7 @@
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use peregrine::{Container, Error, Object, ObjectClass, ObjectId, Result};
-use peregrine_proto::mgmt::PoolQueryReq;
+use peregrine_proto::mgmt::{ContQueryReq, PoolQueryReq};
 use peregrine_proto::oclass::ALL_CLASSES;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1597,7 +1597,16 @@ impl Dfs {
             .iter()
             .find(|t| t.name == "nvme" && t.total > 0)
             .or_else(|| info.tiers.iter().find(|t| t.total > 0));
-        let (total, free) = tier.map(|t| (t.total, t.free)).unwrap_or((0, 0));
+        let (mut total, mut free) = tier.map(|t| (t.total, t.free)).unwrap_or((0, 0));
+        // A container with a quota is a file system of that size.
+        let cont = pool.client().mgmt().cont_query(ContQueryReq {
+            pool: pool.uuid().to_string(),
+            id: self.inner.cont.uuid().to_string(),
+        })?;
+        if cont.quota_bytes > 0 {
+            total = cont.quota_bytes;
+            free = free.min(cont.quota_bytes.saturating_sub(cont.quota_used_bytes));
+        }
         let bsize = 4096u64;
         Ok(StatFs {
             bsize: bsize as u32,

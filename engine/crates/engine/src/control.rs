@@ -129,6 +129,23 @@ impl Engine for EngineService {
         Ok(Response::new(Empty {}))
     }
 
+    async fn cont_shard_quota(
+        &self,
+        req: Request<ContShardQuotaReq>,
+    ) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        let pool = parse_uuid("pool_uuid", &r.pool_uuid)?;
+        let cont = parse_uuid("cont_uuid", &r.cont_uuid)?;
+        let st = self.node.storage()?;
+        let limit = (r.limit != 0).then_some(r.limit);
+        blocking(move || {
+            st.set_quota(pool, cont, limit, r.used_elsewhere)
+                .map_err(storage_status)
+        })
+        .await?;
+        Ok(Response::new(Empty {}))
+    }
+
     async fn aggregate(
         &self,
         req: Request<AggregateReq>,

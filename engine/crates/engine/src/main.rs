@@ -217,6 +217,7 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
     if cfg.hosts_mgmt() {
         let ms = Arc::new(MgmtService::new(node.clone())?);
         peregrine_engine::ms::spawn_pool_watch(ms.clone());
+        peregrine_engine::ms::spawn_quota_watch(ms.clone());
         router = router.add_service(MgmtServer::from_arc(ms));
         tracing::info!("management service on {}", cfg.control_addr());
     }

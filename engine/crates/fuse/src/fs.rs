@@ -143,6 +143,7 @@ fn errno(e: &Error) -> Errno {
         libc::EINVAL,
         libc::EROFS,
         libc::ENOSPC,
+        libc::EDQUOT,
         libc::EOPNOTSUPP,
         libc::ENODATA,
         libc::ERANGE,

@@ -184,6 +184,7 @@ pub use bulk::{Bulk, Gather, SharedBytes};
 pub use dtx::DTX_STALE_MS;
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
+pub use target::ContQuota;
 
 use parking_lot::Mutex;
 use peregrine_proto::data;
@@ -698,6 +699,44 @@ impl Storage {
             adding,
         })
         .map(|_| ())
+    }
+
+    /// Enforce a container's quota of `limit` stored bytes (`None`: lift
+    /// it), of which the engines other than this one hold `elsewhere`: each
+    /// target learns what the container holds outside it (see [`ContQuota`]).
+    pub fn set_quota(
+        &self,
+        pool: Uuid,
+        cont: Uuid,
+        limit: Option<u64>,
+        elsewhere: u64,
+    ) -> Result<(), StorageError> {
+        let Some(limit) = limit else {
+            return self
+                .ctl_all(|| Ctl::SetQuota {
+                    pool,
+                    cont,
+                    quota: None,
+                })
+                .map(|_| ());
+        };
+        let here: Vec<u64> = self
+            .ctl_all(|| Ctl::PoolSpace { pool })?
+            .into_iter()
+            .map(|o| match o {
+                CtlOut::Space(s) => s.cont_used.get(&cont).copied().unwrap_or(0),
+                _ => 0,
+            })
+            .collect();
+        let local: u64 = here.iter().sum();
+        for (t, used) in here.iter().enumerate() {
+            let quota = Some(ContQuota {
+                limit,
+                elsewhere: elsewhere.saturating_add(local - used),
+            });
+            self.ctl(t, Ctl::SetQuota { pool, cont, quota })?;
+        }
+        Ok(())
     }
 
     /// Let the targets aggregate on their own until `until` (see

@@ -149,6 +149,26 @@ pub(crate) enum Ctl {
     },
     DeviceSpace,
     Stats,
+    /// A container's quota as this target enforces it (`None`: no quota).
+    SetQuota {
+        pool: Uuid,
+        cont: Uuid,
+        quota: Option<ContQuota>,
+    },
+}
+
+/// A container's space quota as one target sees it, in stored bytes
+/// (replicas and parity included): the management service measures the
+/// container's use on every target once a second and tells each target how
+/// much the others hold. An update that would take the container past
+/// `limit` is refused with `EDQUOT`; between two measurements, writes on
+/// several targets at once can pass the limit by what they store in that
+/// time, as a distributed quota without a per-write grant does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContQuota {
+    pub limit: u64,
+    /// What the container holds on the other targets.
+    pub elsewhere: u64,
 }
 
 pub(crate) enum CtlOut {
@@ -527,6 +547,8 @@ pub(crate) struct Target {
     poll_until: Option<Instant>,
     /// Whether it may aggregate on its own ([`crate::AggregationLease`]).
     lease: Arc<crate::AggregationLease>,
+    /// Containers with a space quota: (pool, container).
+    quotas: HashMap<(Uuid, Uuid), ContQuota>,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -637,6 +659,7 @@ impl Target {
             orphans: Vec::new(),
             commits: VecDeque::new(),
             claimed: HashMap::new(),
+            quotas: HashMap::new(),
             queued: Vec::new(),
             fetch_jobs: HashMap::new(),
             next_tag: 0,
@@ -1543,6 +1566,29 @@ impl Target {
         Ok(())
     }
 
+    /// Refuse an update of `need` bytes that would take the container past
+    /// its quota ([`ContQuota`]).
+    fn check_quota(&self, pool: &Uuid, cont: &Uuid, need: u64) -> Result<(), Errno> {
+        let Some(q) = self.quotas.get(&(*pool, *cont)) else {
+            return Ok(());
+        };
+        let here = self
+            .index
+            .cont(pool, cont)
+            .map_or(0, |c| c.scm_used + c.nvme_used);
+        let used = q.elsewhere.saturating_add(here);
+        if used.saturating_add(need) > q.limit {
+            return Err(Errno::new(
+                -libc::EDQUOT,
+                format!(
+                    "update: container {cont}: quota of {} stored bytes reached ({used} used, {need} more asked on target {}); nothing stored",
+                    q.limit, self.id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Validate and stage an update into the open batch; a transaction's
     /// update as a [`WalOp::Prepare`], unless there is nothing to store.
     fn prepare_update(&mut self, u: data::UpdateReq, bulk: Bulk) -> Result<Admit, Errno> {
@@ -1660,6 +1706,7 @@ impl Target {
                 .into());
             }
         }
+        self.check_quota(&pool, &cont, scm_need + nvme_need)?;
         // Copy each value once, to where it is stored, and check the
         // client's checksum on that copy: the bytes stored are the bytes checked.
         let mut staging = Staging::default();
@@ -2867,6 +2914,18 @@ impl Target {
                     self.scm_budget,
                     scm_free,
                 ]))
+            }
+            Ctl::SetQuota { pool, cont, quota } => {
+                match quota {
+                    Some(q) => self.quotas.insert((pool, cont), q),
+                    None => self.quotas.remove(&(pool, cont)),
+                };
+                // A full container gets back what its overwrites and
+                // removals freed now, not when the target is next idle.
+                if self.check_quota(&pool, &cont, 1).is_err() && self.dirty.remove(&pool) {
+                    self.auto_aggregate(pool, "quota reached");
+                }
+                Ok(CtlOut::Done)
             }
             Ctl::Stats => Ok(CtlOut::Stats(crate::TargetStats {
                 seq: self.seq,

@@ -10,6 +10,7 @@
 
 mod pool_map;
 mod props;
+mod quota;
 
 use crate::node::Node;
 use peregrine_proto::mgmt::engine_client::EngineClient;
@@ -19,6 +20,7 @@ use peregrine_proto::{epoch_now, ObjectClass};
 pub use pool_map::{spawn_pool_watch, REINTEGRATION_MARGIN};
 use pool_map::{RankOut, Reintegration};
 use props::{cont_record, props_map, sync_mode, validate_label, validate_pool_props, CONT_PROPS};
+pub use quota::spawn_quota_watch;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -279,6 +281,33 @@ impl MgmtService {
             .ok_or_else(|| Status::not_found(format!("rank {rank}: not a member of the system")))
     }
 
+    /// What each rank of a pool reports of its shard (`None`: stopped or
+    /// not answering), in the pool's rank order.
+    async fn shard_spaces(
+        &self,
+        state: &MsState,
+        pool: &PoolRec,
+    ) -> Vec<(u32, Option<PoolShardSpace>)> {
+        let mut out = Vec::with_capacity(pool.ranks.len());
+        for &rank in &pool.ranks {
+            let reply = match (self.alive(rank), Self::member_addr(state, rank)) {
+                (true, Ok(addr)) => match engine_client(&addr).await {
+                    Ok(mut c) => c
+                        .pool_shard_query(PoolShardQueryReq {
+                            pool_uuid: pool.uuid.to_string(),
+                        })
+                        .await
+                        .ok()
+                        .map(|r| r.into_inner()),
+                    Err(_) => None,
+                },
+                _ => None,
+            };
+            out.push((rank, reply));
+        }
+        out
+    }
+
     async fn pool_space(
         &self,
         state: &MsState,
@@ -287,23 +316,10 @@ impl MgmtService {
         let (mut scm_t, mut scm_f, mut nv_t, mut nv_f) = (0, 0, 0, 0);
         let mut used: HashMap<Uuid, u64> = HashMap::new();
         let mut down = 0;
-        for (i, &rank) in pool.ranks.iter().enumerate() {
+        for (i, (_, reply)) in self.shard_spaces(state, pool).await.into_iter().enumerate() {
             let targets = pool.targets.get(i).copied().unwrap_or(1);
-            let reply = match (self.alive(rank), Self::member_addr(state, rank)) {
-                (true, Ok(addr)) => match engine_client(&addr).await {
-                    Ok(mut c) => c
-                        .pool_shard_query(PoolShardQueryReq {
-                            pool_uuid: pool.uuid.to_string(),
-                        })
-                        .await
-                        .ok(),
-                    Err(_) => None,
-                },
-                _ => None,
-            };
             match reply {
                 Some(r) => {
-                    let r = r.into_inner();
                     scm_t += r.scm_total;
                     scm_f += r.scm_free;
                     nv_t += r.nvme_total;
@@ -378,6 +394,8 @@ impl MgmtService {
             used_bytes: used,
             snapshots: c.snapshots.len() as u32,
             create_epoch: c.create_epoch,
+            quota_bytes: quota::limit(c).unwrap_or(0),
+            quota_used_bytes: quota::data_bytes(c, used),
         }
     }
 
@@ -855,6 +873,9 @@ impl Mgmt for MgmtService {
         pool.conts.insert(rec.uuid, rec.clone());
         let info = MgmtService::cont_info(pool, &rec, 0);
         self.persist(&s)?;
+        if quota::limit(&rec).is_some() {
+            self.push_quotas(&s, &s.pools[&puuid], &[&rec]).await;
+        }
         tracing::info!(
             "created container {} ({}) in pool {puuid}",
             rec.label,
@@ -935,6 +956,14 @@ impl Mgmt for MgmtService {
                 "sync" => {
                     c.props.insert(k.clone(), sync_mode(v)?);
                 }
+                "quota" => match quota::parse(v)? {
+                    Some(q) => {
+                        c.props.insert(k.clone(), q);
+                    }
+                    None => {
+                        c.props.remove(k);
+                    }
+                },
                 "oclass" | "dir_oclass" => {
                     let class = v
                         .parse::<ObjectClass>()
@@ -984,7 +1013,12 @@ impl Mgmt for MgmtService {
             .conts
             .insert(c.uuid, c.clone());
         self.persist(&s)?;
-        Ok(Response::new(MgmtService::cont_info(&p, &c, 0)))
+        if r.props.contains_key("quota") {
+            self.push_quotas(&s, &p, &[&c]).await;
+        }
+        let (_, used, _) = self.pool_space(&s, &p).await;
+        let used = used.get(&c.uuid).copied().unwrap_or(0);
+        Ok(Response::new(MgmtService::cont_info(&p, &c, used)))
     }
 
     async fn snap_create(&self, req: Request<SnapCreateReq>) -> Result<Response<Snapshot>, Status> {

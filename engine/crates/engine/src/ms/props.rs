@@ -67,6 +67,7 @@ pub(super) const CONT_PROPS: &[&str] = &[
     "sync",
     "acl",
     "label",
+    "quota",
 ];
 
 /// Container property `sync`: `standard` (an update is acknowledged once
@@ -155,6 +156,11 @@ pub(super) fn cont_record(
     let mut props: BTreeMap<String, String> = req.props.clone().into_iter().collect();
     if let Some(v) = props.get_mut("sync") {
         *v = sync_mode(v)?;
+    }
+    if let Some(v) = props.remove("quota") {
+        if let Some(q) = super::quota::parse(&v)? {
+            props.insert("quota".into(), q);
+        }
     }
     Ok(ContRec {
         uuid: Uuid::new_v4(),
