@@ -50,7 +50,7 @@ generate() {
     "$LOCALBIN/controller-gen" object:headerFile=hack/boilerplate.go.txt paths=./api/...
     rm -f config/crd/bases/*.yaml
     "$LOCALBIN/controller-gen" crd paths=./api/... output:crd:artifacts:config=config/crd/bases
-    "$LOCALBIN/controller-gen" rbac:roleName=peregrine-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac
+    "$LOCALBIN/controller-gen" rbac:roleName=peregrine-operator paths=./controllers/... paths=./csi/webhook/... output:rbac:artifacts:config=config/rbac
   )
 }
 
@@ -64,7 +64,7 @@ case "${1:-}" in
     trap 'rm -rf "$tmp"' EXIT
     # A copy of what generation reads: the Go sources, the proto, the module files and the outputs.
     tar -C "$ROOT" --exclude=./engine/target --exclude=./bin --exclude=./.git -cf - \
-      go.mod go.sum hack api controllers cmd pkg config engine/proto | tar -C "$tmp" -xf -
+      go.mod go.sum hack api controllers cmd pkg csi config engine/proto | tar -C "$tmp" -xf -
     generate "$tmp"
     status=0
     for p in "${GENERATED[@]}"; do

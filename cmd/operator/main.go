@@ -16,6 +16,7 @@ import (
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/controllers"
+	ilwebhook "github.com/peregrine-storage/peregrine/csi/webhook"
 )
 
 func main() {
@@ -26,6 +27,18 @@ func main() {
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the health probes")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active operator among replicas")
 	flag.DurationVar(&refresh, "status-refresh", 30*time.Second, "how often status is re-read from the management service")
+	var wh ilwebhook.Options
+	var webhookEnable bool
+	flag.BoolVar(&webhookEnable, "webhook-enable", false, "serve the admission webhook that preloads the interception library, and keep its certificate")
+	flag.IntVar(&wh.Port, "webhook-port", ilwebhook.DefaultPort, "port of the webhook server")
+	flag.StringVar(&wh.Certs.CertDir, "webhook-cert-dir", ilwebhook.DefaultCertDir, "directory the operator writes the webhook's certificate into")
+	flag.StringVar(&wh.Certs.Namespace, "webhook-namespace", ilwebhook.DefaultNamespace, "namespace of the webhook Service and its certificate Secret")
+	flag.StringVar(&wh.Certs.ServiceName, "webhook-service", ilwebhook.DefaultServiceName, "the webhook Service (the certificate is for SERVICE.NAMESPACE.svc)")
+	flag.StringVar(&wh.Certs.SecretName, "webhook-secret", ilwebhook.DefaultSecretName, "Secret holding the webhook's CA and certificate")
+	flag.StringVar(&wh.Certs.WebhookConfigName, "webhook-config-name", ilwebhook.DefaultWebhookConfigName, "MutatingWebhookConfiguration whose caBundle the operator sets")
+	flag.DurationVar(&wh.Certs.CertLifetime, "webhook-cert-lifetime", ilwebhook.DefaultCertLifetime, "validity of a new webhook certificate (renewed with a third left)")
+	flag.DurationVar(&wh.Certs.CheckInterval, "webhook-cert-check-interval", ilwebhook.DefaultCheckInterval, "how often the webhook certificate is checked")
+	flag.StringVar(&wh.HostDir, "il-host-dir", ilwebhook.DefaultHostDir, "node directory holding libperegrine_il.so (the CSI node plugin's)")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -50,6 +63,12 @@ func main() {
 	if err := controllers.Setup(mgr, refresh); err != nil {
 		log.Error(err, "cannot set up the reconcilers")
 		os.Exit(1)
+	}
+	if webhookEnable {
+		if _, err := ilwebhook.Setup(mgr, wh); err != nil {
+			log.Error(err, "cannot set up the webhook")
+			os.Exit(1)
+		}
 	}
 	utilruntime.Must(mgr.AddHealthzCheck("healthz", healthz.Ping))
 	utilruntime.Must(mgr.AddReadyzCheck("readyz", healthz.Ping))
