@@ -82,6 +82,55 @@ func (TargetState) EnumDescriptor() ([]byte, []int) {
 	return file_mgmt_proto_rawDescGZIP(), []int{0}
 }
 
+type ContState int32
+
+const (
+	ContState_CONT_READY       ContState = 0
+	ContState_CONT_COPYING     ContState = 1 // a clone being filled
+	ContState_CONT_COPY_FAILED ContState = 2 // a clone whose copy stopped (the service restarted): destroy it
+)
+
+// Enum value maps for ContState.
+var (
+	ContState_name = map[int32]string{
+		0: "CONT_READY",
+		1: "CONT_COPYING",
+		2: "CONT_COPY_FAILED",
+	}
+	ContState_value = map[string]int32{
+		"CONT_READY":       0,
+		"CONT_COPYING":     1,
+		"CONT_COPY_FAILED": 2,
+	}
+)
+
+func (x ContState) Enum() *ContState {
+	p := new(ContState)
+	*p = x
+	return p
+}
+
+func (x ContState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ContState) Descriptor() protoreflect.EnumDescriptor {
+	return file_mgmt_proto_enumTypes[1].Descriptor()
+}
+
+func (ContState) Type() protoreflect.EnumType {
+	return &file_mgmt_proto_enumTypes[1]
+}
+
+func (x ContState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ContState.Descriptor instead.
+func (ContState) EnumDescriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{1}
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1707,8 +1756,13 @@ type ContCreateReq struct {
 	RedundancyFactor uint32                 `protobuf:"varint,7,opt,name=redundancy_factor,json=redundancyFactor,proto3" json:"redundancy_factor,omitempty"`
 	Checksum         string                 `protobuf:"bytes,8,opt,name=checksum,proto3" json:"checksum,omitempty"` // "crc32c" (default) or "off"
 	Props            map[string]string      `protobuf:"bytes,9,rep,name=props,proto3" json:"props,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// A clone: the new container holds what container `clone_from` (of the
+	// same pool) held at its snapshot of epoch `clone_epoch`; the properties
+	// not given are the source's. The call returns once the copy is done.
+	CloneFrom     string `protobuf:"bytes,10,opt,name=clone_from,json=cloneFrom,proto3" json:"clone_from,omitempty"`
+	CloneEpoch    uint64 `protobuf:"varint,11,opt,name=clone_epoch,json=cloneEpoch,proto3" json:"clone_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContCreateReq) Reset() {
@@ -1804,6 +1858,20 @@ func (x *ContCreateReq) GetProps() map[string]string {
 	return nil
 }
 
+func (x *ContCreateReq) GetCloneFrom() string {
+	if x != nil {
+		return x.CloneFrom
+	}
+	return ""
+}
+
+func (x *ContCreateReq) GetCloneEpoch() uint64 {
+	if x != nil {
+		return x.CloneEpoch
+	}
+	return 0
+}
+
 type ContInfo struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Uuid             string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
@@ -1822,8 +1890,9 @@ type ContInfo struct {
 	// The property `quota` in bytes of data (0: none), and what counts
 	// against it: the bytes stored, replicas and parity of the container's
 	// file object class taken out (used_bytes counts them).
-	QuotaBytes     uint64 `protobuf:"varint,14,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"`
-	QuotaUsedBytes uint64 `protobuf:"varint,15,opt,name=quota_used_bytes,json=quotaUsedBytes,proto3" json:"quota_used_bytes,omitempty"`
+	QuotaBytes     uint64    `protobuf:"varint,14,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"`
+	QuotaUsedBytes uint64    `protobuf:"varint,15,opt,name=quota_used_bytes,json=quotaUsedBytes,proto3" json:"quota_used_bytes,omitempty"`
+	State          ContState `protobuf:"varint,16,opt,name=state,proto3,enum=peregrine.mgmt.v1.ContState" json:"state,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1961,6 +2030,13 @@ func (x *ContInfo) GetQuotaUsedBytes() uint64 {
 		return x.QuotaUsedBytes
 	}
 	return 0
+}
+
+func (x *ContInfo) GetState() ContState {
+	if x != nil {
+		return x.State
+	}
+	return ContState_CONT_READY
 }
 
 type ContListReq struct {
@@ -3161,7 +3237,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x127\n" +
-	"\atargets\x18\x04 \x03(\v2\x1d.peregrine.mgmt.v1.PoolTargetR\atargets\"\xe9\x02\n" +
+	"\atargets\x18\x04 \x03(\v2\x1d.peregrine.mgmt.v1.PoolTargetR\atargets\"\xa9\x03\n" +
 	"\rContCreateReq\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x12\n" +
@@ -3173,11 +3249,16 @@ const file_mgmt_proto_rawDesc = "" +
 	"chunk_size\x18\x06 \x01(\x04R\tchunkSize\x12+\n" +
 	"\x11redundancy_factor\x18\a \x01(\rR\x10redundancyFactor\x12\x1a\n" +
 	"\bchecksum\x18\b \x01(\tR\bchecksum\x12A\n" +
-	"\x05props\x18\t \x03(\v2+.peregrine.mgmt.v1.ContCreateReq.PropsEntryR\x05props\x1a8\n" +
+	"\x05props\x18\t \x03(\v2+.peregrine.mgmt.v1.ContCreateReq.PropsEntryR\x05props\x12\x1d\n" +
+	"\n" +
+	"clone_from\x18\n" +
+	" \x01(\tR\tcloneFrom\x12\x1f\n" +
+	"\vclone_epoch\x18\v \x01(\x04R\n" +
+	"cloneEpoch\x1a8\n" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x04\n" +
 	"\bContInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x1b\n" +
@@ -3198,7 +3279,8 @@ const file_mgmt_proto_rawDesc = "" +
 	"\fcreate_epoch\x18\r \x01(\x04R\vcreateEpoch\x12\x1f\n" +
 	"\vquota_bytes\x18\x0e \x01(\x04R\n" +
 	"quotaBytes\x12(\n" +
-	"\x10quota_used_bytes\x18\x0f \x01(\x04R\x0equotaUsedBytes\x1a8\n" +
+	"\x10quota_used_bytes\x18\x0f \x01(\x04R\x0equotaUsedBytes\x122\n" +
+	"\x05state\x18\x10 \x01(\x0e2\x1c.peregrine.mgmt.v1.ContStateR\x05state\x1a8\n" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -3281,7 +3363,12 @@ const file_mgmt_proto_rawDesc = "" +
 	"\fTARGET_UP_IN\x10\x00\x12\x0f\n" +
 	"\vTARGET_DOWN\x10\x01\x12\r\n" +
 	"\tTARGET_UP\x10\x02\x12\x13\n" +
-	"\x0fTARGET_DOWN_OUT\x10\x032\x83\v\n" +
+	"\x0fTARGET_DOWN_OUT\x10\x03*C\n" +
+	"\tContState\x12\x0e\n" +
+	"\n" +
+	"CONT_READY\x10\x00\x12\x10\n" +
+	"\fCONT_COPYING\x10\x01\x12\x14\n" +
+	"\x10CONT_COPY_FAILED\x10\x022\x83\v\n" +
 	"\x04Mgmt\x12T\n" +
 	"\vSystemQuery\x12!.peregrine.mgmt.v1.SystemQueryReq\x1a\".peregrine.mgmt.v1.SystemQueryResp\x12T\n" +
 	"\vStorageScan\x12!.peregrine.mgmt.v1.StorageScanReq\x1a\".peregrine.mgmt.v1.StorageScanResp\x12Z\n" +
@@ -3328,146 +3415,148 @@ func file_mgmt_proto_rawDescGZIP() []byte {
 	return file_mgmt_proto_rawDescData
 }
 
-var file_mgmt_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_mgmt_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_mgmt_proto_goTypes = []any{
 	(TargetState)(0),              // 0: peregrine.mgmt.v1.TargetState
-	(*Empty)(nil),                 // 1: peregrine.mgmt.v1.Empty
-	(*SystemQueryReq)(nil),        // 2: peregrine.mgmt.v1.SystemQueryReq
-	(*Member)(nil),                // 3: peregrine.mgmt.v1.Member
-	(*SystemQueryResp)(nil),       // 4: peregrine.mgmt.v1.SystemQueryResp
-	(*StorageScanReq)(nil),        // 5: peregrine.mgmt.v1.StorageScanReq
-	(*RankStorage)(nil),           // 6: peregrine.mgmt.v1.RankStorage
-	(*StorageScanResp)(nil),       // 7: peregrine.mgmt.v1.StorageScanResp
-	(*StorageFormatReq)(nil),      // 8: peregrine.mgmt.v1.StorageFormatReq
-	(*StorageFormatResp)(nil),     // 9: peregrine.mgmt.v1.StorageFormatResp
-	(*JoinReq)(nil),               // 10: peregrine.mgmt.v1.JoinReq
-	(*JoinResp)(nil),              // 11: peregrine.mgmt.v1.JoinResp
-	(*PoolMapVersion)(nil),        // 12: peregrine.mgmt.v1.PoolMapVersion
-	(*Tier)(nil),                  // 13: peregrine.mgmt.v1.Tier
-	(*PoolCreateReq)(nil),         // 14: peregrine.mgmt.v1.PoolCreateReq
-	(*PoolInfo)(nil),              // 15: peregrine.mgmt.v1.PoolInfo
-	(*RankTargetState)(nil),       // 16: peregrine.mgmt.v1.RankTargetState
-	(*PoolListReq)(nil),           // 17: peregrine.mgmt.v1.PoolListReq
-	(*PoolListResp)(nil),          // 18: peregrine.mgmt.v1.PoolListResp
-	(*PoolQueryReq)(nil),          // 19: peregrine.mgmt.v1.PoolQueryReq
-	(*PoolDestroyReq)(nil),        // 20: peregrine.mgmt.v1.PoolDestroyReq
-	(*PoolSetPropReq)(nil),        // 21: peregrine.mgmt.v1.PoolSetPropReq
-	(*PoolConnectReq)(nil),        // 22: peregrine.mgmt.v1.PoolConnectReq
-	(*PoolTarget)(nil),            // 23: peregrine.mgmt.v1.PoolTarget
-	(*PoolMap)(nil),               // 24: peregrine.mgmt.v1.PoolMap
-	(*ContCreateReq)(nil),         // 25: peregrine.mgmt.v1.ContCreateReq
-	(*ContInfo)(nil),              // 26: peregrine.mgmt.v1.ContInfo
-	(*ContListReq)(nil),           // 27: peregrine.mgmt.v1.ContListReq
-	(*ContListResp)(nil),          // 28: peregrine.mgmt.v1.ContListResp
-	(*ContQueryReq)(nil),          // 29: peregrine.mgmt.v1.ContQueryReq
-	(*ContDestroyReq)(nil),        // 30: peregrine.mgmt.v1.ContDestroyReq
-	(*ContSetPropReq)(nil),        // 31: peregrine.mgmt.v1.ContSetPropReq
-	(*Snapshot)(nil),              // 32: peregrine.mgmt.v1.Snapshot
-	(*SnapCreateReq)(nil),         // 33: peregrine.mgmt.v1.SnapCreateReq
-	(*SnapListReq)(nil),           // 34: peregrine.mgmt.v1.SnapListReq
-	(*SnapListResp)(nil),          // 35: peregrine.mgmt.v1.SnapListResp
-	(*SnapDestroyReq)(nil),        // 36: peregrine.mgmt.v1.SnapDestroyReq
-	(*PoolShardCreateReq)(nil),    // 37: peregrine.mgmt.v1.PoolShardCreateReq
-	(*PoolShardDestroyReq)(nil),   // 38: peregrine.mgmt.v1.PoolShardDestroyReq
-	(*PoolShardQueryReq)(nil),     // 39: peregrine.mgmt.v1.PoolShardQueryReq
-	(*PoolShardSpace)(nil),        // 40: peregrine.mgmt.v1.PoolShardSpace
-	(*ContShardDestroyReq)(nil),   // 41: peregrine.mgmt.v1.ContShardDestroyReq
-	(*ContShardSnapshotsReq)(nil), // 42: peregrine.mgmt.v1.ContShardSnapshotsReq
-	(*ContShardQuotaReq)(nil),     // 43: peregrine.mgmt.v1.ContShardQuotaReq
-	(*AggregateReq)(nil),          // 44: peregrine.mgmt.v1.AggregateReq
-	(*AggregateResp)(nil),         // 45: peregrine.mgmt.v1.AggregateResp
-	nil,                           // 46: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	nil,                           // 47: peregrine.mgmt.v1.PoolInfo.PropsEntry
-	nil,                           // 48: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	nil,                           // 49: peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	nil,                           // 50: peregrine.mgmt.v1.ContInfo.PropsEntry
-	nil,                           // 51: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	nil,                           // 52: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	(ContState)(0),                // 1: peregrine.mgmt.v1.ContState
+	(*Empty)(nil),                 // 2: peregrine.mgmt.v1.Empty
+	(*SystemQueryReq)(nil),        // 3: peregrine.mgmt.v1.SystemQueryReq
+	(*Member)(nil),                // 4: peregrine.mgmt.v1.Member
+	(*SystemQueryResp)(nil),       // 5: peregrine.mgmt.v1.SystemQueryResp
+	(*StorageScanReq)(nil),        // 6: peregrine.mgmt.v1.StorageScanReq
+	(*RankStorage)(nil),           // 7: peregrine.mgmt.v1.RankStorage
+	(*StorageScanResp)(nil),       // 8: peregrine.mgmt.v1.StorageScanResp
+	(*StorageFormatReq)(nil),      // 9: peregrine.mgmt.v1.StorageFormatReq
+	(*StorageFormatResp)(nil),     // 10: peregrine.mgmt.v1.StorageFormatResp
+	(*JoinReq)(nil),               // 11: peregrine.mgmt.v1.JoinReq
+	(*JoinResp)(nil),              // 12: peregrine.mgmt.v1.JoinResp
+	(*PoolMapVersion)(nil),        // 13: peregrine.mgmt.v1.PoolMapVersion
+	(*Tier)(nil),                  // 14: peregrine.mgmt.v1.Tier
+	(*PoolCreateReq)(nil),         // 15: peregrine.mgmt.v1.PoolCreateReq
+	(*PoolInfo)(nil),              // 16: peregrine.mgmt.v1.PoolInfo
+	(*RankTargetState)(nil),       // 17: peregrine.mgmt.v1.RankTargetState
+	(*PoolListReq)(nil),           // 18: peregrine.mgmt.v1.PoolListReq
+	(*PoolListResp)(nil),          // 19: peregrine.mgmt.v1.PoolListResp
+	(*PoolQueryReq)(nil),          // 20: peregrine.mgmt.v1.PoolQueryReq
+	(*PoolDestroyReq)(nil),        // 21: peregrine.mgmt.v1.PoolDestroyReq
+	(*PoolSetPropReq)(nil),        // 22: peregrine.mgmt.v1.PoolSetPropReq
+	(*PoolConnectReq)(nil),        // 23: peregrine.mgmt.v1.PoolConnectReq
+	(*PoolTarget)(nil),            // 24: peregrine.mgmt.v1.PoolTarget
+	(*PoolMap)(nil),               // 25: peregrine.mgmt.v1.PoolMap
+	(*ContCreateReq)(nil),         // 26: peregrine.mgmt.v1.ContCreateReq
+	(*ContInfo)(nil),              // 27: peregrine.mgmt.v1.ContInfo
+	(*ContListReq)(nil),           // 28: peregrine.mgmt.v1.ContListReq
+	(*ContListResp)(nil),          // 29: peregrine.mgmt.v1.ContListResp
+	(*ContQueryReq)(nil),          // 30: peregrine.mgmt.v1.ContQueryReq
+	(*ContDestroyReq)(nil),        // 31: peregrine.mgmt.v1.ContDestroyReq
+	(*ContSetPropReq)(nil),        // 32: peregrine.mgmt.v1.ContSetPropReq
+	(*Snapshot)(nil),              // 33: peregrine.mgmt.v1.Snapshot
+	(*SnapCreateReq)(nil),         // 34: peregrine.mgmt.v1.SnapCreateReq
+	(*SnapListReq)(nil),           // 35: peregrine.mgmt.v1.SnapListReq
+	(*SnapListResp)(nil),          // 36: peregrine.mgmt.v1.SnapListResp
+	(*SnapDestroyReq)(nil),        // 37: peregrine.mgmt.v1.SnapDestroyReq
+	(*PoolShardCreateReq)(nil),    // 38: peregrine.mgmt.v1.PoolShardCreateReq
+	(*PoolShardDestroyReq)(nil),   // 39: peregrine.mgmt.v1.PoolShardDestroyReq
+	(*PoolShardQueryReq)(nil),     // 40: peregrine.mgmt.v1.PoolShardQueryReq
+	(*PoolShardSpace)(nil),        // 41: peregrine.mgmt.v1.PoolShardSpace
+	(*ContShardDestroyReq)(nil),   // 42: peregrine.mgmt.v1.ContShardDestroyReq
+	(*ContShardSnapshotsReq)(nil), // 43: peregrine.mgmt.v1.ContShardSnapshotsReq
+	(*ContShardQuotaReq)(nil),     // 44: peregrine.mgmt.v1.ContShardQuotaReq
+	(*AggregateReq)(nil),          // 45: peregrine.mgmt.v1.AggregateReq
+	(*AggregateResp)(nil),         // 46: peregrine.mgmt.v1.AggregateResp
+	nil,                           // 47: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	nil,                           // 48: peregrine.mgmt.v1.PoolInfo.PropsEntry
+	nil,                           // 49: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	nil,                           // 50: peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	nil,                           // 51: peregrine.mgmt.v1.ContInfo.PropsEntry
+	nil,                           // 52: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	nil,                           // 53: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
 }
 var file_mgmt_proto_depIdxs = []int32{
-	3,  // 0: peregrine.mgmt.v1.SystemQueryResp.members:type_name -> peregrine.mgmt.v1.Member
-	6,  // 1: peregrine.mgmt.v1.StorageScanResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
-	6,  // 2: peregrine.mgmt.v1.StorageFormatResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
-	42, // 3: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	12, // 4: peregrine.mgmt.v1.JoinResp.pool_maps:type_name -> peregrine.mgmt.v1.PoolMapVersion
+	4,  // 0: peregrine.mgmt.v1.SystemQueryResp.members:type_name -> peregrine.mgmt.v1.Member
+	7,  // 1: peregrine.mgmt.v1.StorageScanResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
+	7,  // 2: peregrine.mgmt.v1.StorageFormatResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
+	43, // 3: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	13, // 4: peregrine.mgmt.v1.JoinResp.pool_maps:type_name -> peregrine.mgmt.v1.PoolMapVersion
 	0,  // 5: peregrine.mgmt.v1.PoolMapVersion.state:type_name -> peregrine.mgmt.v1.TargetState
-	46, // 6: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	13, // 7: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
-	47, // 8: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
-	16, // 9: peregrine.mgmt.v1.PoolInfo.rank_states:type_name -> peregrine.mgmt.v1.RankTargetState
+	47, // 6: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	14, // 7: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
+	48, // 8: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
+	17, // 9: peregrine.mgmt.v1.PoolInfo.rank_states:type_name -> peregrine.mgmt.v1.RankTargetState
 	0,  // 10: peregrine.mgmt.v1.RankTargetState.state:type_name -> peregrine.mgmt.v1.TargetState
-	15, // 11: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
-	48, // 12: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	16, // 11: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
+	49, // 12: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
 	0,  // 13: peregrine.mgmt.v1.PoolTarget.state:type_name -> peregrine.mgmt.v1.TargetState
-	23, // 14: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
-	49, // 15: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	50, // 16: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
-	26, // 17: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
-	51, // 18: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	32, // 19: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
-	52, // 20: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
-	2,  // 21: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
-	5,  // 22: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
-	8,  // 23: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	10, // 24: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
-	14, // 25: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
-	17, // 26: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
-	19, // 27: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
-	20, // 28: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
-	21, // 29: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
-	22, // 30: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
-	25, // 31: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
-	27, // 32: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
-	29, // 33: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
-	30, // 34: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
-	31, // 35: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
-	33, // 36: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
-	34, // 37: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
-	36, // 38: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
-	1,  // 39: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
-	8,  // 40: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	37, // 41: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
-	38, // 42: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
-	39, // 43: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
-	41, // 44: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
-	42, // 45: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	43, // 46: peregrine.mgmt.v1.Engine.ContShardQuota:input_type -> peregrine.mgmt.v1.ContShardQuotaReq
-	44, // 47: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
-	12, // 48: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
-	4,  // 49: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
-	7,  // 50: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
-	9,  // 51: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
-	11, // 52: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
-	15, // 53: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
-	18, // 54: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
-	15, // 55: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
-	1,  // 56: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
-	15, // 57: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
-	24, // 58: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
-	26, // 59: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
-	28, // 60: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
-	26, // 61: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
-	1,  // 62: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
-	26, // 63: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
-	32, // 64: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
-	35, // 65: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
-	1,  // 66: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
-	6,  // 67: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
-	6,  // 68: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
-	1,  // 69: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
-	1,  // 70: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	40, // 71: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
-	1,  // 72: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	1,  // 73: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
-	1,  // 74: peregrine.mgmt.v1.Engine.ContShardQuota:output_type -> peregrine.mgmt.v1.Empty
-	45, // 75: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
-	1,  // 76: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
-	49, // [49:77] is the sub-list for method output_type
-	21, // [21:49] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	24, // 14: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
+	50, // 15: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	51, // 16: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
+	1,  // 17: peregrine.mgmt.v1.ContInfo.state:type_name -> peregrine.mgmt.v1.ContState
+	27, // 18: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
+	52, // 19: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	33, // 20: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
+	53, // 21: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	3,  // 22: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
+	6,  // 23: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
+	9,  // 24: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	11, // 25: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
+	15, // 26: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
+	18, // 27: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
+	20, // 28: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
+	21, // 29: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
+	22, // 30: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
+	23, // 31: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
+	26, // 32: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
+	28, // 33: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
+	30, // 34: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
+	31, // 35: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
+	32, // 36: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
+	34, // 37: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
+	35, // 38: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
+	37, // 39: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
+	2,  // 40: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
+	9,  // 41: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	38, // 42: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
+	39, // 43: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
+	40, // 44: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
+	42, // 45: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
+	43, // 46: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	44, // 47: peregrine.mgmt.v1.Engine.ContShardQuota:input_type -> peregrine.mgmt.v1.ContShardQuotaReq
+	45, // 48: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
+	13, // 49: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
+	5,  // 50: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
+	8,  // 51: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
+	10, // 52: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
+	12, // 53: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
+	16, // 54: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
+	19, // 55: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
+	16, // 56: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
+	2,  // 57: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
+	16, // 58: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
+	25, // 59: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
+	27, // 60: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
+	29, // 61: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
+	27, // 62: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
+	2,  // 63: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
+	27, // 64: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
+	33, // 65: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
+	36, // 66: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
+	2,  // 67: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
+	7,  // 68: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
+	7,  // 69: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
+	2,  // 70: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
+	2,  // 71: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	41, // 72: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
+	2,  // 73: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	2,  // 74: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
+	2,  // 75: peregrine.mgmt.v1.Engine.ContShardQuota:output_type -> peregrine.mgmt.v1.Empty
+	46, // 76: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
+	2,  // 77: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
+	50, // [50:78] is the sub-list for method output_type
+	22, // [22:50] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_mgmt_proto_init() }
@@ -3480,7 +3569,7 @@ func file_mgmt_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mgmt_proto_rawDesc), len(file_mgmt_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   2,

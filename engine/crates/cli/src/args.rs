@@ -214,6 +214,13 @@ pub struct ContCreateArgs {
     /// Container property KEY=VALUE (repeatable).
     #[arg(long = "prop", value_parser = parse_prop, value_name = "KEY=VALUE")]
     pub props: Vec<Prop>,
+    /// Make a clone: what this container (of the same pool) held at the
+    /// snapshot --clone-epoch; properties not given are its.
+    #[arg(long, value_name = "CONT", requires = "clone_epoch")]
+    pub clone_from: Option<String>,
+    /// The epoch of the snapshot to clone (see `cont snap list`).
+    #[arg(long, value_name = "EPOCH", requires = "clone_from")]
+    pub clone_epoch: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

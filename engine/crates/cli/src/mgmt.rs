@@ -434,6 +434,18 @@ fn cont_details(c: &pb::ContInfo, o: &mut impl Write) -> Result<()> {
             ("Redundancy factor", c.redundancy_factor.to_string()),
             ("Checksum", out::dash(&c.checksum)),
             ("Used", human_size(c.used_bytes)),
+            (
+                "Quota",
+                if c.quota_bytes == 0 {
+                    "-".into()
+                } else {
+                    format!(
+                        "{} ({} used)",
+                        human_size(c.quota_bytes),
+                        human_size(c.quota_used_bytes)
+                    )
+                },
+            ),
             ("Snapshots", c.snapshots.to_string()),
             ("Created at epoch", c.create_epoch.to_string()),
             ("Properties", out::props_text(&c.props)),
@@ -453,6 +465,8 @@ fn cont_create_req(a: ContCreateArgs) -> Result<pb::ContCreateReq> {
         chunk_size: a.chunk_size.map_or(0, |s| s.0),
         redundancy_factor: a.rf.unwrap_or(0),
         checksum: a.checksum.map(|c| c.name().to_string()).unwrap_or_default(),
+        clone_from: a.clone_from.unwrap_or_default(),
+        clone_epoch: a.clone_epoch.unwrap_or(0),
     })
 }
 

@@ -21,6 +21,7 @@
 //! degraded reads) are documented in [`object`].
 
 pub mod capi;
+pub mod clone;
 pub mod dtx;
 mod ec_write;
 pub mod error;

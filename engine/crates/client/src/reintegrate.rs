@@ -158,7 +158,7 @@ pub fn reintegrate_pool(
     Ok(stats)
 }
 
-fn changed_key_ids(map: &PoolMap, key: &ChangedKey) -> Result<(Uuid, ObjectId)> {
+pub(crate) fn changed_key_ids(map: &PoolMap, key: &ChangedKey) -> Result<(Uuid, ObjectId)> {
     let bad = |m: String| Error::new(-libc::EPROTO, format!("pool {:?}: {m}", map.name()));
     let cont = Uuid::from_slice(&key.cont).map_err(|_| {
         bad(format!(
@@ -174,7 +174,7 @@ fn changed_key_ids(map: &PoolMap, key: &ChangedKey) -> Result<(Uuid, ObjectId)> 
 }
 
 /// One page of the dkeys target `t` holds changes of above `since`.
-fn list_changed(
+pub(crate) fn list_changed(
     client: &Client,
     map: &PoolMap,
     t: usize,

@@ -8,6 +8,7 @@
 //! members that joined). Raft replication will later replace the single
 //! host without changing the API.
 
+mod clone;
 mod pool_map;
 mod props;
 mod quota;
@@ -160,6 +161,8 @@ pub struct MgmtService {
     reintegrations: parking_lot::Mutex<HashMap<Uuid, Reintegration>>,
     /// Ranks that said they stop and have not joined since.
     stopping: parking_lot::Mutex<std::collections::HashSet<u32>>,
+    /// Clones being filled by this service now.
+    cloning: parking_lot::Mutex<std::collections::HashSet<Uuid>>,
 }
 
 fn now_unix() -> u64 {
@@ -208,6 +211,7 @@ impl MgmtService {
             started: Instant::now(),
             reintegrations: Default::default(),
             stopping: Default::default(),
+            cloning: Default::default(),
         })
     }
 
@@ -379,7 +383,9 @@ impl MgmtService {
         }
     }
 
-    fn cont_info(pool: &PoolRec, c: &ContRec, used: u64) -> ContInfo {
+    fn cont_info(&self, pool: &PoolRec, c: &ContRec, used: u64) -> ContInfo {
+        let mut props = props_map(&c.props);
+        props.remove(clone::STATE_PROP);
         ContInfo {
             uuid: c.uuid.to_string(),
             label: c.label.clone(),
@@ -390,13 +396,45 @@ impl MgmtService {
             chunk_size: c.chunk_size,
             redundancy_factor: c.rf,
             checksum: c.checksum.clone(),
-            props: props_map(&c.props),
+            props,
             used_bytes: used,
             snapshots: c.snapshots.len() as u32,
             create_epoch: c.create_epoch,
             quota_bytes: quota::limit(c).unwrap_or(0),
             quota_used_bytes: quota::data_bytes(c, used),
+            state: self.cont_state(c).into(),
         }
+    }
+
+    /// Destroy a container's shards on every rank (skipping stopped ones if
+    /// `force`) and its record.
+    async fn drop_cont(
+        &self,
+        s: &mut MsState,
+        p: &PoolRec,
+        c: &ContRec,
+        force: bool,
+    ) -> Result<(), Status> {
+        let (pid, cid) = (p.uuid.to_string(), c.uuid.to_string());
+        self.on_ranks(s, &p.ranks, force, |mut cl| {
+            let req = ContShardDestroyReq {
+                pool_uuid: pid.clone(),
+                cont_uuid: cid.clone(),
+            };
+            async move { cl.cont_shard_destroy(req).await.map(|_| ()) }
+        })
+        .await?;
+        if let Some(pool) = s.pools.get_mut(&p.uuid) {
+            pool.conts.remove(&c.uuid);
+        }
+        self.persist(s)?;
+        tracing::info!(
+            "destroyed container {} ({}) in pool {}",
+            c.label,
+            c.uuid,
+            p.label
+        );
+        Ok(())
     }
 
     /// Call `f` on the Engine service of every rank of a pool; fails on the first error.
@@ -858,6 +896,9 @@ impl Mgmt for MgmtService {
 
     async fn cont_create(&self, req: Request<ContCreateReq>) -> Result<Response<ContInfo>, Status> {
         let r = req.into_inner();
+        if !r.clone_from.is_empty() {
+            return self.cont_clone(r).await.map(Response::new);
+        }
         validate_label("container", &r.label)?;
         let mut s = self.state.lock().await;
         let puuid = MgmtService::find_pool(&s, &r.pool)?.uuid;
@@ -871,7 +912,7 @@ impl Mgmt for MgmtService {
         let rec = cont_record(&r, pool, pool.ranks.len())?;
         let pool = s.pools.get_mut(&puuid).unwrap();
         pool.conts.insert(rec.uuid, rec.clone());
-        let info = MgmtService::cont_info(pool, &rec, 0);
+        let info = self.cont_info(pool, &rec, 0);
         self.persist(&s)?;
         if quota::limit(&rec).is_some() {
             self.push_quotas(&s, &s.pools[&puuid], &[&rec]).await;
@@ -891,7 +932,7 @@ impl Mgmt for MgmtService {
         let containers = p
             .conts
             .values()
-            .map(|c| MgmtService::cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0)))
+            .map(|c| self.cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0)))
             .collect();
         Ok(Response::new(ContListResp { containers }))
     }
@@ -902,7 +943,7 @@ impl Mgmt for MgmtService {
         let p = MgmtService::find_pool(&s, &r.pool)?;
         let c = MgmtService::find_cont(p, &r.id)?;
         let (_, used, _) = self.pool_space(&s, p).await;
-        Ok(Response::new(MgmtService::cont_info(
+        Ok(Response::new(self.cont_info(
             p,
             c,
             used.get(&c.uuid).copied().unwrap_or(0),
@@ -914,23 +955,13 @@ impl Mgmt for MgmtService {
         let mut s = self.state.lock().await;
         let p = MgmtService::find_pool(&s, &r.pool)?.clone();
         let c = MgmtService::find_cont(&p, &r.id)?.clone();
-        let (pid, cid) = (p.uuid.to_string(), c.uuid.to_string());
-        self.on_ranks(&s, &p.ranks, r.force, |mut cl| {
-            let req = ContShardDestroyReq {
-                pool_uuid: pid.clone(),
-                cont_uuid: cid.clone(),
-            };
-            async move { cl.cont_shard_destroy(req).await.map(|_| ()) }
-        })
-        .await?;
-        s.pools.get_mut(&p.uuid).unwrap().conts.remove(&c.uuid);
-        self.persist(&s)?;
-        tracing::info!(
-            "destroyed container {} ({}) in pool {}",
-            c.label,
-            c.uuid,
-            p.label
-        );
+        if self.cloning.lock().contains(&c.uuid) {
+            return Err(Status::unavailable(format!(
+                "container {:?} is being filled as a clone; destroy it once the copy ends",
+                c.label
+            )));
+        }
+        self.drop_cont(&mut s, &p, &c, r.force).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -1018,7 +1049,7 @@ impl Mgmt for MgmtService {
         }
         let (_, used, _) = self.pool_space(&s, &p).await;
         let used = used.get(&c.uuid).copied().unwrap_or(0);
-        Ok(Response::new(MgmtService::cont_info(&p, &c, used)))
+        Ok(Response::new(self.cont_info(&p, &c, used)))
     }
 
     async fn snap_create(&self, req: Request<SnapCreateReq>) -> Result<Response<Snapshot>, Status> {
