@@ -5,7 +5,7 @@
 GO ?= go
 ENGINE ?= engine
 CARGO ?= cargo
-GO_PACKAGES := ./api/... ./controllers/... ./cmd/... ./pkg/...
+GO_PACKAGES := ./api/... ./controllers/... ./cmd/... ./pkg/... ./csi/... ./internal/...
 # Where hack/build-kube.sh puts etcd, kube-apiserver and kubectl (override to share a cache).
 KUBE_VERSION ?= v1.35.4
 KUBE_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/peregrine/kube-$(KUBE_VERSION)
@@ -24,7 +24,7 @@ go-verify:
 
 ## go-lint: gofmt and go vet.
 go-lint:
-	@out="$$(gofmt -l api controllers cmd pkg)"; if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
+	@out="$$(gofmt -l api controllers cmd pkg csi internal)"; if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(GO_PACKAGES)
 
 go-build:

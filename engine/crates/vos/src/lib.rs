@@ -184,7 +184,7 @@ pub use bulk::{Bulk, Gather, SharedBytes};
 pub use dtx::DTX_STALE_MS;
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
-pub use target::ContQuota;
+pub use target::{ContQuota, QuotaShare};
 
 use parking_lot::Mutex;
 use peregrine_proto::data;
@@ -702,8 +702,8 @@ impl Storage {
     }
 
     /// Enforce a container's quota of `limit` stored bytes (`None`: lift
-    /// it), of which the engines other than this one hold `elsewhere`: each
-    /// target learns what the container holds outside it (see [`ContQuota`]).
+    /// it), of which the engines other than this one hold `elsewhere`; this
+    /// engine's targets share their own counts (see [`ContQuota`]).
     pub fn set_quota(
         &self,
         pool: Uuid,
@@ -728,11 +728,12 @@ impl Storage {
                 _ => 0,
             })
             .collect();
-        let local: u64 = here.iter().sum();
-        for (t, used) in here.iter().enumerate() {
+        let share = std::sync::Arc::new(QuotaShare::new(&here));
+        for t in 0..here.len() {
             let quota = Some(ContQuota {
                 limit,
-                elsewhere: elsewhere.saturating_add(local - used),
+                elsewhere,
+                share: share.clone(),
             });
             self.ctl(t, Ctl::SetQuota { pool, cont, quota })?;
         }

@@ -158,17 +158,35 @@ pub(crate) enum Ctl {
 }
 
 /// A container's space quota as one target sees it, in stored bytes
-/// (replicas and parity included): the management service measures the
-/// container's use on every target once a second and tells each target how
-/// much the others hold. An update that would take the container past
-/// `limit` is refused with `EDQUOT`; between two measurements, writes on
-/// several targets at once can pass the limit by what they store in that
-/// time, as a distributed quota without a per-write grant does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// (replicas and parity included). The targets of one engine share what
+/// each holds of the container ([`QuotaShare`]); what the other engines
+/// hold comes from the management service, which measures every engine
+/// once a second. An update that would take the container past `limit` is
+/// refused with `EDQUOT`; between two measurements, writes on several
+/// engines at once can pass the limit by what the other engines store in
+/// that time, as a distributed quota without a per-write grant does.
+#[derive(Clone, Debug)]
 pub struct ContQuota {
     pub limit: u64,
-    /// What the container holds on the other targets.
+    /// What the container holds on the other engines.
     pub elsewhere: u64,
+    pub share: Arc<QuotaShare>,
+}
+
+/// What each target of an engine holds of one container (its slot is
+/// raised before an update is admitted, so it is never below the truth
+/// for long).
+#[derive(Debug)]
+pub struct QuotaShare {
+    pub(crate) held: Vec<AtomicU64>,
+}
+
+impl QuotaShare {
+    pub(crate) fn new(held: &[u64]) -> Self {
+        QuotaShare {
+            held: held.iter().map(|&b| AtomicU64::new(b)).collect(),
+        }
+    }
 }
 
 pub(crate) enum CtlOut {
@@ -1576,7 +1594,21 @@ impl Target {
             .index
             .cont(pool, cont)
             .map_or(0, |c| c.scm_used + c.nvme_used);
-        let used = q.elsewhere.saturating_add(here);
+        let me = self.id as usize;
+        let local: u64 = q
+            .share
+            .held
+            .iter()
+            .enumerate()
+            .map(|(t, h)| {
+                if t == me {
+                    here
+                } else {
+                    h.load(Ordering::Relaxed)
+                }
+            })
+            .sum();
+        let used = q.elsewhere.saturating_add(local);
         if used.saturating_add(need) > q.limit {
             return Err(Errno::new(
                 -libc::EDQUOT,
@@ -1585,6 +1617,9 @@ impl Target {
                     q.limit, self.id
                 ),
             ));
+        }
+        if let Some(slot) = q.share.held.get(me) {
+            slot.store(here + need, Ordering::Relaxed);
         }
         Ok(())
     }
