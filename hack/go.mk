@@ -29,6 +29,7 @@ go-lint:
 
 go-build:
 	$(GO) build -o bin/peregrine-operator ./cmd/operator
+	$(GO) build -o bin/peregrine-csi ./cmd/csi
 
 ## kube-bin: etcd, kube-apiserver and kubectl built from their Go modules (cached; ~6 min cold).
 kube-bin:

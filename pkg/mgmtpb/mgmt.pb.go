@@ -2931,14 +2931,12 @@ func (x *ContShardSnapshotsReq) GetAdding() uint64 {
 	return 0
 }
 
-// A container's quota on one engine, in stored bytes: `limit` 0 lifts it;
+// Containers' quotas on one engine, in stored bytes: `limit` 0 lifts it;
 // `used_elsewhere`: what the container holds on the other engines.
 type ContShardQuotaReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PoolUuid      string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
-	ContUuid      string                 `protobuf:"bytes,2,opt,name=cont_uuid,json=contUuid,proto3" json:"cont_uuid,omitempty"`
-	Limit         uint64                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
-	UsedElsewhere uint64                 `protobuf:"varint,4,opt,name=used_elsewhere,json=usedElsewhere,proto3" json:"used_elsewhere,omitempty"`
+	Quotas        []*ContShardQuota      `protobuf:"bytes,2,rep,name=quotas,proto3" json:"quotas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2980,21 +2978,67 @@ func (x *ContShardQuotaReq) GetPoolUuid() string {
 	return ""
 }
 
-func (x *ContShardQuotaReq) GetContUuid() string {
+func (x *ContShardQuotaReq) GetQuotas() []*ContShardQuota {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+type ContShardQuota struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContUuid      string                 `protobuf:"bytes,1,opt,name=cont_uuid,json=contUuid,proto3" json:"cont_uuid,omitempty"`
+	Limit         uint64                 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	UsedElsewhere uint64                 `protobuf:"varint,3,opt,name=used_elsewhere,json=usedElsewhere,proto3" json:"used_elsewhere,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContShardQuota) Reset() {
+	*x = ContShardQuota{}
+	mi := &file_mgmt_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContShardQuota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContShardQuota) ProtoMessage() {}
+
+func (x *ContShardQuota) ProtoReflect() protoreflect.Message {
+	mi := &file_mgmt_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContShardQuota.ProtoReflect.Descriptor instead.
+func (*ContShardQuota) Descriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ContShardQuota) GetContUuid() string {
 	if x != nil {
 		return x.ContUuid
 	}
 	return ""
 }
 
-func (x *ContShardQuotaReq) GetLimit() uint64 {
+func (x *ContShardQuota) GetLimit() uint64 {
 	if x != nil {
 		return x.Limit
 	}
 	return 0
 }
 
-func (x *ContShardQuotaReq) GetUsedElsewhere() uint64 {
+func (x *ContShardQuota) GetUsedElsewhere() uint64 {
 	if x != nil {
 		return x.UsedElsewhere
 	}
@@ -3010,7 +3054,7 @@ type AggregateReq struct {
 
 func (x *AggregateReq) Reset() {
 	*x = AggregateReq{}
-	mi := &file_mgmt_proto_msgTypes[43]
+	mi := &file_mgmt_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3022,7 +3066,7 @@ func (x *AggregateReq) String() string {
 func (*AggregateReq) ProtoMessage() {}
 
 func (x *AggregateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[43]
+	mi := &file_mgmt_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3035,7 +3079,7 @@ func (x *AggregateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateReq.ProtoReflect.Descriptor instead.
 func (*AggregateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{43}
+	return file_mgmt_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AggregateReq) GetPoolUuid() string {
@@ -3054,7 +3098,7 @@ type AggregateResp struct {
 
 func (x *AggregateResp) Reset() {
 	*x = AggregateResp{}
-	mi := &file_mgmt_proto_msgTypes[44]
+	mi := &file_mgmt_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3110,7 @@ func (x *AggregateResp) String() string {
 func (*AggregateResp) ProtoMessage() {}
 
 func (x *AggregateResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[44]
+	mi := &file_mgmt_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3123,7 @@ func (x *AggregateResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateResp.ProtoReflect.Descriptor instead.
 func (*AggregateResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{44}
+	return file_mgmt_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AggregateResp) GetReclaimedBytes() uint64 {
@@ -3349,12 +3393,14 @@ const file_mgmt_proto_rawDesc = "" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x1b\n" +
 	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\x12\x16\n" +
 	"\x06epochs\x18\x03 \x03(\x04R\x06epochs\x12\x16\n" +
-	"\x06adding\x18\x04 \x01(\x04R\x06adding\"\x8a\x01\n" +
+	"\x06adding\x18\x04 \x01(\x04R\x06adding\"k\n" +
 	"\x11ContShardQuotaReq\x12\x1b\n" +
-	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x1b\n" +
-	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x04R\x05limit\x12%\n" +
-	"\x0eused_elsewhere\x18\x04 \x01(\x04R\rusedElsewhere\"+\n" +
+	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x129\n" +
+	"\x06quotas\x18\x02 \x03(\v2!.peregrine.mgmt.v1.ContShardQuotaR\x06quotas\"j\n" +
+	"\x0eContShardQuota\x12\x1b\n" +
+	"\tcont_uuid\x18\x01 \x01(\tR\bcontUuid\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x04R\x05limit\x12%\n" +
+	"\x0eused_elsewhere\x18\x03 \x01(\x04R\rusedElsewhere\"+\n" +
 	"\fAggregateReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\"8\n" +
 	"\rAggregateResp\x12'\n" +
@@ -3416,7 +3462,7 @@ func file_mgmt_proto_rawDescGZIP() []byte {
 }
 
 var file_mgmt_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_mgmt_proto_goTypes = []any{
 	(TargetState)(0),              // 0: peregrine.mgmt.v1.TargetState
 	(ContState)(0),                // 1: peregrine.mgmt.v1.ContState
@@ -3463,15 +3509,16 @@ var file_mgmt_proto_goTypes = []any{
 	(*ContShardDestroyReq)(nil),   // 42: peregrine.mgmt.v1.ContShardDestroyReq
 	(*ContShardSnapshotsReq)(nil), // 43: peregrine.mgmt.v1.ContShardSnapshotsReq
 	(*ContShardQuotaReq)(nil),     // 44: peregrine.mgmt.v1.ContShardQuotaReq
-	(*AggregateReq)(nil),          // 45: peregrine.mgmt.v1.AggregateReq
-	(*AggregateResp)(nil),         // 46: peregrine.mgmt.v1.AggregateResp
-	nil,                           // 47: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	nil,                           // 48: peregrine.mgmt.v1.PoolInfo.PropsEntry
-	nil,                           // 49: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	nil,                           // 50: peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	nil,                           // 51: peregrine.mgmt.v1.ContInfo.PropsEntry
-	nil,                           // 52: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	nil,                           // 53: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	(*ContShardQuota)(nil),        // 45: peregrine.mgmt.v1.ContShardQuota
+	(*AggregateReq)(nil),          // 46: peregrine.mgmt.v1.AggregateReq
+	(*AggregateResp)(nil),         // 47: peregrine.mgmt.v1.AggregateResp
+	nil,                           // 48: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	nil,                           // 49: peregrine.mgmt.v1.PoolInfo.PropsEntry
+	nil,                           // 50: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	nil,                           // 51: peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	nil,                           // 52: peregrine.mgmt.v1.ContInfo.PropsEntry
+	nil,                           // 53: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	nil,                           // 54: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
 }
 var file_mgmt_proto_depIdxs = []int32{
 	4,  // 0: peregrine.mgmt.v1.SystemQueryResp.members:type_name -> peregrine.mgmt.v1.Member
@@ -3480,83 +3527,84 @@ var file_mgmt_proto_depIdxs = []int32{
 	43, // 3: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
 	13, // 4: peregrine.mgmt.v1.JoinResp.pool_maps:type_name -> peregrine.mgmt.v1.PoolMapVersion
 	0,  // 5: peregrine.mgmt.v1.PoolMapVersion.state:type_name -> peregrine.mgmt.v1.TargetState
-	47, // 6: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	48, // 6: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
 	14, // 7: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
-	48, // 8: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
+	49, // 8: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
 	17, // 9: peregrine.mgmt.v1.PoolInfo.rank_states:type_name -> peregrine.mgmt.v1.RankTargetState
 	0,  // 10: peregrine.mgmt.v1.RankTargetState.state:type_name -> peregrine.mgmt.v1.TargetState
 	16, // 11: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
-	49, // 12: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	50, // 12: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
 	0,  // 13: peregrine.mgmt.v1.PoolTarget.state:type_name -> peregrine.mgmt.v1.TargetState
 	24, // 14: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
-	50, // 15: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	51, // 16: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
+	51, // 15: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	52, // 16: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
 	1,  // 17: peregrine.mgmt.v1.ContInfo.state:type_name -> peregrine.mgmt.v1.ContState
 	27, // 18: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
-	52, // 19: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	53, // 19: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
 	33, // 20: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
-	53, // 21: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
-	3,  // 22: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
-	6,  // 23: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
-	9,  // 24: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	11, // 25: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
-	15, // 26: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
-	18, // 27: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
-	20, // 28: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
-	21, // 29: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
-	22, // 30: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
-	23, // 31: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
-	26, // 32: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
-	28, // 33: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
-	30, // 34: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
-	31, // 35: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
-	32, // 36: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
-	34, // 37: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
-	35, // 38: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
-	37, // 39: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
-	2,  // 40: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
-	9,  // 41: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	38, // 42: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
-	39, // 43: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
-	40, // 44: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
-	42, // 45: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
-	43, // 46: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	44, // 47: peregrine.mgmt.v1.Engine.ContShardQuota:input_type -> peregrine.mgmt.v1.ContShardQuotaReq
-	45, // 48: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
-	13, // 49: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
-	5,  // 50: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
-	8,  // 51: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
-	10, // 52: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
-	12, // 53: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
-	16, // 54: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
-	19, // 55: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
-	16, // 56: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
-	2,  // 57: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
-	16, // 58: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
-	25, // 59: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
-	27, // 60: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
-	29, // 61: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
-	27, // 62: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
-	2,  // 63: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
-	27, // 64: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
-	33, // 65: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
-	36, // 66: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
-	2,  // 67: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
-	7,  // 68: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
-	7,  // 69: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
-	2,  // 70: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
-	2,  // 71: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	41, // 72: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
-	2,  // 73: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	2,  // 74: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
-	2,  // 75: peregrine.mgmt.v1.Engine.ContShardQuota:output_type -> peregrine.mgmt.v1.Empty
-	46, // 76: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
-	2,  // 77: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
-	50, // [50:78] is the sub-list for method output_type
-	22, // [22:50] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	54, // 21: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	45, // 22: peregrine.mgmt.v1.ContShardQuotaReq.quotas:type_name -> peregrine.mgmt.v1.ContShardQuota
+	3,  // 23: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
+	6,  // 24: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
+	9,  // 25: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	11, // 26: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
+	15, // 27: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
+	18, // 28: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
+	20, // 29: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
+	21, // 30: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
+	22, // 31: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
+	23, // 32: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
+	26, // 33: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
+	28, // 34: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
+	30, // 35: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
+	31, // 36: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
+	32, // 37: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
+	34, // 38: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
+	35, // 39: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
+	37, // 40: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
+	2,  // 41: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
+	9,  // 42: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	38, // 43: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
+	39, // 44: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
+	40, // 45: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
+	42, // 46: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
+	43, // 47: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	44, // 48: peregrine.mgmt.v1.Engine.ContShardQuota:input_type -> peregrine.mgmt.v1.ContShardQuotaReq
+	46, // 49: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
+	13, // 50: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
+	5,  // 51: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
+	8,  // 52: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
+	10, // 53: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
+	12, // 54: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
+	16, // 55: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
+	19, // 56: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
+	16, // 57: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
+	2,  // 58: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
+	16, // 59: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
+	25, // 60: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
+	27, // 61: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
+	29, // 62: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
+	27, // 63: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
+	2,  // 64: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
+	27, // 65: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
+	33, // 66: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
+	36, // 67: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
+	2,  // 68: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
+	7,  // 69: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
+	7,  // 70: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
+	2,  // 71: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
+	2,  // 72: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	41, // 73: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
+	2,  // 74: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	2,  // 75: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
+	2,  // 76: peregrine.mgmt.v1.Engine.ContShardQuota:output_type -> peregrine.mgmt.v1.Empty
+	47, // 77: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
+	2,  // 78: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
+	51, // [51:79] is the sub-list for method output_type
+	23, // [23:51] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_mgmt_proto_init() }
@@ -3570,7 +3618,7 @@ func file_mgmt_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mgmt_proto_rawDesc), len(file_mgmt_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

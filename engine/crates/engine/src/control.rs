@@ -135,12 +135,21 @@ impl Engine for EngineService {
     ) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let pool = parse_uuid("pool_uuid", &r.pool_uuid)?;
-        let cont = parse_uuid("cont_uuid", &r.cont_uuid)?;
+        let quotas = r
+            .quotas
+            .into_iter()
+            .map(|q| {
+                let cont = parse_uuid("cont_uuid", &q.cont_uuid)?;
+                Ok((cont, (q.limit != 0).then_some(q.limit), q.used_elsewhere))
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
         let st = self.node.storage()?;
-        let limit = (r.limit != 0).then_some(r.limit);
         blocking(move || {
-            st.set_quota(pool, cont, limit, r.used_elsewhere)
-                .map_err(storage_status)
+            for (cont, limit, elsewhere) in quotas {
+                st.set_quota(pool, cont, limit, elsewhere)
+                    .map_err(storage_status)?;
+            }
+            Ok(())
         })
         .await?;
         Ok(Response::new(Empty {}))

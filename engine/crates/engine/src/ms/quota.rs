@@ -11,7 +11,7 @@
 //! reclaims the versions they replaced.
 
 use super::{ContRec, MgmtService, MsState, PoolRec};
-use peregrine_proto::mgmt::{ContShardQuotaReq, PoolShardSpace};
+use peregrine_proto::mgmt::{ContShardQuota, ContShardQuotaReq, PoolShardSpace};
 use peregrine_proto::size::parse_size;
 use peregrine_proto::{ObjectClass, Redundancy};
 use std::sync::Arc;
@@ -64,41 +64,47 @@ fn stored_limit(c: &ContRec, limit: u64) -> u64 {
 
 impl MgmtService {
     /// Tell every running engine of the pool the quota of each of `conts`
-    /// and what the container holds outside it; a container without a
-    /// quota has it lifted. Engines that do not answer learn it next time.
+    /// and what the container holds outside it (one call per engine); a
+    /// container without a quota has it lifted. Engines that do not answer
+    /// learn it next time.
     pub(super) async fn push_quotas(&self, state: &MsState, pool: &PoolRec, conts: &[&ContRec]) {
         let spaces = self.shard_spaces(state, pool).await;
-        for c in conts {
-            let key = c.uuid.to_string();
-            let used = |r: &(u32, Option<PoolShardSpace>)| {
-                r.1.as_ref()
-                    .and_then(|s| s.cont_used.get(&key).copied())
-                    .unwrap_or(0)
+        let held = |c: &ContRec, s: &Option<PoolShardSpace>| {
+            s.as_ref()
+                .and_then(|s| s.cont_used.get(&c.uuid.to_string()).copied())
+                .unwrap_or(0)
+        };
+        let totals: Vec<u64> = conts
+            .iter()
+            .map(|c| spaces.iter().map(|(_, s)| held(c, s)).sum())
+            .collect();
+        for (rank, space) in spaces.iter().filter(|r| r.1.is_some()) {
+            let Ok(addr) = Self::member_addr(state, *rank) else {
+                continue;
             };
-            let total: u64 = spaces.iter().map(used).sum();
-            let limit = limit(c).map_or(0, |l| stored_limit(c, l).max(1));
-            for r in spaces.iter().filter(|r| r.1.is_some()) {
-                let Ok(addr) = Self::member_addr(state, r.0) else {
-                    continue;
-                };
-                let req = ContShardQuotaReq {
-                    pool_uuid: pool.uuid.to_string(),
-                    cont_uuid: key.clone(),
-                    limit,
-                    used_elsewhere: total - used(r),
-                };
-                let sent = match super::engine_client(&addr).await {
-                    Ok(mut e) => e.cont_shard_quota(req).await.map(|_| ()),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = sent {
-                    tracing::warn!(
-                        "container {}: quota not sent to rank {}: {}",
-                        c.label,
-                        r.0,
-                        e.message()
-                    );
-                }
+            let quotas = conts
+                .iter()
+                .zip(&totals)
+                .map(|(c, total)| ContShardQuota {
+                    cont_uuid: c.uuid.to_string(),
+                    limit: limit(c).map_or(0, |l| stored_limit(c, l).max(1)),
+                    used_elsewhere: total - held(c, space),
+                })
+                .collect();
+            let req = ContShardQuotaReq {
+                pool_uuid: pool.uuid.to_string(),
+                quotas,
+            };
+            let sent = match super::engine_client(&addr).await {
+                Ok(mut e) => e.cont_shard_quota(req).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(
+                    "pool {}: container quotas not sent to rank {rank}: {}",
+                    pool.label,
+                    e.message()
+                );
             }
         }
     }
