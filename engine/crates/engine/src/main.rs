@@ -215,7 +215,7 @@ async fn run(node: Arc<Node>) -> Result<(), String> {
     let mut router = tonic::transport::Server::builder()
         .add_service(EngineServer::new(EngineService { node: node.clone() }));
     if cfg.hosts_mgmt() {
-        let ms = Arc::new(MgmtService::new(node.clone())?);
+        let ms = MgmtService::new(node.clone())?;
         peregrine_engine::ms::spawn_pool_watch(ms.clone());
         peregrine_engine::ms::spawn_quota_watch(ms.clone());
         router = router.add_service(MgmtServer::from_arc(ms));

@@ -37,10 +37,10 @@ fn clone_holds_the_snapshot_of_striped_replicated_and_ec_objects() {
         ClusterSpec {
             engines: 3,
             targets: 2,
-            device_mib: 256,
+            device_mib: 512,
             scm_mib: 64,
         },
-        384,
+        768,
         "EC_2P1G1",
         "crc32c",
     );
@@ -125,6 +125,57 @@ fn clone_holds_the_snapshot_of_striped_replicated_and_ec_objects() {
     // (RP_2G1) and 1.5 times (EC_2P1G1) is 54 MiB; the three 5 MiB holes
     // written as zeros would add 22.5 MiB more.
     assert!(used < 64 << 20, "clone uses {used} bytes");
+
+    // A caller that stops waiting does not stop the copy: the clone shows
+    // as copying, then ready, with the same content.
+    let mut m = c.mgmt();
+    let mut req = tonic::Request::new(ContCreateReq {
+        pool: "pool".into(),
+        label: "impatient".into(),
+        clone_from: "cont".into(),
+        clone_epoch: epoch,
+        ..Default::default()
+    });
+    req.set_timeout(std::time::Duration::from_millis(50));
+    let e = c.rt.block_on(m.cont_create(req)).unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+        ),
+        "{e}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen_copying = false;
+    loop {
+        let info =
+            c.rt.block_on(m.cont_query(ContQueryReq {
+                pool: "pool".into(),
+                id: "impatient".into(),
+            }))
+            .unwrap_or_else(|e| panic!("{e}\n{}", c.logs()))
+            .into_inner();
+        if info.state == ContState::ContReady as i32 {
+            break;
+        }
+        assert_eq!(info.state, ContState::ContCopying as i32);
+        seen_copying = true;
+        assert!(std::time::Instant::now() < deadline, "clone still copying");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        seen_copying,
+        "the clone was ready before a 50 ms call ended"
+    );
+    let k = c
+        .client()
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("impatient")
+        .unwrap()
+        .object(objs[2].id())
+        .unwrap();
+    assert!(k.fetch_array(b"d3", b"data", 0, big.len()).unwrap() == big);
 
     // Errors name what is wrong.
     let e = clone(&c, "copy2", epoch + 1).unwrap_err();

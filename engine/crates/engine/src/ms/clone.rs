@@ -8,7 +8,7 @@
 //! whoever asked destroys it and asks again.
 
 use super::props::{cont_record, validate_label};
-use super::{ContRec, MgmtService};
+use super::{ContRec, MgmtService, PoolRec};
 use peregrine_proto::mgmt::{ContCreateReq, ContInfo, ContState};
 use tonic::Status;
 
@@ -81,6 +81,23 @@ impl MgmtService {
             }
             (pool, rec)
         };
+        // The copy goes on if the caller gives up waiting (a CSI provisioner's
+        // call times out and asks again: it then finds the clone copying).
+        let me = self
+            .this
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the management service is stopping"))?;
+        tokio::spawn(async move { me.fill_clone(pool, r, rec).await })
+            .await
+            .map_err(|e| Status::internal(format!("clone task: {e}")))?
+    }
+
+    async fn fill_clone(
+        &self,
+        pool: PoolRec,
+        r: ContCreateReq,
+        rec: ContRec,
+    ) -> Result<ContInfo, Status> {
         tracing::info!(
             "container {} ({}): cloning {} at epoch {}",
             rec.label,
@@ -89,8 +106,9 @@ impl MgmtService {
             r.clone_epoch
         );
         let copied = self.copy_snapshot(&pool.uuid.to_string(), &r, &rec).await;
-        self.cloning.lock().remove(&rec.uuid);
         let mut s = self.state.lock().await;
+        // Readers of the state see the record and this set change together.
+        self.cloning.lock().remove(&rec.uuid);
         let p = MgmtService::find_pool(&s, &pool.uuid.to_string())?.clone();
         let mut rec = MgmtService::find_cont(&p, &rec.uuid.to_string())?.clone();
         if let Err(e) = copied {

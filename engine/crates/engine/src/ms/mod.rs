@@ -163,6 +163,8 @@ pub struct MgmtService {
     stopping: parking_lot::Mutex<std::collections::HashSet<u32>>,
     /// Clones being filled by this service now.
     cloning: parking_lot::Mutex<std::collections::HashSet<Uuid>>,
+    /// This service, for work that must outlive the call that started it.
+    this: std::sync::Weak<MgmtService>,
 }
 
 fn now_unix() -> u64 {
@@ -185,7 +187,7 @@ async fn engine_client(addr: &str) -> Result<EngineClient<Channel>, Status> {
 }
 
 impl MgmtService {
-    pub fn new(node: Arc<Node>) -> Result<Self, String> {
+    pub fn new(node: Arc<Node>) -> Result<Arc<Self>, String> {
         let mut state = MsState {
             system: node.cfg.name.clone(),
             ..Default::default()
@@ -204,7 +206,8 @@ impl MgmtService {
                 );
             }
         }
-        Ok(MgmtService {
+        Ok(Arc::new_cyclic(|this| MgmtService {
+            this: this.clone(),
             node,
             state: Mutex::new(state),
             heartbeats: Default::default(),
@@ -212,7 +215,7 @@ impl MgmtService {
             reintegrations: Default::default(),
             stopping: Default::default(),
             cloning: Default::default(),
-        })
+        }))
     }
 
     /// Make the state durable. Called with the state lock held, before replying.
