@@ -194,6 +194,12 @@ func (c *ControllerServer) createVolume(ctx context.Context, name string, params
 			if !fitsRange(have.QuotaBytes, rng) {
 				return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with a size of %d bytes, outside the range asked", name, have.QuotaBytes)
 			}
+			if v := src.GetVolume(); v != nil {
+				// Its copy ended after the call that started it gave up.
+				if id, err := ParseVolumeID(v.VolumeId); err == nil {
+					c.dropCloneSnapshot(ctx, pool.Uuid, &mgmtpb.ContCreateReq{CloneFrom: id.Cont, Label: label})
+				}
+			}
 			return c.volume(have, pool, params.Mount), nil
 		}
 	} else if status.Code(err) != codes.NotFound {
@@ -208,7 +214,9 @@ func (c *ControllerServer) createVolume(ctx context.Context, name string, params
 		return nil, err
 	}
 	info, err := c.ms.ContCreate(ctx, creq)
-	if src.GetVolume() != nil && creq.CloneFrom != "" {
+	// The snapshot a copy from a volume reads stays until the copy ends: a call that timed
+	// out leaves the copy running (the CO asks again and finds it copying, then ready).
+	if code := status.Code(err); creq.CloneFrom != "" && src.GetVolume() != nil && code != codes.DeadlineExceeded && code != codes.Canceled {
 		c.dropCloneSnapshot(ctx, pool.Uuid, creq)
 	}
 	if err != nil {
