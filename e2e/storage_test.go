@@ -1,0 +1,152 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	storagek8s "k8s.io/api/storage/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+)
+
+// The store under test: a ServerSet of three engines on emulated NVMe and a pool on it, in the
+// namespace the CSI driver's management address points at (config/csi: tank-0.tank.default.svc).
+const (
+	storeNS   = "default"
+	storeName = "tank"
+	poolLabel = "tank"
+)
+
+func ready(conds []metav1.Condition) bool {
+	return apimeta.IsStatusConditionTrue(conds, storagev1.ConditionReady)
+}
+
+// runPod runs a one-shot pod of the tools image with the PVC at /data and returns its log once
+// it succeeded (failing the spec if it failed).
+func runPod(name, claim string, annotations map[string]string, script string) string {
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: annotations},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "main", Image: toolsImage, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:      []string{"/bin/sh", "-ec", script},
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+			}},
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}},
+		},
+	}
+	Expect(k8s.Create(ctx, pod)).To(Succeed())
+	DeferCleanup(func() { _ = k8s.Delete(context.Background(), pod) })
+	Eventually(func(g Gomega) corev1.PodPhase {
+		g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+		return pod.Status.Phase
+	}, 10*time.Minute).Should(Or(Equal(corev1.PodSucceeded), Equal(corev1.PodFailed)), "pod %s", name)
+	logs := podLogs(name)
+	Expect(pod.Status.Phase).To(Equal(corev1.PodSucceeded), "pod %s failed:\n%s", name, logs)
+	return logs
+}
+
+func podLogs(name string) string {
+	r, err := cs.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).Stream(context.Background())
+	if err != nil {
+		return "(no logs: " + err.Error() + ")"
+	}
+	defer r.Close()
+	b, _ := io.ReadAll(r)
+	return string(b)
+}
+
+var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
+	ctx := context.Background()
+
+	It("runs a ServerSet of three engines and a Pool on it", func() {
+		ss := &storagev1.ServerSet{
+			ObjectMeta: metav1.ObjectMeta{Name: storeName, Namespace: storeNS},
+			Spec: storagev1.ServerSetSpec{
+				Image: engineImage, ImagePullPolicy: corev1.PullIfNotPresent,
+				Engines: 3, Targets: 1,
+				Hugepages: ptr.To(resource.MustParse("128Mi")),
+				Storage: storagev1.EngineStorage{Scm: "512MiB",
+					Emulated: &storagev1.EmulatedStorage{HostPath: "/var/lib/peregrine-e2e", Size: "4GiB"}},
+			},
+		}
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, ss))).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ss), ss)).To(Succeed())
+			g.Expect(ss.Status.ReadyEngines).To(BeEquivalentTo(3))
+			g.Expect(ready(ss.Status.Conditions)).To(BeTrue(), "%v", ss.Status.Conditions)
+		}).Should(Succeed())
+
+		pool := &storagev1.Pool{
+			ObjectMeta: metav1.ObjectMeta{Name: storeName, Namespace: storeNS},
+			Spec:       storagev1.PoolSpec{ServerSetRef: storagev1.LocalObjectReference{Name: storeName}, Label: poolLabel, Size: "6GiB"},
+		}
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, pool))).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pool), pool)).To(Succeed())
+			g.Expect(ready(pool.Status.Conditions)).To(BeTrue(), "%v", pool.Status.Conditions)
+			g.Expect(pool.Status.TotalTargets).To(BeEquivalentTo(3))
+		}).Should(Succeed())
+	})
+
+	It("mounts an RWX PVC into a writer pod and a reader pod: 1 GiB written, its checksum verified", func() {
+		sc := &storagek8s.StorageClass{
+			ObjectMeta:           metav1.ObjectMeta{Name: "peregrine-e2e"},
+			Provisioner:          "csi.peregrine.dev",
+			Parameters:           map[string]string{"pool": poolLabel, "oclass": "EC_2P1G1"},
+			AllowVolumeExpansion: ptr.To(true),
+		}
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, sc))).To(Succeed())
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "shared", Namespace: ns},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+				StorageClassName: ptr.To(sc.Name),
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")}},
+			},
+		}
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, pvc))).To(Succeed())
+		Eventually(func(g Gomega) corev1.PersistentVolumeClaimPhase {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)).To(Succeed())
+			return pvc.Status.Phase
+		}).Should(Equal(corev1.ClaimBound))
+
+		runPod("writer", "shared", nil, `
+mkdir -p /data/run && cd /data/run
+dd if=/dev/urandom of=blob bs=1M count=1024 status=none
+sha256sum blob > blob.sha256
+df -k /data`)
+		logs := runPod("reader", "shared", nil, `cd /data/run && sha256sum -c blob.sha256 && df -k /data`)
+		Expect(logs).To(ContainSubstring("blob: OK"))
+		// df shows the PVC's size (2 GiB, the container's quota).
+		Expect(logs).To(MatchRegexp(`\s2097152\s`))
+	})
+
+	It("preloads the interception library into an annotated pod, which reads the same data", func() {
+		logs := runPod("intercepted", "shared", map[string]string{
+			"peregrine.dev/intercept": "true", "peregrine.dev/intercept-report": "true",
+		}, `cd /data/run && sha256sum -c blob.sha256`)
+		Expect(logs).To(ContainSubstring("blob: OK"))
+		Expect(logs).To(MatchRegexp(`peregrine-il\[\d+\]: intercepted opens=[1-9]\d* reads=[1-9]`), "the report of the library:\n%s", logs)
+		var pod corev1.Pod
+		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "intercepted"}, &pod)).To(Succeed())
+		env := fmt.Sprint(pod.Spec.Containers[0].Env)
+		Expect(env).To(ContainSubstring("libperegrine_il.so"))
+		Expect(strings.Count(env, "LD_PRELOAD")).To(Equal(1))
+	})
+})
