@@ -15,10 +15,12 @@
 # state dir, runc with cgroupfs, restrict_oom_score_adj, sandbox image = the locally built pause image),
 # etcd on 127.0.0.1:2379, kube-apiserver on :6443 (service range 10.96.0.0/16), controller-manager,
 # scheduler, kubelet (cgroupfs, cgroup v1 allowed, webhook authn/authz, root dir /var/lib/kubelet made an
-# rshared bind mount for Bidirectional propagation), kube-proxy (iptables mode). Pods get 10.244.0.0/24
+# rshared bind mount for Bidirectional propagation), kube-proxy (iptables mode), CoreDNS (built by
+# hack/build-coredns.sh; cluster.local from the API, NXDOMAIN for anything else: offline) on 10.244.0.1,
+# the pods' cluster DNS. Pods get 10.244.0.0/24
 # on the bridge cni0 (host-local IPAM, masquerade, portmap); forwarding from pods to anything but cni0
-# is dropped (chain PEREGRINE-ISOLATE in mangle FORWARD), so pod traffic stays on the machine. There is
-# no cluster DNS: pods get a resolv.conf that points at their own loopback.
+# is dropped (chain PEREGRINE-ISOLATE in mangle FORWARD), so pod traffic stays on the machine. Pods with
+# dnsPolicy Default get a resolv.conf that points at their own loopback.
 #
 # Hugepages: vm.nr_hugepages is raised to PEREGRINE_CLUSTER_HUGEPAGES (512 x 2 MiB = 1 GiB) before the
 # kubelet starts, so hugepages-2Mi shows in the node's allocatable. Emulated NVMe: loop devices
@@ -55,6 +57,7 @@ POD_CIDR=10.244.0.0/24 # the node's share of CLUSTER_CIDR; the bridge's subnet
 SERVICE_CIDR=10.96.0.0/16
 SERVICE_IP=10.96.0.1 # first address of SERVICE_CIDR: the kubernetes Service
 BRIDGE=cni0
+DNS_IP=10.244.0.1 # the bridge's own address (the pods' gateway): CoreDNS answers there
 CNI_NETWORK=peregrine # the CNI network name; the bridge/portmap plugins tag their iptables rules with it
 ETCD_CLIENT_PORT=2379
 ETCD_PEER_PORT=2380
@@ -70,7 +73,7 @@ KBIN="" # the kube binaries' directory, set by kube_bin or kube_bin_cached
 CRICTL_BIN="${XDG_CACHE_HOME:-$HOME/.cache}/peregrine/crictl-$CRICTL_VERSION/crictl"
 
 # Start order; down goes the other way.
-COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns)
 
 # Sysctls the kubelet, kube-proxy, the bridge plugin or this script may change; saved before the first
 # change and restored by down.
@@ -622,7 +625,7 @@ unmount_below() { # unmount_below PATH [self]
 write_kubelet_config() { # status 0 when config.yaml changed
   local same=0
   mkdir -p "$DIR/kubelet"
-  # No cluster DNS: the pods' resolver is their own loopback, so name lookups fail fast and locally.
+  # dnsPolicy Default: the pods' resolver is their own loopback, so name lookups fail fast and locally.
   printf 'nameserver 127.0.0.1\noptions ndots:1 timeout:1 attempts:1\n' | update_file "$DIR/kubelet/resolv.conf" || true
   update_file "$DIR/kubelet/config.yaml" <<EOF || same=1
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -644,7 +647,7 @@ failSwapOn: false
 oomScoreAdj: 0
 containerRuntimeEndpoint: unix://$SOCK
 clusterDomain: cluster.local
-clusterDNS: []
+clusterDNS: [$DNS_IP]
 resolvConf: $DIR/kubelet/resolv.conf
 tlsCertFile: $PKI/kubelet-serving.crt
 tlsPrivateKeyFile: $PKI/kubelet-serving.key
@@ -789,6 +792,27 @@ start_kubelet() {
   wait_for 60 "kubelet healthz" curl -fsS http://127.0.0.1:10248/healthz || { alive_or_die kubelet; die "kubelet not healthy"; }
 }
 
+# The bridge is made here rather than by the bridge plugin at the first pod, so that CoreDNS can listen
+# on its address before any pod exists (the plugin takes an existing bridge and address as they are).
+ensure_bridge() {
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+  fi
+  ip addr show dev "$BRIDGE" | grep -q "inet $DNS_IP/" || ip addr add "$DNS_IP/${POD_CIDR#*/}" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+}
+
+start_coredns() {
+  local bin
+  bin="$(bash "$HACK/build-coredns.sh")" || die "hack/build-coredns.sh failed"
+  ensure_bridge
+  mkdir -p "$DIR/coredns"
+  bash "$HACK/build-coredns.sh" corefile --kubeconfig "$ADMIN_KUBECONFIG" --listen "$DNS_IP:53" |
+    update_file "$DIR/coredns/Corefile" || true
+  start_daemon coredns "$bin" -conf "$DIR/coredns/Corefile"
+  wait_for 30 "CoreDNS ready" curl -fsS http://127.0.0.1:8181/ready || { alive_or_die coredns; die "CoreDNS not ready"; }
+}
+
 start_kube_proxy() {
   check_port kube-proxy 10256
   # kube-proxy exits by itself when its config file changes; stop it first so it is started anew.
@@ -837,6 +861,7 @@ cmd_up() {
   start_apiserver "$ip"
   start_controller_manager
   start_scheduler
+  start_coredns
   start_kubelet "$ip" "$node"
   start_kube_proxy
 
