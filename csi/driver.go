@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
 )
@@ -150,11 +151,20 @@ func (d *Driver) Run(ctx context.Context) error {
 
 // Probe checks the management service (and, on a node, the node service's prerequisites).
 func (d *Driver) Probe(ctx context.Context) error {
+	if err := d.Live(ctx); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := d.ms.SystemQuery(ctx, &mgmtpb.SystemQueryReq{}); err != nil {
 		return fmt.Errorf("management service %s: %s", d.cfg.MgmtAddr, status.Convert(err).Message())
 	}
+	return nil
+}
+
+// Live checks what the driver itself needs (the liveness endpoint): not the store, whose
+// absence (not yet created, an outage) a restart of the plugin would not cure.
+func (d *Driver) Live(ctx context.Context) error {
 	if d.node != nil {
 		return d.node.Probe(ctx)
 	}
@@ -205,10 +215,15 @@ func (s *IdentityServer) GetPluginCapabilities(context.Context, *csipb.GetPlugin
 }
 
 // Probe answers ready only when the management service answers: a driver that cannot reach
-// the store cannot do anything the CO asks.
+// the store cannot do anything the CO asks. Not ready is an answer, not an error: the sidecars
+// then wait (the store may not exist yet when the driver is installed).
 func (s *IdentityServer) Probe(ctx context.Context, _ *csipb.ProbeRequest) (*csipb.ProbeResponse, error) {
-	if err := s.d.Probe(ctx); err != nil {
+	if err := s.d.Live(ctx); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
-	return &csipb.ProbeResponse{}, nil
+	if err := s.d.Probe(ctx); err != nil {
+		slog.Warn("CSI probe: not ready", "error", err)
+		return &csipb.ProbeResponse{Ready: wrapperspb.Bool(false)}, nil
+	}
+	return &csipb.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 }

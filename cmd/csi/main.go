@@ -36,7 +36,7 @@ func main() {
 		topology    = flag.String("topology", "", "node: extra topology segments KEY=VALUE,... (e.g. the node's fault domain)")
 		regSocket   = flag.String("registration-socket", "", "node: kubelet plugin-registration socket to serve, e.g. /registration/csi.peregrine.dev-reg.sock (empty: no registration)")
 		kubeletPath = flag.String("kubelet-endpoint", "/var/lib/kubelet/plugins/csi.peregrine.dev/csi.sock", "node: the CSI socket's path as the kubelet sees it")
-		healthAddr  = flag.String("health-addr", "", "serve GET /healthz on this address (e.g. :9808; empty: none)")
+		healthAddr  = flag.String("health-addr", "", "serve GET /healthz (liveness: the driver's own prerequisites, not the store) on this address (e.g. :9808; empty: none)")
 	)
 	flag.Parse()
 	if err := run(*mode, *endpoint, *mgmt, *defaultPool, *nodeID, *stateDir, *fuseBin, *fuseCgroup, *maxVolumes,
@@ -77,7 +77,7 @@ func run(modeName, endpoint, mgmt, defaultPool, nodeID, stateDir, fuseBin, fuseC
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.Run(ctx) })
 	if healthAddr != "" {
-		g.Go(func() error { return csi.ServeHealth(ctx, healthAddr, d.Probe) })
+		g.Go(func() error { return csi.ServeHealth(ctx, healthAddr, d.Live) })
 	}
 	if regSocket != "" && mode != csi.ModeController {
 		if !filepath.IsAbs(kubeletPath) {
