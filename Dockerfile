@@ -122,6 +122,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 COPY --from=csi-bin /peregrine-csi /peregrine-fuse /usr/local/bin/
 COPY --from=csi-bin /libperegrine_il.so /usr/lib/peregrine/libperegrine_il.so
+# The library reaches pods whose images lack ISA-L: its libisal.so.2 goes beside it (RUNPATH $ORIGIN).
+RUN cp -L /usr/lib/*/libisal.so.2 /usr/lib/peregrine/libisal.so.2
 LABEL org.opencontainers.image.title="peregrine-csi" \
       org.opencontainers.image.description="Peregrine CSI driver (controller and node), FUSE daemon and interception library" \
       org.opencontainers.image.licenses="Apache-2.0"

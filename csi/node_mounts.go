@@ -564,6 +564,7 @@ func (ns *NodeServer) moveToCgroups(pid int) {
 			continue
 		}
 		_ = os.Mkdir(cg, 0o755) // a cgroup is made by mkdir in its hierarchy
+		inheritCpuset(cg)
 		p := filepath.Join(cg, "cgroup.procs")
 		f, err := os.OpenFile(p, os.O_WRONLY, 0)
 		if err == nil {
@@ -576,6 +577,21 @@ func (ns *NodeServer) moveToCgroups(pid int) {
 			slog.Warn("csi node: cannot move peregrine-fuse out of the plugin's cgroup", "pid", pid, "cgroup", cg, "err", err)
 		} else {
 			slog.Info("csi node: moved peregrine-fuse to its cgroup", "pid", pid, "cgroup", cg)
+		}
+	}
+}
+
+// inheritCpuset gives a new cgroup v1 cpuset the CPUs and memory nodes of its parent: a cpuset
+// starts with none, and the kernel refuses to move a process into it until it has them (left in
+// the pod's cpuset, a daemon dies with the plugin's pod). Other hierarchies have no such files.
+func inheritCpuset(cg string) {
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		cur, err := os.ReadFile(filepath.Join(cg, f))
+		if err != nil || strings.TrimSpace(string(cur)) != "" {
+			continue
+		}
+		if parent, err := os.ReadFile(filepath.Join(filepath.Dir(cg), f)); err == nil {
+			_ = os.WriteFile(filepath.Join(cg, f), parent, 0)
 		}
 	}
 }

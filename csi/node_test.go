@@ -797,34 +797,45 @@ func TestNodeValidation(t *testing.T) {
 	}
 }
 
-// FuseCgroup: the daemon is moved into the given cgroup (here a cgroup v1 pids hierarchy);
-// a path that is no cgroup is logged and does not fail the stage.
+// FuseCgroup: the daemon is moved into the given cgroups (here cgroup v1 pids and cpuset
+// hierarchies: a new cpuset has no CPUs until it is given its parent's); a path that is no
+// cgroup is logged and does not fail the stage.
 func TestNodeFuseCgroup(t *testing.T) {
-	var fs syscall.Statfs_t
-	const hier = "/sys/fs/cgroup/pids"
-	if err := syscall.Statfs(hier, &fs); err != nil || fs.Type != 0x27e0eb { // CGROUP_SUPER_MAGIC
-		t.Skipf("no cgroup v1 pids hierarchy at %s to move daemons into", hier)
+	var hiers []string
+	for _, h := range []string{"pids", "cpuset"} {
+		var fs syscall.Statfs_t
+		if err := syscall.Statfs("/sys/fs/cgroup/"+h, &fs); err == nil && fs.Type == 0x27e0eb { // CGROUP_SUPER_MAGIC
+			hiers = append(hiers, h)
+		}
+	}
+	if len(hiers) == 0 {
+		t.Skip("no cgroup v1 pids or cpuset hierarchy to move daemons into")
 	}
 	e := ntStart(t, "c")
-	cg := filepath.Join(hier, fmt.Sprintf("peregrine-csi-test-%d", os.Getpid()))
-	t.Cleanup(func() {
-		if b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs")); err == nil {
-			for _, f := range strings.Fields(string(b)) {
-				var pid int
-				fmt.Sscan(f, &pid)
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+	name := fmt.Sprintf("peregrine-csi-test-%d", os.Getpid())
+	var cgs []string
+	for _, h := range hiers {
+		cg := filepath.Join("/sys/fs/cgroup", h, name)
+		cgs = append(cgs, cg)
+		t.Cleanup(func() {
+			if b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs")); err == nil {
+				for _, f := range strings.Fields(string(b)) {
+					var pid int
+					fmt.Sscan(f, &pid)
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
 			}
-		}
-		for i := 0; i < 100; i++ {
-			if err := os.Remove(cg); err == nil || errors.Is(err, os.ErrNotExist) {
-				return
+			for i := 0; i < 100; i++ {
+				if err := os.Remove(cg); err == nil || errors.Is(err, os.ErrNotExist) {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Errorf("cgroup %s left behind", cg)
-	})
+			t.Errorf("cgroup %s left behind", cg)
+		})
+	}
 	cfg := e.config()
-	cfg.FuseCgroup = cg + ", " + e.path("not-a-cgroup")
+	cfg.FuseCgroup = strings.Join(cgs, ", ") + ", " + e.path("not-a-cgroup")
 	ns, err := NewNodeServer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -837,8 +848,10 @@ func TestNodeFuseCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), ":pids:/"+filepath.Base(cg)+"\n") {
-		t.Fatalf("daemon %d is not in %s:\n%s", d.pid, cg, b)
+	for _, h := range hiers {
+		if !strings.Contains(string(b), ":"+h+":/"+name+"\n") {
+			t.Fatalf("daemon %d is not in %s/%s:\n%s", d.pid, h, name, b)
+		}
 	}
 	ntUnstage(t, ns, id, staging)
 	ntNoMountsLeft(t, e)

@@ -267,6 +267,9 @@ func mgmtConfigMap(t *testing.T, objs []*unstructured.Unstructured, c *corev1.Co
 	t.Fatalf("%s: no %s in env", c.Name, mgmtEnv)
 }
 
+// isalName is the ISA-L library the interception library needs beside it.
+const isalName = "libisal.so.2"
+
 func TestWiring(t *testing.T) {
 	objs := kustomize(t, baseDir)
 
@@ -472,8 +475,9 @@ func TestWiring(t *testing.T) {
 			t.Fatalf("install-il command %q", ic.Command)
 		}
 		script := ic.Command[2]
-		if !strings.Contains(script, ilSourcePath) || !strings.Contains(script, dst) {
-			t.Fatalf("install-il script does not copy %s to %s:\n%s", ilSourcePath, dst, script)
+		if !strings.Contains(script, path.Dir(ilSourcePath)) || !strings.Contains(script, dst) ||
+			!strings.Contains(script, webhook.LibraryName) || !strings.Contains(script, isalName) {
+			t.Fatalf("install-il script does not copy %s and its %s to %s:\n%s", ilSourcePath, isalName, dst, script)
 		}
 		// Run it with both paths in a temporary directory, over an old library held open.
 		tmp := t.TempDir()
@@ -485,6 +489,10 @@ func TestWiring(t *testing.T) {
 		}
 		lib := filepath.Join(hostDir, webhook.LibraryName)
 		if err := os.WriteFile(filepath.Join(src, webhook.LibraryName), []byte("new"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// The library's ISA-L goes beside it (it is linked with RUNPATH $ORIGIN).
+		if err := os.WriteFile(filepath.Join(src, isalName), []byte("isal"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(lib, []byte("old"), 0o755); err != nil {
@@ -508,7 +516,10 @@ func TestWiring(t *testing.T) {
 		if fi, err := os.Stat(lib); err != nil || fi.Mode().Perm() != 0o755 {
 			t.Errorf("installed library mode: %v %v", fi.Mode(), err)
 		}
-		if ents, _ := os.ReadDir(hostDir); len(ents) != 1 {
+		if b, err := os.ReadFile(filepath.Join(hostDir, isalName)); err != nil || string(b) != "isal" {
+			t.Errorf("installed %s: %q, %v", isalName, b, err)
+		}
+		if ents, _ := os.ReadDir(hostDir); len(ents) != 2 {
 			t.Errorf("leftovers in the library directory: %v", ents)
 		}
 	})
