@@ -879,8 +879,19 @@ impl Dfs {
         }
     }
 
-    fn new_entry(&self, mode: u32, uid: u32, gid: u32, oid: ObjectId) -> Entry {
+    /// A new entry in `parent`. A set-group-ID directory hands its group
+    /// to what is made in it, and its set-group-ID bit to new directories
+    /// (POSIX; what a pod's fsGroup relies on for directories the kubelet
+    /// or the application makes after the group was applied).
+    fn new_entry(&self, parent: &Node, mode: u32, uid: u32, gid: u32, oid: ObjectId) -> Entry {
         let t = now_ns();
+        let (mut mode, mut gid) = (mode, gid);
+        if parent.entry.mode & libc::S_ISGID != 0 {
+            gid = parent.entry.gid;
+            if mode & libc::S_IFMT == libc::S_IFDIR {
+                mode |= libc::S_ISGID;
+            }
+        }
         Entry {
             mode,
             uid,
@@ -953,7 +964,7 @@ impl Dfs {
             }
             self.check_rw()?;
             let oid = self.alloc_oid(self.class_for(parent, false));
-            let e = self.new_entry(libc::S_IFREG | (mode & 0o7777), uid, gid, oid);
+            let e = self.new_entry(parent, libc::S_IFREG | (mode & 0o7777), uid, gid, oid);
             match self.insert_entry(parent.oid(), name, &e) {
                 Ok(()) => {
                     return Ok((
@@ -992,7 +1003,7 @@ impl Dfs {
 
     pub fn mkdir(&self, parent: &Node, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Node> {
         let oid = self.alloc_oid(self.class_for(parent, true));
-        let mut e = self.new_entry(libc::S_IFDIR | (mode & 0o7777), uid, gid, oid);
+        let mut e = self.new_entry(parent, libc::S_IFDIR | (mode & 0o7777), uid, gid, oid);
         e.child_class = parent.entry.child_class;
         self.add_new(parent, name, e)
     }
@@ -1016,7 +1027,7 @@ impl Dfs {
             ));
         }
         let oid = self.alloc_oid(self.inner.file_class);
-        let mut e = self.new_entry(libc::S_IFLNK | 0o777, uid, gid, oid);
+        let mut e = self.new_entry(parent, libc::S_IFLNK | 0o777, uid, gid, oid);
         e.target = target.to_vec();
         self.add_new(parent, name, e)
     }

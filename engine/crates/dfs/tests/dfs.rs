@@ -785,3 +785,36 @@ fn concurrent_renames_of_one_entry_leave_one_name() {
         a.unlink(d, &named[0]).unwrap();
     }
 }
+
+/// A set-group-ID directory (what a pod's fsGroup makes of a volume) gives
+/// its group to new files, directories and symlinks, and its bit to new
+/// directories; elsewhere the creator's group stays.
+#[test]
+fn setgid_directories_hand_down_their_group() {
+    let c = cluster(1);
+    let fs = mount(&c, "cont", false);
+    let root = fs.root();
+    let shared = fs.mkdir(&root, b"shared", 0o775, 0, 0).unwrap();
+    let (shared, _) = fs
+        .setattr(
+            &shared,
+            &peregrine_dfs::SetAttr {
+                mode: Some(0o2775),
+                gid: Some(1000),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let d = fs.mkdir(&shared, b"sub", 0o755, 0, 0).unwrap();
+    assert_eq!(d.entry.gid, 1000);
+    assert_eq!(d.entry.mode & 0o7777, 0o2755, "{:o}", d.entry.mode);
+    let (f, _) = fs.create(&d, b"f", 0o644, 7, 7, true).unwrap();
+    assert_eq!((f.entry.uid, f.entry.gid), (7, 1000));
+    assert_eq!(f.entry.mode & 0o7777, 0o644, "files do not get the bit");
+    let l = fs.symlink(&d, b"l", b"f", 7, 7).unwrap();
+    assert_eq!(l.entry.gid, 1000);
+    let plain = fs.mkdir(&root, b"plain", 0o755, 5, 6).unwrap();
+    let (g, _) = fs.create(&plain, b"g", 0o644, 5, 6, true).unwrap();
+    assert_eq!((plain.entry.gid, g.entry.gid), (6, 6));
+    assert_eq!(plain.entry.mode & 0o7777, 0o755);
+}
