@@ -100,7 +100,8 @@ var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
 		Eventually(func(g Gomega) {
 			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pool), pool)).To(Succeed())
 			g.Expect(ready(pool.Status.Conditions)).To(BeTrue(), "%v", pool.Status.Conditions)
-			g.Expect(pool.Status.TotalTargets).To(BeEquivalentTo(3))
+			// Every target of the ServerSet (one already there keeps its own spec).
+			g.Expect(pool.Status.TotalTargets).To(BeEquivalentTo(ss.Spec.Engines * max(ss.Spec.Targets, 1)))
 		}).Should(Succeed())
 	})
 
