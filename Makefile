@@ -6,7 +6,7 @@ export CARGO_TERM_COLOR ?= never
 
 include hack/go.mk
 
-.PHONY: all deps build test test-engine lint fmt bench quickstart clean
+.PHONY: all deps build test test-engine lint fmt bench quickstart demo e2e images cluster-down clean
 
 all: build
 
@@ -35,6 +35,24 @@ fmt:
 bench: deps
 	bash bench/run.sh
 	bash bench/posix.sh
+
+## demo: a real single-node Kubernetes offline (hack/cluster.sh), Peregrine's images built locally,
+## the operator, webhook and CSI driver installed, a ServerSet, a Pool, and a PVC mounted in a pod.
+demo: deps
+	bash hack/demo.sh
+
+## e2e: the end-to-end suites (e2e/) on the cluster `make demo` leaves up (or any KUBECONFIG).
+e2e: demo
+	KUBECONFIG=$$(bash hack/cluster.sh up) $(GO) test ./e2e/ -count=1 -timeout 30m -v
+
+## images: Peregrine's images and the CSI sidecars, offline (hack/images.sh; release binaries).
+images: deps
+	cd $(ENGINE) && $(CARGO) build --release --workspace
+	bash hack/install-image-deps.sh && bash hack/images.sh base build sidecars
+
+## cluster-down: stop the cluster `make demo` started (state kept; hack/cluster.sh down --purge drops it).
+cluster-down:
+	bash hack/cluster.sh down
 
 ## quickstart: three engines on emulated NVMe, a pool, a container, 100 MiB written and read back.
 quickstart: deps build

@@ -10,7 +10,7 @@
 #             engine/target/PROFILE, Go built now) through the Dockerfile's prebuilt stages
 #   sidecars  peregrine/csi-{provisioner,resizer,snapshotter} built from their Go modules at the
 #             pinned versions (binaries cached in CACHE/sidecars)
-#   import    every image above into a containerd's k8s.io namespace (podman save | ctr import)
+#   import    every image above, and the base, into a containerd's k8s.io namespace (podman save | ctr import)
 #   all       base build sidecars, then import when the containerd socket exists
 #
 # Flags and environment:
@@ -312,6 +312,8 @@ sidecars() {
 
 all_images() {
   local x line name modver pkg
+  # The base too: pods of plain Debian (samples, the e2e suites' workloads) run on it.
+  echo "$BASE_IMAGE"
   for x in "${IMAGES[@]}"; do echo "$REPO/$x:$TAG"; done
   for line in "${SIDECARS[@]}"; do
     read -r name modver pkg <<<"$line"
