@@ -33,11 +33,13 @@
 //
 // # Images without a compatible libc
 //
-// The library is a glibc ELF shared object. In an image without a compatible C library (musl,
-// static binaries, distroless-static), the dynamic loader cannot load it: glibc's ld.so prints
-// "ERROR: ld.so: object ... from LD_PRELOAD cannot be preloaded ...: ignored." and runs the program
-// without it, a static binary never reads LD_PRELOAD at all. So such a pod still starts and works,
-// through the kernel FUSE path only; nothing in the webhook needs to detect it.
+// The library is a glibc ELF shared object (glibc 2.34 or newer; its ISA-L beside it). A static
+// binary never reads LD_PRELOAD and runs unchanged. But where the loader finds the library and
+// cannot bind it (an older glibc: a missing symbol version; musl: missing glibc symbols), the
+// error is fatal, not a warning: the container does not start. The webhook cannot see an
+// image's C library at admission, so such pods must not ask for interception; an init
+// container that tries the library with the image's own loader, and hands it over only when it
+// binds, is the planned fix.
 //
 // # Limits
 //

@@ -57,9 +57,8 @@ func (m Mutator) hostDir() string {
 // the warnings to hand back to the client (containers or volumes it had to leave alone). A pod that
 // does not ask for interception, and a pod already patched, come back unchanged.
 //
-// A container whose image has no compatible libc still starts: the dynamic loader prints a warning
-// for an LD_PRELOAD object it cannot load and ignores it (a static binary ignores LD_PRELOAD), so the
-// container simply runs without interception, through the kernel FUSE path.
+// The image must have a C library that binds the library (see "Images without a compatible libc"
+// in the package documentation): otherwise the container does not start.
 func (m Mutator) Mutate(pod *corev1.Pod) (changed bool, warnings []string) {
 	if pod.Annotations[AnnotationIntercept] != "true" {
 		return false, nil
