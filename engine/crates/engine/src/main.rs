@@ -111,12 +111,17 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
                 }
                 Err(e) => {
                     if !warned {
-                        tracing::warn!("join management service at {leader}: {}", e.message());
+                        tracing::warn!(
+                            "join management service at {leader}: {:?}: {}",
+                            e.code(),
+                            e.message()
+                        );
                         warned = true;
                     }
-                    if e.code() == tonic::Code::Unavailable {
-                        client = None;
-                    }
+                    // Connect again, resolving the name again: in a cluster the
+                    // service's pod may have come back at another address, and a
+                    // channel to the old one only ever times out.
+                    client = None;
                 }
             }
         }
