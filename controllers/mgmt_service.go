@@ -45,6 +45,16 @@ func (m *ManagementServices) Client(addr string) (mgmtpb.MgmtClient, error) {
 	return mgmtpb.NewMgmtClient(c), nil
 }
 
+// Forget drops the connection to addr: the next Client dials again (and resolves the name again).
+func (m *ManagementServices) Forget(addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.conns[addr]; ok {
+		_ = c.Close()
+		delete(m.conns, addr)
+	}
+}
+
 // Close drops every connection.
 func (m *ManagementServices) Close() {
 	m.mu.Lock()

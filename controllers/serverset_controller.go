@@ -68,11 +68,18 @@ func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	r.emitConditionEvents(ss, before)
 	if msErr != nil {
-		// Backoff through the controller's rate limiter.
-		return ctrl.Result{}, fmt.Errorf("serverset %s: %w", ss.Name, msErr)
+		// A fresh connection next time, which resolves the name again: the service's pod may be
+		// back at another address, and a channel to the old one keeps failing. A short fixed
+		// wait rather than the rate limiter's growing backoff: engines start within seconds of
+		// each other, and a first lookup made before the pod had an address must not cost minutes.
+		r.MS.Forget(ss.Status.MgmtAddress)
+		return ctrl.Result{RequeueAfter: unreachableRetry}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.refresh()}, nil
 }
+
+// unreachableRetry is how soon a ServerSet whose management service did not answer is looked at again.
+const unreachableRetry = 5 * time.Second
 
 func (r *ServerSetReconciler) refresh() time.Duration {
 	if r.Refresh == 0 {
