@@ -150,4 +150,63 @@ df -k /data`)
 		Expect(env).To(ContainSubstring("libperegrine_il.so"))
 		Expect(strings.Count(env, "LD_PRELOAD")).To(Equal(1))
 	})
+
+	It("restarts the CSI node plugin under a running pod whose mount keeps working throughout", func() {
+		// A pod appends a line every 100 ms and fails at the first failed write or read.
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "steady-writer", Namespace: ns},
+			Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{
+					Name: "main", Image: toolsImage, ImagePullPolicy: corev1.PullIfNotPresent,
+					Command: []string{"/bin/sh", "-ec", `mkdir -p /data/steady
+i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/steady/log >/dev/null; sleep 0.1; done`},
+					VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+				}},
+				Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "shared"}}}},
+			},
+		}
+		Expect(k8s.Create(ctx, pod)).To(Succeed())
+		DeferCleanup(func() { _ = k8s.Delete(context.Background(), pod) })
+		Eventually(func(g Gomega) corev1.PodPhase {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+			return pod.Status.Phase
+		}).Should(Equal(corev1.PodRunning))
+
+		// Delete the node plugin's pod; the DaemonSet makes another.
+		plugins := &corev1.PodList{}
+		Expect(k8s.List(ctx, plugins, client.InNamespace("peregrine-system"),
+			client.MatchingLabels{"app.kubernetes.io/name": "peregrine-csi-node"})).To(Succeed())
+		Expect(plugins.Items).NotTo(BeEmpty())
+		old := plugins.Items[0]
+		Expect(k8s.Delete(ctx, &old)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.List(ctx, plugins, client.InNamespace("peregrine-system"),
+				client.MatchingLabels{"app.kubernetes.io/name": "peregrine-csi-node"})).To(Succeed())
+			g.Expect(plugins.Items).To(HaveLen(1))
+			g.Expect(plugins.Items[0].UID).NotTo(Equal(old.UID))
+			g.Expect(plugins.Items[0].Status.ContainerStatuses).NotTo(BeEmpty())
+			g.Expect(plugins.Items[0].Status.ContainerStatuses[0].Ready).To(BeTrue())
+		}).Should(Succeed())
+		// It adopted the running FUSE daemon instead of mounting again.
+		Eventually(func() string {
+			r, err := cs.CoreV1().Pods("peregrine-system").GetLogs(plugins.Items[0].Name,
+				&corev1.PodLogOptions{Container: "peregrine-csi"}).Stream(ctx)
+			if err != nil {
+				return err.Error()
+			}
+			defer r.Close()
+			b, _ := io.ReadAll(r)
+			return string(b)
+		}, time.Minute).Should(ContainSubstring("adopted a running peregrine-fuse"))
+
+		// The writer never failed and is still writing.
+		time.Sleep(3 * time.Second)
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+		Expect(pod.Status.Phase).To(Equal(corev1.PodRunning), podLogs(pod.Name))
+		Expect(pod.Status.ContainerStatuses[0].RestartCount).To(BeZero())
+		logs := runPod("steady-reader", "shared", nil, `wc -l < /data/steady/log`)
+		Expect(strings.TrimSpace(logs)).To(MatchRegexp(`^\d{2,}$`))
+	})
 })
