@@ -2933,10 +2933,13 @@ func (x *ContShardSnapshotsReq) GetAdding() uint64 {
 
 // Containers' quotas on one engine, in stored bytes: `limit` 0 lifts it;
 // `used_elsewhere`: what the container holds on the other engines.
+// `version` orders the pushes (the service's count of quota changes when it
+// read its state): an engine ignores one older than what it applied.
 type ContShardQuotaReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PoolUuid      string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
 	Quotas        []*ContShardQuota      `protobuf:"bytes,2,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2983,6 +2986,13 @@ func (x *ContShardQuotaReq) GetQuotas() []*ContShardQuota {
 		return x.Quotas
 	}
 	return nil
+}
+
+func (x *ContShardQuotaReq) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 type ContShardQuota struct {
@@ -3393,10 +3403,11 @@ const file_mgmt_proto_rawDesc = "" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x1b\n" +
 	"\tcont_uuid\x18\x02 \x01(\tR\bcontUuid\x12\x16\n" +
 	"\x06epochs\x18\x03 \x03(\x04R\x06epochs\x12\x16\n" +
-	"\x06adding\x18\x04 \x01(\x04R\x06adding\"k\n" +
+	"\x06adding\x18\x04 \x01(\x04R\x06adding\"\x85\x01\n" +
 	"\x11ContShardQuotaReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x129\n" +
-	"\x06quotas\x18\x02 \x03(\v2!.peregrine.mgmt.v1.ContShardQuotaR\x06quotas\"j\n" +
+	"\x06quotas\x18\x02 \x03(\v2!.peregrine.mgmt.v1.ContShardQuotaR\x06quotas\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"j\n" +
 	"\x0eContShardQuota\x12\x1b\n" +
 	"\tcont_uuid\x18\x01 \x01(\tR\bcontUuid\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x04R\x05limit\x12%\n" +

@@ -144,9 +144,10 @@ impl Engine for EngineService {
             })
             .collect::<Result<Vec<_>, Status>>()?;
         let st = self.node.storage()?;
+        let version = r.version;
         blocking(move || {
             for (cont, limit, elsewhere) in quotas {
-                st.set_quota(pool, cont, limit, elsewhere)
+                st.set_quota(pool, cont, version, limit, elsewhere)
                     .map_err(storage_status)?;
             }
             Ok(())

@@ -703,11 +703,14 @@ impl Storage {
 
     /// Enforce a container's quota of `limit` stored bytes (`None`: lift
     /// it), of which the engines other than this one hold `elsewhere`; this
-    /// engine's targets share their own counts (see [`ContQuota`]).
+    /// engine's targets share their own counts (see [`ContQuota`]). A push
+    /// of a lower `version` than one applied is ignored (it was measured
+    /// before the change that the applied one carries).
     pub fn set_quota(
         &self,
         pool: Uuid,
         cont: Uuid,
+        version: u64,
         limit: Option<u64>,
         elsewhere: u64,
     ) -> Result<(), StorageError> {
@@ -716,6 +719,7 @@ impl Storage {
                 .ctl_all(|| Ctl::SetQuota {
                     pool,
                     cont,
+                    version,
                     quota: None,
                 })
                 .map(|_| ());
@@ -735,7 +739,15 @@ impl Storage {
                 elsewhere,
                 share: share.clone(),
             });
-            self.ctl(t, Ctl::SetQuota { pool, cont, quota })?;
+            self.ctl(
+                t,
+                Ctl::SetQuota {
+                    pool,
+                    cont,
+                    version,
+                    quota,
+                },
+            )?;
         }
         Ok(())
     }

@@ -153,6 +153,8 @@ pub(crate) enum Ctl {
     SetQuota {
         pool: Uuid,
         cont: Uuid,
+        /// Orders the service's pushes: an older one arriving late is ignored.
+        version: u64,
         quota: Option<ContQuota>,
     },
 }
@@ -567,6 +569,8 @@ pub(crate) struct Target {
     lease: Arc<crate::AggregationLease>,
     /// Containers with a space quota: (pool, container).
     quotas: HashMap<(Uuid, Uuid), ContQuota>,
+    /// The newest quota push applied per container (see [`Ctl::SetQuota`]).
+    quota_versions: HashMap<(Uuid, Uuid), u64>,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -678,6 +682,7 @@ impl Target {
             commits: VecDeque::new(),
             claimed: HashMap::new(),
             quotas: HashMap::new(),
+            quota_versions: HashMap::new(),
             queued: Vec::new(),
             fetch_jobs: HashMap::new(),
             next_tag: 0,
@@ -2950,7 +2955,17 @@ impl Target {
                     scm_free,
                 ]))
             }
-            Ctl::SetQuota { pool, cont, quota } => {
+            Ctl::SetQuota {
+                pool,
+                cont,
+                version,
+                quota,
+            } => {
+                let newest = self.quota_versions.entry((pool, cont)).or_insert(0);
+                if version < *newest {
+                    return Ok(CtlOut::Done);
+                }
+                *newest = version;
                 match quota {
                     Some(q) => self.quotas.insert((pool, cont), q),
                     None => self.quotas.remove(&(pool, cont)),

@@ -127,7 +127,8 @@ impl MgmtService {
             .insert(rec.uuid, rec.clone());
         self.persist(&s)?;
         if super::quota::limit(&rec).is_some() {
-            self.push_quotas(&s, &p, &[&rec]).await;
+            let v = self.quota_changed();
+            self.push_quotas(&s, &p, &[&rec], v).await;
         }
         let (_, used, _) = self.pool_space(&s, &p).await;
         Ok(self.cont_info(&p, &rec, used.get(&rec.uuid).copied().unwrap_or(0)))

@@ -165,6 +165,8 @@ pub struct MgmtService {
     cloning: parking_lot::Mutex<std::collections::HashSet<Uuid>>,
     /// This service, for work that must outlive the call that started it.
     this: std::sync::Weak<MgmtService>,
+    /// Quota changes so far (see `quota`): orders the pushes to engines.
+    quota_version: std::sync::atomic::AtomicU64,
 }
 
 fn now_unix() -> u64 {
@@ -215,6 +217,7 @@ impl MgmtService {
             reintegrations: Default::default(),
             stopping: Default::default(),
             cloning: Default::default(),
+            quota_version: Default::default(),
         }))
     }
 
@@ -918,7 +921,8 @@ impl Mgmt for MgmtService {
         let info = self.cont_info(pool, &rec, 0);
         self.persist(&s)?;
         if quota::limit(&rec).is_some() {
-            self.push_quotas(&s, &s.pools[&puuid], &[&rec]).await;
+            let v = self.quota_changed();
+            self.push_quotas(&s, &s.pools[&puuid], &[&rec], v).await;
         }
         tracing::info!(
             "created container {} ({}) in pool {puuid}",
@@ -1048,7 +1052,8 @@ impl Mgmt for MgmtService {
             .insert(c.uuid, c.clone());
         self.persist(&s)?;
         if r.props.contains_key("quota") {
-            self.push_quotas(&s, &p, &[&c]).await;
+            let v = self.quota_changed();
+            self.push_quotas(&s, &p, &[&c], v).await;
         }
         let (_, used, _) = self.pool_space(&s, &p).await;
         let used = used.get(&c.uuid).copied().unwrap_or(0);

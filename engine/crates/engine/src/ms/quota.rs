@@ -14,6 +14,7 @@ use super::{ContRec, MgmtService, MsState, PoolRec};
 use peregrine_proto::mgmt::{ContShardQuota, ContShardQuotaReq, PoolShardSpace};
 use peregrine_proto::size::parse_size;
 use peregrine_proto::{ObjectClass, Redundancy};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
@@ -67,7 +68,18 @@ impl MgmtService {
     /// and what the container holds outside it (one call per engine); a
     /// container without a quota has it lifted. Engines that do not answer
     /// learn it next time.
-    pub(super) async fn push_quotas(&self, state: &MsState, pool: &PoolRec, conts: &[&ContRec]) {
+    /// Count a quota change; call with the state lock held, after the change.
+    pub(super) fn quota_changed(&self) -> u64 {
+        self.quota_version.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    pub(super) async fn push_quotas(
+        &self,
+        state: &MsState,
+        pool: &PoolRec,
+        conts: &[&ContRec],
+        version: u64,
+    ) {
         let spaces = self.shard_spaces(state, pool).await;
         let held = |c: &ContRec, s: &Option<PoolShardSpace>| {
             s.as_ref()
@@ -94,6 +106,7 @@ impl MgmtService {
             let req = ContShardQuotaReq {
                 pool_uuid: pool.uuid.to_string(),
                 quotas,
+                version,
             };
             let sent = match super::engine_client(&addr).await {
                 Ok(mut e) => e.cont_shard_quota(req).await.map(|_| ()),
@@ -110,11 +123,16 @@ impl MgmtService {
     }
 
     async fn push_all_quotas(&self) {
-        let state = self.state.lock().await.clone();
+        // The state and the count of changes it holds, read together: a
+        // push of this state must not undo a change made after it.
+        let (state, version) = {
+            let s = self.state.lock().await;
+            (s.clone(), self.quota_version.load(Ordering::SeqCst))
+        };
         for pool in state.pools.values() {
             let conts: Vec<&ContRec> = pool.conts.values().filter(|c| limit(c).is_some()).collect();
             if !conts.is_empty() {
-                self.push_quotas(&state, pool, &conts).await;
+                self.push_quotas(&state, pool, &conts, version).await;
             }
         }
     }
