@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
 )
 
@@ -550,7 +551,7 @@ func (c *ControllerServer) CreateEphemeral(ctx context.Context, name string, att
 	var quota uint64
 	for k, v := range attrs {
 		if k == "size" {
-			q, err := ParseSize(v)
+			q, err := storagev1.Size(v).Bytes()
 			if err != nil {
 				return VolumeID{}, status.Errorf(codes.InvalidArgument, "volume attribute size=%q: %v", v, err)
 			}

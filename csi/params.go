@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
 )
 
@@ -69,7 +70,7 @@ func ParseParams(p map[string]string, defaultPool string) (*VolumeParams, error)
 				v.DirOclass = c
 			}
 		case k == ParamChunkSize:
-			n, err := ParseSize(val)
+			n, err := storagev1.Size(val).Bytes()
 			if err != nil || n < 4096 || n > 64<<20 || bits.OnesCount64(n) != 1 {
 				return nil, fmt.Errorf("parameter %s=%q: want a power of two from 4KiB to 64MiB (e.g. 1MiB)", k, val)
 			}
@@ -154,34 +155,6 @@ func (v *VolumeParams) Matches(c *mgmtpb.ContInfo) string {
 		diff = append(diff, fmt.Sprintf("%s %d (asked %d)", ParamRF, c.RedundancyFactor, v.RF))
 	}
 	return strings.Join(diff, ", ")
-}
-
-// ParseSize parses a byte count as Kubernetes and the store's CLI write it: 1048576, 1Mi,
-// 1MiB, 1M (binary units throughout, as the store does).
-func ParseSize(s string) (uint64, error) {
-	t := strings.TrimSpace(s)
-	i := strings.IndexFunc(t, func(r rune) bool { return r < '0' || r > '9' })
-	if i == 0 {
-		return 0, fmt.Errorf("%q: not a size", s)
-	}
-	num, unit := t, ""
-	if i > 0 {
-		num, unit = t[:i], strings.ToUpper(strings.TrimSpace(t[i:]))
-	}
-	n, err := strconv.ParseUint(num, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%q: %w", s, err)
-	}
-	shift := map[string]uint{"": 0, "B": 0, "K": 10, "KI": 10, "KIB": 10, "KB": 10, "M": 20, "MI": 20, "MIB": 20, "MB": 20,
-		"G": 30, "GI": 30, "GIB": 30, "GB": 30, "T": 40, "TI": 40, "TIB": 40, "TB": 40}
-	sh, ok := shift[unit]
-	if !ok {
-		return 0, fmt.Errorf("%q: unknown unit %q (use Ki, Mi, Gi, Ti)", s, unit)
-	}
-	if n > (^uint64(0))>>sh {
-		return 0, fmt.Errorf("%q: too large", s)
-	}
-	return n << sh, nil
 }
 
 func contains(list []string, s string) bool {

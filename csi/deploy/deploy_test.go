@@ -41,6 +41,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	pgv1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/csi"
 	"github.com/peregrine-storage/peregrine/csi/webhook"
 )
@@ -650,7 +651,7 @@ func TestWiring(t *testing.T) {
 			params := map[string]string{}
 			for k, val := range v.CSI.VolumeAttributes {
 				if k == "size" { // CreateEphemeral's quota; the rest are StorageClass parameters
-					if _, err := csi.ParseSize(val); err != nil {
+					if _, err := pgv1.Size(val).Bytes(); err != nil {
 						t.Errorf("inline volume size %q: %v", val, err)
 					}
 					continue
