@@ -140,17 +140,18 @@ impl Engine for EngineService {
             .into_iter()
             .map(|q| {
                 let cont = parse_uuid("cont_uuid", &q.cont_uuid)?;
-                Ok((cont, (q.limit != 0).then_some(q.limit), q.used_elsewhere))
+                Ok(peregrine_vos::QuotaPush {
+                    cont,
+                    limit: (q.limit != 0).then_some(q.limit),
+                    elsewhere: q.used_elsewhere,
+                })
             })
             .collect::<Result<Vec<_>, Status>>()?;
         let st = self.node.storage()?;
         let version = r.version;
         blocking(move || {
-            for (cont, limit, elsewhere) in quotas {
-                st.set_quota(pool, cont, version, limit, elsewhere)
-                    .map_err(storage_status)?;
-            }
-            Ok(())
+            st.set_quotas(pool, version, &quotas)
+                .map_err(storage_status)
         })
         .await?;
         Ok(Response::new(Empty {}))

@@ -187,3 +187,46 @@ fn bad_quota_is_refused_by_name() {
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("quota"), "{}", e.message());
 }
+
+#[test]
+fn an_engine_back_from_a_restart_enforces_the_quota_again() {
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 2,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        256,
+        "SX",
+        "crc32c",
+    );
+    set_quota(&c, "8MiB");
+    let cont = c.container();
+    let obj = cont.object(ObjectId::new(ObjectClass::SX, 3, 1)).unwrap();
+    let (written, err) = fill(&obj, 0, 40);
+    assert_eq!(err.code, -libc::EDQUOT, "{err}");
+    // Rank 1 is killed and restarts (its targets' quota state is in memory only).
+    c.engines[1].kill9();
+    c.restart(1);
+    std::thread::sleep(Duration::from_millis(2500));
+    // Once the service measured again, it refuses as before; what was
+    // written before the restart reads back.
+    for i in 0..4 {
+        let e = obj
+            .update_array(
+                format!("after{i}").as_bytes(),
+                b"a",
+                0,
+                &pattern(i, 1 << 20),
+            )
+            .unwrap_err();
+        assert_eq!(e.code, -libc::EDQUOT, "{e}");
+    }
+    for i in 0..written {
+        let got = obj
+            .fetch_array(format!("d{i}").as_bytes(), b"a", 0, 1 << 20)
+            .unwrap();
+        assert!(got == pattern(0, 1 << 20), "d{i} differs after the restart");
+    }
+}

@@ -186,6 +186,15 @@ pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
 pub use target::{ContQuota, QuotaShare};
 
+/// One container's quota as the management service pushes it: `limit` in
+/// stored bytes (`None` lifts it), of which the other engines hold `elsewhere`.
+#[derive(Clone, Copy, Debug)]
+pub struct QuotaPush {
+    pub cont: Uuid,
+    pub limit: Option<u64>,
+    pub elsewhere: u64,
+}
+
 use parking_lot::Mutex;
 use peregrine_proto::data;
 use std::collections::HashMap;
@@ -701,53 +710,50 @@ impl Storage {
         .map(|_| ())
     }
 
-    /// Enforce a container's quota of `limit` stored bytes (`None`: lift
-    /// it), of which the engines other than this one hold `elsewhere`; this
-    /// engine's targets share their own counts (see [`ContQuota`]). A push
-    /// of a lower `version` than one applied is ignored (it was measured
-    /// before the change that the applied one carries).
-    pub fn set_quota(
+    /// Enforce containers' quotas ([`QuotaPush`]); this engine's targets
+    /// share their own counts (see [`ContQuota`]). A push of a lower
+    /// `version` than one applied is ignored (it was measured before the
+    /// change that the applied one carries).
+    pub fn set_quotas(
         &self,
         pool: Uuid,
-        cont: Uuid,
         version: u64,
-        limit: Option<u64>,
-        elsewhere: u64,
+        quotas: &[QuotaPush],
     ) -> Result<(), StorageError> {
-        let Some(limit) = limit else {
-            return self
-                .ctl_all(|| Ctl::SetQuota {
-                    pool,
-                    cont,
-                    version,
-                    quota: None,
-                })
-                .map(|_| ());
-        };
-        let here: Vec<u64> = self
+        // What each target holds of each container: one question per target for all of them.
+        let spaces: Vec<HashMap<Uuid, u64>> = self
             .ctl_all(|| Ctl::PoolSpace { pool })?
             .into_iter()
             .map(|o| match o {
-                CtlOut::Space(s) => s.cont_used.get(&cont).copied().unwrap_or(0),
-                _ => 0,
+                CtlOut::Space(s) => s.cont_used,
+                _ => HashMap::new(),
             })
             .collect();
-        let share = std::sync::Arc::new(QuotaShare::new(&here));
-        for t in 0..here.len() {
-            let quota = Some(ContQuota {
-                limit,
-                elsewhere,
-                share: share.clone(),
+        for q in quotas {
+            let cont = q.cont;
+            let share = q.limit.map(|_| {
+                let here: Vec<u64> = spaces
+                    .iter()
+                    .map(|s| s.get(&cont).copied().unwrap_or(0))
+                    .collect();
+                std::sync::Arc::new(QuotaShare::new(&here))
             });
-            self.ctl(
-                t,
-                Ctl::SetQuota {
-                    pool,
-                    cont,
-                    version,
-                    quota,
-                },
-            )?;
+            for t in 0..spaces.len() {
+                let quota = q.limit.zip(share.clone()).map(|(limit, share)| ContQuota {
+                    limit,
+                    elsewhere: q.elsewhere,
+                    share,
+                });
+                self.ctl(
+                    t,
+                    Ctl::SetQuota {
+                        pool,
+                        cont,
+                        version,
+                        quota,
+                    },
+                )?;
+            }
         }
         Ok(())
     }
