@@ -8,7 +8,8 @@
 #             imported into podman as docker.io/library/debian:bookworm-slim (skipped when present)
 #   build     peregrine/{engine,operator,csi}:TAG from host binaries (Rust from
 #             engine/target/PROFILE, Go built now) through the Dockerfile's prebuilt stages
-#   sidecars  peregrine/csi-{provisioner,resizer,snapshotter} built from their Go modules at the
+#   sidecars  peregrine/csi-{provisioner,resizer,snapshotter} and peregrine/snapshot-controller (the
+#             cluster add-on of hack/snapshot-addon.sh) built from their Go modules at the
 #             pinned versions (binaries cached in CACHE/sidecars)
 #   import    every image above, and the base, into a containerd's k8s.io namespace (podman save | ctr import)
 #   all       base build sidecars, then import when the containerd socket exists
@@ -48,6 +49,7 @@ SIDECARS=(
   "csi-provisioner github.com/kubernetes-csi/external-provisioner/v5@v5.3.0 github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner"
   "csi-resizer github.com/kubernetes-csi/external-resizer@v1.14.0 github.com/kubernetes-csi/external-resizer/cmd/csi-resizer"
   "csi-snapshotter github.com/kubernetes-csi/external-snapshotter/v8@v8.3.0 github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"
+  "snapshot-controller github.com/kubernetes-csi/external-snapshotter/v8@v8.3.0 github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller"
 )
 
 log() { echo "images: $*" >&2; }
