@@ -6,7 +6,7 @@ export CARGO_TERM_COLOR ?= never
 
 include hack/go.mk
 
-.PHONY: all deps build test test-engine lint fmt bench quickstart demo e2e images cluster-down clean
+.PHONY: all deps build test test-engine lint fmt bench quickstart demo e2e images cluster-down clean chart-lint
 
 all: build
 
@@ -23,7 +23,7 @@ test: deps lint test-engine go-test
 test-engine:
 	cd $(ENGINE) && $(CARGO) build --workspace && $(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
-lint: deps go-lint go-verify
+lint: deps go-lint go-verify chart-lint
 	cd $(ENGINE) && $(CARGO) fmt --all -- --check
 	cd $(ENGINE) && $(CARGO) clippy --workspace --all-targets -- -D warnings
 

@@ -2,6 +2,7 @@
 # Generates the Go side of the repository's contracts:
 #   pkg/mgmtpb/            the management API client, from engine/proto/mgmt.proto (protoc + plugins)
 #   api/v1alpha1/zz_generated.deepcopy.go, config/crd/bases/, config/rbac/role.yaml   (controller-gen)
+#   charts/peregrine/crds/ byte-identical copies of config/crd/bases/ (Helm installs CRDs from there)
 #
 #   hack/gen-go.sh                 regenerate in place
 #   hack/gen-go.sh --verify        regenerate into a temporary copy and fail when the committed files differ
@@ -50,11 +51,14 @@ generate() {
     "$LOCALBIN/controller-gen" object:headerFile=hack/boilerplate.go.txt paths=./api/...
     rm -f config/crd/bases/*.yaml
     "$LOCALBIN/controller-gen" crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+    mkdir -p charts/peregrine/crds
+    rm -f charts/peregrine/crds/*.yaml
+    cp config/crd/bases/*.yaml charts/peregrine/crds/
     "$LOCALBIN/controller-gen" rbac:roleName=peregrine-operator paths=./controllers/... paths=./csi/webhook/... output:rbac:artifacts:config=config/rbac
   )
 }
 
-GENERATED=(pkg/mgmtpb api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac/role.yaml)
+GENERATED=(pkg/mgmtpb api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac/role.yaml charts/peregrine/crds)
 
 case "${1:-}" in
   --tools) tools ;;
@@ -64,7 +68,7 @@ case "${1:-}" in
     trap 'rm -rf "$tmp"' EXIT
     # A copy of what generation reads: the Go sources, the proto, the module files and the outputs.
     tar -C "$ROOT" --exclude=./engine/target --exclude=./bin --exclude=./.git -cf - \
-      go.mod go.sum hack api controllers cmd pkg csi config engine/proto | tar -C "$tmp" -xf -
+      go.mod go.sum hack api controllers cmd pkg csi config charts/peregrine/crds engine/proto | tar -C "$tmp" -xf -
     generate "$tmp"
     status=0
     for p in "${GENERATED[@]}"; do

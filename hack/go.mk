@@ -5,14 +5,14 @@
 GO ?= go
 ENGINE ?= engine
 CARGO ?= cargo
-GO_PACKAGES := ./api/... ./controllers/... ./cmd/... ./pkg/... ./csi/... ./internal/...
+GO_PACKAGES := ./api/... ./controllers/... ./cmd/... ./pkg/... ./csi/... ./internal/... ./charts/...
 # Where hack/build-kube.sh puts etcd, kube-apiserver and kubectl (override to share a cache).
 KUBE_VERSION ?= v1.35.4
 KUBE_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/peregrine/kube-$(KUBE_VERSION)
 PEREGRINE_ENGINE_BIN ?= $(CURDIR)/$(ENGINE)/target/debug/peregrine-engine
 export GOTOOLCHAIN ?= local
 
-.PHONY: go-generate go-verify go-lint go-build kube-bin kube-node-bin engine-bin go-test
+.PHONY: go-generate go-verify go-lint go-build kube-bin kube-node-bin engine-bin go-test chart-lint
 
 ## go-generate: pkg/mgmtpb from engine/proto/mgmt.proto (protoc), deepcopy, CRDs and RBAC (controller-gen).
 go-generate:
@@ -24,8 +24,14 @@ go-verify:
 
 ## go-lint: gofmt and go vet.
 go-lint:
-	@out="$$(gofmt -l api controllers cmd pkg csi internal)"; if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
+	@out="$$(gofmt -l api controllers cmd pkg csi internal charts)"; if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(GO_PACKAGES)
+
+## chart-lint: helm lint --strict of charts/peregrine with its defaults and each profile (helm built by
+## hack/build-helm.sh from its Go module, cached).
+chart-lint:
+	@helm="$$(bash hack/build-helm.sh)" && for v in "" values-gke.yaml values-onprem.yaml; do \
+		"$$helm" lint --strict charts/peregrine $${v:+-f charts/peregrine/$$v} || exit 1; done
 
 go-build:
 	$(GO) build -o bin/peregrine-operator ./cmd/operator

@@ -1,0 +1,637 @@
+// Package charts holds the checks of the Helm chart charts/peregrine; there is no non-test code.
+//
+// The chart is rendered with the helm binary that hack/build-helm.sh builds from its Go module
+// (HELM names another), as a user renders it: `helm template` with the chart's defaults and with
+// each profile (values-gke.yaml, values-onprem.yaml).
+//
+// TestRender checks, without an API server, that the default render is what config/ deploys
+// (kustomize's config/default and config/csi, object for object, spec for spec: the kustomize
+// manifests are the ones csi/deploy tests and the cluster runs), and the invariants a values file
+// must not break: the node plugin privileged with Bidirectional propagation into the kubelet's
+// directory, namespaced leader-election Roles, no ClusterRole granting more than kustomize's,
+// every namespaced object in the release's namespace, the schema refusing typos.
+//
+// TestDryRun applies every rendered object of every profile to a real kube-apiserver (envtest)
+// with server-side apply, dry-run and strict field validation: the API server validates each
+// manifest, the CRDs' CEL rules included (the chart's CRDs are applied for real first).
+package charts
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/peregrine-storage/peregrine/csi"
+)
+
+const (
+	chartDir     = "peregrine"
+	release      = "peregrine"
+	namespace    = "peregrine-system"
+	fieldManager = "peregrine-chart-test"
+	kubeletDir   = "/var/lib/kubelet"
+	monitoringGV = "monitoring.coreos.com"
+)
+
+// profiles are the value files the chart documents; "" is the defaults.
+var profiles = []string{"", "values-gke.yaml", "values-onprem.yaml"}
+
+// helmBin returns the helm binary: HELM, else hack/build-helm.sh's (built once, then cached).
+func helmBin(t *testing.T) string {
+	t.Helper()
+	if h := os.Getenv("HELM"); h != "" {
+		return h
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command("bash", "../hack/build-helm.sh")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hack/build-helm.sh: %v\n%s", err, stderr.String())
+	}
+	return strings.TrimSpace(stdout.String())
+}
+
+// kubeAssets is KUBEBUILDER_ASSETS, defaulting to hack/build-kube.sh's directory (as csi/deploy).
+func kubeAssets(t *testing.T) string {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		cache := os.Getenv("XDG_CACHE_HOME")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache")
+		}
+		t.Setenv("KUBEBUILDER_ASSETS", filepath.Join(cache, "peregrine", "kube-v1.35.4", "bin"))
+	}
+	return os.Getenv("KUBEBUILDER_ASSETS")
+}
+
+// decode splits a YAML stream into objects.
+func decode(t *testing.T, what string, r io.Reader) []*unstructured.Unstructured {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		m := map[string]any{}
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if len(m) > 0 {
+			objs = append(objs, &unstructured.Unstructured{Object: m})
+		}
+	}
+	if len(objs) == 0 {
+		t.Fatalf("%s: no objects", what)
+	}
+	return objs
+}
+
+// run runs a command and returns its stdout, or its error with stderr.
+func run(name string, args ...string) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.Bytes(), nil
+}
+
+// templateArgs are helm template's arguments for a profile and extra flags.
+func templateArgs(profile string, extra ...string) []string {
+	args := []string{"template", release, chartDir, "--namespace", namespace}
+	if profile != "" {
+		args = append(args, "-f", filepath.Join(chartDir, profile))
+	}
+	return append(args, extra...)
+}
+
+// render is `helm template` of the chart with a profile and extra flags (--set, --include-crds).
+func render(t *testing.T, profile string, extra ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := run(helmBin(t), templateArgs(profile, extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decode(t, "helm template "+profile, bytes.NewReader(out))
+}
+
+// kustomize builds a config/ directory with the kubectl of KUBEBUILDER_ASSETS (kustomize built in).
+func kustomize(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := run(filepath.Join(kubeAssets(t), "kubectl"), "kustomize", dir)
+	if err != nil {
+		t.Fatalf("(make kube-bin builds kubectl) %v", err)
+	}
+	return decode(t, "kustomize "+dir, bytes.NewReader(out))
+}
+
+func key(o *unstructured.Unstructured) string {
+	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s", kind, name)
+	return nil
+}
+
+func typed[T any](t *testing.T, u *unstructured.Unstructured) *T {
+	t.Helper()
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, out, true); err != nil {
+		t.Fatalf("%s: %v", key(u), err)
+	}
+	return out
+}
+
+// explicitDefaults are operator flags the chart spells out with the binary's own defaults
+// (cmd/operator), which config/manager leaves implicit.
+var explicitDefaults = []string{
+	"--status-refresh=30s", "--zap-log-level=info", "--webhook-port=9443",
+	"--webhook-namespace=" + namespace, "--il-host-dir=/var/lib/peregrine/il",
+}
+
+// normalize drops what may differ between the chart and kustomize without changing what runs:
+// labels and annotations outside selectors (Helm's, and the checksum that rolls pods), the hash
+// suffix of kustomize's ConfigMap name (hashed, renamed to the chart's wherever it is named), and
+// the operator's explicit default flags.
+func normalize(o *unstructured.Unstructured, hashed string) map[string]any {
+	c := o.DeepCopy()
+	unstructured.RemoveNestedField(c.Object, "metadata", "labels")
+	unstructured.RemoveNestedField(c.Object, "metadata", "annotations")
+	unstructured.RemoveNestedField(c.Object, "spec", "template", "metadata", "labels")
+	unstructured.RemoveNestedField(c.Object, "spec", "template", "metadata", "annotations")
+	b, _ := json.Marshal(c.Object)
+	if hashed != "" {
+		b = bytes.ReplaceAll(b, []byte(`"`+hashed+`"`), []byte(`"peregrine-csi"`))
+	}
+	m := map[string]any{}
+	_ = json.Unmarshal(b, &m)
+	if c.GetKind() == "Deployment" && c.GetName() == "peregrine-operator" {
+		cs, _, _ := unstructured.NestedSlice(m, "spec", "template", "spec", "containers")
+		for _, ci := range cs {
+			cm := ci.(map[string]any)
+			var args []any
+			for _, a := range cm["args"].([]any) {
+				if !slices.Contains(explicitDefaults, a.(string)) {
+					args = append(args, a)
+				}
+			}
+			cm["args"] = args
+		}
+		_ = unstructured.SetNestedSlice(m, cs, "spec", "template", "spec", "containers")
+	}
+	return m
+}
+
+// lineDiff shows the first lines where two JSON documents differ.
+func lineDiff(a, b map[string]any) string {
+	ja, _ := json.MarshalIndent(a, "", " ")
+	jb, _ := json.MarshalIndent(b, "", " ")
+	la, lb := strings.Split(string(ja), "\n"), strings.Split(string(jb), "\n")
+	var out []string
+	for i := 0; i < max(len(la), len(lb)) && len(out) < 12; i++ {
+		var x, y string
+		if i < len(la) {
+			x = la[i]
+		}
+		if i < len(lb) {
+			y = lb[i]
+		}
+		if x != y {
+			out = append(out, fmt.Sprintf("line %d: kustomize %q, chart %q", i+1, strings.TrimSpace(x), strings.TrimSpace(y)))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// grants is the set of "group resource verb" a rule list allows (no wildcards are used here).
+func grants(rules []rbacv1.PolicyRule) map[string]bool {
+	g := map[string]bool{}
+	for _, r := range rules {
+		for _, gr := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					g[gr+" "+res+" "+v] = true
+				}
+			}
+		}
+	}
+	return g
+}
+
+func TestRender(t *testing.T) {
+	kust := append(kustomize(t, "../config/default"), kustomize(t, "../config/csi")...)
+	chart := render(t, "", "--include-crds")
+
+	// The default install is what config/ deploys: the same objects (the chart leaves the
+	// Namespace to `helm --create-namespace` and adds a StorageClass), with the same specs.
+	t.Run("MatchesKustomize", func(t *testing.T) {
+		hashed := ""
+		for _, k := range kust {
+			if k.GetKind() == "ConfigMap" && strings.HasPrefix(k.GetName(), "peregrine-csi-") {
+				hashed = k.GetName()
+			}
+		}
+		byKey := map[string]*unstructured.Unstructured{}
+		for _, o := range chart {
+			byKey[key(o)] = o
+		}
+		seen := map[string]bool{}
+		for _, k := range kust {
+			if k.GetKind() == "Namespace" {
+				continue
+			}
+			a := normalize(k, hashed)
+			kk := key(&unstructured.Unstructured{Object: a})
+			if seen[kk] {
+				continue
+			}
+			seen[kk] = true
+			c, ok := byKey[kk]
+			if !ok {
+				t.Errorf("the chart has no %s", kk)
+				continue
+			}
+			b := normalize(c, "")
+			ja, _ := json.Marshal(a)
+			jb, _ := json.Marshal(b)
+			if !bytes.Equal(ja, jb) {
+				t.Errorf("%s differs from config/:\n%s", kk, lineDiff(a, b))
+			}
+		}
+		for kk, o := range byKey {
+			if !seen[kk] && o.GetKind() != "StorageClass" {
+				t.Errorf("the chart has %s, config/ does not", kk)
+			}
+		}
+	})
+
+	for _, p := range profiles {
+		objs := chart
+		if p != "" {
+			objs = render(t, p)
+		}
+		name := strings.TrimSuffix(p, ".yaml")
+		if name == "" {
+			name = "defaults"
+		}
+		t.Run("Invariants/"+name, func(t *testing.T) { invariants(t, objs, kust) })
+	}
+
+	t.Run("KubeletDir", func(t *testing.T) {
+		const moved = "/var/lib/k0s/kubelet"
+		objs := render(t, "", "--set", "csi.kubeletDir="+moved+"/")
+		ds := find(t, objs, "DaemonSet", "peregrine-csi-node")
+		b, _ := json.Marshal(ds.Object)
+		if strings.Contains(string(b), `"`+kubeletDir) {
+			t.Errorf("the DaemonSet still names %s:\n%s", kubeletDir, b)
+		}
+		for _, want := range []string{
+			`"path":"` + moved + `"`, `"mountPath":"` + moved + `"`, `"path":"` + moved + `/plugins_registry"`,
+			`"--kubelet-endpoint=` + moved + `/plugins/csi.peregrine.dev/csi.sock"`,
+		} {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("no %s in the DaemonSet", want)
+			}
+		}
+	})
+
+	t.Run("MgmtAddress", func(t *testing.T) {
+		cm := typed[corev1.ConfigMap](t, find(t, chart, "ConfigMap", "peregrine-csi"))
+		if got := cm.Data["PEREGRINE_MGMT"]; got != "tank-0.tank.default.svc:10001" {
+			t.Errorf("default PEREGRINE_MGMT %q", got)
+		}
+		objs := render(t, "", "--set", "serverSet.enabled=true,serverSet.name=fast,serverSet.spec.controlPort=10002")
+		cm = typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "peregrine-csi"))
+		if got := cm.Data["PEREGRINE_MGMT"]; got != "fast-0.fast."+namespace+".svc:10002" {
+			t.Errorf("PEREGRINE_MGMT with a ServerSet %q", got)
+		}
+		pa, _, _ := unstructured.NestedString(find(t, chart, "DaemonSet", "peregrine-csi-node").Object, "spec", "template", "metadata", "annotations", "checksum/mgmt")
+		pb, _, _ := unstructured.NestedString(find(t, objs, "DaemonSet", "peregrine-csi-node").Object, "spec", "template", "metadata", "annotations", "checksum/mgmt")
+		if pa == "" || pa == pb {
+			t.Errorf("a new management address does not roll the node plugin (checksum %q, %q)", pa, pb)
+		}
+	})
+
+	t.Run("WebhookOff", func(t *testing.T) {
+		objs := render(t, "", "--set", "webhook.enabled=false")
+		for _, o := range objs {
+			if o.GetKind() == "MutatingWebhookConfiguration" || (o.GetKind() == "Role" && o.GetName() == "peregrine-operator") {
+				t.Errorf("webhook off, still %s", key(o))
+			}
+		}
+		d := typed[appsv1.Deployment](t, find(t, objs, "Deployment", "peregrine-operator"))
+		if slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--webhook-enable") {
+			t.Error("webhook off, the operator still serves it")
+		}
+	})
+
+	t.Run("Monitoring", func(t *testing.T) {
+		objs := render(t, "", "--set", "metrics.serviceMonitor.enabled=true,metrics.dashboards.enabled=true")
+		svc := typed[corev1.Service](t, find(t, objs, "Service", "peregrine-operator-metrics"))
+		sm := find(t, objs, "ServiceMonitor", "peregrine-operator")
+		sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+		for k, v := range sel {
+			if svc.Labels[k] != v {
+				t.Errorf("the ServiceMonitor selects %s=%s, the metrics Service has %q", k, v, svc.Labels[k])
+			}
+		}
+		if svc.Spec.Ports[0].Name != "metrics" || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
+			t.Errorf("metrics Service ports %+v", svc.Spec.Ports)
+		}
+		if svc.Labels["app.kubernetes.io/component"] != "metrics" {
+			t.Error("the metrics Service is not told apart from the webhook's (same name label)")
+		}
+		pm := find(t, objs, "PodMonitor", "peregrine-engines")
+		if n, _, _ := unstructured.NestedString(pm.Object, "spec", "selector", "matchLabels", "app.kubernetes.io/name"); n != "peregrine-engine" {
+			t.Errorf("the PodMonitor selects %q, the operator labels engine pods peregrine-engine", n)
+		}
+		eps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+		if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" {
+			t.Errorf("PodMonitor endpoints %v", eps)
+		}
+		dash, err := filepath.Glob(filepath.Join(chartDir, "dashboards", "*.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, o := range objs {
+			if o.GetKind() == "ConfigMap" && o.GetLabels()["grafana_dashboard"] == "1" {
+				n++
+			}
+		}
+		if n != len(dash) {
+			t.Errorf("%d dashboard ConfigMaps for %d dashboards/*.json", n, len(dash))
+		}
+	})
+
+	// The schema refuses what would otherwise be silently ignored or rendered invalid.
+	t.Run("Schema", func(t *testing.T) {
+		for _, set := range []string{
+			"csi.kubletDir=/x", "imagePullPolicy=Sometimes", "csi.mgmtAddress=no-port",
+			"webhook.failurePolicy=Maybe", "operator.extraArgs[0]=leader-elect", "csi.kubeletDir=relative",
+		} {
+			if _, err := run(helmBin(t), templateArgs("", "--set", set)...); err == nil {
+				t.Errorf("--set %s was accepted", set)
+			}
+		}
+	})
+}
+
+// invariants are what every values file must keep.
+func invariants(t *testing.T, objs, kust []*unstructured.Unstructured) {
+	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "peregrine-csi-node"))
+	spec := &ds.Spec.Template.Spec
+	if ds.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "peregrine-csi-node" ||
+		spec.ServiceAccountName != "peregrine-csi-node" || !spec.HostPID || !spec.HostNetwork {
+		t.Error("node DaemonSet: label app.kubernetes.io/name=peregrine-csi-node (the e2e suite finds it by it), hostPID, hostNetwork")
+	}
+	var driver *corev1.Container
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == "peregrine-csi" {
+			driver = &spec.Containers[i]
+		}
+	}
+	if driver == nil {
+		t.Fatal("no peregrine-csi container in the node DaemonSet")
+	}
+	if sc := driver.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Error("the node plugin is not privileged")
+	}
+	bidi, fuse := false, false
+	for _, m := range driver.VolumeMounts {
+		for _, v := range spec.Volumes {
+			if v.Name != m.Name || v.HostPath == nil {
+				continue
+			}
+			if m.MountPath == kubeletDir && v.HostPath.Path == kubeletDir &&
+				m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+				bidi = true
+			}
+			if m.MountPath == "/dev/fuse" && v.HostPath.Path == "/dev/fuse" {
+				fuse = true
+			}
+		}
+	}
+	if !bidi || !fuse {
+		t.Errorf("node plugin: %s Bidirectional %v, /dev/fuse %v", kubeletDir, bidi, fuse)
+	}
+
+	want := map[string]map[string]bool{}
+	for _, k := range kust {
+		if k.GetKind() == "ClusterRole" {
+			want[k.GetName()] = grants(typed[rbacv1.ClusterRole](t, k).Rules)
+		}
+	}
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ClusterRole":
+			have := grants(typed[rbacv1.ClusterRole](t, o).Rules)
+			base, ok := want[o.GetName()]
+			if !ok {
+				t.Errorf("ClusterRole %s is not one of config/'s", o.GetName())
+			}
+			for g := range have {
+				if !base[g] {
+					t.Errorf("ClusterRole %s grants %q, config/'s does not", o.GetName(), g)
+				}
+			}
+		case "Role":
+			r := typed[rbacv1.Role](t, o)
+			if r.Namespace != namespace {
+				t.Errorf("Role %s in namespace %q", r.Name, r.Namespace)
+			}
+			if strings.HasSuffix(r.Name, "leader-election") {
+				for g := range grants(r.Rules) {
+					if !strings.HasPrefix(g, "coordination.k8s.io leases ") && !strings.HasPrefix(g, " events ") {
+						t.Errorf("leader-election Role %s grants %q", r.Name, g)
+					}
+				}
+			}
+		case "ClusterRoleBinding", "RoleBinding":
+			var subjects []rbacv1.Subject
+			if o.GetKind() == "RoleBinding" {
+				subjects = typed[rbacv1.RoleBinding](t, o).Subjects
+			} else {
+				subjects = typed[rbacv1.ClusterRoleBinding](t, o).Subjects
+			}
+			for _, s := range subjects {
+				if s.Kind != "ServiceAccount" || s.Namespace != namespace {
+					t.Errorf("%s: subject %+v", key(o), s)
+				}
+				find(t, objs, "ServiceAccount", s.Name)
+			}
+		case "StorageClass":
+			sc := typed[storagev1.StorageClass](t, o)
+			if _, err := csi.ParseParams(sc.Parameters, ""); err != nil {
+				t.Errorf("StorageClass %s: the driver refuses its parameters: %v", sc.Name, err)
+			}
+		case "ServerSet", "Pool":
+			if o.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+				t.Errorf("%s: helm uninstall would delete it (and its data) with the operator its finalizers need", key(o))
+			}
+		}
+		scoped := o.GetNamespace() != ""
+		if scoped && o.GetNamespace() != namespace {
+			t.Errorf("%s is outside the release namespace", key(o))
+		}
+	}
+	found := false
+	for _, o := range objs {
+		if o.GetKind() == "Role" && o.GetName() == "peregrine-operator-leader-election" {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("no namespaced leader-election Role for the operator")
+	}
+}
+
+// startEnv runs etcd and kube-apiserver; the client validates fields strictly.
+func startEnv(t *testing.T) client.Client {
+	t.Helper()
+	dir := kubeAssets(t)
+	if _, err := os.Stat(filepath.Join(dir, "kube-apiserver")); err != nil {
+		t.Fatalf("KUBEBUILDER_ASSETS=%s has no kube-apiserver (make kube-bin builds it): %v", dir, err)
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: dir}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("envtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Logf("envtest stop: %v", err)
+		}
+	})
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client.WithFieldValidation(c, metav1.FieldValidationStrict)
+}
+
+func apply(ctx context.Context, c client.Client, u *unstructured.Unstructured, opts ...client.ApplyOption) error {
+	opts = append(opts, client.FieldOwner(fieldManager), client.ForceOwnership)
+	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u.DeepCopy()), opts...)
+}
+
+func TestDryRun(t *testing.T) {
+	c := startEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// What `helm install --create-namespace` and the cluster provide: the namespace, and the CRDs
+	// (from the chart's crds/, applied for real so that ServerSets and Pools can be validated).
+	for _, n := range []string{namespace, "default"} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}
+		if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, o := range render(t, "", "--include-crds") {
+		if o.GetKind() != "CustomResourceDefinition" {
+			continue
+		}
+		if err := apply(ctx, c, o); err != nil {
+			t.Fatalf("CRD %s: %v", o.GetName(), err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			if err := c.Get(ctx, client.ObjectKey{Name: o.GetName()}, crd); err != nil {
+				t.Fatal(err)
+			}
+			est := false
+			for _, cond := range crd.Status.Conditions {
+				est = est || (cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue)
+			}
+			if est {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("CRD %s not established", o.GetName())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	for _, p := range profiles {
+		name := strings.TrimSuffix(p, ".yaml")
+		if name == "" {
+			name = "defaults"
+		}
+		t.Run(name, func(t *testing.T) {
+			// Everything the profile can turn on: ServerSet, Pool, monitoring, dashboards.
+			objs := render(t, p, "--set", "metrics.serviceMonitor.enabled=true,metrics.dashboards.enabled=true")
+			applied := 0
+			for _, o := range objs {
+				if strings.HasPrefix(o.GetAPIVersion(), monitoringGV+"/") {
+					// The Prometheus Operator's CRDs are not this repository's; TestRender
+					// checks what these objects select. The default render has none.
+					t.Logf("not applied (no %s CRDs here): %s", monitoringGV, key(o))
+					continue
+				}
+				if err := apply(ctx, c, o, client.DryRunAll); err != nil {
+					t.Errorf("server-side dry-run apply of %s: %v", key(o), err)
+				}
+				applied++
+			}
+			t.Logf("%d objects validated by the API server", applied)
+		})
+	}
+
+	// The dry run is a real validation: the API server refuses a broken object.
+	t.Run("ValidationIsReal", func(t *testing.T) {
+		ds := find(t, render(t, ""), "DaemonSet", "peregrine-csi-node").DeepCopy()
+		cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+		delete(cs[0].(map[string]any), "securityContext")
+		_ = unstructured.SetNestedSlice(ds.Object, cs, "spec", "template", "spec", "containers")
+		if err := apply(ctx, c, ds, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "Bidirectional") {
+			t.Errorf("an unprivileged Bidirectional DaemonSet: want a refusal, got %v", err)
+		}
+		ss := find(t, render(t, "values-gke.yaml"), "ServerSet", "tank").DeepCopy()
+		_ = unstructured.SetNestedField(ss.Object, map[string]any{"hostPath": "/x", "size": "1GiB"}, "spec", "storage", "emulated")
+		if err := apply(ctx, c, ss, client.DryRunAll); err == nil {
+			t.Error("a ServerSet with both nvme and emulated storage was accepted (the CRD's CEL rule did not run)")
+		}
+	})
+}
