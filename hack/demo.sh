@@ -46,6 +46,7 @@ export KUBECONFIG
 CLUSTER_DIR="${PEREGRINE_CLUSTER_DIR:-/var/lib/peregrine-cluster}"
 PROFILE="$PROFILE" bash hack/images.sh --address "$CLUSTER_DIR/containerd/containerd.sock" import
 KUBECTL="$(bash hack/build-kube.sh --node)/kubectl"
+KUBECTL="$KUBECTL" bash hack/snapshot-addon.sh install   # the cluster's snapshot add-on (CRDs, snapshot-controller), as managed clusters have
 k() { "$KUBECTL" "$@"; }
 
 log "installing Peregrine: operator, CRDs, webhook"
