@@ -5,7 +5,8 @@
 #   2. images: debootstrap base, engine/operator/csi images from those binaries, CSI sidecars
 #      (hack/images.sh)
 #   3. a real single-node Kubernetes (hack/cluster.sh up), the images imported into its containerd
-#   4. Peregrine installed: operator, CRDs and webhook (config/default), the CSI driver (config/csi)
+#   4. Peregrine installed with Helm (charts/peregrine; helm from hack/build-helm.sh): operator, CRDs,
+#      webhook and the CSI driver, the same objects as config/default and config/csi
 #   5. a ServerSet of three engines on emulated NVMe and a Pool (config/samples), then the CSI
 #      samples: a StorageClass, a PVC and a pod that mounts it (with a subPath, an fsGroup and the
 #      interception library preloaded)
@@ -49,12 +50,14 @@ KUBECTL="$(bash hack/build-kube.sh --node)/kubectl"
 KUBECTL="$KUBECTL" bash hack/snapshot-addon.sh install   # the cluster's snapshot add-on (CRDs, snapshot-controller), as managed clusters have
 k() { "$KUBECTL" "$@"; }
 
-log "installing Peregrine: operator, CRDs, webhook"
-k apply --server-side -k config/default >&2
-k -n peregrine-system wait --for=condition=Available deployment --all --timeout="${WAIT}s" >&2
-log "installing the CSI driver"
-k apply --server-side -k config/csi >&2
-k -n peregrine-system wait --for=condition=Available deployment --all --timeout="${WAIT}s" >&2
+log "installing Peregrine with Helm (charts/peregrine): operator, CRDs, webhook, CSI driver"
+HELM="$(bash hack/build-helm.sh)"
+# The local images (peregrine/*:dev, imported above; nothing to pull). The StorageClass comes
+# from config/samples/csi below, so the chart's is off. --take-ownership adopts the same objects
+# left by an install made with `kubectl apply -k config/default -k config/csi`.
+"$HELM" upgrade --install peregrine charts/peregrine -n peregrine-system --create-namespace \
+  --take-ownership --set imagePullPolicy=IfNotPresent --set storageClass.enabled=false \
+  --wait --timeout "${WAIT}s" >&2
 k -n peregrine-system rollout status daemonset/peregrine-csi-node --timeout="${WAIT}s" >&2
 
 log "a ServerSet of three engines and a Pool"
