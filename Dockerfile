@@ -55,7 +55,8 @@ COPY internal/ internal/
 COPY pkg/ pkg/
 RUN --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath -ldflags "-s -w" -o /out/peregrine-operator ./cmd/operator \
- && CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath -ldflags "-s -w" -o /out/peregrine-csi ./cmd/csi
+ && CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath -ldflags "-s -w" -o /out/peregrine-csi ./cmd/csi \
+ && CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath -ldflags "-s -w" -o /out/peregrine-il-check ./cmd/il-check
 
 # ---------------------------------------------------------------- binaries, by BINARIES
 # Each image's binaries from the build stages (engine-bin-build...) or from the context
@@ -78,11 +79,12 @@ COPY _out/images/bin/peregrine-operator /
 
 FROM scratch AS csi-bin-build
 LABEL dev.peregrine.images.stage=csi-bin-build
-COPY --from=go-build /out/peregrine-csi /
+COPY --from=go-build /out/peregrine-csi /out/peregrine-il-check /
 COPY --from=rust-build /out/peregrine-fuse /out/libperegrine_il.so /
 FROM scratch AS csi-bin-prebuilt
 LABEL dev.peregrine.images.stage=csi-bin-prebuilt
-COPY _out/images/bin/peregrine-csi _out/images/bin/peregrine-fuse _out/images/bin/libperegrine_il.so /
+COPY _out/images/bin/peregrine-csi _out/images/bin/peregrine-fuse _out/images/bin/libperegrine_il.so \
+     _out/images/bin/peregrine-il-check /
 
 # ":-build" repeats the default: buildah (1.28) picks the stages to run before it applies ARG
 # defaults, and would skip engine-bin-build with a plain ${BINARIES}.
@@ -122,6 +124,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 COPY --from=csi-bin /peregrine-csi /peregrine-fuse /usr/local/bin/
 COPY --from=csi-bin /libperegrine_il.so /usr/lib/peregrine/libperegrine_il.so
+# Static: pods' check containers run it in their own images to see whether those bind the library.
+COPY --from=csi-bin /peregrine-il-check /usr/lib/peregrine/peregrine-il-check
 # The library reaches pods whose images lack ISA-L: its libisal.so.2 goes beside it (RUNPATH $ORIGIN).
 RUN cp -L /usr/lib/*/libisal.so.2 /usr/lib/peregrine/libisal.so.2
 LABEL org.opencontainers.image.title="peregrine-csi" \

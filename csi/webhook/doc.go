@@ -8,14 +8,16 @@
 //
 //	peregrine.dev/intercept: "true"
 //
-// (exactly "true"; any other value, or no annotation, leaves the pod untouched) gets, in each of its
-// regular containers:
+// (exactly "true"; any other value, or no annotation, leaves the pod untouched) gets:
 //
-//   - a read-only mount of the volume "peregrine-il" at /opt/peregrine/il; the volume is a hostPath
-//     (type Directory) on the CSI node plugin's directory that holds the library, by default
-//     /var/lib/peregrine/il (the operator's --il-host-dir);
-//   - LD_PRELOAD=/opt/peregrine/il/libperegrine_il.so, appended with ':' (the glibc separator) to an
-//     LD_PRELOAD the container already sets, and not added twice;
+//   - per image of its regular containers, a check container (an init container named
+//     peregrine-il-check-N, running that image) that runs the static checker peregrine-il-check
+//     from the node plugin's directory (the hostPath volume "peregrine-il-host", type Directory, by
+//     default /var/lib/peregrine/il, the operator's --il-host-dir, mounted read-only at
+//     /opt/peregrine/il-host) and fills the subdirectory N of the emptyDir "peregrine-il";
+//   - in each regular container, a read-only mount of its image's subdirectory at
+//     /opt/peregrine/il, and LD_PRELOAD=/opt/peregrine/il/libperegrine_il.so, appended with ':'
+//     (the glibc separator) to an LD_PRELOAD the container already sets, and not added twice;
 //   - PEREGRINE_IL_REPORT=1 as well when the pod is annotated peregrine.dev/intercept-report: "true"
 //     (the library prints what it intercepted at exit), unless the container sets it itself.
 //
@@ -23,23 +25,32 @@
 //
 // Init containers are not patched, on purpose: they run setup steps (copying, waiting, chowning)
 // to completion before the workload starts, not the long-running I/O the library speeds up, so
-// preloading into them adds a failure surface (and, for a hostPath type Directory, a dependency on
-// the node plugin's directory before the pod's first step) for no gain. An application that wants
+// preloading into them adds a failure surface for no gain. An application that wants
 // interception in an init container can set LD_PRELOAD and the mount itself.
 //
-// Patching is idempotent: a pod that already has the volume, the mounts and the library in
-// LD_PRELOAD is returned unchanged (an empty patch), which matters because the webhook is registered
-// with reinvocationPolicy IfNeeded and is called again when a later webhook changes the pod.
+// Patching is idempotent: a pod that already has the volumes, the check containers, the mounts and
+// the library in LD_PRELOAD is returned unchanged (an empty patch), which matters because the
+// webhook is registered with reinvocationPolicy IfNeeded and is called again when a later webhook
+// changes the pod; a container or image a later webhook added gets its check then.
 //
 // # Images without a compatible libc
 //
-// The library is a glibc ELF shared object (glibc 2.34 or newer; its ISA-L beside it). A static
-// binary never reads LD_PRELOAD and runs unchanged. But where the loader finds the library and
-// cannot bind it (an older glibc: a missing symbol version; musl: missing glibc symbols), the
-// error is fatal, not a warning: the container does not start. The webhook cannot see an
-// image's C library at admission, so such pods must not ask for interception; an init
-// container that tries the library with the image's own loader, and hands it over only when it
-// binds, is the planned fix.
+// The library is a glibc ELF shared object (glibc 2.34 or newer; its ISA-L beside it). Where a
+// loader finds it and cannot bind it (an older glibc: a missing symbol version; musl: missing
+// glibc symbols), the error is fatal: the program does not start. The webhook cannot see an
+// image's C library at admission, so the check container looks inside the image (package
+// csi/ilcheck): it runs a dynamically linked glibc program of the image (the container's own
+// command first) with the library preloaded, whose constructor answers and ends the process before
+// the program's main runs, and copies the library and ISA-L into the subdirectory only when it
+// answered. Otherwise the pod starts without interception: in an image with an older glibc, the
+// image's own libc.so.6 stands in under the library's name (glibc would print an error for a
+// missing file at every program start; the same libc preloaded changes nothing); a musl image
+// ignores the missing file; static programs never read LD_PRELOAD. The check prints one line that
+// says which (kubectl logs POD -c peregrine-il-check-0) and always exits 0.
+//
+// The check container runs as its container does: same image, pull policy and security context,
+// its CPU and memory requests and limits (so it passes the same LimitRange and quota checks and
+// adds nothing to the pod's requests), not its extended resources (GPUs).
 //
 // # Limits
 //
@@ -52,7 +63,8 @@
 //
 // The hostPath has type Directory: on a node where the CSI node plugin has not (yet) laid out the
 // directory, the kubelet does not start the pod until it exists, the same dependency a Peregrine
-// volume already has on the node plugin.
+// volume already has on the node plugin. Namespaces that enforce the Pod Security Standards'
+// baseline or restricted level refuse hostPath volumes, and with them intercepted pods.
 //
 // # Failure policy
 //

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -24,12 +26,22 @@ const (
 	// MutatePath is where the webhook server serves the pod mutation.
 	MutatePath = "/mutate-v1-pod"
 
-	// VolumeName is the hostPath volume holding the library.
+	// VolumeName is the pod's emptyDir that holds, per image, the library when that image's C
+	// library binds it (one subdirectory per image, filled by its check container).
 	VolumeName = "peregrine-il"
-	// MountPath is where the library directory appears in each patched container.
+	// HostVolumeName is the hostPath volume on the node plugin's directory: the library, ISA-L
+	// and the checker, seen only by the check containers.
+	HostVolumeName = "peregrine-il-host"
+	// MountPath is where a patched container sees its image's subdirectory of VolumeName.
 	MountPath = "/opt/peregrine/il"
-	// LibraryName is the interception library's file name in that directory.
+	// HostMountPath is where a check container sees the node plugin's directory.
+	HostMountPath = "/opt/peregrine/il-host"
+	// LibraryName is the interception library's file name in those directories.
 	LibraryName = "libperegrine_il.so"
+	// CheckerName is the static checker's file name in the node plugin's directory.
+	CheckerName = "peregrine-il-check"
+	// CheckContainerPrefix names the check containers: the prefix and the image's subdirectory.
+	CheckContainerPrefix = "peregrine-il-check-"
 	// DefaultHostDir is the CSI node plugin's directory with the library on each node.
 	DefaultHostDir = "/var/lib/peregrine/il"
 
@@ -57,8 +69,9 @@ func (m Mutator) hostDir() string {
 // the warnings to hand back to the client (containers or volumes it had to leave alone). A pod that
 // does not ask for interception, and a pod already patched, come back unchanged.
 //
-// The image must have a C library that binds the library (see "Images without a compatible libc"
-// in the package documentation): otherwise the container does not start.
+// Each image of a patched container gets a check container (an init container running that
+// image) that hands the library over only when the image's C library binds it (see "Images
+// without a compatible libc" in the package documentation), so an image without one still starts.
 func (m Mutator) Mutate(pod *corev1.Pod) (changed bool, warnings []string) {
 	if pod.Annotations[AnnotationIntercept] != "true" {
 		return false, nil
@@ -71,49 +84,132 @@ func (m Mutator) Mutate(pod *corev1.Pod) (changed bool, warnings []string) {
 	}
 	report := pod.Annotations[AnnotationInterceptReport] == "true"
 
-	// The volume: ours if present with our hostPath; someone else's volume under our name is left
-	// alone and nothing is patched (mounting it at MountPath would preload an unrelated file).
-	volumeIdx := -1
-	for i := range pod.Spec.Volumes {
-		if pod.Spec.Volumes[i].Name == VolumeName {
-			volumeIdx = i
-			break
-		}
+	// The volumes: ours if present in our shape; someone else's volume under one of our names is
+	// left alone and nothing is patched (mounting it would preload an unrelated file).
+	emptyIdx, hostIdx := volumeIndex(pod, VolumeName), volumeIndex(pod, HostVolumeName)
+	if emptyIdx >= 0 && pod.Spec.Volumes[emptyIdx].EmptyDir == nil {
+		return false, []string{fmt.Sprintf("peregrine: pod has its own volume %q; interception not added", VolumeName)}
 	}
-	if volumeIdx >= 0 {
-		hp := pod.Spec.Volumes[volumeIdx].HostPath
+	if hostIdx >= 0 {
+		hp := pod.Spec.Volumes[hostIdx].HostPath
 		if hp == nil || path.Clean(hp.Path) != path.Clean(m.hostDir()) {
-			return false, []string{fmt.Sprintf("peregrine: pod has its own volume %q; interception not added", VolumeName)}
+			return false, []string{fmt.Sprintf("peregrine: pod has its own volume %q; interception not added", HostVolumeName)}
 		}
 	}
 
-	patchedAny := false
+	checks := existingChecks(pod)
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		if excluded[c.Name] {
 			continue
 		}
-		ok, w := patchContainer(c, report)
-		warnings = append(warnings, w...)
-		if ok.patched {
-			patchedAny = true
+		dir, checked := checks[c.Image]
+		if !checked {
+			dir = nextCheckDir(pod)
 		}
-		if ok.changed {
+		r, w := patchContainer(c, dir, report)
+		warnings = append(warnings, w...)
+		if !r.patched {
+			continue
+		}
+		changed = changed || r.changed
+		if !checked {
+			pod.Spec.InitContainers = append(pod.Spec.InitContainers, checkContainer(c, dir))
+			checks[c.Image] = dir
 			changed = true
 		}
 	}
-	if patchedAny && volumeIdx < 0 {
-		dir := corev1.HostPathDirectory
-		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
-			Name: VolumeName,
-			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-				Path: m.hostDir(),
-				Type: &dir,
-			}},
-		})
-		changed = true
+	if !changed {
+		return false, warnings
 	}
-	return changed, warnings
+	if emptyIdx < 0 {
+		// Room for the library and ISA-L, per image.
+		limit := resource.MustParse("64Mi")
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: VolumeName,
+			VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &limit}}})
+	}
+	if hostIdx < 0 {
+		dir := corev1.HostPathDirectory
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: HostVolumeName,
+			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: m.hostDir(), Type: &dir}}})
+	}
+	return true, warnings
+}
+
+func volumeIndex(pod *corev1.Pod, name string) int {
+	for i := range pod.Spec.Volumes {
+		if pod.Spec.Volumes[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// existingChecks maps each image that already has a check container (a reinvoked webhook, or a
+// pod patched before) to its subdirectory.
+func existingChecks(pod *corev1.Pod) map[string]string {
+	checks := map[string]string{}
+	for _, c := range pod.Spec.InitContainers {
+		if dir, ok := strings.CutPrefix(c.Name, CheckContainerPrefix); ok {
+			checks[c.Image] = dir
+		}
+	}
+	return checks
+}
+
+// nextCheckDir is the first subdirectory number no check container uses yet.
+func nextCheckDir(pod *corev1.Pod) string {
+	used := map[string]bool{}
+	for _, c := range pod.Spec.InitContainers {
+		used[c.Name] = true
+	}
+	for n := 0; ; n++ {
+		if dir := strconv.Itoa(n); !used[CheckContainerPrefix+dir] {
+			return dir
+		}
+	}
+}
+
+// checkContainer runs the checker in c's image: the image's own loader tries the library and,
+// only when it binds, the checker copies it into the image's subdirectory of the emptyDir. It
+// always succeeds (exit 0), so interception stays an optimisation and never a reason a pod does
+// not start. It runs as c does (its security context, user and pull policy) and asks for no more
+// CPU and memory than c, so it passes the admission checks c passes and adds nothing to the
+// pod's requests (the larger of init and regular containers counts); extended resources (GPUs)
+// are not copied, so that no device is handed to it.
+func checkContainer(c *corev1.Container, dir string) corev1.Container {
+	check := corev1.Container{
+		Name:            CheckContainerPrefix + dir,
+		Image:           c.Image,
+		ImagePullPolicy: c.ImagePullPolicy,
+		Command: []string{path.Join(HostMountPath, CheckerName),
+			"--from", HostMountPath, "--to", MountPath},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: HostVolumeName, MountPath: HostMountPath, ReadOnly: true},
+			{Name: VolumeName, MountPath: MountPath, SubPath: dir},
+		},
+		SecurityContext:          c.SecurityContext.DeepCopy(),
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
+	// The container's own program first: it is the one whose loader must bind the library.
+	if len(c.Command) > 0 && path.IsAbs(c.Command[0]) {
+		check.Command = append(check.Command, "--program", c.Command[0])
+	}
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if q, ok := c.Resources.Requests[name]; ok {
+			if check.Resources.Requests == nil {
+				check.Resources.Requests = corev1.ResourceList{}
+			}
+			check.Resources.Requests[name] = q
+		}
+		if q, ok := c.Resources.Limits[name]; ok {
+			if check.Resources.Limits == nil {
+				check.Resources.Limits = corev1.ResourceList{}
+			}
+			check.Resources.Limits[name] = q
+		}
+	}
+	return check
 }
 
 type containerResult struct {
@@ -121,7 +217,7 @@ type containerResult struct {
 	changed bool // this call changed the container
 }
 
-func patchContainer(c *corev1.Container, report bool) (r containerResult, warnings []string) {
+func patchContainer(c *corev1.Container, dir string, report bool) (r containerResult, warnings []string) {
 	// The LD_PRELOAD entry that takes effect is the last one (later env entries win).
 	preloadIdx := -1
 	for i := range c.Env {
@@ -144,8 +240,13 @@ func patchContainer(c *corev1.Container, report bool) (r containerResult, warnin
 	}
 
 	r.patched = true
+	want := corev1.VolumeMount{Name: VolumeName, MountPath: MountPath, SubPath: dir, ReadOnly: true}
 	if mountIdx < 0 {
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeName, MountPath: MountPath, ReadOnly: true})
+		c.VolumeMounts = append(c.VolumeMounts, want)
+		r.changed = true
+	} else if c.VolumeMounts[mountIdx] != want {
+		// The image changed since it was patched (a later webhook): its own check's directory.
+		c.VolumeMounts[mountIdx] = want
 		r.changed = true
 	}
 	if preloadIdx < 0 {

@@ -3,10 +3,13 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"reflect"
+	"strings"
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -69,20 +72,62 @@ func assertUntouched(t *testing.T, c corev1.Container) {
 	}
 }
 
+// assertVolume: the pod has our emptyDir and our hostPath on hostDir, once each, and every patched
+// container a check container of its image writing the subdirectory it mounts.
 func assertVolume(t *testing.T, pod *corev1.Pod, hostDir string) {
 	t.Helper()
-	n := 0
+	empty, host := 0, 0
 	for _, v := range pod.Spec.Volumes {
-		if v.Name != VolumeName {
+		switch v.Name {
+		case VolumeName:
+			empty++
+			if v.EmptyDir == nil {
+				t.Errorf("volume %+v, want an emptyDir", v)
+			}
+		case HostVolumeName:
+			host++
+			if v.HostPath == nil || v.HostPath.Path != hostDir || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectory {
+				t.Errorf("volume %+v, want hostPath %s type Directory", v, hostDir)
+			}
+		}
+	}
+	if empty != 1 || host != 1 {
+		t.Errorf("%d volumes %s and %d %s, want 1 each", empty, VolumeName, host, HostVolumeName)
+	}
+	for _, c := range pod.Spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if m.Name == VolumeName {
+				assertCheck(t, pod, c.Image, m.SubPath)
+			}
+		}
+	}
+}
+
+// assertCheck: exactly one check container runs image and fills dir.
+func assertCheck(t *testing.T, pod *corev1.Pod, image, dir string) {
+	t.Helper()
+	n := 0
+	for _, c := range pod.Spec.InitContainers {
+		if !strings.HasPrefix(c.Name, CheckContainerPrefix) || c.Image != image {
 			continue
 		}
 		n++
-		if v.HostPath == nil || v.HostPath.Path != hostDir || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectory {
-			t.Errorf("volume %+v, want hostPath %s type Directory", v, hostDir)
+		if c.Name != CheckContainerPrefix+dir || dir == "" {
+			t.Errorf("check container %s for the subdirectory %q", c.Name, dir)
+		}
+		want := []corev1.VolumeMount{
+			{Name: HostVolumeName, MountPath: HostMountPath, ReadOnly: true},
+			{Name: VolumeName, MountPath: MountPath, SubPath: dir},
+		}
+		if !reflect.DeepEqual(c.VolumeMounts, want) {
+			t.Errorf("check container %s mounts %+v, want %+v", c.Name, c.VolumeMounts, want)
+		}
+		if len(c.Command) < 5 || c.Command[0] != HostMountPath+"/"+CheckerName {
+			t.Errorf("check container %s runs %v", c.Name, c.Command)
 		}
 	}
 	if n != 1 {
-		t.Errorf("%d volumes %s, want 1", n, VolumeName)
+		t.Errorf("%d check containers for image %s, want 1", n, image)
 	}
 }
 
@@ -179,13 +224,82 @@ func TestMutateConflicts(t *testing.T) {
 	}
 	assertPatched(t, pod.Spec.Containers[2], LibraryPath)
 
-	// A volume of the pod's own named peregrine-il: nothing is patched.
-	pod = testPod(map[string]string{AnnotationIntercept: "true"}, ctr("a"))
-	pod.Spec.Volumes = []corev1.Volume{{Name: VolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	if changed, warnings := (Mutator{}).Mutate(pod); changed || len(warnings) != 1 {
-		t.Errorf("own volume: changed %v warnings %v", changed, warnings)
+	// A volume of the pod's own under one of our names: nothing is patched.
+	for _, v := range []corev1.Volume{
+		{Name: VolumeName, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}},
+		{Name: HostVolumeName, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/elsewhere"}}},
+	} {
+		pod = testPod(map[string]string{AnnotationIntercept: "true"}, ctr("a"))
+		pod.Spec.Volumes = []corev1.Volume{v}
+		if changed, warnings := (Mutator{}).Mutate(pod); changed || len(warnings) != 1 {
+			t.Errorf("own volume %s: changed %v warnings %v", v.Name, changed, warnings)
+		}
 	}
 }
+
+// Each image gets one check container: the containers of the same image share its directory,
+// another image gets its own. The check runs as its container does (security context, pull
+// policy, CPU and memory) and never gets its extended resources.
+func TestMutateCheckContainers(t *testing.T) {
+	a, b, c := ctr("a"), ctr("b"), ctr("c")
+	b.Image = "python:3.12"
+	b.Command = []string{"/usr/local/bin/python3", "train.py"}
+	b.ImagePullPolicy = corev1.PullAlways
+	b.SecurityContext = &corev1.SecurityContext{RunAsUser: ptrTo(int64(1000)), ReadOnlyRootFilesystem: ptrTo(true)}
+	b.Resources = corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), "nvidia.com/gpu": resource.MustParse("1")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi"), "nvidia.com/gpu": resource.MustParse("1")},
+	}
+	pod := testPod(map[string]string{AnnotationIntercept: "true"}, a, b, c)
+	// A check container name already taken by the pod itself is skipped.
+	pod.Spec.InitContainers = []corev1.Container{{Name: CheckContainerPrefix + "0", Image: "other"}}
+	if changed, _ := (Mutator{}).Mutate(pod); !changed {
+		t.Fatal("not changed")
+	}
+	checks := pod.Spec.InitContainers[1:]
+	if len(checks) != 2 || checks[0].Name != CheckContainerPrefix+"1" || checks[1].Name != CheckContainerPrefix+"2" {
+		t.Fatalf("check containers %+v", checks)
+	}
+	if sub := pod.Spec.Containers[0].VolumeMounts[0].SubPath; sub != "1" || pod.Spec.Containers[2].VolumeMounts[0].SubPath != sub {
+		t.Errorf("containers of one image mount %q and %q", sub, pod.Spec.Containers[2].VolumeMounts[0].SubPath)
+	}
+	py := checks[1]
+	if py.Image != b.Image || py.ImagePullPolicy != corev1.PullAlways || !reflect.DeepEqual(py.SecurityContext, b.SecurityContext) {
+		t.Errorf("python check container %+v", py)
+	}
+	if got := py.Command[len(py.Command)-2:]; !reflect.DeepEqual(got, []string{"--program", "/usr/local/bin/python3"}) {
+		t.Errorf("python check probes %v first", got)
+	}
+	wantRes := corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
+	}
+	if !reflect.DeepEqual(py.Resources, wantRes) {
+		t.Errorf("python check resources %+v, want %+v", py.Resources, wantRes)
+	}
+	if checks[0].Resources.Requests != nil || checks[0].Resources.Limits != nil {
+		t.Errorf("busybox check resources %+v, want none", checks[0].Resources)
+	}
+	assertVolume(t, pod, DefaultHostDir)
+
+	// Reinvoked after another webhook added a container of a new image and changed one image:
+	// one more check container, the changed container mounts the new image's directory.
+	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "sidecar", Image: "envoy"})
+	pod.Spec.Containers[2].Image = "envoy"
+	if changed, _ := (Mutator{}).Mutate(pod); !changed {
+		t.Fatal("reinvocation: not changed")
+	}
+	if n := len(pod.Spec.InitContainers); n != 4 {
+		t.Fatalf("%d init containers after reinvocation, want 4", n)
+	}
+	assertVolume(t, pod, DefaultHostDir)
+	assertPatched(t, pod.Spec.Containers[3], LibraryPath)
+	if again := pod.DeepCopy(); func() bool { ch, _ := (Mutator{}).Mutate(again); return ch }() {
+		t.Errorf("third Mutate changed the pod")
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
 
 func TestAppendPreload(t *testing.T) {
 	for in, want := range map[string]string{
@@ -236,7 +350,7 @@ func TestHandler(t *testing.T) {
 	for _, p := range resp.Patches {
 		ops[p.Operation+" "+p.Path]++
 	}
-	for _, want := range []string{"add /spec/volumes", "add /spec/containers/0/env", "add /spec/containers/1/volumeMounts"} {
+	for _, want := range []string{"add /spec/volumes", "add /spec/initContainers", "add /spec/containers/0/env", "add /spec/containers/1/volumeMounts"} {
 		if ops[want] != 1 {
 			t.Errorf("patch lacks %q: %v", want, resp.Patches)
 		}
