@@ -6,7 +6,7 @@ export CARGO_TERM_COLOR ?= never
 
 include hack/go.mk
 
-.PHONY: all deps build test test-engine lint fmt bench quickstart demo e2e images cluster-down clean chart-lint
+.PHONY: all deps build test test-engine lint fmt bench quickstart demo demo-down e2e images cluster-down clean chart-lint
 
 all: build
 
@@ -40,6 +40,10 @@ bench: deps
 ## the operator, webhook and CSI driver installed, a ServerSet, a Pool, and a PVC mounted in a pod.
 demo: deps
 	bash hack/demo.sh
+
+## demo-down: remove what `make demo` made: samples, volumes, the release, the cluster and its state.
+demo-down:
+	bash hack/demo.sh down
 
 ## e2e: the end-to-end suites (e2e/) on the cluster `make demo` leaves up (or any KUBECONFIG).
 e2e: demo

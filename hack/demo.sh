@@ -11,8 +11,13 @@
 #      samples: a StorageClass, a PVC and a pod that mounts it (with a subPath, an fsGroup and the
 #      interception library preloaded)
 #   6. what the pod sees: df of its volume and the file it writes
+#   7. a training-like Job (config/samples/csi/training-job.yaml): a dataset of 2000 files
+#      written, then read back in 3 shuffled epochs through the interception library, with its
+#      progress, MiB/s and files/s
 #
-# Leaves the cluster up (KUBECONFIG printed at the end); `bash hack/cluster.sh down` stops it.
+# Leaves the cluster up (KUBECONFIG printed at the end). `hack/demo.sh down` (make demo-down)
+# removes it all: the samples and their volumes, the release, the snapshot add-on, then the
+# cluster with its state, loop devices and emulated NVMe files (hack/cluster.sh down --purge).
 # Environment: PROFILE (release), DEMO_TIMEOUT (seconds to wait for each step, 600).
 set -euo pipefail
 
@@ -23,6 +28,34 @@ PROFILE="${PROFILE:-release}"
 WAIT="${DEMO_TIMEOUT:-600}"
 T0=$SECONDS
 log() { printf '[demo %4ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# down: everything the demo made, in the order that lets each part clean up after itself (the
+# volumes while the driver runs, the CRs while the operator runs), then the cluster.
+if [[ "${1:-}" == down ]]; then
+  if bash hack/cluster.sh status >/dev/null 2>&1; then
+    export KUBECONFIG="${PEREGRINE_CLUSTER_DIR:-/var/lib/peregrine-cluster}/kubeconfig/admin.conf"
+    KUBECTL="$(bash hack/build-kube.sh --node)/kubectl"
+    k() { "$KUBECTL" "$@"; }
+    log "the samples and their volumes"
+    k delete --ignore-not-found --wait --timeout="${WAIT}s" -f config/samples/csi/training-job.yaml \
+      -f config/samples/csi/pod.yaml -f config/samples/csi/pvc.yaml >&2
+    k wait --for=delete pv --all --timeout="${WAIT}s" >&2 || true
+    k delete --ignore-not-found --wait --timeout="${WAIT}s" -f config/samples/storage_v1alpha1_pool.yaml \
+      -f config/samples/storage_v1alpha1_serverset.yaml -f config/samples/csi/storageclass.yaml >&2
+    log "the release and the snapshot add-on"
+    HELM="$(bash hack/build-helm.sh)"
+    "$HELM" uninstall peregrine -n peregrine-system --wait --timeout "${WAIT}s" --ignore-not-found >&2
+    KUBECTL="$KUBECTL" bash hack/snapshot-addon.sh uninstall >&2
+  fi
+  log "the cluster, its state and the demo's files"
+  bash hack/cluster.sh down --purge >&2
+  # The sample ServerSet's emulated NVMe and the node plugin's state (config/samples, config/csi).
+  rm -f /var/lib/peregrine/tank-nvme*.img
+  rm -rf /var/lib/peregrine/csi /var/lib/peregrine/il
+  log "removed in $((SECONDS - T0)) s"
+  exit 0
+fi
 
 log "dependencies"
 bash hack/install-deps.sh
@@ -74,5 +107,18 @@ sleep 2
 log "what the pod sees"
 k exec peregrine-reader -- sh -c 'id; df -h /data; ls -ln /data /data/out; tail -n 3 /data/out/log' >&2
 k get pvc,pv >&2
+
+log "a training-like job: a dataset of many files written, then read back in shuffled epochs"
+k delete job peregrine-train --ignore-not-found --wait >&2
+k apply -f config/samples/csi/training-job.yaml >&2
+# Its progress as it goes: the logs follow once the container started (after its check container).
+deadline=$((SECONDS + WAIT))
+until k logs -f job/peregrine-train >&2 2>/dev/null; do
+  ((SECONDS < deadline)) || { k describe job/peregrine-train >&2; die "the training job did not start"; }
+  sleep 2
+done
+k wait --for=condition=complete job/peregrine-train --timeout="${WAIT}s" >&2 ||
+  { k describe job/peregrine-train >&2; die "the training job did not complete"; }
+k logs job/peregrine-train -c peregrine-il-check-0 >&2
 log "done in $((SECONDS - T0)) s; the cluster stays up: KUBECONFIG=$KUBECONFIG ($KUBECTL); bash hack/cluster.sh down stops it"
 echo "$KUBECONFIG"

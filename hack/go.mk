@@ -36,6 +36,7 @@ chart-lint:
 go-build:
 	$(GO) build -o bin/peregrine-operator ./cmd/operator
 	$(GO) build -o bin/peregrine-csi ./cmd/csi
+	CGO_ENABLED=0 $(GO) build -o bin/peregrine-il-check ./cmd/il-check
 
 ## kube-bin: etcd, kube-apiserver and kubectl built from their Go modules (cached; ~6 min cold).
 kube-bin:

@@ -11,7 +11,10 @@
 #   sidecars  peregrine/csi-{provisioner,resizer,snapshotter} and peregrine/snapshot-controller (the
 #             cluster add-on of hack/snapshot-addon.sh) built from their Go modules at the
 #             pinned versions (binaries cached in CACHE/sidecars)
-#   import    every image above, and the base, into a containerd's k8s.io namespace (podman save | ctr import)
+#   testimages  peregrine/e2e-glibc2.31 and peregrine/e2e-musl:TAG, images whose C library cannot
+#             take the interception library, for the e2e suites (from hack/il-test-roots.sh)
+#   import    every image above (test images when built), and the base, into a containerd's
+#             k8s.io namespace (podman save | ctr import)
 #   all       base build sidecars, then import when the containerd socket exists
 #
 # Flags and environment:
@@ -67,7 +70,7 @@ while (($#)); do
     --tag) TAG="$2"; shift 2 ;;
     --tag=*) TAG="${1#*=}"; shift ;;
     -h|--help) usage 0 ;;
-    base|build|sidecars|import|all) cmds+=("$1"); shift ;;
+    base|build|sidecars|testimages|import|all) cmds+=("$1"); shift ;;
     *) echo "images: unknown argument: $1" >&2; usage ;;
   esac
 done
@@ -212,7 +215,7 @@ stage_binaries() {
   local target="$ROOT/engine/target/$PROFILE" f newer stale=() cargo="cargo build --workspace"
   [[ "$PROFILE" == debug ]] || cargo="cargo build --profile $PROFILE --workspace"
   mkdir -p "$OUT/bin"
-  for f in peregrine-engine peregrine peregrine-fuse libperegrine_il.so; do
+  for f in peregrine-engine peregrine peregrine-dataset peregrine-fuse libperegrine_il.so; do
     [[ -f "$target/$f" ]] ||
       die "$target/$f missing: run '$cargo' in engine/ (or PROFILE=debug for engine/target/debug)"
     newer="$(find "$ROOT/engine/crates" "$ROOT/engine/proto" -newer "$target/$f" -type f \( -name '*.rs' -o -name '*.proto' -o -name Cargo.toml \) -print -quit)"
@@ -225,7 +228,8 @@ stage_binaries() {
   # than trust bin/, which a default `go build` links against this host's libc.
   (cd "$ROOT" &&
     CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$OUT/bin/peregrine-operator" ./cmd/operator &&
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$OUT/bin/peregrine-csi" ./cmd/csi)
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$OUT/bin/peregrine-csi" ./cmd/csi &&
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$OUT/bin/peregrine-il-check" ./cmd/il-check)
 }
 
 # podman_build IMAGE ARGS...: podman build tagged IMAGE, then drops the image IMAGE named before
@@ -310,6 +314,29 @@ sidecars() {
   done
 }
 
+# ----------------------------------------------------------------------------- test images
+
+TEST_IMAGES=(e2e-glibc2.31 e2e-musl)
+
+# testimages: root file systems of real C libraries (Debian 11's glibc 2.31 with coreutils; a musl
+# program with busybox-static for sh and sha256sum) as images, for the interception check's e2e.
+testimages() {
+  local roots ctx
+  roots="$(bash "$ROOT/hack/il-test-roots.sh")"
+  ctx="$CACHE/testimages"
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  cp -a "$roots/glibc-2.31" "$ctx/glibc" && rm -rf "$ctx/glibc/opt"
+  cp -a "$roots/musl" "$ctx/musl" && rm -rf "$ctx/musl/opt"
+  cp /bin/busybox "$ctx/musl/bin/busybox"
+  ln -sf busybox "$ctx/musl/bin/sh" && ln -sf busybox "$ctx/musl/bin/sha256sum"
+  local name dir
+  for name in "${TEST_IMAGES[@]}"; do
+    dir="$ctx/${name#e2e-}" && dir="${dir%2.31}"
+    printf 'FROM scratch\nCOPY . /\n' >"$ctx/Containerfile.$name"
+    timed "testimages: $REPO/$name:$TAG" podman_build "$REPO/$name:$TAG" -f "$ctx/Containerfile.$name" "$dir"
+  done
+}
+
 # ---------------------------------------------------------------------------------- import
 
 all_images() {
@@ -317,6 +344,9 @@ all_images() {
   # The base too: pods of plain Debian (samples, the e2e suites' workloads) run on it.
   echo "$BASE_IMAGE"
   for x in "${IMAGES[@]}"; do echo "$REPO/$x:$TAG"; done
+  for x in "${TEST_IMAGES[@]}"; do
+    if podman image exists "$REPO/$x:$TAG"; then echo "$REPO/$x:$TAG"; fi
+  done
   for line in "${SIDECARS[@]}"; do
     read -r name modver pkg <<<"$line"
     echo "$REPO/$name:${modver##*@}"
@@ -361,6 +391,7 @@ for c in "${cmds[@]}"; do
     base) timed base base ;;
     build) build ;;
     sidecars) sidecars ;;
+    testimages) testimages ;;
     import) import ;;
     all)
       timed base base
