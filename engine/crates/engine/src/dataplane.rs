@@ -81,16 +81,32 @@ pub(crate) fn dispatch(
     match (req, node.storage()) {
         (None, _) => reply(error_reply(0, String::new())),
         (Some(_), Err(st)) => reply(error_reply(-libc::EAGAIN, st.message().to_string())),
-        (Some(req), Ok(storage)) => match node.pool_maps.admit(&req) {
-            Err((code, message)) => reply(error_reply(code, message)),
-            // Handed to the target while admitted: see `crate::poolmap`.
-            Ok(_admitted) => storage.submit_with(req, move |r: ReplyRef<'_>| {
-                reply(match r {
-                    Ok((resp, bulk)) => (resp, bulk.into_vec()),
-                    Err(e) => error_reply(e.code, e.msg),
-                })
-            }),
-        },
+        (Some(req), Ok(storage)) => {
+            let mut track = node.io.track(&req);
+            match node.pool_maps.admit(&req) {
+                Err((code, message)) => {
+                    if let Some(t) = track {
+                        t.refused(code);
+                    }
+                    reply(error_reply(code, message))
+                }
+                // Handed to the target while admitted: see `crate::poolmap`.
+                Ok(_admitted) => {
+                    if let Some(t) = &mut track {
+                        t.queued();
+                    }
+                    storage.submit_with(req, move |r: ReplyRef<'_>| {
+                        if let Some(t) = track {
+                            t.answered(&r);
+                        }
+                        reply(match r {
+                            Ok((resp, bulk)) => (resp, bulk.into_vec()),
+                            Err(e) => error_reply(e.code, e.msg),
+                        })
+                    })
+                }
+            }
+        }
     }
 }
 

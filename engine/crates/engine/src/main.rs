@@ -10,6 +10,7 @@ use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::mgmt_server::MgmtServer;
 use peregrine_proto::mgmt::{ContShardSnapshotsReq, JoinReq, JoinResp};
 use peregrine_vos::StorageError;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +21,9 @@ struct Args {
     /// Engine configuration (YAML).
     #[arg(long, short)]
     config: PathBuf,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9464); off unless given.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// How often an engine reports to the management service.
@@ -202,8 +206,16 @@ async fn apply_snapshot_lists(node: &Arc<Node>, lists: Vec<ContShardSnapshotsReq
     .unwrap_or(false)
 }
 
-async fn run(node: Arc<Node>) -> Result<(), String> {
+async fn run(node: Arc<Node>, metrics_listen: Option<SocketAddr>) -> Result<(), String> {
     let cfg = node.cfg.clone();
+    if let Some(addr) = metrics_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("--metrics-listen {addr}: bind: {e}"))?;
+        let registry = Arc::new(peregrine_engine::metrics::registry(node.clone()));
+        tokio::spawn(peregrine_engine::metrics::http::serve(l, registry));
+        tracing::info!("metrics on http://{addr}/metrics");
+    }
     let data = tokio::net::TcpListener::bind((cfg.listen_addr, cfg.data_port))
         .await
         .map_err(|e| format!("data_port {}: bind {}: {e}", cfg.data_port, cfg.data_addr()))?;
@@ -302,7 +314,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let result = rt.block_on(run(node.clone()));
+    let result = rt.block_on(run(node.clone(), args.metrics_listen));
     node.shutdown();
     if let Err(e) = result {
         eprintln!("peregrine-engine: {e}");

@@ -2,6 +2,7 @@
 //! the engine-local operations the management service drives.
 
 use crate::config::{BdevConfig, Config};
+use crate::metrics::IoMetrics;
 use crate::poolmap::PoolMaps;
 use parking_lot::{Mutex, RwLock};
 use peregrine_proto::mgmt::RankStorage;
@@ -27,6 +28,8 @@ pub struct Node {
     pub pool_maps: Arc<PoolMaps>,
     /// Shutting down: no more heartbeats (the service was told it stops).
     pub stopping: std::sync::atomic::AtomicBool,
+    /// The data path's counters (see [`crate::metrics`]).
+    pub io: Arc<IoMetrics>,
 }
 
 impl Node {
@@ -56,7 +59,6 @@ impl Node {
     /// otherwise come up in maintenance mode with the reason recorded.
     pub fn start(cfg: Config) -> Result<Arc<Node>, String> {
         let node = Arc::new(Node {
-            cfg,
             storage: RwLock::new(None),
             uuid: Mutex::new(Uuid::new_v4()),
             maintenance_reason: Mutex::new(String::new()),
@@ -64,6 +66,8 @@ impl Node {
             heartbeat_now: tokio::sync::Notify::new(),
             pool_maps: Arc::default(),
             stopping: Default::default(),
+            io: Arc::new(IoMetrics::new(cfg.targets)),
+            cfg,
         });
         let opts = Self::storage_options(&node.cfg);
         match peregrine_vos::scan(&opts.bdev)

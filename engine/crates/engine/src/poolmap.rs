@@ -177,6 +177,16 @@ impl PoolMaps {
             .collect()
     }
 
+    /// Every pool's view (none before the first heartbeat reply).
+    pub fn views(&self) -> Vec<(Uuid, PoolView)> {
+        self.known
+            .read()
+            .iter()
+            .flatten()
+            .map(|(p, v)| (*p, *v))
+            .collect()
+    }
+
     pub fn view(&self, pool: &Uuid) -> Option<PoolView> {
         self.known.read().as_ref()?.get(pool).copied()
     }

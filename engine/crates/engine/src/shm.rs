@@ -20,6 +20,7 @@
 //! another target), with a logged reason.
 
 use crate::dataplane;
+use crate::metrics::IoMetrics;
 use crate::node::Node;
 use crate::poolmap::PoolMaps;
 use peregrine_proto::data::Response as DataResponse;
@@ -322,6 +323,7 @@ struct Channel {
     live: Arc<Live>,
     target: u32,
     pool_maps: Arc<PoolMaps>,
+    io: Arc<IoMetrics>,
 }
 
 impl Drop for Channel {
@@ -370,7 +372,11 @@ impl Source for Channel {
         };
         // Polled on the target's own thread: admitted requests queue in order
         // with the drain that follows a pool map change (see `crate::poolmap`).
+        let mut track = self.io.track(&req);
         if let Err((code, message)) = self.pool_maps.admit(&req).map(drop) {
+            if let Some(t) = track {
+                t.refused(code);
+            }
             live.reply(&header, owned(dataplane::error_reply(code, message)));
             return Polled::Idle;
         }
@@ -390,9 +396,15 @@ impl Source for Channel {
             _ => None,
         };
         let l = live.clone();
+        if let Some(t) = &mut track {
+            t.queued();
+        }
         Polled::Request(
             req,
             Box::new(move |r: ReplyRef<'_>| {
+                if let Some(t) = track {
+                    t.answered(&r);
+                }
                 l.reply(
                     &header,
                     r.unwrap_or_else(|e| owned(dataplane::error_reply(e.code, e.msg))),
@@ -492,6 +504,7 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
         live: live.clone(),
         target,
         pool_maps: node.pool_maps.clone(),
+        io: node.io.clone(),
     });
     let (wake_fd, page_fd) = match storage.attach(target, channel) {
         Ok(fds) => fds,

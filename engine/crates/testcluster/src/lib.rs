@@ -58,6 +58,8 @@ pub struct EngineProc {
     pub log: PathBuf,
     pub control_port: u16,
     pub data_port: u16,
+    /// Command-line arguments after `--config` (e.g. `--metrics-listen`).
+    pub args: Vec<String>,
     pub child: Option<Child>,
 }
 
@@ -72,6 +74,7 @@ impl EngineProc {
         let child = Command::new(engine_bin())
             .arg("--config")
             .arg(&self.config)
+            .args(&self.args)
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
             .spawn()
@@ -152,6 +155,16 @@ impl Cluster {
     /// As [`Cluster::start`], with `extra` (YAML lines) added to every
     /// engine's configuration.
     pub fn start_configured(spec: ClusterSpec, extra: &str) -> Cluster {
+        Cluster::start_with_args(spec, extra, |_| Vec::new())
+    }
+
+    /// As [`Cluster::start_configured`], with `args(rank)` added to each
+    /// engine's command line.
+    pub fn start_with_args(
+        spec: ClusterSpec,
+        extra: &str,
+        args: impl Fn(u32) -> Vec<String>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..spec.engines)
             .map(|_| (free_port(), free_port()))
@@ -184,6 +197,7 @@ impl Cluster {
                 log,
                 control_port: cp,
                 data_port: dp,
+                args: args(rank),
                 child: None,
             };
             e.start();

@@ -171,6 +171,7 @@
 mod alloc;
 mod bufpool;
 mod bulk;
+mod counters;
 mod device;
 mod dtx;
 mod error;
@@ -181,6 +182,7 @@ mod target;
 mod wal;
 
 pub use bulk::{Bulk, Gather, SharedBytes};
+pub use counters::{TargetCounters, TargetSpace, TierSpace};
 pub use dtx::DTX_STALE_MS;
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
@@ -369,6 +371,8 @@ pub struct Storage {
     senders: Vec<Mailbox>,
     /// Per target: why it refuses updates (a failed device write), if it does.
     faults: Vec<std::sync::Arc<Mutex<Option<String>>>>,
+    /// Per target: what it publishes for metrics.
+    counters: Vec<std::sync::Arc<TargetCounters>>,
     threads: Vec<JoinHandle<()>>,
     mgmt: Mutex<mgmt::MgmtSlots>,
     lease: std::sync::Arc<AggregationLease>,
@@ -480,6 +484,7 @@ impl Storage {
         }
         let mut senders = Vec::new();
         let mut faults = Vec::new();
+        let mut counters = Vec::new();
         let mut threads = Vec::new();
         let mut ready = Vec::new();
         let lease = std::sync::Arc::<AggregationLease>::default();
@@ -491,6 +496,8 @@ impl Storage {
             let fault = std::sync::Arc::new(Mutex::new(None));
             faults.push(fault.clone());
             let lease = lease.clone();
+            let tc = std::sync::Arc::new(TargetCounters::default());
+            counters.push(tc.clone());
             let flush_interval = opts.flush_interval;
             let h = std::thread::Builder::new()
                 .name(format!("vos-target-{t}"))
@@ -498,6 +505,7 @@ impl Storage {
                     move || match Target::open(sb2, &path, huge, t, scm_budget, fault, lease) {
                         Ok(mut target) => {
                             target.flush_interval = flush_interval;
+                            target.counters = tc;
                             let _ = rtx.send(Ok(()));
                             target.run(rx);
                         }
@@ -516,6 +524,7 @@ impl Storage {
             sb,
             senders,
             faults,
+            counters,
             threads,
             lease,
         };
@@ -825,6 +834,17 @@ impl Storage {
             .iter()
             .filter_map(|f| f.lock().clone())
             .collect()
+    }
+
+    /// What each target publishes for metrics, by target index: read
+    /// without a message to the target (see [`TargetCounters`]).
+    pub fn counters(&self) -> &[std::sync::Arc<TargetCounters>] {
+        &self.counters
+    }
+
+    /// Why target `t` refuses updates, if it does (see [`Storage::faults`]).
+    pub fn fault(&self, t: u32) -> Option<String> {
+        self.faults.get(t as usize).and_then(|f| f.lock().clone())
     }
 
     /// Per-target counters (diagnostics).

@@ -533,6 +533,9 @@ pub(crate) struct Target {
     /// Bytes of value per data checksum (the device's format).
     chunk: u64,
     prof: Prof,
+    /// What the engine's metrics read without asking ([`crate::counters`]).
+    pub(crate) counters: Arc<crate::TargetCounters>,
+    published: crate::counters::Published,
     /// The batch being gathered.
     open: Batch,
     /// Data writes started ahead of their batch's commit, by tag.
@@ -676,6 +679,8 @@ impl Target {
             checkpoints: 0,
             chunk: 0,
             prof: Prof::default(),
+            counters: Default::default(),
+            published: Default::default(),
             open: Batch::default(),
             ahead: HashMap::new(),
             orphans: Vec::new(),
@@ -883,6 +888,7 @@ impl Target {
         let mut idle_since = Instant::now();
         loop {
             self.complete();
+            self.publish(false);
             if !stopping {
                 let mut n = 0;
                 while n < MAX_BATCH && self.open.data < BATCH_DATA {
@@ -932,6 +938,7 @@ impl Target {
                     continue;
                 }
                 self.poll_until = None;
+                self.publish(true);
                 if self.sleep_idle(&inbox) {
                     idle_since = Instant::now();
                 } else if idle_since.elapsed() >= IDLE_AGGREGATE && self.lease.valid() {
@@ -981,6 +988,15 @@ impl Target {
             if let Err(e) = self.checkpoint() {
                 tracing::warn!(target = self.id, error = %e, "checkpoint at close failed");
             }
+        }
+    }
+
+    /// Refresh the space the metrics read, if due ([`crate::counters`]).
+    fn publish(&mut self, idle: bool) {
+        if self.published.due(self.seq, idle) {
+            let (scm, data) = (self.scm_budget, self.sb.data_bytes);
+            self.published
+                .publish(&self.counters, self.seq, &self.index, scm, data);
         }
     }
 
@@ -1267,6 +1283,7 @@ impl Target {
             }
             c.syncing = true;
             self.prof.flushes += 1;
+            self.counters.flush();
             if let Err(e) = self.dev.start(c.tag + 1, &[Op::sync()]) {
                 c.err = Some(e);
                 c.done = true;
@@ -2182,6 +2199,7 @@ impl Target {
             return;
         }
         self.seq_started += 1;
+        self.counters.wal_record();
         self.wal_tail += rec.len() as u64;
         self.note_stamps(self.seq_started, &b.ops);
         for (pool, (scm, nvme)) in &b.space {
@@ -2367,6 +2385,7 @@ impl Target {
         })?;
         self.seq += 1;
         self.seq_started = self.seq;
+        self.counters.wal_record();
         self.wal_tail += rec.len() as u64;
         self.note_stamps(self.seq, ops);
         self.flushed(self.seq);
@@ -2437,6 +2456,7 @@ impl Target {
         self.wal_tail = 0;
         self.seq_started = self.seq;
         self.checkpoints += 1;
+        self.counters.checkpoint();
         // Replay starts from here: every record so far counts as flushed and checked.
         self.durable = self.seq;
         self.dirty_since = None;
