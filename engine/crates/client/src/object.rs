@@ -904,10 +904,9 @@ impl Object {
     ) -> Result<(Option<Body>, crate::transport::Reply)> {
         let t = &map.targets[loc.target];
         let at = || self.where_(map, loc);
-        let reads = matches!(
-            op,
-            Opcode::Fetch | Opcode::List | Opcode::QuerySize | Opcode::ListRecords
-        );
+        // Record listings are reintegration's, which asks the returning
+        // targets too what they hold already.
+        let reads = matches!(op, Opcode::Fetch | Opcode::List | Opcode::QuerySize);
         if !t.up || (reads && !t.readable) {
             return Err(Error::new(
                 -libc::EHOSTDOWN,

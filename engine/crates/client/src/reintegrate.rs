@@ -21,6 +21,18 @@
 //!
 //! Striped objects (no redundancy) have nothing to copy: writes to a down
 //! target of theirs fail instead of skipping it.
+//!
+//! What a returning shard already holds is not written again: `since` lies
+//! well below the outage (the management service's margin), so the copy
+//! meets every update the shard took before it went away, and after it came
+//! back. Writing one again at its epoch would not replace it (array extents
+//! of one epoch stay side by side until aggregation, which waits for the
+//! copy) but take its space a second time, and each retry of a copy that
+//! failed half-way once more, until the target was full: writes failing
+//! with ENOSPC and a copy that never ends. A value is skipped when the
+//! shard lists the same record (kind, akey, extent, epoch: the same
+//! update); an EC cell when the shard's extents of the stripe's newest epoch
+//! cover it whole.
 
 use crate::error::{fmt_key, Error, Result};
 use crate::object::{reply_body, Client, Container, Object, EC_SIZE_PREFIX};
@@ -53,14 +65,17 @@ pub struct ReintegrationStats {
     pub stripes: u64,
     /// Bytes written to returning shards.
     pub bytes: u64,
+    /// Values, punches and EC cells a returning shard already held, not
+    /// written again.
+    pub held: u64,
 }
 
 impl fmt::Display for ReintegrationStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} dkeys: {} values, {} punches, {} EC stripes, {} bytes",
-            self.dkeys, self.values, self.punches, self.stripes, self.bytes
+            "{} dkeys: {} values, {} punches, {} EC stripes, {} bytes; {} already held",
+            self.dkeys, self.values, self.punches, self.stripes, self.bytes, self.held
         )
     }
 }
@@ -220,6 +235,30 @@ pub(crate) fn list_changed(
     }
 }
 
+/// Whether `held` (a shard's records) has array extents of `akey` at exactly
+/// `epoch` that cover `[start, end)` together.
+fn covers(held: &[Record], akey: &[u8], epoch: u64, start: u64, end: u64) -> bool {
+    let mut xs: Vec<(u64, u64)> = held
+        .iter()
+        .filter(|r| {
+            r.kind == RecordKind::RecordValue as i32
+                && r.value_kind == ValueKind::Array as i32
+                && r.epoch == epoch
+                && r.akey == akey
+        })
+        .map(|r| (r.offset, r.offset + r.len))
+        .collect();
+    xs.sort_unstable();
+    let mut at = start;
+    for (s, e) in xs {
+        if s > at {
+            break;
+        }
+        at = at.max(e);
+    }
+    at >= end
+}
+
 /// Whether a record is held alike by every shard of an EC group.
 fn replicated_in_ec(r: &Record) -> bool {
     r.kind != RecordKind::RecordValue as i32
@@ -257,10 +296,22 @@ impl Object {
                 format!("group {}: no up-to-date shard left to copy from", g.group),
             ));
         };
+        // What each returning shard holds already (see the module docs).
+        let held: Vec<Vec<Record>> = dst
+            .iter()
+            .map(|d| self.list_records(map, d, dkey, since))
+            .collect::<Result<_>>()?;
+        let missing = |records: &[Record], held: &[Record], stats: &mut ReintegrationStats| {
+            let (has, lacks): (Vec<Record>, Vec<Record>) =
+                records.iter().cloned().partition(|r| held.contains(r));
+            stats.held += has.len() as u64;
+            lacks
+        };
         let Some(rs) = self.rs.clone() else {
             let records = self.list_records(map, &first, dkey, since)?;
-            for d in &dst {
-                self.copy_records(map, &first, d, dkey, &records, stats)?;
+            for (d, h) in dst.iter().zip(&held) {
+                let lacks = missing(&records, h, stats);
+                self.copy_records(map, &first, d, dkey, &lacks, stats)?;
             }
             return Ok(());
         };
@@ -277,8 +328,9 @@ impl Object {
                     .filter(|r| replicated_in_ec(r))
                     .cloned()
                     .collect();
-                for d in &dst {
-                    self.copy_records(map, s, d, dkey, &same, stats)?;
+                for (d, h) in dst.iter().zip(&held) {
+                    let lacks = missing(&same, h, stats);
+                    self.copy_records(map, s, d, dkey, &lacks, stats)?;
                 }
             }
             for r in records.iter().filter(|r| !replicated_in_ec(r) && r.len > 0) {
@@ -289,6 +341,17 @@ impl Object {
             }
         }
         for ((akey, st), epoch) in stripes {
+            let (start, end) = (st * cell, (st + 1) * cell);
+            let lack: Vec<&ShardLoc> = dst
+                .iter()
+                .zip(&held)
+                .filter(|(_, h)| !covers(h, &akey, epoch, start, end))
+                .map(|(d, _)| d)
+                .collect();
+            stats.held += (dst.len() - lack.len()) as u64;
+            if lack.is_empty() {
+                continue;
+            }
             let mut cells: Vec<Option<Vec<u8>>> = vec![None; k + p];
             let mut errs = Vec::new();
             for s in &src {
@@ -306,7 +369,7 @@ impl Object {
                     errs.join("; ")
                 ))
             })?;
-            for d in &dst {
+            for d in lack {
                 let j = (d.shard - g.group * gs) as usize;
                 let c = cells[j].as_deref().expect("reconstructed");
                 let iod = self.iod(&akey, ValueKind::Array, st * cell, &[c]);

@@ -48,15 +48,13 @@ pub struct PoolMaps {
 pub type Refusal = (i32, String);
 
 /// Whether a request reads shard contents (a target that is not up-and-in
-/// must not answer those) or changes them.
+/// must not answer those) or changes them. A record listing (epochs and
+/// extents, no data) is answered by a reintegrating target too: the copy
+/// asks it what it holds already, so as not to write that again.
 fn reads(req: &Request) -> bool {
     matches!(
         req,
-        Request::Fetch(_)
-            | Request::List(_)
-            | Request::QuerySize(_)
-            | Request::ListChanged(_)
-            | Request::ListRecords(_)
+        Request::Fetch(_) | Request::List(_) | Request::QuerySize(_) | Request::ListChanged(_)
     )
 }
 
@@ -248,6 +246,18 @@ mod tests {
         m.install(&view(p, 4, TargetState::TargetUp)).unwrap();
         assert!(m.admit(&punch(p, 4)).is_ok(), "reintegrating takes writes");
         assert_eq!(m.admit(&fetch(p, 4)).unwrap_err().0, -libc::ESTALE);
+        let records = Request::ListRecords(data::ListRecordsReq {
+            addr: Some(data::Address {
+                pool: p.as_bytes().to_vec(),
+                map_version: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert!(
+            m.admit(&records).is_ok(),
+            "reintegration asks what it holds already"
+        );
         m.install(&view(p, 5, TargetState::TargetDown)).unwrap();
         assert_eq!(m.admit(&punch(p, 5)).unwrap_err().0, -libc::ESTALE);
         // An older push arriving late changes nothing.
