@@ -29,7 +29,7 @@ pub struct Node {
     /// Shutting down: no more heartbeats (the service was told it stops).
     pub stopping: std::sync::atomic::AtomicBool,
     /// The data path's counters (see [`crate::metrics`]).
-    pub io: Arc<IoMetrics>,
+    pub io: &'static IoMetrics,
 }
 
 impl Node {
@@ -66,7 +66,7 @@ impl Node {
             heartbeat_now: tokio::sync::Notify::new(),
             pool_maps: Arc::default(),
             stopping: Default::default(),
-            io: Arc::new(IoMetrics::new(cfg.targets)),
+            io: IoMetrics::leak(cfg.targets),
             cfg,
         });
         let opts = Self::storage_options(&node.cfg);

@@ -323,7 +323,7 @@ struct Channel {
     live: Arc<Live>,
     target: u32,
     pool_maps: Arc<PoolMaps>,
-    io: Arc<IoMetrics>,
+    io: &'static IoMetrics,
 }
 
 impl Drop for Channel {
@@ -504,7 +504,7 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
         live: live.clone(),
         target,
         pool_maps: node.pool_maps.clone(),
-        io: node.io.clone(),
+        io: node.io,
     });
     let (wake_fd, page_fd) = match storage.attach(target, channel) {
         Ok(fds) => fds,

@@ -185,7 +185,7 @@ impl Collector for EngineCollector {
             p.version = view.version;
             p.state = Some(view.state);
         }
-        let series = PoolSeries::new(&node.io, &pools);
+        let series = PoolSeries::new(node.io, &pools);
 
         // Per pool and target: the data path.
         let ops = |f: fn(&TargetIo) -> &[AtomicU64; Op::ALL.len()]| {

@@ -6,11 +6,14 @@
 //! counters are found by a scan of a few slots that are only ever filled,
 //! never freed or locked (see [`IoMetrics::track`]), and each target's
 //! counters sit on their own cache lines, as the target threads write them.
+//! A request holds `&'static IoMetrics` (one per engine process, see
+//! [`IoMetrics::leak`]), not an `Arc`: a reference count shared by every
+//! thread would be one more cache line bouncing between them per request.
 
 use peregrine_proto::data::response::Body;
 use peregrine_vos::{ReplyRef, Request};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -167,10 +170,10 @@ impl PoolIo {
     }
 }
 
-/// A queue depth on its own cache line (see [`TargetIo`]).
+/// A count on its own cache line (see [`TargetIo`]).
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Depth(AtomicI64);
+struct Line(AtomicU64);
 
 /// The data path's counters of one engine (see the module).
 #[derive(Debug)]
@@ -180,8 +183,11 @@ pub struct IoMetrics {
     slots: Box<[OnceLock<PoolIo>]>,
     /// Pools past [`MAX_POOLS`].
     overflow: PoolIo,
-    /// Per target: requests handed to it and not answered yet.
-    queued: Box<[Depth]>,
+    /// Per target: requests handed to it, and of those answered. Two
+    /// counts rather than one depth, so that the threads handing requests
+    /// over and the target answering them do not write the same line.
+    entered: Box<[Line]>,
+    left: Box<[Line]>,
 }
 
 /// Where a request is counted: a slot (or the overflow) and a target.
@@ -197,8 +203,15 @@ impl IoMetrics {
             targets,
             slots: (0..MAX_POOLS).map(|_| OnceLock::new()).collect(),
             overflow: PoolIo::new(Uuid::nil(), targets),
-            queued: (0..targets).map(|_| Depth::default()).collect(),
+            entered: (0..targets).map(|_| Line::default()).collect(),
+            left: (0..targets).map(|_| Line::default()).collect(),
         }
+    }
+
+    /// Counters for an engine process's life: leaked, so that requests
+    /// reference them without counting references.
+    pub fn leak(targets: u32) -> &'static IoMetrics {
+        Box::leak(Box::new(IoMetrics::new(targets)))
     }
 
     pub fn targets(&self) -> u32 {
@@ -227,7 +240,7 @@ impl IoMetrics {
 
     /// Start counting a request: `None` for one without a valid pool and
     /// target (the target refuses it, and it is not counted).
-    pub fn track(self: &Arc<Self>, req: &Request) -> Option<Track> {
+    pub fn track(&'static self, req: &Request) -> Option<Track> {
         let addr = peregrine_vos::request_addr(req)?;
         if addr.target >= self.targets {
             return None;
@@ -238,7 +251,7 @@ impl IoMetrics {
             _ => 0,
         };
         Some(Track {
-            io: self.clone(),
+            io: self,
             slot: self.slot(pool),
             target: addr.target as usize,
             op: Op::of(req),
@@ -264,13 +277,16 @@ impl IoMetrics {
 
     /// Requests handed to target `t` and not answered yet.
     pub fn queue_depth(&self, t: u32) -> i64 {
-        self.queued[t as usize].0.load(Ordering::Relaxed).max(0)
+        // Two loads a moment apart: a request answered in between must not make it negative.
+        let left = self.left[t as usize].0.load(Ordering::Relaxed);
+        let entered = self.entered[t as usize].0.load(Ordering::Relaxed);
+        entered.saturating_sub(left) as i64
     }
 }
 
 /// One request being counted, from its decoding to its reply.
 pub struct Track {
-    io: Arc<IoMetrics>,
+    io: &'static IoMetrics,
     slot: Slot,
     target: usize,
     op: Op,
@@ -289,7 +305,7 @@ impl Track {
     /// until answered.
     pub fn queued(&mut self) {
         self.queued = true;
-        self.io.queued[self.target]
+        self.io.entered[self.target]
             .0
             .fetch_add(1, Ordering::Relaxed);
     }
@@ -338,9 +354,7 @@ impl Track {
             },
         }
         if self.queued {
-            self.io.queued[self.target]
-                .0
-                .fetch_sub(1, Ordering::Relaxed);
+            self.io.left[self.target].0.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -392,7 +406,7 @@ mod tests {
 
     #[test]
     fn counts_per_pool_and_target() {
-        let io = Arc::new(IoMetrics::new(2));
+        let io = IoMetrics::leak(2);
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         let mut t = io.track(&update(a, 1, 4096)).unwrap();
         t.queued();
@@ -416,7 +430,7 @@ mod tests {
 
     #[test]
     fn pools_past_the_slots_share_the_overflow() {
-        let io = Arc::new(IoMetrics::new(1));
+        let io = IoMetrics::leak(1);
         for _ in 0..MAX_POOLS + 2 {
             let mut t = io.track(&update(Uuid::new_v4(), 0, 1)).unwrap();
             t.queued();
