@@ -113,6 +113,9 @@ var _ = Describe("Capacity gauges", Ordered, func() {
 				To(Equal(map[string]float64{"pool=meter": float64(cont.UsedBytes)}))
 		}, 30*time.Second, 200*time.Millisecond).Should(Succeed())
 		Expect(cont.UsedBytes).To(BeNumerically(">=", 3<<20), "the written bytes are counted")
+		By("naming the pool's UUID, which the engines' metrics carry")
+		Expect(series("peregrine_pool_info", map[string]string{"namespace": ns, "pool": "meter"})).
+			To(Equal(map[string]float64{"label=meter,uuid=" + getPool("meter").Status.UUID: 1}))
 		GinkgoWriter.Println("container used bytes:", cont.UsedBytes, "pool gauges:",
 			series("peregrine_pool_bytes", map[string]string{"namespace": ns, "pool": "meter"}))
 		free := series("peregrine_pool_bytes", map[string]string{"namespace": ns, "pool": "meter", "kind": "free"})
@@ -136,6 +139,7 @@ var _ = Describe("Capacity gauges", Ordered, func() {
 		Expect(k8s.Delete(ctx, p)).To(Succeed())
 		Eventually(gone(p), 60*time.Second).Should(BeTrue())
 		Expect(series("peregrine_pool_bytes", map[string]string{"namespace": ns, "pool": "meter"})).To(BeEmpty())
+		Expect(series("peregrine_pool_info", map[string]string{"namespace": ns, "pool": "meter"})).To(BeEmpty())
 	})
 
 	It("drop the series of a pool and a container that vanished from the store", func() {

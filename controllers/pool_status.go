@@ -28,6 +28,7 @@ func tiersTotal(info *mgmtpb.PoolInfo) uint64 {
 func copyPoolStatus(pool *storagev1.Pool, info *mgmtpb.PoolInfo) {
 	st := &pool.Status
 	st.UUID, st.Label, st.MapVersion = info.Uuid, info.Label, int64(info.MapVersion)
+	setPoolInfo(pool.Namespace, pool.Name, info.Uuid, info.Label)
 	st.TotalTargets, st.DisabledTargets, st.Containers = int32(info.TotalTargets), int32(info.DisabledTargets), int32(info.Containers)
 	st.ReintegratingTargets = int32(info.ReintegratingTargets)
 	st.Ranks = nil

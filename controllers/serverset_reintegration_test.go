@@ -23,6 +23,7 @@ var _ = Describe("ServerSet rolling upgrade across a reintegration", func() {
 		msAddr := fmt.Sprintf("%s:%d", podIP(0), cp)
 		ss := newServerSet(name, msAddr, 2)
 		ss.Spec.ControlPort, ss.Spec.DataPort = int32(cp), int32(dp)
+		ss.Spec.MetricsPort = int32(freePort()) // the simulated pods share the host's ports
 		ss.Spec.Storage.Emulated.Size = "256MiB"
 		Expect(k8s.Create(ctx, ss)).To(Succeed())
 		sts, cm := &appsv1.StatefulSet{}, &corev1.ConfigMap{}

@@ -56,6 +56,13 @@ func systemName(ss *storagev1.ServerSet) string {
 	return n
 }
 
+func metricsPort(ss *storagev1.ServerSet) int32 {
+	if ss.Spec.MetricsPort == 0 {
+		return 9464
+	}
+	return ss.Spec.MetricsPort
+}
+
 func controlPort(ss *storagev1.ServerSet) int32 {
 	if ss.Spec.ControlPort == 0 {
 		return 10001
@@ -142,7 +149,13 @@ ulimit -l unlimited || echo "start-engine: cannot lift the memlock limit" >&2
 mkdir -p /run/peregrine
 sed -e "s|@RANK@|${rank}|g" -e "s|@POD_IP@|${POD_IP}|g" -e "s|@NODE_NAME@|${NODE_NAME}|g" \
     -e "s|\"${self}:|\"${POD_IP}:|g" /etc/peregrine/engine.yaml.in >/run/peregrine/engine.yaml
-exec peregrine-engine --config /run/peregrine/engine.yaml
+# Metrics on the pod IP, as the control and data ports (pods of the host network share the node's
+# addresses), unless the image's engine predates the flag (it would refuse to start).
+if [ -n "${METRICS_PORT:-}" ] && peregrine-engine --help | grep -q -- --metrics-listen; then
+    case "${POD_IP}" in *:*) host="[${POD_IP}]" ;; *) host="${POD_IP}" ;; esac
+    set -- --metrics-listen "${host}:${METRICS_PORT}"
+fi
+exec peregrine-engine --config /run/peregrine/engine.yaml "$@"
 `
 
 func hugepages(ss *storagev1.ServerSet) *resource.Quantity {
@@ -182,6 +195,7 @@ func renderService(ss *storagev1.ServerSet) *corev1.Service {
 			Ports: []corev1.ServicePort{
 				{Name: "control", Port: controlPort(ss), TargetPort: intstr.FromString("control")},
 				{Name: "data", Port: dataPort(ss), TargetPort: intstr.FromString("data")},
+				{Name: "metrics", Port: metricsPort(ss), TargetPort: intstr.FromString("metrics")},
 			},
 		},
 	}
@@ -236,6 +250,7 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 		{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
 		{Name: "SERVICE_NAME", Value: ss.Name},
+		{Name: "METRICS_PORT", Value: fmt.Sprint(metricsPort(ss))},
 	}
 	// The engine config has no fabric keys (engine/crates/engine/src/config.rs rejects unknown
 	// ones), so the fabric settings travel as environment only.
@@ -295,7 +310,13 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 				},
 			},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{configHashKey: cfgHash}},
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{
+					configHashKey: cfgHash,
+					// For Prometheus set up to scrape annotated pods (the chart's PodMonitor uses the port name).
+					"prometheus.io/scrape": "true",
+					"prometheus.io/port":   fmt.Sprint(metricsPort(ss)),
+					"prometheus.io/path":   "/metrics",
+				}},
 				Spec: corev1.PodSpec{
 					HostNetwork:                   ss.Spec.HostNetwork,
 					DNSPolicy:                     dnsPolicy,
@@ -312,6 +333,7 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 						Ports: []corev1.ContainerPort{
 							{Name: "control", ContainerPort: controlPort(ss)},
 							{Name: "data", ContainerPort: dataPort(ss)},
+							{Name: "metrics", ContainerPort: metricsPort(ss)},
 						},
 						Resources: engineResources(ss),
 						SecurityContext: &corev1.SecurityContext{

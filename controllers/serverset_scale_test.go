@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -52,6 +54,7 @@ var _ = Describe("ServerSet scale-up", func() {
 		msAddr := fmt.Sprintf("%s:%d", podIP(0), cp)
 		ss := newServerSet(name, msAddr, 1)
 		ss.Spec.ControlPort, ss.Spec.DataPort = int32(cp), int32(dp)
+		ss.Spec.MetricsPort = int32(freePort()) // the simulated pods share the host's ports
 		ss.Spec.Storage.Emulated.Size = "256MiB"
 		// The engine does not read the fabric settings; its pods get them as environment and
 		// must still start (startEnginePod passes the container's environment on).
@@ -68,6 +71,13 @@ var _ = Describe("ServerSet scale-up", func() {
 		markPodsReady(key, 1)
 		Eventually(func() []storagev1.EngineStatus { return getServerSet(name)().Status.Engines }, 60*time.Second).
 			Should(ConsistOf(joinedRank(0)))
+		By("rank 0's engine serves its metrics on the pod IP and the metrics port the pod declares")
+		resp, err := http.Get(fmt.Sprintf("http://%s:%d/metrics", podIP(0), getServerSet(name)().Spec.MetricsPort))
+		Expect(err).NotTo(HaveOccurred())
+		body, err := io.ReadAll(resp.Body)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(resp.Body.Close()).To(Succeed())
+		Expect(string(body)).To(ContainSubstring(`peregrine_engine_ready{rank="0"} 1`))
 		ms := msClient(msAddr)
 		early, err := ms.PoolCreate(ctx, &mgmtpb.PoolCreateReq{Label: "before-scale", TotalSize: 64 << 20})
 		Expect(err).NotTo(HaveOccurred())
@@ -162,6 +172,7 @@ var _ = Describe("ServerSet scale-up", func() {
 		msAddr := fmt.Sprintf("%s:%d", podIP(0), cp)
 		ss := newServerSet(name, msAddr, 2)
 		ss.Spec.ControlPort, ss.Spec.DataPort = int32(cp), int32(dp)
+		ss.Spec.MetricsPort = int32(freePort()) // the simulated pods share the host's ports
 		ss.Spec.Storage.Emulated.Size = "256MiB"
 		Expect(k8s.Create(ctx, ss)).To(Succeed())
 		sts, cm := &appsv1.StatefulSet{}, &corev1.ConfigMap{}

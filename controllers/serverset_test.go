@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -122,6 +123,15 @@ var _ = Describe("ServerSet", func() {
 		Expect(vols["devices"].HostPath.Path).To(Equal("/var/lib/peregrine"))
 		Expect(vols["config"].ConfigMap.Name).To(Equal("render-config"))
 		Expect(sts.Spec.Template.Annotations).To(HaveKey(configHashKey))
+		// Metrics: the engine serves them on the port named "metrics" (the chart's PodMonitor and
+		// the headless Service use the name; annotation-based scrapers the annotations).
+		Expect(c.Ports).To(ContainElement(corev1.ContainerPort{Name: "metrics", ContainerPort: 9464, Protocol: corev1.ProtocolTCP}))
+		Expect(c.Env).To(ContainElement(corev1.EnvVar{Name: "METRICS_PORT", Value: "9464"}))
+		Expect(sts.Spec.Template.Annotations).To(And(
+			HaveKeyWithValue("prometheus.io/scrape", "true"),
+			HaveKeyWithValue("prometheus.io/port", "9464"),
+			HaveKeyWithValue("prometheus.io/path", "/metrics"),
+		))
 
 		cm := &corev1.ConfigMap{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render-config"}, cm)).To(Succeed())
@@ -135,6 +145,7 @@ var _ = Describe("ServerSet", func() {
 		Expect(cfg).To(ContainSubstring("bdev: {class: file, path: /var/lib/peregrine/render-nvme@RANK@.img, size: 1GiB}\n"))
 		Expect(cfg).To(ContainSubstring(`mgmt_svc_replicas: ["render-0.render.default.svc:10001"]`))
 		Expect(cm.Data["start-engine.sh"]).To(ContainSubstring("ulimit -l unlimited"))
+		Expect(cm.Data["start-engine.sh"]).To(ContainSubstring(`--metrics-listen "${host}:${METRICS_PORT}"`))
 		Expect(cfg).NotTo(ContainSubstring("fabric"))
 		Expect(cfg).NotTo(ContainSubstring("eth1"))
 
@@ -142,6 +153,9 @@ var _ = Describe("ServerSet", func() {
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render"}, svc)).To(Succeed())
 		Expect(svc.Spec.ClusterIP).To(Equal(corev1.ClusterIPNone))
 		Expect(svc.Spec.PublishNotReadyAddresses).To(BeTrue())
+		Expect(svc.Spec.Ports).To(ContainElement(And(
+			HaveField("Name", "metrics"), HaveField("Port", int32(9464)), HaveField("TargetPort", intstr.FromString("metrics")),
+		)))
 
 		pdb := &policyv1.PodDisruptionBudget{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "render"}, pdb)).To(Succeed())

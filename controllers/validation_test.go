@@ -64,6 +64,11 @@ var _ = Describe("Validation by the API server", func() {
 		ss.Spec.FlushInterval = &metav1.Duration{Duration: 2 * time.Minute}
 		refused(ss, "spec.flushInterval", "between 1ms and 60s")
 	})
+	It("refuses a metrics port that is the control port", func() {
+		ss := newServerSet("metrics-port", "127.0.0.1:1", 1)
+		ss.Spec.MetricsPort = 10001
+		refused(ss, "spec.metricsPort", "must differ from controlPort and dataPort")
+	})
 	It("refuses changes to immutable fields", func() {
 		// A ServerSet that does not exist: the objects stay unreconciled and are easy to delete.
 		p := newPool("immutable", "nowhere", "1GiB")

@@ -8,6 +8,7 @@ import (
 
 // ServerSetSpec describes a set of Peregrine engines: one StatefulSet pod per engine, ordinal = rank.
 // +kubebuilder:validation:XValidation:rule="self.mgmtSvcReplicas <= self.engines",message="mgmtSvcReplicas must not exceed engines",fieldPath=".mgmtSvcReplicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.metricsPort) || ((!has(self.controlPort) || self.metricsPort != self.controlPort) && (!has(self.dataPort) || self.metricsPort != self.dataPort))",message="metricsPort must differ from controlPort and dataPort",fieldPath=".metricsPort"
 type ServerSetSpec struct {
 	// Image of the engine (contains peregrine-engine and peregrine).
 	// +kubebuilder:validation:MinLength=1
@@ -65,6 +66,14 @@ type ServerSetSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
 	DataPort int32 `json:"dataPort,omitempty"`
+	// MetricsPort serves the engine's Prometheus metrics (GET /metrics, port name "metrics") on
+	// the pod IP (with hostNetwork, the node's: ServerSets sharing nodes need
+	// distinct ports, as for controlPort and dataPort).
+	// +optional
+	// +kubebuilder:default=9464
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	MetricsPort int32 `json:"metricsPort,omitempty"`
 
 	// FlushInterval: the longest an engine keeps an acknowledged update in its device's volatile
 	// write cache before flushing on its own (fsync and sync=always containers flush at once);
