@@ -209,4 +209,6 @@ i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/stea
 		logs := runPod("steady-reader", "shared", nil, `wc -l < /data/steady/log`)
 		Expect(strings.TrimSpace(logs)).To(MatchRegexp(`^\d{2,}$`))
 	})
+
+	metricsSpecs(ctx) // before engineRestartSpecs: a restarted engine counts from zero
 })

@@ -1,0 +1,168 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+)
+
+// Suite: metrics (docs/metrics.md). After the earlier specs' I/O (1 GiB written through an
+// EC_2P1G1 PVC, read back by a plain pod and by an intercepted one), every engine pod serves
+// /metrics on its port named "metrics", read here through the API server's pod proxy as a
+// Prometheus in the cluster would reach it, and its counters account for that I/O; the
+// operator's metrics tie the Pool to the UUID the engines label their series with.
+// An engine counts from its start: these specs come before any that restart engines.
+
+// metricSample is one sample of the Prometheus text format.
+type metricSample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+// parseMetrics parses the Prometheus text format, failing the spec on a malformed line.
+func parseMetrics(text string) []metricSample {
+	var out []metricSample
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		Expect(i).To(BeNumerically(">", 0), "sample line %q", line)
+		series, v := line[:i], line[i+1:]
+		value, err := strconv.ParseFloat(v, 64)
+		Expect(err).NotTo(HaveOccurred(), "value of %q", line)
+		s := metricSample{name: series, labels: map[string]string{}}
+		if j := strings.IndexByte(series, '{'); j >= 0 {
+			Expect(series).To(HaveSuffix("}"), "labels of %q", line)
+			s.name = series[:j]
+			rest := series[j+1 : len(series)-1]
+			for rest != "" {
+				k, after, ok := strings.Cut(rest, `="`)
+				Expect(ok).To(BeTrue(), "label in %q", line)
+				var val strings.Builder
+				n := 0
+				for ; n < len(after) && after[n] != '"'; n++ {
+					if after[n] == '\\' && n+1 < len(after) {
+						n++
+					}
+					val.WriteByte(after[n])
+				}
+				Expect(n).To(BeNumerically("<", len(after)), "closing quote in %q", line)
+				s.labels[k] = val.String()
+				rest = strings.TrimPrefix(after[n+1:], ",")
+			}
+		}
+		s.value = value
+		out = append(out, s)
+	}
+	return out
+}
+
+// sumMetric adds the samples named name whose labels include match.
+func sumMetric(samples []metricSample, name string, match map[string]string) float64 {
+	var sum float64
+next:
+	for _, s := range samples {
+		if s.name != name {
+			continue
+		}
+		for k, v := range match {
+			if s.labels[k] != v {
+				continue next
+			}
+		}
+		sum += s.value
+	}
+	return sum
+}
+
+// podPort is the number of the container port named name in the pod (0 if none).
+func podPort(p *corev1.Pod, name string) int32 {
+	for _, c := range p.Spec.Containers {
+		for _, port := range c.Ports {
+			if port.Name == name {
+				return port.ContainerPort
+			}
+		}
+	}
+	return 0
+}
+
+// scrapePod reads a pod's /metrics on its port named "metrics", through the API server's proxy.
+func scrapePod(ctx context.Context, p *corev1.Pod) []metricSample {
+	port := podPort(p, "metrics")
+	Expect(port).NotTo(BeZero(), "pod %s has no port named metrics", p.Name)
+	body, err := cs.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, fmt.Sprint(port), "/metrics", nil).DoRaw(ctx)
+	Expect(err).NotTo(HaveOccurred(), "GET /metrics of pod %s: %s", p.Name, body)
+	return parseMetrics(string(body))
+}
+
+func metricsSpecs(ctx context.Context) {
+	It("serves every engine's metrics, whose counters account for the GiB written and read", func() {
+		pool := &storagev1.Pool{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: storeNS, Name: storeName}, pool)).To(Succeed())
+		uuid := pool.Status.UUID
+		Expect(uuid).NotTo(BeEmpty())
+		inPool := map[string]string{"pool": uuid}
+
+		pods := &corev1.PodList{}
+		Expect(k8s.List(ctx, pods, client.InNamespace(storeNS),
+			client.MatchingLabels{"storage.peregrine.dev/serverset": storeName})).To(Succeed())
+		Expect(pods.Items).NotTo(BeEmpty())
+		var update, fetch, updates, fetches, upin, observed float64
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			Expect(p.Annotations).To(HaveKeyWithValue("prometheus.io/scrape", "true"))
+			Expect(p.Annotations).To(HaveKeyWithValue("prometheus.io/port", fmt.Sprint(podPort(p, "metrics"))))
+			s := scrapePod(ctx, p)
+			Expect(sumMetric(s, "peregrine_engine_ready", nil)).To(Equal(1.0), "pod %s", p.Name)
+			b := sumMetric(s, "peregrine_target_update_bytes_total", inPool)
+			GinkgoWriter.Printf("%s: update bytes %.0f, fetch bytes %.0f, WAL records %.0f, nvme used %.0f\n", p.Name, b,
+				sumMetric(s, "peregrine_target_fetch_bytes_total", inPool),
+				sumMetric(s, "peregrine_target_wal_records_total", nil),
+				sumMetric(s, "peregrine_pool_space_used_bytes", map[string]string{"pool": uuid, "tier": "nvme"}))
+			update += b
+			fetch += sumMetric(s, "peregrine_target_fetch_bytes_total", inPool)
+			updates += sumMetric(s, "peregrine_target_ops_total", map[string]string{"pool": uuid, "op": "update"})
+			fetches += sumMetric(s, "peregrine_target_ops_total", map[string]string{"pool": uuid, "op": "fetch"})
+			observed += sumMetric(s, "peregrine_target_update_latency_seconds_count", inPool)
+			upin += sumMetric(s, "peregrine_pool_targets", map[string]string{"pool": uuid, "state": "upin"})
+			Expect(sumMetric(s, "peregrine_target_wal_records_total", nil)).To(BeNumerically(">", 0), "pod %s", p.Name)
+			Expect(sumMetric(s, "peregrine_pool_space_size_bytes", map[string]string{"pool": uuid, "tier": "nvme"})).
+				To(BeNumerically(">", 0), "pod %s", p.Name)
+		}
+		// EC_2P1G1 stores the data cells and a parity cell: at least the GiB written.
+		Expect(update).To(BeNumerically(">=", 1<<30), "update bytes over every engine")
+		Expect(fetch).To(BeNumerically(">", 0), "fetch bytes over every engine")
+		Expect(updates).To(BeNumerically(">", 0))
+		Expect(fetches).To(BeNumerically(">", 0))
+		Expect(observed).To(BeNumerically(">", 0), "update latency observations")
+		Expect(upin).To(BeEquivalentTo(pool.Status.TotalTargets), "every target of the pool up and in")
+	})
+
+	It("serves the operator's metrics, which name the pool's UUID", func() {
+		pool := &storagev1.Pool{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: storeNS, Name: storeName}, pool)).To(Succeed())
+		ops := &corev1.PodList{}
+		Expect(k8s.List(ctx, ops, client.MatchingLabels{"app.kubernetes.io/name": "peregrine-operator"})).To(Succeed())
+		Expect(ops.Items).NotTo(BeEmpty())
+		// Only the leader reconciles, so only its metrics carry the pool.
+		Eventually(func() float64 {
+			var n float64
+			for i := range ops.Items {
+				n += sumMetric(scrapePod(ctx, &ops.Items[i]), "peregrine_pool_info",
+					map[string]string{"namespace": storeNS, "pool": storeName, "uuid": pool.Status.UUID})
+			}
+			return n
+		}).Should(Equal(1.0))
+	})
+}
