@@ -50,6 +50,7 @@ func runPod(name, claim string, annotations map[string]string, script string) st
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}},
 		},
 	}
+	deletePodAndWait(name) // one of a previous run may still be terminating
 	Expect(k8s.Create(ctx, pod)).To(Succeed())
 	DeferCleanup(func() { _ = k8s.Delete(context.Background(), pod) })
 	Eventually(func(g Gomega) corev1.PodPhase {
@@ -167,6 +168,7 @@ i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/stea
 					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "shared"}}}},
 			},
 		}
+		deletePodAndWait(pod.Name)
 		Expect(k8s.Create(ctx, pod)).To(Succeed())
 		DeferCleanup(func() { _ = k8s.Delete(context.Background(), pod) })
 		Eventually(func(g Gomega) corev1.PodPhase {
@@ -211,4 +213,6 @@ i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/stea
 	})
 
 	metricsSpecs(ctx) // before engineRestartSpecs: a restarted engine counts from zero
+	engineRestartSpecs(ctx)
+	expansionAndSnapshotSpecs(ctx)
 })
