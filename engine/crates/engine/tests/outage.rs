@@ -748,6 +748,60 @@ fn reintegration_writes_only_what_the_returning_engine_missed() {
     }
 }
 
+/// A rank stopped cleanly is excluded from when it was last heard of, not
+/// from when the management service started: its word that it stops ends
+/// its heartbeats, and counting from the service's start made the copy cover
+/// everything since then, and once the service had run longer than the
+/// reintegration window (10 s here, an hour by default) it wiped the rank
+/// whole on its return: any engine pod deleted after the first hour.
+#[test]
+fn clean_stop_long_after_the_service_started_is_not_copied_whole() {
+    let _serial = one_at_a_time();
+    let class = ObjectClass::Ec2P1G1;
+    let mut c = Cluster::start_configured(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 1024,
+            scm_mib: 64,
+        },
+        "reintegration_window_s: 10\n",
+    );
+    c.format();
+    c.create_pool(1920, class.name(), "crc32c");
+    let cont = c.container();
+    let obj = cont.object(ObjectId::new(class, 9, 3)).unwrap();
+    let data = pattern(3, 1 << 20);
+    obj.update_array(b"d0", b"a", 0, &data).unwrap();
+    // Longer than the window since the service started.
+    std::thread::sleep(Duration::from_secs(12));
+    let (v0, _, _) = pool_out(&c);
+    c.engines[2].stop();
+    let stopped = Instant::now();
+    while pool_out(&c).0 == v0 {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "rank 2 not excluded; events:\n{}",
+            pool_map_events(&c)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Rounds of the pool watch, which marks a rank out past the window.
+    std::thread::sleep(Duration::from_secs(2));
+    c.restart(2);
+    wait_reintegrated(&c, Duration::from_secs(60));
+    let events = pool_map_events(&c);
+    assert!(
+        !events.contains("longer than the reintegration window") && !events.contains("wiped"),
+        "rank 2, out for seconds, was copied whole:\n{events}"
+    );
+    // Read back with another engine away (a handle with the current map:
+    // without rank 0 there is no service to refresh it from).
+    let obj = c.container().object(ObjectId::new(class, 9, 3)).unwrap();
+    c.engines[0].kill9();
+    assert!(obj.fetch_array(b"d0", b"a", 0, 1 << 20).unwrap() == data);
+}
+
 /// An engine out longer than the reintegration window (10 s here; an
 /// hour by default) no longer holds the others' aggregation back; when it
 /// returns its pool shards are wiped and copied whole.

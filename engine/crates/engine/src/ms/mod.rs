@@ -155,6 +155,10 @@ pub struct MgmtService {
     state: Mutex<MsState>,
     /// Last heartbeat per rank (not persisted: liveness is re-learned).
     heartbeats: parking_lot::Mutex<HashMap<u32, Instant>>,
+    /// When each rank was last heard from, its word that it stops included:
+    /// what its exclusion's horizon counts back from. Unlike `heartbeats`
+    /// it is kept when the rank stops.
+    last_heard: parking_lot::Mutex<HashMap<u32, Instant>>,
     /// When this service started counting heartbeats.
     started: Instant,
     /// Pools being reintegrated now, or whose last try failed (and when).
@@ -213,6 +217,7 @@ impl MgmtService {
             node,
             state: Mutex::new(state),
             heartbeats: Default::default(),
+            last_heard: Default::default(),
             started: Instant::now(),
             reintegrations: Default::default(),
             stopping: Default::default(),
@@ -622,6 +627,7 @@ impl Mgmt for MgmtService {
             // targets on its next round. Only the member itself may say so.
             if s.members.get(&j.rank).is_some_and(|m| m.uuid == j.uuid) {
                 self.heartbeats.lock().remove(&j.rank);
+                self.last_heard.lock().insert(j.rank, Instant::now());
                 self.stopping.lock().insert(j.rank);
                 tracing::info!("rank {} is stopping", j.rank);
             }
@@ -662,6 +668,7 @@ impl Mgmt for MgmtService {
         }
         let returning = !self.alive(j.rank);
         self.heartbeats.lock().insert(j.rank, Instant::now());
+        self.last_heard.lock().insert(j.rank, Instant::now());
         self.stopping.lock().remove(&j.rank);
         // A returning engine may have missed snapshot changes while it was away.
         let snapshots = if returning || j.want_snapshots {

@@ -172,10 +172,14 @@ pub fn spawn_pool_watch(ms: Arc<MgmtService>) {
 }
 
 impl MgmtService {
-    /// An epoch below every update `rank` may have missed.
+    /// An epoch below every update `rank` may have missed. From when it was
+    /// last heard of: a rank that said it stops has no heartbeat left, and
+    /// counting from this service's start instead made the copy cover
+    /// everything since then, and a service up for longer than the
+    /// reintegration window wiped such a rank whole on its return.
     fn horizon(&self, rank: u32) -> u64 {
         let last = self
-            .heartbeats
+            .last_heard
             .lock()
             .get(&rank)
             .copied()
