@@ -12,20 +12,32 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	storagek8s "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 )
 
-// Suite 4: an engine pod deleted under a pod writing to the shared PVC (EC_2P1G1). What the store
-// promises (README "Engines that go away and come back"): an engine stopped by SIGTERM tells the
-// management service, which excludes its targets at once, and updates go on degraded; the
-// StatefulSet brings the pod back under the same name, so the same rank, on the same device; its
-// targets take updates at once and serve reads once reintegrated. So the assertions are: no write
-// fails and none waits long, writes go on once it is back, the rank comes back joined with the
-// UUID its device's superblock carries, and everything written before, during and after the
-// outage reads back with its checksum once reintegration is done.
+// Suite 4: an engine pod deleted under a pod writing to a PVC. What the store promises (README
+// "Engines that go away and come back"): an engine stopped by SIGTERM tells the management
+// service, which excludes its targets at once, and updates go on degraded; the StatefulSet brings
+// the pod back under the same name, so the same rank, on the same device; its targets take
+// updates at once and serve reads once reintegrated. So the assertions are: no write fails and
+// none waits long, writes go on once it is back, the rank comes back joined with the UUID its
+// device's superblock carries, and everything written before, during and after the outage reads
+// back with its checksum once reintegration is done, as does the shared PVC's 1 GiB.
+//
+// The writer's PVC is of a class of its own, which survives an engine failure: rf 1 and
+// replicated directories. The shared PVC's class keeps the driver's defaults (rf 0, directories
+// S1, not redundant): creating a file in a directory whose one shard is on the engine away fails
+// with EIO (seen here), which is what rf 0 allows.
+const (
+	outageClass = "peregrine-e2e-rf1"
+	outagePVC   = "outage"
+)
 
 // engineLog reads the log of an engine pod.
 func engineLog(ctx context.Context, name string) string {
@@ -99,7 +111,7 @@ func writerProgress(logs string) (n int, slowest time.Duration, slowEnd time.Tim
 }
 
 func engineRestartSpecs(ctx context.Context) {
-	It("deletes an engine pod under a writer: writes go on, the rank comes back on its device, every byte reads back", func() {
+	It("deletes an engine pod under a writer: no write fails, the rank comes back on its device, every byte reads back", func() {
 		ss := &storagev1.ServerSet{}
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: storeNS, Name: storeName}, ss)).To(Succeed())
 		// The last rank: rank 0 (and the next MgmtSvcReplicas-1) host the management service,
@@ -120,10 +132,26 @@ func engineRestartSpecs(ctx context.Context) {
 		opened := openedDevice(engineLog(ctx, podName))
 		Expect(opened).NotTo(BeEmpty(), "%s's log names no device it opened", podName)
 
+		sc := &storagek8s.StorageClass{
+			ObjectMeta:           metav1.ObjectMeta{Name: outageClass},
+			Provisioner:          "csi.peregrine.dev",
+			Parameters:           map[string]string{"pool": poolLabel, "oclass": "EC_2P1G1", "dirOclass": "RP_2G1", "rf": "1"},
+			AllowVolumeExpansion: ptr.To(true),
+		}
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, sc))).To(Succeed())
+		deletePodAndWait("outage-writer")
+		deletePodAndWait("outage-reader")
+		pvc := newPVC(outagePVC, "512Mi", nil)
+		pvc.Spec.StorageClassName = ptr.To(outageClass)
+		deleteAndWait(ctx, pvc.DeepCopy())
+		Expect(k8s.Create(ctx, pvc)).To(Succeed())
+		DeferCleanup(deleteAndWait, ctx, pvc.DeepCopy())
+		waitBound(ctx, pvc)
+
 		// Writes every 200 ms of 256 KiB each, with their checksums; the pod fails at the first
 		// failed write.
-		startPod("outage-writer", "shared", `trap 'exit 0' TERM
-rm -rf /data/outage && mkdir -p /data/outage && cd /data/outage
+		startPod("outage-writer", outagePVC, `trap 'exit 0' TERM
+mkdir -p /data/outage && cd /data/outage
 i=0
 while :; do
   i=$((i+1)); t0=$(date +%s%N)
@@ -200,14 +228,12 @@ done`)
 		// is out. The bound leaves room for a loaded 2-core node.
 		Expect(slowest).To(BeNumerically("<", 20*time.Second), "a write waited %s", slowest)
 
-		// Everything reads back: the 1 GiB written before the suite began, and each chunk
-		// written before, during and after the outage (from the targets of the rank that was
-		// away too, now that it serves reads again).
-		logs := runPod("outage-reader", "shared", nil, `cd /data/outage
+		// Everything reads back: each chunk written before, during and after the outage (from
+		// the targets of the rank that was away too, now that it serves reads again), and the
+		// 1 GiB the shared PVC got before.
+		logs := runPod("outage-reader", outagePVC, nil, `cd /data/outage
 sha256sum -c --quiet sums && echo "chunks: $(wc -l < sums) OK"
-cd /data/run && sha256sum -c blob.sha256
 echo "after the outage" > /data/outage/new && cat /data/outage/new`)
-		Expect(logs).To(ContainSubstring("blob: OK"))
 		m := regexp.MustCompile(`chunks: (\d+) OK`).FindStringSubmatch(logs)
 		Expect(m).NotTo(BeNil(), logs)
 		chunks, _ := strconv.Atoi(m[1])
@@ -215,5 +241,7 @@ echo "after the outage" > /data/outage/new && cat /data/outage/new`)
 		// counted, every other is.
 		Expect(chunks).To(BeNumerically(">=", total), logs)
 		Expect(strings.TrimSpace(logs)).To(HaveSuffix("after the outage"))
+		Expect(runPod("outage-shared-reader", "shared", nil, `cd /data/run && sha256sum -c blob.sha256`)).
+			To(ContainSubstring("blob: OK"))
 	})
 }
