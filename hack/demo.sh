@@ -50,8 +50,12 @@ if [[ "${1:-}" == down ]]; then
   fi
   log "the cluster, its state and the demo's files"
   bash hack/cluster.sh down --purge >&2
-  # The sample ServerSet's emulated NVMe and the node plugin's state (config/samples, config/csi).
-  rm -f /var/lib/peregrine/tank-nvme*.img
+  # The sample ServerSet's emulated NVMe and the node plugin's state (config/samples, config/csi),
+  # unless something still holds them (engines of another cluster than the one stopped above).
+  for f in /var/lib/peregrine/tank-nvme*.img; do
+    [[ -e "$f" ]] || continue
+    if fuser -s "$f" 2>/dev/null; then log "kept $f: a process still has it open"; else rm -f "$f"; fi
+  done
   rm -rf /var/lib/peregrine/csi /var/lib/peregrine/il
   log "removed in $((SECONDS - T0)) s"
   exit 0
