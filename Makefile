@@ -6,7 +6,7 @@ export CARGO_TERM_COLOR ?= never
 
 include hack/go.mk
 
-.PHONY: all deps build test test-engine lint fmt bench quickstart demo demo-down e2e images cluster-down clean chart-lint
+.PHONY: all deps build test test-engine lint fmt bench quickstart demo demo-down e2e test-e2e images cluster-down clean chart-lint
 
 all: build
 
@@ -17,8 +17,13 @@ build: deps go-build
 	cd $(ENGINE) && $(CARGO) build --release --workspace
 
 ## test: lint, then unit and integration tests (real engine processes on file-backed NVMe),
-## then the operator's envtest suites (real kube-apiserver and etcd built from their Go modules).
-test: deps lint test-engine go-test
+## then the operator's envtest suites (real kube-apiserver and etcd built from their Go modules),
+## then the end-to-end suites on a real single-node cluster brought up here (hack/e2e.sh).
+test: deps lint test-engine go-test test-e2e
+
+## test-e2e: make demo from the workspace's debug binaries, the e2e suites, then make demo-down.
+test-e2e: deps engine-bin
+	bash hack/e2e.sh
 
 test-engine:
 	cd $(ENGINE) && $(CARGO) build --workspace && $(CARGO) test --workspace --no-fail-fast -- --test-threads=2
@@ -45,9 +50,12 @@ demo: deps
 demo-down:
 	bash hack/demo.sh down
 
-## e2e: the end-to-end suites (e2e/) on the cluster `make demo` leaves up (or any KUBECONFIG).
+## e2e: the end-to-end suites (e2e/) on the cluster `make demo` leaves up (or any KUBECONFIG);
+## the release stays installed (the uninstall suite runs only with E2E_UNINSTALL=1).
 e2e: demo
-	KUBECONFIG=$$(bash hack/cluster.sh up) $(GO) test ./e2e/ -count=1 -timeout 30m -v
+	bash hack/images.sh testimages
+	bash hack/images.sh --address $${PEREGRINE_CLUSTER_DIR:-/var/lib/peregrine-cluster}/containerd/containerd.sock import
+	KUBECONFIG=$$(bash hack/cluster.sh up) $(GO) test ./e2e/ -count=1 -timeout 40m -v
 
 ## images: Peregrine's images and the CSI sidecars, offline (hack/images.sh; release binaries).
 images: deps

@@ -36,7 +36,6 @@ func ready(conds []metav1.Condition) bool {
 // runPod runs a one-shot pod of the tools image with the PVC at /data and returns its log once
 // it succeeded (failing the spec if it failed).
 func runPod(name, claim string, annotations map[string]string, script string) string {
-	ctx := context.Background()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: annotations},
 		Spec: corev1.PodSpec{
@@ -50,6 +49,14 @@ func runPod(name, claim string, annotations map[string]string, script string) st
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}},
 		},
 	}
+	return runPodSpec(pod)
+}
+
+// runPodSpec runs pod (restart policy Never) in ns to completion and returns its logs; it fails
+// the spec unless the pod succeeded.
+func runPodSpec(pod *corev1.Pod) string {
+	ctx := context.Background()
+	name := pod.Name
 	deletePodAndWait(name) // one of a previous run may still be terminating
 	Expect(k8s.Create(ctx, pod)).To(Succeed())
 	DeferCleanup(func() { _ = k8s.Delete(context.Background(), pod) })
@@ -150,7 +157,10 @@ df -k /data`)
 		env := fmt.Sprint(pod.Spec.Containers[0].Env)
 		Expect(env).To(ContainSubstring("libperegrine_il.so"))
 		Expect(strings.Count(env, "LD_PRELOAD")).To(Equal(1))
+		Expect(checkLog(ctx, "intercepted")).To(HavePrefix("peregrine-il: interception on: "))
 	})
+
+	interceptCompatSpecs(ctx)
 
 	It("restarts the CSI node plugin under a running pod whose mount keeps working throughout", func() {
 		// A pod appends a line every 100 ms and fails at the first failed write or read.

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The end-to-end suites (e2e/) on this machine's own cluster, as `make test` runs them:
+#
+#   1. hack/demo.sh: the images (from the Rust workspace's PROFILE binaries), the cluster, the Helm
+#      release, the samples and the demo's training Job (which is itself a test: it checks every
+#      byte it reads)
+#   2. the test images for the interception check (hack/images.sh testimages), imported
+#   3. go test ./e2e/ with E2E_UNINSTALL=1, so the last suite uninstalls the release and checks
+#      that nothing is left
+#   4. on success, hack/demo.sh down: the machine is left as it was (on failure the cluster stays
+#      up for a look: KUBECONFIG is printed; `make demo-down` removes it)
+#
+# Environment: PROFILE (debug: what `cargo build --workspace` left; the dev profile is optimised),
+# E2E_KEEP=1 keeps the cluster after a success too, and whatever e2e/ and hack/demo.sh read.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+export PROFILE="${PROFILE:-debug}"
+T0=$SECONDS
+log() { printf '[e2e %4ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
+
+KUBECONFIG="$(bash hack/demo.sh)"
+export KUBECONFIG
+log "test images for the interception check"
+bash hack/images.sh testimages
+bash hack/images.sh --address "${PEREGRINE_CLUSTER_DIR:-/var/lib/peregrine-cluster}/containerd/containerd.sock" import
+log "go test ./e2e/"
+if ! E2E_UNINSTALL="${E2E_UNINSTALL:-1}" go test ./e2e/ -count=1 -timeout 40m -v; then
+  log "the e2e suites failed; the cluster stays up: KUBECONFIG=$KUBECONFIG; make demo-down removes it"
+  exit 1
+fi
+if [[ "${E2E_KEEP:-0}" == 1 ]]; then
+  log "passed in $((SECONDS - T0)) s; the cluster stays up (E2E_KEEP=1): KUBECONFIG=$KUBECONFIG"
+else
+  bash hack/demo.sh down
+  log "passed in $((SECONDS - T0)) s; the cluster is removed"
+fi
