@@ -5,7 +5,8 @@
 #      release, the samples and the demo's training Job (which is itself a test: it checks every
 #      byte it reads)
 #   2. the test images for the interception check (hack/images.sh testimages), imported
-#   3. go test ./e2e/ with E2E_UNINSTALL=1, so the last suite uninstalls the release and checks
+#   3. the demo's Job, pod and PVC deleted (the suites use its ServerSet and Pool), then
+#      go test ./e2e/ with E2E_UNINSTALL=1, so the last suite uninstalls the release and checks
 #      that nothing is left
 #   4. on success, hack/demo.sh down: the machine is left as it was (on failure the cluster stays
 #      up for a look: KUBECONFIG is printed; `make demo-down` removes it)
@@ -23,6 +24,14 @@ log() { printf '[e2e %4ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
 
 KUBECONFIG="$(bash hack/demo.sh)"
 export KUBECONFIG
+# The last suite uninstalls the release and wants no volume of the driver left (it would be
+# stranded): the demo's workload and volume go first; its ServerSet and Pool are the suites' store.
+log "the demo's workload and volume, before the suites"
+KUBECTL="$(bash hack/build-kube.sh --node)/kubectl"
+"$KUBECTL" delete --ignore-not-found --wait --timeout=300s -f config/samples/csi/training-job.yaml \
+  -f config/samples/csi/pod.yaml -f config/samples/csi/pvc.yaml >&2
+# (kubectl wait answers an error when no PV is left at all; the last suite checks none is.)
+"$KUBECTL" wait --for=delete pv --all --timeout=300s >&2 || true
 log "test images for the interception check"
 bash hack/images.sh testimages
 bash hack/images.sh --address "${PEREGRINE_CLUSTER_DIR:-/var/lib/peregrine-cluster}/containerd/containerd.sock" import
