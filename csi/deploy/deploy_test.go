@@ -477,8 +477,9 @@ func TestWiring(t *testing.T) {
 		}
 		script := ic.Command[2]
 		if !strings.Contains(script, path.Dir(ilSourcePath)) || !strings.Contains(script, dst) ||
-			!strings.Contains(script, webhook.LibraryName) || !strings.Contains(script, isalName) {
-			t.Fatalf("install-il script does not copy %s and its %s to %s:\n%s", ilSourcePath, isalName, dst, script)
+			!strings.Contains(script, webhook.LibraryName) || !strings.Contains(script, isalName) ||
+			!strings.Contains(script, webhook.CheckerName) {
+			t.Fatalf("install-il script does not copy %s, its %s and %s to %s:\n%s", ilSourcePath, isalName, webhook.CheckerName, dst, script)
 		}
 		// Run it with both paths in a temporary directory, over an old library held open.
 		tmp := t.TempDir()
@@ -494,6 +495,10 @@ func TestWiring(t *testing.T) {
 		}
 		// The library's ISA-L goes beside it (it is linked with RUNPATH $ORIGIN).
 		if err := os.WriteFile(filepath.Join(src, isalName), []byte("isal"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// The check containers' checker too (csi/ilcheck).
+		if err := os.WriteFile(filepath.Join(src, webhook.CheckerName), []byte("check"), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(lib, []byte("old"), 0o755); err != nil {
@@ -520,7 +525,10 @@ func TestWiring(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(hostDir, isalName)); err != nil || string(b) != "isal" {
 			t.Errorf("installed %s: %q, %v", isalName, b, err)
 		}
-		if ents, _ := os.ReadDir(hostDir); len(ents) != 2 {
+		if b, err := os.ReadFile(filepath.Join(hostDir, webhook.CheckerName)); err != nil || string(b) != "check" {
+			t.Errorf("installed %s: %q, %v", webhook.CheckerName, b, err)
+		}
+		if ents, _ := os.ReadDir(hostDir); len(ents) != 3 {
 			t.Errorf("leftovers in the library directory: %v", ents)
 		}
 	})
