@@ -20,9 +20,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,13 +36,10 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/peregrine-storage/peregrine/csi"
+	"github.com/peregrine-storage/peregrine/internal/kubetest"
 )
 
 const (
@@ -74,42 +69,6 @@ func helmBin(t *testing.T) string {
 	return strings.TrimSpace(stdout.String())
 }
 
-// kubeAssets is KUBEBUILDER_ASSETS, defaulting to hack/build-kube.sh's directory (as csi/deploy).
-func kubeAssets(t *testing.T) string {
-	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		cache := os.Getenv("XDG_CACHE_HOME")
-		if cache == "" {
-			home, _ := os.UserHomeDir()
-			cache = filepath.Join(home, ".cache")
-		}
-		t.Setenv("KUBEBUILDER_ASSETS", filepath.Join(cache, "peregrine", "kube-v1.35.4", "bin"))
-	}
-	return os.Getenv("KUBEBUILDER_ASSETS")
-}
-
-// decode splits a YAML stream into objects.
-func decode(t *testing.T, what string, r io.Reader) []*unstructured.Unstructured {
-	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		m := map[string]any{}
-		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if len(m) > 0 {
-			objs = append(objs, &unstructured.Unstructured{Object: m})
-		}
-	}
-	if len(objs) == 0 {
-		t.Fatalf("%s: no objects", what)
-	}
-	return objs
-}
-
 // run runs a command and returns its stdout, or its error with stderr.
 func run(name string, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
@@ -137,41 +96,11 @@ func render(t *testing.T, profile string, extra ...string) []*unstructured.Unstr
 	if err != nil {
 		t.Fatal(err)
 	}
-	return decode(t, "helm template "+profile, bytes.NewReader(out))
-}
-
-// kustomize builds a config/ directory with the kubectl of KUBEBUILDER_ASSETS (kustomize built in).
-func kustomize(t *testing.T, dir string) []*unstructured.Unstructured {
-	t.Helper()
-	out, err := run(filepath.Join(kubeAssets(t), "kubectl"), "kustomize", dir)
-	if err != nil {
-		t.Fatalf("(make kube-bin builds kubectl) %v", err)
-	}
-	return decode(t, "kustomize "+dir, bytes.NewReader(out))
+	return kubetest.Decode(t, "helm template "+profile, bytes.NewReader(out))
 }
 
 func key(o *unstructured.Unstructured) string {
 	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
-}
-
-func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
-	t.Helper()
-	for _, o := range objs {
-		if o.GetKind() == kind && o.GetName() == name {
-			return o
-		}
-	}
-	t.Fatalf("no %s %s", kind, name)
-	return nil
-}
-
-func typed[T any](t *testing.T, u *unstructured.Unstructured) *T {
-	t.Helper()
-	out := new(T)
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, out, true); err != nil {
-		t.Fatalf("%s: %v", key(u), err)
-	}
-	return out
 }
 
 // explicitDefaults are operator flags the chart spells out with the binary's own defaults
@@ -251,7 +180,7 @@ func grants(rules []rbacv1.PolicyRule) map[string]bool {
 }
 
 func TestRender(t *testing.T) {
-	kust := append(kustomize(t, "../config/default"), kustomize(t, "../config/csi")...)
+	kust := append(kubetest.Kustomize(t, "../config/default"), kubetest.Kustomize(t, "../config/csi")...)
 	chart := render(t, "", "--include-crds")
 
 	// The default install is what config/ deploys: the same objects (the chart leaves the
@@ -312,7 +241,7 @@ func TestRender(t *testing.T) {
 	t.Run("KubeletDir", func(t *testing.T) {
 		const moved = "/var/lib/k0s/kubelet"
 		objs := render(t, "", "--set", "csi.kubeletDir="+moved+"/")
-		ds := find(t, objs, "DaemonSet", "peregrine-csi-node")
+		ds := kubetest.Find(t, objs, "DaemonSet", "peregrine-csi-node")
 		b, _ := json.Marshal(ds.Object)
 		if strings.Contains(string(b), `"`+kubeletDir) {
 			t.Errorf("the DaemonSet still names %s:\n%s", kubeletDir, b)
@@ -328,17 +257,17 @@ func TestRender(t *testing.T) {
 	})
 
 	t.Run("MgmtAddress", func(t *testing.T) {
-		cm := typed[corev1.ConfigMap](t, find(t, chart, "ConfigMap", "peregrine-csi"))
+		cm := kubetest.Typed[corev1.ConfigMap](t, kubetest.Find(t, chart, "ConfigMap", "peregrine-csi"))
 		if got := cm.Data["PEREGRINE_MGMT"]; got != "tank-0.tank.default.svc:10001" {
 			t.Errorf("default PEREGRINE_MGMT %q", got)
 		}
 		objs := render(t, "", "--set", "serverSet.enabled=true,serverSet.name=fast,serverSet.spec.controlPort=10002")
-		cm = typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "peregrine-csi"))
+		cm = kubetest.Typed[corev1.ConfigMap](t, kubetest.Find(t, objs, "ConfigMap", "peregrine-csi"))
 		if got := cm.Data["PEREGRINE_MGMT"]; got != "fast-0.fast."+namespace+".svc:10002" {
 			t.Errorf("PEREGRINE_MGMT with a ServerSet %q", got)
 		}
-		pa, _, _ := unstructured.NestedString(find(t, chart, "DaemonSet", "peregrine-csi-node").Object, "spec", "template", "metadata", "annotations", "checksum/mgmt")
-		pb, _, _ := unstructured.NestedString(find(t, objs, "DaemonSet", "peregrine-csi-node").Object, "spec", "template", "metadata", "annotations", "checksum/mgmt")
+		pa, _, _ := unstructured.NestedString(kubetest.Find(t, chart, "DaemonSet", "peregrine-csi-node").Object, "spec", "template", "metadata", "annotations", "checksum/mgmt")
+		pb, _, _ := unstructured.NestedString(kubetest.Find(t, objs, "DaemonSet", "peregrine-csi-node").Object, "spec", "template", "metadata", "annotations", "checksum/mgmt")
 		if pa == "" || pa == pb {
 			t.Errorf("a new management address does not roll the node plugin (checksum %q, %q)", pa, pb)
 		}
@@ -351,7 +280,7 @@ func TestRender(t *testing.T) {
 				t.Errorf("webhook off, still %s", key(o))
 			}
 		}
-		d := typed[appsv1.Deployment](t, find(t, objs, "Deployment", "peregrine-operator"))
+		d := kubetest.Typed[appsv1.Deployment](t, kubetest.Find(t, objs, "Deployment", "peregrine-operator"))
 		if slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--webhook-enable") {
 			t.Error("webhook off, the operator still serves it")
 		}
@@ -359,8 +288,8 @@ func TestRender(t *testing.T) {
 
 	t.Run("Monitoring", func(t *testing.T) {
 		objs := render(t, "", "--set", "metrics.serviceMonitor.enabled=true,metrics.dashboards.enabled=true")
-		svc := typed[corev1.Service](t, find(t, objs, "Service", "peregrine-operator-metrics"))
-		sm := find(t, objs, "ServiceMonitor", "peregrine-operator")
+		svc := kubetest.Typed[corev1.Service](t, kubetest.Find(t, objs, "Service", "peregrine-operator-metrics"))
+		sm := kubetest.Find(t, objs, "ServiceMonitor", "peregrine-operator")
 		sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
 		for k, v := range sel {
 			if svc.Labels[k] != v {
@@ -373,7 +302,7 @@ func TestRender(t *testing.T) {
 		if svc.Labels["app.kubernetes.io/component"] != "metrics" {
 			t.Error("the metrics Service is not told apart from the webhook's (same name label)")
 		}
-		pm := find(t, objs, "PodMonitor", "peregrine-engines")
+		pm := kubetest.Find(t, objs, "PodMonitor", "peregrine-engines")
 		if n, _, _ := unstructured.NestedString(pm.Object, "spec", "selector", "matchLabels", "app.kubernetes.io/name"); n != "peregrine-engine" {
 			t.Errorf("the PodMonitor selects %q, the operator labels engine pods peregrine-engine", n)
 		}
@@ -411,7 +340,7 @@ func TestRender(t *testing.T) {
 
 // invariants are what every values file must keep.
 func invariants(t *testing.T, objs, kust []*unstructured.Unstructured) {
-	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "peregrine-csi-node"))
+	ds := kubetest.Typed[appsv1.DaemonSet](t, kubetest.Find(t, objs, "DaemonSet", "peregrine-csi-node"))
 	spec := &ds.Spec.Template.Spec
 	if ds.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "peregrine-csi-node" ||
 		spec.ServiceAccountName != "peregrine-csi-node" || !spec.HostPID || !spec.HostNetwork {
@@ -451,13 +380,13 @@ func invariants(t *testing.T, objs, kust []*unstructured.Unstructured) {
 	want := map[string]map[string]bool{}
 	for _, k := range kust {
 		if k.GetKind() == "ClusterRole" {
-			want[k.GetName()] = grants(typed[rbacv1.ClusterRole](t, k).Rules)
+			want[k.GetName()] = grants(kubetest.Typed[rbacv1.ClusterRole](t, k).Rules)
 		}
 	}
 	for _, o := range objs {
 		switch o.GetKind() {
 		case "ClusterRole":
-			have := grants(typed[rbacv1.ClusterRole](t, o).Rules)
+			have := grants(kubetest.Typed[rbacv1.ClusterRole](t, o).Rules)
 			base, ok := want[o.GetName()]
 			if !ok {
 				t.Errorf("ClusterRole %s is not one of config/'s", o.GetName())
@@ -468,7 +397,7 @@ func invariants(t *testing.T, objs, kust []*unstructured.Unstructured) {
 				}
 			}
 		case "Role":
-			r := typed[rbacv1.Role](t, o)
+			r := kubetest.Typed[rbacv1.Role](t, o)
 			if r.Namespace != namespace {
 				t.Errorf("Role %s in namespace %q", r.Name, r.Namespace)
 			}
@@ -482,18 +411,18 @@ func invariants(t *testing.T, objs, kust []*unstructured.Unstructured) {
 		case "ClusterRoleBinding", "RoleBinding":
 			var subjects []rbacv1.Subject
 			if o.GetKind() == "RoleBinding" {
-				subjects = typed[rbacv1.RoleBinding](t, o).Subjects
+				subjects = kubetest.Typed[rbacv1.RoleBinding](t, o).Subjects
 			} else {
-				subjects = typed[rbacv1.ClusterRoleBinding](t, o).Subjects
+				subjects = kubetest.Typed[rbacv1.ClusterRoleBinding](t, o).Subjects
 			}
 			for _, s := range subjects {
 				if s.Kind != "ServiceAccount" || s.Namespace != namespace {
 					t.Errorf("%s: subject %+v", key(o), s)
 				}
-				find(t, objs, "ServiceAccount", s.Name)
+				kubetest.Find(t, objs, "ServiceAccount", s.Name)
 			}
 		case "StorageClass":
-			sc := typed[storagev1.StorageClass](t, o)
+			sc := kubetest.Typed[storagev1.StorageClass](t, o)
 			if _, err := csi.ParseParams(sc.Parameters, ""); err != nil {
 				t.Errorf("StorageClass %s: the driver refuses its parameters: %v", sc.Name, err)
 			}
@@ -518,44 +447,8 @@ func invariants(t *testing.T, objs, kust []*unstructured.Unstructured) {
 	}
 }
 
-// startEnv runs etcd and kube-apiserver; the client validates fields strictly.
-func startEnv(t *testing.T) client.Client {
-	t.Helper()
-	dir := kubeAssets(t)
-	if _, err := os.Stat(filepath.Join(dir, "kube-apiserver")); err != nil {
-		t.Fatalf("KUBEBUILDER_ASSETS=%s has no kube-apiserver (make kube-bin builds it): %v", dir, err)
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: dir}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("envtest: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Logf("envtest stop: %v", err)
-		}
-	})
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client.WithFieldValidation(c, metav1.FieldValidationStrict)
-}
-
-func apply(ctx context.Context, c client.Client, u *unstructured.Unstructured, opts ...client.ApplyOption) error {
-	opts = append(opts, client.FieldOwner(fieldManager), client.ForceOwnership)
-	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u.DeepCopy()), opts...)
-}
-
 func TestDryRun(t *testing.T) {
-	c := startEnv(t)
+	c := kubetest.StartEnv(t, apiextensionsv1.AddToScheme)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -571,7 +464,7 @@ func TestDryRun(t *testing.T) {
 		if o.GetKind() != "CustomResourceDefinition" {
 			continue
 		}
-		if err := apply(ctx, c, o); err != nil {
+		if err := kubetest.Apply(ctx, c, o, fieldManager); err != nil {
 			t.Fatalf("CRD %s: %v", o.GetName(), err)
 		}
 		deadline := time.Now().Add(30 * time.Second)
@@ -610,7 +503,7 @@ func TestDryRun(t *testing.T) {
 					t.Logf("not applied (no %s CRDs here): %s", monitoringGV, key(o))
 					continue
 				}
-				if err := apply(ctx, c, o, client.DryRunAll); err != nil {
+				if err := kubetest.Apply(ctx, c, o, fieldManager, client.DryRunAll); err != nil {
 					t.Errorf("server-side dry-run apply of %s: %v", key(o), err)
 				}
 				applied++
@@ -621,16 +514,16 @@ func TestDryRun(t *testing.T) {
 
 	// The dry run is a real validation: the API server refuses a broken object.
 	t.Run("ValidationIsReal", func(t *testing.T) {
-		ds := find(t, render(t, ""), "DaemonSet", "peregrine-csi-node").DeepCopy()
+		ds := kubetest.Find(t, render(t, ""), "DaemonSet", "peregrine-csi-node").DeepCopy()
 		cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
 		delete(cs[0].(map[string]any), "securityContext")
 		_ = unstructured.SetNestedSlice(ds.Object, cs, "spec", "template", "spec", "containers")
-		if err := apply(ctx, c, ds, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "Bidirectional") {
+		if err := kubetest.Apply(ctx, c, ds, fieldManager, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "Bidirectional") {
 			t.Errorf("an unprivileged Bidirectional DaemonSet: want a refusal, got %v", err)
 		}
-		ss := find(t, render(t, "values-gke.yaml"), "ServerSet", "tank").DeepCopy()
+		ss := kubetest.Find(t, render(t, "values-gke.yaml"), "ServerSet", "tank").DeepCopy()
 		_ = unstructured.SetNestedField(ss.Object, map[string]any{"hostPath": "/x", "size": "1GiB"}, "spec", "storage", "emulated")
-		if err := apply(ctx, c, ss, client.DryRunAll); err == nil {
+		if err := kubetest.Apply(ctx, c, ss, fieldManager, client.DryRunAll); err == nil {
 			t.Error("a ServerSet with both nvme and emulated storage was accepted (the CRD's CEL rule did not run)")
 		}
 	})

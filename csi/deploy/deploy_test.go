@@ -12,9 +12,7 @@ package deploy
 // then asks it (SubjectAccessReview) whether the ServiceAccounts may do what the sidecars do.
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -36,14 +34,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	pgv1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/csi"
 	"github.com/peregrine-storage/peregrine/csi/webhook"
+	"github.com/peregrine-storage/peregrine/internal/kubetest"
 )
 
 const (
@@ -74,79 +70,6 @@ var sidecarImages = map[string]string{
 	"csi-provisioner": "peregrine/csi-provisioner:v5.3.0",
 	"csi-resizer":     "peregrine/csi-resizer:v1.14.0",
 	"csi-snapshotter": "peregrine/csi-snapshotter:v8.3.0",
-}
-
-// kubeAssets points KUBEBUILDER_ASSETS at hack/build-kube.sh's directory when it is unset and
-// returns it.
-func kubeAssets(t *testing.T) string {
-	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		cache := os.Getenv("XDG_CACHE_HOME")
-		if cache == "" {
-			home, _ := os.UserHomeDir()
-			cache = filepath.Join(home, ".cache")
-		}
-		t.Setenv("KUBEBUILDER_ASSETS", filepath.Join(cache, "peregrine", "kube-v1.35.4", "bin"))
-	}
-	return os.Getenv("KUBEBUILDER_ASSETS")
-}
-
-// kustomize builds a kustomization directory with `kubectl kustomize` and decodes the stream.
-func kustomize(t *testing.T, dir string) []*unstructured.Unstructured {
-	t.Helper()
-	kubectl := filepath.Join(kubeAssets(t), "kubectl")
-	if _, err := os.Stat(kubectl); err != nil {
-		t.Fatalf("no kubectl in KUBEBUILDER_ASSETS (make kube-bin builds it): %v", err)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(kubectl, "kustomize", dir)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, stderr.String())
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(&stdout, 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		m := map[string]any{}
-		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("kustomize output of %s: %v", dir, err)
-		}
-		if len(m) == 0 {
-			continue
-		}
-		objs = append(objs, &unstructured.Unstructured{Object: m})
-	}
-	if len(objs) == 0 {
-		t.Fatalf("kustomize %s: no objects", dir)
-	}
-	return objs
-}
-
-// find returns the one object of a kind and name (name "" for the only one of the kind).
-func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
-	t.Helper()
-	var hits []*unstructured.Unstructured
-	for _, o := range objs {
-		if o.GetKind() == kind && (name == "" || o.GetName() == name) {
-			hits = append(hits, o)
-		}
-	}
-	if len(hits) != 1 {
-		t.Fatalf("want one %s %q, found %d", kind, name, len(hits))
-	}
-	return hits[0]
-}
-
-// typed converts an object, refusing fields its Go type does not know.
-func typed[T any](t *testing.T, u *unstructured.Unstructured) *T {
-	t.Helper()
-	out := new(T)
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, out, true); err != nil {
-		t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
-	}
-	return out
 }
 
 // flags parses --name=value / --name arguments; anything else fails the test.
@@ -255,7 +178,7 @@ func mgmtConfigMap(t *testing.T, objs []*unstructured.Unstructured, c *corev1.Co
 			t.Fatalf("%s: %s is not from a ConfigMap", c.Name, mgmtEnv)
 		}
 		ref := e.ValueFrom.ConfigMapKeyRef
-		cm := typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", ref.Name))
+		cm := kubetest.Typed[corev1.ConfigMap](t, kubetest.Find(t, objs, "ConfigMap", ref.Name))
 		v, ok := cm.Data[ref.Key]
 		if !ok {
 			t.Fatalf("%s: ConfigMap %s has no key %s", c.Name, ref.Name, ref.Key)
@@ -272,10 +195,10 @@ func mgmtConfigMap(t *testing.T, objs []*unstructured.Unstructured, c *corev1.Co
 const isalName = "libisal.so.2"
 
 func TestWiring(t *testing.T) {
-	objs := kustomize(t, baseDir)
+	objs := kubetest.Kustomize(t, baseDir)
 
 	t.Run("CSIDriver", func(t *testing.T) {
-		d := typed[storagev1.CSIDriver](t, find(t, objs, "CSIDriver", ""))
+		d := kubetest.Typed[storagev1.CSIDriver](t, kubetest.Find(t, objs, "CSIDriver", ""))
 		s := d.Spec
 		if d.Name != csi.DriverName {
 			t.Errorf("CSIDriver %q, driver is %q", d.Name, csi.DriverName)
@@ -298,7 +221,7 @@ func TestWiring(t *testing.T) {
 	})
 
 	t.Run("NodeDaemonSet", func(t *testing.T) {
-		ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", nodeDSName))
+		ds := kubetest.Typed[appsv1.DaemonSet](t, kubetest.Find(t, objs, "DaemonSet", nodeDSName))
 		spec := &ds.Spec.Template.Spec
 		if !spec.HostPID {
 			t.Error("hostPID must be true: FUSE daemons in the pod's own PID namespace die with its container")
@@ -309,7 +232,7 @@ func TestWiring(t *testing.T) {
 		if spec.ServiceAccountName != nodeSAName {
 			t.Errorf("serviceAccountName %q", spec.ServiceAccountName)
 		}
-		find(t, objs, "ServiceAccount", nodeSAName)
+		kubetest.Find(t, objs, "ServiceAccount", nodeSAName)
 		c := container(t, spec, driverContainer)
 		if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
 			t.Error("the node plugin must be privileged (mounts, /dev/fuse, Bidirectional propagation)")
@@ -385,7 +308,7 @@ func TestWiring(t *testing.T) {
 	})
 
 	t.Run("FuseCgroupWrapper", func(t *testing.T) {
-		ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", nodeDSName))
+		ds := kubetest.Typed[appsv1.DaemonSet](t, kubetest.Find(t, objs, "DaemonSet", nodeDSName))
 		c := container(t, &ds.Spec.Template.Spec, driverContainer)
 		if len(c.Command) != 4 || c.Command[0] != "/bin/sh" || c.Command[1] != "-c" || c.Command[3] != "peregrine-csi" {
 			t.Fatalf("command %q: want /bin/sh -c SCRIPT peregrine-csi", c.Command)
@@ -453,7 +376,7 @@ func TestWiring(t *testing.T) {
 	})
 
 	t.Run("InterceptionLibrary", func(t *testing.T) {
-		ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", nodeDSName))
+		ds := kubetest.Typed[appsv1.DaemonSet](t, kubetest.Find(t, objs, "DaemonSet", nodeDSName))
 		spec := &ds.Spec.Template.Spec
 		if len(spec.InitContainers) != 1 {
 			t.Fatalf("want one init container (install-il), have %d", len(spec.InitContainers))
@@ -534,12 +457,12 @@ func TestWiring(t *testing.T) {
 	})
 
 	t.Run("ControllerDeployment", func(t *testing.T) {
-		dep := typed[appsv1.Deployment](t, find(t, objs, "Deployment", controllerDepName))
+		dep := kubetest.Typed[appsv1.Deployment](t, kubetest.Find(t, objs, "Deployment", controllerDepName))
 		spec := &dep.Spec.Template.Spec
 		if spec.ServiceAccountName != controllerSAName {
 			t.Errorf("serviceAccountName %q", spec.ServiceAccountName)
 		}
-		find(t, objs, "ServiceAccount", controllerSAName)
+		kubetest.Find(t, objs, "ServiceAccount", controllerSAName)
 		d := container(t, spec, driverContainer)
 		df := flags(t, d.Name, d.Args)
 		if df["mode"] != "controller" {
@@ -592,17 +515,17 @@ func TestWiring(t *testing.T) {
 			var subjects []rbacv1.Subject
 			switch o.GetKind() {
 			case "ClusterRoleBinding":
-				b := typed[rbacv1.ClusterRoleBinding](t, o)
+				b := kubetest.Typed[rbacv1.ClusterRoleBinding](t, o)
 				ref, subjects = b.RoleRef, b.Subjects
 			case "RoleBinding":
-				b := typed[rbacv1.RoleBinding](t, o)
+				b := kubetest.Typed[rbacv1.RoleBinding](t, o)
 				ref, subjects = b.RoleRef, b.Subjects
 			default:
 				continue
 			}
-			find(t, objs, ref.Kind, ref.Name)
+			kubetest.Find(t, objs, ref.Kind, ref.Name)
 			for _, s := range subjects {
-				sa := find(t, objs, "ServiceAccount", s.Name)
+				sa := kubetest.Find(t, objs, "ServiceAccount", s.Name)
 				if s.Kind != "ServiceAccount" || s.Namespace != sa.GetNamespace() {
 					t.Errorf("%s %s: subject %+v", o.GetKind(), o.GetName(), s)
 				}
@@ -611,8 +534,8 @@ func TestWiring(t *testing.T) {
 	})
 
 	t.Run("Samples", func(t *testing.T) {
-		samples := kustomize(t, samplesDir)
-		sc := typed[storagev1.StorageClass](t, find(t, samples, "StorageClass", ""))
+		samples := kubetest.Kustomize(t, samplesDir)
+		sc := kubetest.Typed[storagev1.StorageClass](t, kubetest.Find(t, samples, "StorageClass", ""))
 		if sc.Provisioner != csi.DriverName || sc.AllowVolumeExpansion == nil || !*sc.AllowVolumeExpansion {
 			t.Errorf("StorageClass: provisioner %s, allowVolumeExpansion %v", sc.Provisioner, sc.AllowVolumeExpansion)
 		}
@@ -622,12 +545,12 @@ func TestWiring(t *testing.T) {
 		if len(sc.MountOptions) == 0 {
 			t.Error("StorageClass: no mountOptions example")
 		}
-		pvc := typed[corev1.PersistentVolumeClaim](t, find(t, samples, "PersistentVolumeClaim", "peregrine-data"))
+		pvc := kubetest.Typed[corev1.PersistentVolumeClaim](t, kubetest.Find(t, samples, "PersistentVolumeClaim", "peregrine-data"))
 		if pvc.Spec.StorageClassName == nil || *pvc.Spec.StorageClassName != sc.Name {
 			t.Errorf("PVC %s: storageClassName %v", pvc.Name, pvc.Spec.StorageClassName)
 		}
 
-		pod := typed[corev1.Pod](t, find(t, samples, "Pod", "peregrine-reader"))
+		pod := kubetest.Typed[corev1.Pod](t, kubetest.Find(t, samples, "Pod", "peregrine-reader"))
 		if pod.Annotations[webhook.AnnotationIntercept] != "true" {
 			t.Errorf("pod %s: no %s: \"true\"", pod.Name, webhook.AnnotationIntercept)
 		}
@@ -646,7 +569,7 @@ func TestWiring(t *testing.T) {
 			t.Errorf("pod %s: no subPath mount of PVC %s", pod.Name, pvc.Name)
 		}
 
-		eph := typed[corev1.Pod](t, find(t, samples, "Pod", "peregrine-scratch"))
+		eph := kubetest.Typed[corev1.Pod](t, kubetest.Find(t, samples, "Pod", "peregrine-scratch"))
 		inline := 0
 		for _, v := range eph.Spec.Volumes {
 			if v.CSI == nil {
@@ -674,32 +597,32 @@ func TestWiring(t *testing.T) {
 			t.Errorf("pod %s: %d inline CSI volumes", eph.Name, inline)
 		}
 
-		pv := typed[corev1.PersistentVolume](t, find(t, samples, "PersistentVolume", ""))
+		pv := kubetest.Typed[corev1.PersistentVolume](t, kubetest.Find(t, samples, "PersistentVolume", ""))
 		if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != csi.DriverName {
 			t.Fatalf("static PV %s: not a %s volume", pv.Name, csi.DriverName)
 		}
 		if id, err := csi.ParseVolumeID(pv.Spec.CSI.VolumeHandle); err != nil || id.String() != "tank/existing-container" {
 			t.Errorf("static PV volumeHandle %q: %v", pv.Spec.CSI.VolumeHandle, err)
 		}
-		static := typed[corev1.PersistentVolumeClaim](t, find(t, samples, "PersistentVolumeClaim", pv.Name))
+		static := kubetest.Typed[corev1.PersistentVolumeClaim](t, kubetest.Find(t, samples, "PersistentVolumeClaim", pv.Name))
 		if static.Spec.VolumeName != pv.Name || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Name != static.Name {
 			t.Errorf("static PV %s and PVC %s do not name each other", pv.Name, static.Name)
 		}
 
 		// Snapshot kinds: their CRDs are not installed in TestApply, so their references are
 		// checked here.
-		vsc := find(t, samples, "VolumeSnapshotClass", "")
+		vsc := kubetest.Find(t, samples, "VolumeSnapshotClass", "")
 		if drv, _, _ := unstructured.NestedString(vsc.Object, "driver"); drv != csi.DriverName {
 			t.Errorf("VolumeSnapshotClass driver %q", drv)
 		}
-		vs := find(t, samples, "VolumeSnapshot", "")
+		vs := kubetest.Find(t, samples, "VolumeSnapshot", "")
 		if cls, _, _ := unstructured.NestedString(vs.Object, "spec", "volumeSnapshotClassName"); cls != vsc.GetName() {
 			t.Errorf("VolumeSnapshot class %q", cls)
 		}
 		if src, _, _ := unstructured.NestedString(vs.Object, "spec", "source", "persistentVolumeClaimName"); src != pvc.Name {
 			t.Errorf("VolumeSnapshot source %q", src)
 		}
-		restored := typed[corev1.PersistentVolumeClaim](t, find(t, samples, "PersistentVolumeClaim", "peregrine-data-restored"))
+		restored := kubetest.Typed[corev1.PersistentVolumeClaim](t, kubetest.Find(t, samples, "PersistentVolumeClaim", "peregrine-data-restored"))
 		ds := restored.Spec.DataSource
 		if ds == nil || ds.APIGroup == nil || *ds.APIGroup != snapshotGroup || ds.Kind != "VolumeSnapshot" || ds.Name != vs.GetName() {
 			t.Errorf("restored PVC dataSource %+v", ds)
@@ -710,38 +633,6 @@ func TestWiring(t *testing.T) {
 	})
 }
 
-// startEnv runs etcd and kube-apiserver; the client validates fields strictly.
-func startEnv(t *testing.T) client.Client {
-	t.Helper()
-	dir := kubeAssets(t)
-	if _, err := os.Stat(filepath.Join(dir, "kube-apiserver")); err != nil {
-		t.Fatalf("KUBEBUILDER_ASSETS=%s has no kube-apiserver (make kube-bin builds it): %v", dir, err)
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: dir}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("envtest: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Logf("envtest stop: %v", err)
-		}
-	})
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client.WithFieldValidation(c, metav1.FieldValidationStrict)
-}
-
-func apply(ctx context.Context, c client.Client, u *unstructured.Unstructured) error {
-	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u.DeepCopy()), client.FieldOwner(fieldManager), client.ForceOwnership)
-}
-
 // applyAll applies Namespaces first, then the rest in the build's order.
 func applyAll(ctx context.Context, t *testing.T, c client.Client, objs []*unstructured.Unstructured) {
 	t.Helper()
@@ -750,7 +641,7 @@ func applyAll(ctx context.Context, t *testing.T, c client.Client, objs []*unstru
 		return sorted[i].GetKind() == "Namespace" && sorted[j].GetKind() != "Namespace"
 	})
 	for _, o := range sorted {
-		if err := apply(ctx, c, o); err != nil {
+		if err := kubetest.Apply(ctx, c, o, fieldManager); err != nil {
 			t.Errorf("apply %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
 		}
 	}
@@ -805,9 +696,9 @@ func allowed(ctx context.Context, t *testing.T, c client.Client, user string, a 
 }
 
 func TestApply(t *testing.T) {
-	base := kustomize(t, baseDir)
-	samples := kustomize(t, samplesDir)
-	c := startEnv(t)
+	base := kubetest.Kustomize(t, baseDir)
+	samples := kubetest.Kustomize(t, samplesDir)
+	c := kubetest.StartEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 
@@ -840,7 +731,7 @@ func TestApply(t *testing.T) {
 
 	// What the server stored keeps the fields the driver depends on.
 	t.Run("Stored", func(t *testing.T) {
-		ns := find(t, base, "DaemonSet", nodeDSName).GetNamespace()
+		ns := kubetest.Find(t, base, "DaemonSet", nodeDSName).GetNamespace()
 		ds := &appsv1.DaemonSet{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: nodeDSName}, ds); err != nil {
 			t.Fatal(err)
@@ -863,9 +754,9 @@ func TestApply(t *testing.T) {
 	// The API server refuses a node plugin without privileges (Bidirectional needs them), and
 	// an unknown field: the apply above was validated, not waved through.
 	t.Run("ValidationIsReal", func(t *testing.T) {
-		u := find(t, base, "DaemonSet", nodeDSName).DeepCopy()
+		u := kubetest.Find(t, base, "DaemonSet", nodeDSName).DeepCopy()
 		u.SetName("peregrine-csi-node-unprivileged")
-		ds := typed[appsv1.DaemonSet](t, u)
+		ds := kubetest.Typed[appsv1.DaemonSet](t, u)
 		container(t, &ds.Spec.Template.Spec, driverContainer).SecurityContext.Privileged = nil
 		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ds)
 		if err != nil {
@@ -875,23 +766,23 @@ func TestApply(t *testing.T) {
 		bad.SetGroupVersionKind(u.GroupVersionKind())
 		unstructured.RemoveNestedField(bad.Object, "metadata", "creationTimestamp")
 		unstructured.RemoveNestedField(bad.Object, "status")
-		if err := apply(ctx, c, bad); err == nil || !strings.Contains(err.Error(), "Bidirectional") {
+		if err := kubetest.Apply(ctx, c, bad, fieldManager); err == nil || !strings.Contains(err.Error(), "Bidirectional") {
 			t.Errorf("unprivileged Bidirectional DaemonSet: want a refusal about Bidirectional, got %v", err)
 		}
-		u = find(t, base, "CSIDriver", "").DeepCopy()
+		u = kubetest.Find(t, base, "CSIDriver", "").DeepCopy()
 		u.SetName("typo.peregrine.dev")
 		if err := unstructured.SetNestedField(u.Object, true, "spec", "attachRequird"); err != nil {
 			t.Fatal(err)
 		}
-		if err := apply(ctx, c, u); err == nil {
+		if err := kubetest.Apply(ctx, c, u, fieldManager); err == nil {
 			t.Error("an unknown field was accepted")
 		}
 	})
 
 	t.Run("RBAC", func(t *testing.T) {
-		ns := find(t, base, "ServiceAccount", controllerSAName).GetNamespace()
+		ns := kubetest.Find(t, base, "ServiceAccount", controllerSAName).GetNamespace()
 		ctrlUser := "system:serviceaccount:" + ns + ":" + controllerSAName
-		nodeUser := "system:serviceaccount:" + find(t, base, "ServiceAccount", nodeSAName).GetNamespace() + ":" + nodeSAName
+		nodeUser := "system:serviceaccount:" + kubetest.Find(t, base, "ServiceAccount", nodeSAName).GetNamespace() + ":" + nodeSAName
 		events := accesses("", "events", "list", "watch", "create", "update", "patch")
 		var need []access
 		// external-provisioner v5.3.0 (deploy/kubernetes/rbac.yaml, capacity rules left out).
