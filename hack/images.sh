@@ -329,12 +329,9 @@ testimages() {
   cp -a "$roots/musl" "$ctx/musl" && rm -rf "$ctx/musl/opt"
   cp /bin/busybox "$ctx/musl/bin/busybox"
   ln -sf busybox "$ctx/musl/bin/sh" && ln -sf busybox "$ctx/musl/bin/sha256sum"
-  local name dir
-  for name in "${TEST_IMAGES[@]}"; do
-    dir="$ctx/${name#e2e-}" && dir="${dir%2.31}"
-    printf 'FROM scratch\nCOPY . /\n' >"$ctx/Containerfile.$name"
-    timed "testimages: $REPO/$name:$TAG" podman_build "$REPO/$name:$TAG" -f "$ctx/Containerfile.$name" "$dir"
-  done
+  printf 'FROM scratch\nCOPY . /\n' >"$ctx/Containerfile"
+  timed "testimages: $REPO/e2e-glibc2.31:$TAG" podman_build "$REPO/e2e-glibc2.31:$TAG" -f "$ctx/Containerfile" "$ctx/glibc"
+  timed "testimages: $REPO/e2e-musl:$TAG" podman_build "$REPO/e2e-musl:$TAG" -f "$ctx/Containerfile" "$ctx/musl"
 }
 
 # ---------------------------------------------------------------------------------- import
