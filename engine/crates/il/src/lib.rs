@@ -94,6 +94,8 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+mod probe;
+
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, iovec, off64_t, off_t, size_t, ssize_t, FILE};
 use parking_lot::{Mutex, RwLock};
 use peregrine_dfs::File;
@@ -1802,36 +1804,8 @@ extern "C" fn fork_child() {
     }
 }
 
-/// `PEREGRINE_IL_PROBE=PATH`: the webhook's check (peregrine-il-check) asks whether the image's
-/// loader binds this library. Reaching this constructor means it did, so the answer goes into PATH
-/// and the process ends before the program's main runs; raw system calls, because this library's
-/// own open and write are the intercepted ones.
-fn answer_probe() {
-    // SAFETY: getenv with a NUL-terminated name; the path is NUL-terminated by the environment
-    // block; the buffer outlives the write; _exit does not return.
-    unsafe {
-        let path = libc::getenv(c"PEREGRINE_IL_PROBE".as_ptr());
-        if path.is_null() {
-            return;
-        }
-        let fd = libc::syscall(
-            libc::SYS_openat,
-            libc::AT_FDCWD,
-            path,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            0o644,
-        );
-        if fd >= 0 {
-            let msg = b"peregrine-il bound\n";
-            libc::syscall(libc::SYS_write, fd, msg.as_ptr(), msg.len());
-            libc::syscall(libc::SYS_close, fd);
-        }
-        libc::_exit(0);
-    }
-}
-
 extern "C" fn il_init() {
-    answer_probe();
+    probe::answer();
     if !enabled() {
         return;
     }
