@@ -748,17 +748,10 @@ fn reintegration_writes_only_what_the_returning_engine_missed() {
     }
 }
 
-/// A rank stopped cleanly is excluded from when it was last heard of, not
-/// from when the management service started: its word that it stops ends
-/// its heartbeats, and counting from the service's start made the copy cover
-/// everything since then, and once the service had run longer than the
-/// reintegration window (10 s here, an hour by default) it wiped the rank
-/// whole on its return: any engine pod deleted after the first hour.
-#[test]
-fn clean_stop_long_after_the_service_started_is_not_copied_whole() {
-    let _serial = one_at_a_time();
-    let class = ObjectClass::Ec2P1G1;
-    let mut c = Cluster::start_configured(
+/// Three engines whose reintegration window is 10 s (an hour by default), so
+/// that a test can outlast it; a pool of `class` on them.
+fn short_window_cluster(class: ObjectClass) -> Cluster {
+    let c = Cluster::start_configured(
         ClusterSpec {
             engines: 3,
             targets: 1,
@@ -769,6 +762,20 @@ fn clean_stop_long_after_the_service_started_is_not_copied_whole() {
     );
     c.format();
     c.create_pool(1920, class.name(), "crc32c");
+    c
+}
+
+/// A rank stopped cleanly is excluded from when it was last heard of, not
+/// from when the management service started: its word that it stops ends
+/// its heartbeats, and counting from the service's start made the copy cover
+/// everything since then, and once the service had run longer than the
+/// reintegration window (10 s here, an hour by default) it wiped the rank
+/// whole on its return: any engine pod deleted after the first hour.
+#[test]
+fn clean_stop_long_after_the_service_started_is_not_copied_whole() {
+    let _serial = one_at_a_time();
+    let class = ObjectClass::Ec2P1G1;
+    let mut c = short_window_cluster(class);
     let cont = c.container();
     let obj = cont.object(ObjectId::new(class, 9, 3)).unwrap();
     let data = pattern(3, 1 << 20);
@@ -809,17 +816,7 @@ fn clean_stop_long_after_the_service_started_is_not_copied_whole() {
 fn engine_out_past_the_reintegration_window_is_copied_whole() {
     let _serial = one_at_a_time();
     let class = ObjectClass::Ec2P1G1;
-    let mut c = Cluster::start_configured(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 1024,
-            scm_mib: 64,
-        },
-        "reintegration_window_s: 10\n",
-    );
-    c.format();
-    c.create_pool(1920, class.name(), "crc32c");
+    let mut c = short_window_cluster(class);
     let w = Workload::new(class);
     let threads = start(&c, &w);
     std::thread::sleep(Duration::from_secs(1));
