@@ -207,7 +207,6 @@ const (
 	staticProgram
 	glibcProgram
 	muslProgram
-	otherLoaderProgram
 )
 
 // classify reads p's ELF headers: static, or dynamic with which loader (only when the loader
@@ -246,7 +245,7 @@ func classify(p string) (programKind, string) {
 		case strings.HasPrefix(base, "ld-linux"):
 			return glibcProgram, interp
 		default:
-			return otherLoaderProgram, interp
+			return notAProgram, "" // a loader of neither kind: nothing to probe with
 		}
 	}
 	if f.Type == elf.ET_DYN {
