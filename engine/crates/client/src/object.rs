@@ -1791,7 +1791,9 @@ impl ObjectAt<'_> {
         })
     }
 
-    /// The akeys of `dkey`, sorted (EC size companions hidden).
+    /// The akeys of `dkey`, sorted. An EC shard holds only the arrays with
+    /// bytes in its cells, but every array's size companion: the companions
+    /// name the arrays (and are not listed themselves).
     pub fn list_akeys(&self, dkey: &[u8]) -> Result<Vec<Vec<u8>>> {
         check_keys(dkey, None)?;
         let o = self.obj;
@@ -1804,7 +1806,10 @@ impl ObjectAt<'_> {
         })?;
         let mut keys: Vec<Vec<u8>> = keys
             .into_iter()
-            .filter(|k| o.rs.is_none() || !k.starts_with(EC_SIZE_PREFIX))
+            .map(|k| match k.strip_prefix(EC_SIZE_PREFIX) {
+                Some(array) if o.rs.is_some() => array.to_vec(),
+                _ => k,
+            })
             .collect();
         keys.sort();
         keys.dedup();

@@ -184,3 +184,50 @@ fn clone_holds_the_snapshot_of_striped_replicated_and_ec_objects() {
     let e = clone(&c, "copy", epoch).unwrap_err();
     assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e}");
 }
+
+/// Arrays smaller than an EC cell (a small file's only chunk): they touch
+/// one data shard and the parity, and the clone must find and copy each.
+#[test]
+fn clone_copies_small_ec_arrays() {
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 2,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        384,
+        "EC_2P1G1",
+        "crc32c",
+    );
+    let cont = c.container();
+    let n = 40u64;
+    for i in 0..n {
+        let o = cont
+            .object(ObjectId::new(ObjectClass::Ec2P1G1, 7, i))
+            .unwrap();
+        o.update_array(b"0", b"data", 0, format!("small {i}\n").as_bytes())
+            .unwrap();
+    }
+    let epoch = snapshot(&c, "s1");
+    clone(&c, "copy", epoch).unwrap();
+    let copy = c
+        .client()
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("copy")
+        .unwrap();
+    let mut lost = vec![];
+    for i in 0..n {
+        let k = copy
+            .object(ObjectId::new(ObjectClass::Ec2P1G1, 7, i))
+            .unwrap();
+        let want = format!("small {i}\n");
+        let size = k.array_size(b"0", b"data").unwrap();
+        let dkeys = k.list_dkeys().unwrap();
+        if size != want.len() as u64 || dkeys.is_empty() {
+            lost.push((i, size, dkeys.len()));
+        }
+    }
+    assert!(lost.is_empty(), "lost (object, size, dkeys): {lost:?}");
+}
