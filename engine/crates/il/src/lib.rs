@@ -73,6 +73,9 @@
 //! * `PEREGRINE_IL_DISABLE=1`: every interposer calls the real function.
 //!   `PEREGRINE_IL_REPORT=1`: counts printed to stderr at exit (atexit), one
 //!   line per process (`peregrine-il[pid]: ...`); a forked child starts at 0.
+//!   When a file fell back to the kernel path (`fallbacks`) or the store
+//!   could not be reached, the line ends with the first reason
+//!   (`first_failure="..."`).
 //!   Processes leaving with `_exit` (fio's job processes without
 //!   `--thread`) print nothing.
 //! * Variadic `open`/`openat`/`fcntl`: stable Rust cannot define C-variadic
@@ -102,7 +105,7 @@ use peregrine_dfs::File;
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 // ---------------------------------------------------------------- ioctls
 
@@ -381,6 +384,14 @@ fn count(c: C, n: u64) {
     COUNTS[c as usize].fetch_add(n, Ordering::Relaxed);
 }
 
+/// Why the library first fell back to the kernel path (or failed to reach
+/// the store), for the report: a silent fallback only looks slow.
+static FIRST_FAILURE: OnceLock<String> = OnceLock::new();
+
+fn note_failure(why: String) {
+    let _ = FIRST_FAILURE.set(why);
+}
+
 fn counts() -> [u64; C::N as usize] {
     std::array::from_fn(|i| COUNTS[i].load(Ordering::Relaxed))
 }
@@ -388,10 +399,14 @@ fn counts() -> [u64; C::N as usize] {
 extern "C" fn report() {
     let _b = Busy::enter();
     let c = counts();
+    let first_failure = FIRST_FAILURE
+        .get()
+        .map(|w| format!(" first_failure={w:?}"))
+        .unwrap_or_default();
     let line = format!(
         "peregrine-il[{}]: intercepted opens={} reads={} writes={} bytes_read={} bytes_written={} \
          seeks={} stats={} syncs={} truncates={} dups={} closes={} stdio={} invalidates={} \
-         fallbacks={}\n",
+         fallbacks={}{first_failure}\n",
         std::process::id(),
         c[C::Opens as usize],
         c[C::Reads as usize],
@@ -495,11 +510,13 @@ fn container(h: &Handle) -> Result<peregrine::Container, c_int> {
         pool.cont_open(&uuid_str(&h.cont))
     })()
     .map_err(|e| {
+        let m = format!("container via {}: {e}", h.mgmt);
         if env_on(b"PEREGRINE_IL_DEBUG\0") {
-            let m = format!("peregrine-il: container via {}: {e}\n", h.mgmt);
+            let line = format!("peregrine-il: {m}\n");
             // SAFETY: raw write of an owned buffer.
-            unsafe { libc::syscall(libc::SYS_write, 2, m.as_ptr(), m.len()) };
+            unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
         }
+        note_failure(m);
         err_of(&e)
     })?;
     t.push((key, c.clone()));
@@ -690,10 +707,12 @@ fn track(fd: c_int) {
     let mut b = [0u8; HANDLE_SIZE];
     // SAFETY: the ioctl writes HANDLE_SIZE bytes into b.
     if unsafe { ioctl_raw(fd, IOC_GET_HANDLE, b.as_mut_ptr() as *mut c_void) } != 0 {
+        note_failure(format!("handle ioctl: {}", std::io::Error::last_os_error()));
         count(C::Fallbacks, 1);
         return;
     }
     let Some(h) = Handle::parse(&b) else {
+        note_failure("handle ioctl: a handle of an unknown version".into());
         count(C::Fallbacks, 1);
         return;
     };

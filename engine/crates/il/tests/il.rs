@@ -134,12 +134,17 @@ struct Report {
     stdio: u64,
     fallbacks: u64,
     syncs: u64,
+    /// The first process's `first_failure` (quoted as the library prints it).
+    first_failure: Option<String>,
 }
 
 fn parse_report(stderr: &str) -> Report {
     let mut r = Report::default();
     for l in stderr.lines().filter(|l| l.starts_with("peregrine-il[")) {
         r.lines += 1;
+        if let Some((_, why)) = l.split_once(" first_failure=") {
+            r.first_failure.get_or_insert_with(|| why.to_string());
+        }
         for kv in l.split_whitespace() {
             let Some((k, v)) = kv.split_once('=') else {
                 continue;
@@ -566,4 +571,40 @@ fn bench_posix_il() {
             );
         }
     }
+}
+
+/// A process that cannot reach the engines (here: a network namespace of its
+/// own, as a pod whose network policy shuts the engines out) keeps working on
+/// the kernel path, and its report says why it was not accelerated.
+#[test]
+fn unreachable_engines_fall_back_and_the_report_says_why() {
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 || !have("unshare") {
+        eprintln!("SKIP: needs /dev/fuse, root and unshare");
+        return;
+    }
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        128,
+        "SX",
+        "crc32c",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    sh(&m.dir, "echo 'read on the kernel path' > f");
+    let (out, r) = il_sh(&m.dir, "unshare -n cat f");
+    assert_eq!(out, "read on the kernel path\n");
+    assert_eq!((r.opens, r.fallbacks), (0, 1), "{r:?}");
+    let why = r.first_failure.unwrap_or_default();
+    assert!(
+        why.starts_with(&format!("\"container via {}: ", c.mgmt_addr())),
+        "the report names the failure: {why}"
+    );
+    // Reachable again: intercepted.
+    let (out, r) = il_sh(&m.dir, "cat f");
+    assert_eq!(out, "read on the kernel path\n");
+    assert_eq!((r.opens, r.fallbacks, r.first_failure), (1, 0, None));
 }
