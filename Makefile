@@ -17,9 +17,9 @@ build: deps go-build
 	cd $(ENGINE) && $(CARGO) build --release --workspace
 
 ## test: lint, then unit and integration tests (real engine processes on file-backed NVMe),
-## then the operator's envtest suites (real kube-apiserver and etcd built from their Go modules).
-## The end-to-end suites on a real cluster are `make test-e2e` (not yet part of test: see README).
-test: deps lint test-engine go-test
+## then the operator's envtest suites (real kube-apiserver and etcd built from their Go modules),
+## then the end-to-end suites on a real cluster brought up here and removed after (test-e2e).
+test: deps lint test-engine go-test test-e2e
 
 ## test-e2e: make demo from the workspace's debug binaries, the e2e suites, then make demo-down.
 test-e2e: deps engine-bin

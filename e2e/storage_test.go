@@ -2,13 +2,16 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"os/exec"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagek8s "k8s.io/api/storage/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -81,6 +84,33 @@ func podLogs(name string) string {
 
 var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
 	ctx := context.Background()
+
+	It("has the Helm release deployed: operator, webhook, CSI controller and node plugin ready", func() {
+		out, err := exec.Command(helmBinary(), "status", release, "-n", releaseNS, "-o", "json").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "helm status %s -n %s (install the chart first: hack/demo.sh does):\n%s", release, releaseNS, out)
+		var st struct {
+			Info struct{ Status string } `json:"info"`
+		}
+		Expect(json.Unmarshal(out, &st)).To(Succeed(), "%s", out)
+		Expect(st.Info.Status).To(Equal("deployed"))
+		Eventually(func(g Gomega) {
+			var deps appsv1.DeploymentList
+			g.Expect(k8s.List(ctx, &deps, client.InNamespace(releaseNS), client.MatchingLabels{"app.kubernetes.io/instance": release})).To(Succeed())
+			g.Expect(deps.Items).NotTo(BeEmpty(), "Deployments of the release")
+			for _, d := range deps.Items {
+				g.Expect(d.Status.AvailableReplicas).To(Equal(ptr.Deref(d.Spec.Replicas, 1)), "Deployment %s", d.Name)
+			}
+			var dss appsv1.DaemonSetList
+			g.Expect(k8s.List(ctx, &dss, client.InNamespace(releaseNS), client.MatchingLabels{"app.kubernetes.io/instance": release})).To(Succeed())
+			g.Expect(dss.Items).NotTo(BeEmpty(), "DaemonSets of the release (the CSI node plugin)")
+			for _, d := range dss.Items {
+				g.Expect(d.Status.NumberReady).To(Equal(d.Status.DesiredNumberScheduled), "DaemonSet %s", d.Name)
+				g.Expect(d.Status.DesiredNumberScheduled).To(BeNumerically(">", 0), "DaemonSet %s", d.Name)
+			}
+			var drv storagek8s.CSIDriver
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Name: driverName}, &drv)).To(Succeed())
+		}).Should(Succeed())
+	})
 
 	It("runs a ServerSet of three engines and a Pool on it", func() {
 		ss := &storagev1.ServerSet{

@@ -34,6 +34,9 @@ var (
 	toolsImage = envOr("E2E_TOOLS_IMAGE", "docker.io/library/debian:bookworm-slim")
 	// engineImage is the ServerSet's engine image.
 	engineImage = envOr("E2E_ENGINE_IMAGE", "peregrine/engine:dev")
+	// The Helm release under test (hack/demo.sh and the kind workflow install it).
+	release   = envOr("E2E_RELEASE", "peregrine")
+	releaseNS = envOr("E2E_RELEASE_NAMESPACE", "peregrine-system")
 )
 
 func envOr(k, d string) string {

@@ -219,8 +219,6 @@ func uninstallSpecs(ctx context.Context) {
 		if os.Getenv("E2E_UNINSTALL") != "1" {
 			Skip("destroys the install and the suite's store: set E2E_UNINSTALL=1 to run it (last), then reinstall")
 		}
-		release := envOr("E2E_RELEASE", "peregrine")
-		releaseNS := envOr("E2E_RELEASE_NAMESPACE", "peregrine-system")
 		kubeletDir := strings.TrimSuffix(envOr("E2E_KUBELET_DIR", "/var/lib/kubelet"), "/")
 		helm := helmBinary()
 
