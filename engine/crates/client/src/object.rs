@@ -24,9 +24,14 @@
 //!   needs no read-modify-write and cannot race. Listing hides these akeys.
 //!   SINGLE values of EC objects are replicated to all `k + p` shards.
 //! - **Conditional insert** ([`Object::insert_single`]): the group's first
-//!   shard (index order) arbitrates; it takes the update with
-//!   `insert_only` first, the other shards get it only after it succeeded.
-//!   With that shard's target down the insert fails (`-EHOSTDOWN`).
+//!   shard (index order) on an up-and-in target arbitrates; it takes the
+//!   update with `insert_only` first, the other shards get it only after it
+//!   succeeded. So an insert goes on while a replica is out: the next one
+//!   arbitrates (a target being reintegrated does not, it may not hold
+//!   every entry yet). Limit: when a target comes back in, an insert that
+//!   was arbitrated by its replica under the previous map and one
+//!   arbitrated by it under the new map can both win if they race within
+//!   the first's second step (its writes to the other shards).
 //! - **Checksums** (container property `checksum = crc32c`): every value
 //!   goes out with its CRC32C (`has_crc`) and every fetched value carrying a
 //!   CRC is verified; a mismatch counts as a failed shard, so the read moves
@@ -577,26 +582,25 @@ impl Object {
         let iod = self.iod(akey, ValueKind::Single, 0, &[value]);
         // The arbiter: a stale map (-ESTALE) is refreshed and retried, as
         // the engine rejects it before storing anything.
+        let mut arbiter = 0;
         self.with_map(|map| {
             let g = self.group(map, dkey)?;
-            let first = g.shards[0];
-            if !map.targets[first.target].up {
+            let Some(&first) = g.shards.iter().find(|s| map.targets[s.target].readable) else {
                 return Err(Error::new(
                     -libc::EHOSTDOWN,
                     format!(
-                        "{}: conditional insert: the group's first shard {} (the arbiter) is on a down target (rank {})",
-                        self.where_(map, &first),
-                        first.shard,
-                        map.targets[first.target].rank
+                        "{}: conditional insert: no shard of the group is up and in to arbitrate",
+                        self.what(dkey)
                     ),
                 ));
-            }
+            };
             self.check_redundancy(map, &g)?;
             let req = self.update_req(map, &first, None, epoch, dkey, vec![iod.clone()]);
             let req = UpdateReq {
                 insert_only: true,
                 ..req
             };
+            arbiter = first.shard;
             self.call(map, &first, Opcode::Update, &req, &[value])
                 .map(|_| ())
         })
@@ -607,7 +611,12 @@ impl Object {
             let g = self.group(map, dkey)?;
             let rest = Group {
                 group: g.group,
-                shards: g.shards[1..].to_vec(),
+                shards: g
+                    .shards
+                    .iter()
+                    .copied()
+                    .filter(|s| s.shard != arbiter)
+                    .collect(),
             };
             self.check_redundancy(map, &g)?;
             self.write_shards(map, &[rest], |loc, tx| {

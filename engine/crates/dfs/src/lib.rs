@@ -50,8 +50,9 @@
 //! name's `"inode"` akey has a value), so they are atomic against other
 //! clients too: of several mounts creating one name, exactly one wins and
 //! the others get `EEXIST` (a non-exclusive `create` opens the winner's
-//! file). The directory's first shard arbitrates; with it down such
-//! operations fail with `EHOSTDOWN`. Threads of one [`Dfs`] are also
+//! file). The directory's first shard that is up and in arbitrates (see
+//! [`Object::insert_single`]), so creates go on while a replica is out.
+//! Threads of one [`Dfs`] are also
 //! serialized by striped locks by parent and name. Rename of a directory
 //! into its own subtree is not checked here (the kernel checks it for FUSE).
 //!

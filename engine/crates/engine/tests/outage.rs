@@ -650,6 +650,68 @@ fn clean_stop_is_excluded_at_once() {
     w.assert_clean("clean stop, each engine missing in turn");
 }
 
+/// Directory entries are conditional inserts: one replica of each group
+/// arbitrates. With an engine out, names whose first replica it held are
+/// arbitrated by the next one: creates go on (a pod creating files while an
+/// engine pod restarts), a name still wins once, and every name reads back
+/// through each replica once the engine is back.
+#[test]
+fn conditional_inserts_go_on_while_a_replica_is_out() {
+    let _serial = one_at_a_time();
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        384,
+        "RP_2G1",
+        "crc32c",
+    );
+    let cont = c.container();
+    let dir = cont.object(oid(ObjectClass::Rp2G1, 100)).unwrap();
+    let (v0, _, _) = pool_out(&c);
+    c.engines[2].stop();
+    let stopped = Instant::now();
+    while pool_out(&c).0 == v0 {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "rank 2 not excluded"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let names: Vec<Vec<u8>> = (0..32).map(|i| format!("file.{i}").into_bytes()).collect();
+    for n in &names {
+        dir.insert_single(n, b"inode", n).unwrap_or_else(|e| {
+            panic!(
+                "create {:?} with rank 2 out: {e}",
+                String::from_utf8_lossy(n)
+            )
+        });
+        let e = dir.insert_single(n, b"inode", b"again").unwrap_err();
+        assert_eq!(e.code, -libc::EEXIST, "{e}");
+    }
+    c.restart(2);
+    wait_reintegrated(&c, Duration::from_secs(60));
+    // All up first: the client takes the current map while the management
+    // service (rank 0) is there to give it.
+    for n in &names {
+        assert_eq!(
+            dir.fetch_single(n, b"inode").unwrap().as_deref(),
+            Some(&n[..])
+        );
+    }
+    for r in 0..3 {
+        c.engines[r].kill9();
+        for n in &names {
+            let got = dir.fetch_single(n, b"inode").unwrap();
+            assert_eq!(got.as_deref(), Some(&n[..]), "rank {r} down");
+        }
+        c.restart(r);
+    }
+}
+
 /// A returning engine is not sent again what it took before it went away.
 /// The copy starts 90 s below the engine's last heartbeat, so it meets every
 /// update of that span; written again at their epochs they took their space
