@@ -254,6 +254,7 @@ fn posix_suite_with_and_without_the_interception_library() {
         "dups",
         "closes",
         "stdio",
+        "mmaps",
     ] {
         assert!(r[k] > 0, "nothing intercepted for {k}: {r:?}");
     }

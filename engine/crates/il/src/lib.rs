@@ -22,6 +22,8 @@
 //!   dup3, fcntl(64) F_DUPFD/F_DUPFD_CLOEXEC (and F_SETFL for O_APPEND),
 //!   copy_file_range and sendfile (emulated with reads and writes when
 //!   either side is tracked).
+//! * mmap, mmap64 of a file in a Peregrine mount (tracked or not): the file
+//!   is handed to the kernel path first, see "mmap" below.
 //! * stdio on a `FILE*` whose descriptor is tracked (whatever opened it:
 //!   fopen, fdopen, freopen, stdout after dup2): fread, fwrite,
 //!   `fread_unlocked`, `fwrite_unlocked`, `__fread_chk`, fseek, fseeko(64),
@@ -51,6 +53,22 @@
 //!   the daemon records size and mtime and drops the kernel's attributes
 //!   and page cache for the inode (`notify_inval_inode`). Other processes
 //!   then stat the new size and read the new data.
+//! * mmap: a mapping's pages are the kernel's page cache, which the
+//!   library's writes bypass, and its page faults check the kernel's idea
+//!   of the size (beyond it: SIGBUS). So before a file of a Peregrine mount
+//!   is mapped, every descriptor of that file (same st_dev and st_ino) in
+//!   this process leaves the table, dirty ones are invalidated
+//!   (`IOC_INVALIDATE`: the kernel drops pages and attributes) and a forced
+//!   statx makes the kernel fetch the size; the mmap then goes ahead. The
+//!   file is then on the kernel path *for the rest of the process*:
+//!   descriptors opened later (and dups) are not tracked, and munmap does
+//!   not bring it back (a mapping outlives its descriptor and can be split,
+//!   moved by mremap and inherited by fork; the set is kept across fork,
+//!   dropped at exec). Reads, writes, ftruncate and fallocate of the file
+//!   then go through the page cache the mapping shares, as on ext4. A call
+//!   through the library already under way when the file is mapped (another
+//!   thread) finishes on the store and invalidates again. Counted as
+//!   `mmaps` in the report (mappings of Peregrine files).
 //! * Connections: one [`peregrine::Container`] per (mgmt, pool, container),
 //!   made on the first tracked open. They are not fork-safe: the
 //!   `pthread_atfork` child handler forgets (leaks, never drops: their
@@ -88,12 +106,23 @@
 //!   aarch64 Linux.
 //!
 //! # Not handled (kernel path, documented)
-//! mmap of tracked files (its pages come from FUSE and can be stale within
-//! a process that writes through the library without closing), splice,
-//! io_uring/libaio, statx/fstatat(AT_EMPTY_PATH) (FUSE answers, after the
-//! invalidation points above), fds closed by `close_range`/`closefrom` (the
-//! stale entry is dropped when that fd number is opened again). Static and
-//! Go binaries do not load LD_PRELOAD libraries: they simply use FUSE.
+//! splice, io_uring/libaio, statx/fstatat(AT_EMPTY_PATH) (FUSE answers,
+//! after the invalidation points above), fds closed by
+//! `close_range`/`closefrom` (the stale entry is dropped when that fd
+//! number is opened again). Static and Go binaries do not load LD_PRELOAD
+//! libraries: they simply use FUSE.
+//!
+//! mmap across processes follows the same rules as read: a mapping in
+//! process B sees process A's library writes after A's invalidation points
+//! (close, fsync, fstat, ftruncate); stores into B's MAP_SHARED mapping
+//! reach the engines when the kernel writes the pages back (msync, munmap,
+//! writeback), and A reads them through the library after that. A process
+//! without the library that maps a file another process has just grown
+//! through the library faults beyond the old size until its kernel
+//! refetches the attributes (any stat of the file does; attribute timeout).
+//! mmap calls the C library makes internally (the dynamic loader's, for
+//! instance) do not pass through the interposer; they are of files the
+//! library does not write.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -103,6 +132,7 @@ use libc::{c_char, c_int, c_uint, c_ulong, c_void, iovec, off64_t, off_t, size_t
 use parking_lot::{Mutex, RwLock};
 use peregrine_dfs::File;
 use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -221,6 +251,7 @@ type FtellFn = unsafe extern "C" fn(*mut FILE) -> off_t;
 type FileFn = unsafe extern "C" fn(*mut FILE) -> c_int;
 type FtellLongFn = unsafe extern "C" fn(*mut FILE) -> libc::c_long;
 type FseekLongFn = unsafe extern "C" fn(*mut FILE, libc::c_long, c_int) -> c_int;
+type MmapFn = unsafe extern "C" fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void;
 
 real!(r_open, "open", OpenFn);
 real!(r_open64, "open64", OpenFn);
@@ -281,6 +312,8 @@ real!(r_ftello, "ftello", FtellFn);
 real!(r_ftello64, "ftello64", FtellFn);
 real!(r_fclose, "fclose", FileFn);
 real!(r_fflush, "fflush", FileFn);
+real!(r_mmap, "mmap", MmapFn);
+real!(r_mmap64, "mmap64", MmapFn);
 
 /// The kernel's fstat (same `struct stat` as glibc's on x86-64), without
 /// depending on which stat symbols this glibc exports.
@@ -374,6 +407,7 @@ enum C {
     Stdio,
     Invalidates,
     Fallbacks,
+    Mmaps,
     N,
 }
 
@@ -406,7 +440,7 @@ extern "C" fn report() {
     let line = format!(
         "peregrine-il[{}]: intercepted opens={} reads={} writes={} bytes_read={} bytes_written={} \
          seeks={} stats={} syncs={} truncates={} dups={} closes={} stdio={} invalidates={} \
-         fallbacks={}{first_failure}\n",
+         fallbacks={} mmaps={}{first_failure}\n",
         std::process::id(),
         c[C::Opens as usize],
         c[C::Reads as usize],
@@ -422,6 +456,7 @@ extern "C" fn report() {
         c[C::Stdio as usize],
         c[C::Invalidates as usize],
         c[C::Fallbacks as usize],
+        c[C::Mmaps as usize],
     );
     let fd = match REPORT_FD.load(Ordering::Relaxed) {
         -1 => 2,
@@ -440,11 +475,18 @@ static REPORT_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::n
 /// State shared by all fds of one open file description.
 struct Shared {
     h: Handle,
+    /// The file (st_dev, st_ino): finds every descriptor of a file that
+    /// gets mapped.
+    key: Key,
     /// O_RDONLY / O_WRONLY / O_RDWR.
     acc: c_int,
     append: AtomicBool,
     /// Written through the library since the last invalidation.
     dirty: AtomicBool,
+    /// Handed back to the kernel path because the file was mapped (no
+    /// longer in the table; a call already under way finishes on the
+    /// store, then invalidates again).
+    retired: AtomicBool,
     /// Opened O_SYNC or O_DSYNC: every write is flushed before it returns.
     sync: bool,
     /// Serializes offset-moving calls (read of the kernel offset, I/O,
@@ -457,9 +499,11 @@ impl Shared {
     fn fresh_copy(&self) -> Shared {
         Shared {
             h: self.h.clone(),
+            key: self.key,
             acc: self.acc,
             append: AtomicBool::new(self.append.load(Ordering::Relaxed)),
             dirty: AtomicBool::new(self.dirty.load(Ordering::Relaxed)),
+            retired: AtomicBool::new(self.retired.load(Ordering::Relaxed)),
             sync: self.sync,
             io: Mutex::new(()),
             file: Mutex::new(None),
@@ -482,6 +526,14 @@ impl Shared {
 
 static FDS: RwLock<Vec<Option<Arc<Shared>>>> = RwLock::new(Vec::new());
 static NTRACKED: AtomicUsize = AtomicUsize::new(0);
+
+/// A file: (major, minor) of its st_dev, and its st_ino.
+type Key = (u32, u32, u64);
+
+/// Files of Peregrine mounts this process has mapped: left to the kernel
+/// path for the rest of the process (see `before_map`). Locked after
+/// [`FDS`] when both are.
+static MAPPED: Mutex<BTreeSet<Key>> = Mutex::new(BTreeSet::new());
 
 type ContKey = (String, [u8; 16], [u8; 16]);
 static CONTS: Mutex<Vec<(ContKey, peregrine::Container)>> = Mutex::new(Vec::new());
@@ -530,11 +582,17 @@ fn lookup(fd: c_int) -> Option<Arc<Shared>> {
     FDS.read().get(fd as usize).and_then(|s| s.clone())
 }
 
-fn insert(fd: c_int, s: Arc<Shared>) {
+/// Track `fd` as `s`, unless its file has been mapped (checked under the
+/// table's lock, so that a concurrent mmap retires it or it is not
+/// inserted).
+fn insert(fd: c_int, s: Arc<Shared>) -> bool {
     if fd < 0 {
-        return;
+        return false;
     }
     let mut t = FDS.write();
+    if MAPPED.lock().contains(&s.key) {
+        return false;
+    }
     let i = fd as usize;
     if t.len() <= i {
         t.resize(i + 1, None);
@@ -542,6 +600,7 @@ fn insert(fd: c_int, s: Arc<Shared>) {
     if t[i].replace(s).is_none() {
         NTRACKED.fetch_add(1, Ordering::Relaxed);
     }
+    true
 }
 
 fn remove(fd: c_int) -> Option<Arc<Shared>> {
@@ -681,22 +740,34 @@ fn maybe_track(fd: c_int) {
     let _ = catch_unwind(|| track(fd));
 }
 
-fn track(fd: c_int) {
-    // SAFETY: statx into a local struct; no sync with the daemon.
+/// `fd`'s file if it is a regular file of a Peregrine mount (statx from
+/// the kernel's cache: no round trip to the daemon).
+fn peregrine_file(fd: c_int) -> Option<Key> {
+    // SAFETY: statx into a local struct.
     let mut sx: libc::statx = unsafe { std::mem::zeroed() };
     let r = unsafe {
         libc::statx(
             fd,
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE,
+            libc::STATX_TYPE | libc::STATX_INO,
             &mut sx,
         )
     };
     if r != 0 || (sx.stx_mode as u32 & libc::S_IFMT) != libc::S_IFREG {
-        return;
+        return None;
     }
-    if !is_peregrine_dev((sx.stx_dev_major, sx.stx_dev_minor)) {
+    let dev = (sx.stx_dev_major, sx.stx_dev_minor);
+    is_peregrine_dev(dev).then_some((dev.0, dev.1, sx.stx_ino))
+}
+
+fn track(fd: c_int) {
+    let Some(key) = peregrine_file(fd) else {
+        return;
+    };
+    if MAPPED.lock().contains(&key) {
+        // Mapped in this process: the kernel path, which the mapping
+        // shares pages with.
         return;
     }
     // SAFETY: real fcntl on the fd just opened.
@@ -718,9 +789,11 @@ fn track(fd: c_int) {
     };
     let s = Shared {
         h,
+        key,
         acc: fl & libc::O_ACCMODE,
         append: AtomicBool::new(fl & libc::O_APPEND != 0),
         dirty: AtomicBool::new(false),
+        retired: AtomicBool::new(false),
         // O_SYNC includes O_DSYNC's bit; F_SETFL cannot change either.
         sync: fl & libc::O_DSYNC != 0,
         io: Mutex::new(()),
@@ -731,8 +804,9 @@ fn track(fd: c_int) {
         count(C::Fallbacks, 1);
         return;
     }
-    insert(fd, Arc::new(s));
-    count(C::Opens, 1);
+    if insert(fd, Arc::new(s)) {
+        count(C::Opens, 1);
+    }
 }
 
 /// Make the kernel's view right after writes behind its back.
@@ -745,6 +819,78 @@ fn invalidate(fd: c_int, s: &Shared) {
             s.dirty.store(false, Ordering::Release);
         }
     }
+}
+
+/// Before `fd` is mapped (mmap, mmap64): a file of a Peregrine mount
+/// goes to the kernel path for the rest of the process, so that the
+/// mapping, read(), write() and ftruncate() all go through the kernel's
+/// page cache, as on a local file system:
+/// * it is added to [`MAPPED`]: later opens of it are not tracked;
+/// * every tracked descriptor of it in this process (whichever was
+///   mapped) leaves the table (`retired`);
+/// * if any of them wrote behind the kernel, the daemon drops the kernel's
+///   pages and attributes of the file (`IOC_INVALIDATE`);
+/// * a forced statx makes the kernel fetch the size now: the mapping's
+///   page faults check the kernel's size, not the store's, and fault
+///   (SIGBUS) beyond it; nothing else refreshes it before they come.
+///
+/// It is not undone at munmap: a mapping outlives its descriptors and can
+/// be split, moved or inherited, so "still mapped" is not worth tracking.
+fn before_map(fd: c_int) {
+    let key = match lookup(fd) {
+        Some(s) => s.key,
+        None => match peregrine_file(fd) {
+            Some(k) => k,
+            None => return,
+        },
+    };
+    count(C::Mmaps, 1);
+    let retired: Vec<(c_int, Arc<Shared>)> = {
+        let mut t = FDS.write();
+        MAPPED.lock().insert(key);
+        let out: Vec<(c_int, Arc<Shared>)> = t
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, e)| e.as_ref().is_some_and(|s| s.key == key))
+            .filter_map(|(i, e)| Some((i as c_int, e.take()?)))
+            .collect();
+        NTRACKED.fetch_sub(out.len(), Ordering::Relaxed);
+        out
+    };
+    let mut dirty = false;
+    for (_, s) in &retired {
+        s.retired.store(true, Ordering::SeqCst);
+        dirty |= s.dirty.swap(false, Ordering::SeqCst);
+    }
+    if dirty {
+        count(C::Invalidates, 1);
+        // Through the descriptor being mapped, else any of the file's.
+        let mut fds = std::iter::once(fd).chain(retired.iter().map(|(f, _)| *f));
+        // SAFETY: argument-less ioctl.
+        let done = fds.any(|f| unsafe { ioctl_raw(f, IOC_INVALIDATE, std::ptr::null_mut()) } == 0);
+        if !done {
+            note_failure(format!(
+                "invalidate before mmap: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    refresh_size(fd);
+}
+
+/// Make the kernel fetch `fd`'s attributes (size) from the daemon now.
+fn refresh_size(fd: c_int) {
+    // SAFETY: statx into a local struct.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_SIZE,
+            &mut sx,
+        )
+    };
 }
 
 // ------------------------------------------------------------------ I/O
@@ -809,7 +955,7 @@ fn do_write(fd: c_int, s: &Shared, data: &[u8], pos: Option<i64>) -> ssize_t {
     if data.is_empty() {
         return 0;
     }
-    s.dirty.store(true, Ordering::Release);
+    s.dirty.store(true, Ordering::SeqCst);
     let append = s.append.load(Ordering::Relaxed);
     let r = match pos {
         // pwrite on O_APPEND appends on Linux.
@@ -845,6 +991,13 @@ fn do_write(fd: c_int, s: &Shared, data: &[u8], pos: Option<i64>) -> ssize_t {
     match r {
         Ok(n) => {
             count(C::BytesWritten, n as u64);
+            if s.retired.load(Ordering::SeqCst) {
+                // The file was mapped while this write was on its way:
+                // what the mapping shows must include it.
+                s.dirty.store(true, Ordering::SeqCst);
+                invalidate(fd, s);
+                refresh_size(fd);
+            }
             match if s.sync { flush(s) } else { 0 } {
                 0 => n as ssize_t,
                 e => fail(e),
@@ -1075,6 +1228,49 @@ pub unsafe extern "C" fn fopen(p: *const c_char, m: *const c_char) -> *mut FILE 
 #[no_mangle]
 pub unsafe extern "C" fn fopen64(p: *const c_char, m: *const c_char) -> *mut FILE {
     after_fopen(r_fopen64()(p, m))
+}
+
+unsafe fn mmap_any(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+    real: MmapFn,
+) -> *mut c_void {
+    if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 && enabled() {
+        if let Some(_b) = Busy::enter() {
+            let e = *libc::__errno_location();
+            guarded((), || before_map(fd));
+            set_errno(e);
+        }
+    }
+    real(addr, len, prot, flags, fd, off)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    mmap_any(addr, len, prot, flags, fd, off, r_mmap())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    mmap_any(addr, len, prot, flags, fd, off, r_mmap64())
 }
 
 #[no_mangle]
@@ -1336,8 +1532,9 @@ fn dup_to(old: c_int, new: c_int) {
         return;
     }
     if let Some(s) = lookup(old) {
-        count(C::Dups, 1);
-        insert(new, s);
+        if insert(new, s) {
+            count(C::Dups, 1);
+        }
     }
 }
 
@@ -1778,11 +1975,13 @@ extern "C" fn fork_prepare() {
     std::mem::forget(FDS.write());
     std::mem::forget(CONTS.lock());
     std::mem::forget(MOUNTS.lock());
+    std::mem::forget(MAPPED.lock());
 }
 
 extern "C" fn fork_parent() {
     // SAFETY: locked by fork_prepare in this thread.
     unsafe {
+        MAPPED.force_unlock();
         MOUNTS.force_unlock();
         CONTS.force_unlock();
         FDS.force_unlock_write();
@@ -1791,7 +1990,9 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     // SAFETY: locked by fork_prepare in the thread that forked (this one).
+    // MAPPED is kept: the child inherits the parent's mappings.
     unsafe {
+        MAPPED.force_unlock();
         MOUNTS.force_unlock();
         CONTS.force_unlock();
         FDS.force_unlock_write();

@@ -134,6 +134,7 @@ struct Report {
     stdio: u64,
     fallbacks: u64,
     syncs: u64,
+    mmaps: u64,
     /// The first process's `first_failure` (quoted as the library prints it).
     first_failure: Option<String>,
 }
@@ -159,6 +160,7 @@ fn parse_report(stderr: &str) -> Report {
                 "stdio" => r.stdio += v,
                 "fallbacks" => r.fallbacks += v,
                 "syncs" => r.syncs += v,
+                "mmaps" => r.mmaps += v,
                 _ => {}
             }
         }
@@ -607,4 +609,214 @@ fn unreachable_engines_fall_back_and_the_report_says_why() {
     let (out, r) = il_sh(&m.dir, "cat f");
     assert_eq!(out, "read on the kernel path\n");
     assert_eq!((r.opens, r.fallbacks, r.first_failure), (1, 0, None));
+}
+
+/// `tests/c/<name>.c` compiled into `dir`.
+fn cc(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let bin = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(
+        out.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// `cmd` with the library preloaded but switched off
+/// (`PEREGRINE_IL_DISABLE=1`); asserts success, returns stdout.
+fn disabled_sh(dir: &Path, script: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("LD_PRELOAD", il_so())
+        .env("PEREGRINE_IL_DISABLE", "1")
+        .env("PEREGRINE_IL_REPORT", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} (library disabled): {}\n{err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!err.contains("peregrine-il["), "disabled library reported");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Issue 19, point 1: mmap of a file the library writes behind the kernel.
+/// The mapping is made up to date (data and size) when it is made and stays
+/// coherent with later writes through any descriptor of the file, as on
+/// ext4: tests/c/mmaptest.c (write then map; map then pwrite, ftruncate,
+/// fallocate, a descriptor opened while mapped) and sqlite3 in WAL mode
+/// (SQLite maps its -shm file after extending it with pwrite), each run in
+/// a local directory, through the mount on the kernel path, with the library
+/// disabled and with it, with the same output.
+#[test]
+fn mmap_is_coherent_with_the_library() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: /dev/fuse is absent; the interception tests need a FUSE mount");
+        return;
+    }
+    il_so();
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 512,
+            scm_mib: 128,
+        },
+        300,
+        "SX",
+        "crc32c",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let tmp = c.dir.path().join("local");
+    fs::create_dir_all(&tmp).unwrap();
+    let bin = cc("mmaptest", &tmp);
+
+    // (mode, files, writes through the library before the first mmap)
+    for (mode, files, writes) in [("write-then-map", 5, 5), ("map-then-write", 1, 0)] {
+        let local = tmp.join(mode);
+        fs::create_dir_all(&local).unwrap();
+        let want = sh(
+            &tmp,
+            &format!("{} {mode} {}", bin.display(), local.display()),
+        );
+        assert!(want.ends_with("\nOK\n"), "{mode} on the local disk: {want}");
+        assert_eq!(want.lines().count() as u64, files + 1, "{want}");
+        // "<file> <length> <fnv>" lines: the files as read by this process.
+        let check_file = |dir: &str, how: &str| {
+            for l in want.lines().filter(|l| *l != "OK") {
+                let name = l.split(' ').next().unwrap();
+                let b = read_file(&m.p(&format!("{dir}/{name}")));
+                assert_eq!(
+                    format!("{name} {} {:016x}", b.len(), fnv(&b)),
+                    l,
+                    "{mode} {how}: the file read back on the kernel path"
+                );
+            }
+        };
+        let d = format!("{mode}-kernel");
+        fs::create_dir(m.p(&d)).unwrap();
+        let got = sh(&m.dir, &format!("{} {mode} {d}", bin.display()));
+        assert_eq!(got, want, "{mode} through the mount, no library");
+        check_file(&d, "without the library");
+        let d = format!("{mode}-disabled");
+        fs::create_dir(m.p(&d)).unwrap();
+        let got = disabled_sh(&m.dir, &format!("{} {mode} {d}", bin.display()));
+        assert_eq!(got, want, "{mode} through the mount, library disabled");
+        let d = format!("{mode}-il");
+        fs::create_dir(m.p(&d)).unwrap();
+        let (got, r) = il_sh(&m.dir, &format!("{} {mode} {d}", bin.display()));
+        eprintln!("mmaptest {mode}: {r:?}");
+        assert_eq!(got, want, "{mode} through the mount with the library");
+        // Each file is written (map-then-write: ftruncated) through the
+        // library before its first mapping, and left to the kernel after.
+        assert!(
+            r.opens >= files && r.writes >= writes && r.mmaps >= files,
+            "{r:?}"
+        );
+        assert_eq!(r.fallbacks, 0, "{r:?}");
+        check_file(&d, "with the library");
+    }
+
+    if !have("sqlite3") {
+        eprintln!(
+            "SKIP: sqlite3 is not installed (hack/install-deps.sh installs it): \
+             the sqlite3 WAL steps are skipped"
+        );
+        assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+        return;
+    }
+    // Each step in a local directory and in the mount (with the library
+    // unless `il` is false); the outputs must agree.
+    let mut rows = String::from("BEGIN;\n");
+    for i in 0..3000 {
+        rows += &format!(
+            "INSERT INTO t VALUES({i}, '{}');\n",
+            format!("row-{i}-").repeat(1 + i % 13)
+        );
+    }
+    rows += "COMMIT;\n";
+    fs::write(tmp.join("rows.sql"), &rows).unwrap();
+    for w in 0..2 {
+        let mut s = String::from(".timeout 30000\n");
+        for i in 0..150 {
+            s += &format!("INSERT INTO t VALUES({}, 'w{w}');\n", 10_000 + w * 1000 + i);
+        }
+        fs::write(tmp.join(format!("w{w}.sql")), s).unwrap();
+    }
+    let t = tmp.display().to_string();
+    let steps: [(bool, String); 7] = [
+        (
+            true,
+            "sqlite3 w.db 'PRAGMA journal_mode=WAL; CREATE TABLE t(a); INSERT INTO t VALUES(1);'"
+                .into(),
+        ),
+        (
+            true,
+            "sqlite3 w.db 'ALTER TABLE t ADD COLUMN b; SELECT count(*) FROM t;'".into(),
+        ),
+        (true, format!("sqlite3 w.db < {t}/rows.sql")),
+        (
+            false,
+            "sqlite3 w.db 'PRAGMA journal_mode; SELECT count(*), sum(a), sum(length(b)) FROM t; \
+             PRAGMA integrity_check;'"
+                .into(),
+        ),
+        // Two writers at once: the -shm mapping is shared between processes.
+        (
+            true,
+            format!(
+                "sqlite3 w.db < {t}/w0.sql & sqlite3 w.db < {t}/w1.sql & wait; \
+                 sqlite3 w.db 'SELECT count(*), sum(a) FROM t;'"
+            ),
+        ),
+        (
+            true,
+            "sqlite3 w.db 'PRAGMA wal_checkpoint(TRUNCATE); PRAGMA integrity_check; \
+             SELECT count(*), sum(a), sum(length(b)) FROM t;'"
+                .into(),
+        ),
+        (
+            false,
+            "sqlite3 w.db 'PRAGMA journal_mode; PRAGMA integrity_check; \
+             SELECT count(*), sum(a), sum(length(b)) FROM t;'"
+                .into(),
+        ),
+    ];
+    let local = tmp.join("sqlite");
+    fs::create_dir_all(&local).unwrap();
+    fs::create_dir(m.p("sqlite")).unwrap();
+    let mut mmaps = 0;
+    for (il, script) in &steps {
+        let want = sh(&local, script);
+        let got = if *il {
+            let (out, r) = il_sh(&m.p("sqlite"), script);
+            eprintln!("sqlite3 step {script:?}: {r:?}");
+            assert!(r.opens >= 1 && r.reads >= 1, "{r:?}");
+            mmaps += r.mmaps;
+            out
+        } else {
+            sh(&m.p("sqlite"), script)
+        };
+        assert_eq!(got, want, "sqlite3 step {script:?}: mount vs local disk");
+    }
+    assert!(mmaps >= 5, "the -shm file was mapped {mmaps} times");
+    assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
 }

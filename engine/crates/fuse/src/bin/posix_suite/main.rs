@@ -2,7 +2,8 @@
 //! system, through libc (open, read, write, pread(64), pwrite(64), readv,
 //! writev, preadv(64), pwritev(64), preadv2, pwritev2, lseek(64), fsync,
 //! fdatasync, ftruncate(64), fstat, dup, dup2, dup3, fcntl F_DUPFD, fopen,
-//! fread, fwrite, ... and the metadata calls), with the error codes.
+//! fread, fwrite, mmap(64) mixed with writes, ... and the metadata calls),
+//! with the error codes.
 //!
 //! ```text
 //! peregrine-posix-suite DIR [--ro RO_DIR] [--full FULL_DIR] [--entries N]
@@ -27,6 +28,7 @@ const MIB: usize = 1 << 20;
 mod attrs;
 mod data;
 mod limits;
+mod mmap;
 mod names;
 mod sys;
 
@@ -145,6 +147,7 @@ fn main() {
     s.stdio();
     s.opens();
     s.unlinked_open_file();
+    s.mmap();
     s.errors();
     s.renames();
     s.symlinks();
