@@ -40,6 +40,9 @@ if [[ "${1:-}" == down ]]; then
     log "the samples and their volumes"
     k delete --ignore-not-found --wait --timeout="${WAIT}s" -f config/samples/csi/training-job.yaml \
       -f config/samples/csi/pod.yaml -f config/samples/csi/pvc.yaml >&2
+    # What a failed e2e run left (hack/e2e.sh keeps the cluster for a look): its namespace, whose
+    # pods and PVCs would otherwise keep their volumes, and the wait below would wait them out.
+    k delete namespace --ignore-not-found --wait --timeout="${WAIT}s" "${E2E_NAMESPACE:-peregrine-e2e}" >&2 || true
     k wait --for=delete pv --all --timeout="${WAIT}s" >&2 || true
     k delete --ignore-not-found --wait --timeout="${WAIT}s" -f config/samples/storage_v1alpha1_pool.yaml \
       -f config/samples/storage_v1alpha1_serverset.yaml -f config/samples/csi/storageclass.yaml >&2
