@@ -267,6 +267,11 @@ func (ns *NodeServer) removeState(id string) error {
 	if err := os.Remove(ns.statePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
+	// The daemon's log goes with the volume; what it said (I/O errors while an engine was
+	// away, say) stays in the node plugin's log, where `kubectl logs` finds it afterwards.
+	if tail := logTail(ns.logPath(id), 0); tail != "(no log)" && tail != "(nothing in the log)" {
+		slog.Info("csi node: peregrine-fuse's last words", "volume", id, "tail", tail)
+	}
 	_ = os.Remove(ns.logPath(id))
 	return nil
 }
