@@ -44,5 +44,10 @@ if [[ "${E2E_KEEP:-0}" == 1 ]]; then
   log "passed in $((SECONDS - T0)) s; the cluster stays up (E2E_KEEP=1): KUBECONFIG=$KUBECONFIG"
 else
   bash hack/demo.sh down
+  # Down stops every process the cluster started: none may still name its state directory.
+  if left="$(pgrep -a -f "${PEREGRINE_CLUSTER_DIR:-/var/lib/peregrine-cluster}/")"; then
+    log "processes of the cluster left after make demo-down:"$'\n'"$left"
+    exit 1
+  fi
   log "passed in $((SECONDS - T0)) s; the cluster is removed"
 fi
