@@ -38,6 +38,16 @@
 //!   (ObjectId::new). No central counter, no round trip; two mounts collide
 //!   only if they draw the same 56-bit number (p ~ n^2 / 2^57). `hi = 0` is
 //!   reserved for the superblock and the root.
+//! - **Special files**: FIFOs, sockets and character and block device
+//!   nodes ([`Dfs::mknod`]) are entries with their type and mode, and a
+//!   device node's number in [`Entry::rdev`]; no object is behind them
+//!   (the id is unique, for inode numbers). What opening one does is the
+//!   kernel's (a pipe, a socket, a device driver): FUSE serves it once
+//!   lookup and getattr report the type and device number.
+//! - **Subdirectory count**: a directory's own object holds, in dkey `"."`
+//!   (never an entry name; listings leave it out), akey `"n"` = the number
+//!   of its subdirectories (u64 LE; absent = 0) and akey `"lock"` while a
+//!   client changes it (see "Link counts").
 //! - **Object classes**: files use the container's `oclass`, directories
 //!   its `dir_oclass`; a directory's xattr `user.peregrine.oclass` (stored
 //!   in its entry, shown as an xattr) overrides both for new entries below
@@ -55,6 +65,40 @@
 //! Threads of one [`Dfs`] are also
 //! serialized by striped locks by parent and name. Rename of a directory
 //! into its own subtree is not checked here (the kernel checks it for FUSE).
+//!
+//! # Link counts
+//! A directory reports `st_nlink` = 2 + its subdirectories, as Linux file
+//! systems do (`find` and other tools use it); anything else reports 1
+//! (the FUSE daemon reports 0 for a file removed while open). The count
+//! is kept, not computed: listing a directory to count its subdirectories
+//! would make every stat of a large directory cost a read of all its
+//! entries. It lives in the directory's own object (see "Layout"), not in
+//! its entry, for three reasons: the entry is rewritten by unlocked
+//! read-modify-writes (directory times, chmod, renames) whose last writer
+//! wins, which would lose counts; a rename of the directory does not move
+//! it; and stat stays one entry fetch plus one fetch of the count,
+//! whatever the directory holds. mkdir, rmdir and renames of directories
+//! change it after their entry change: a locked read-modify-write, the
+//! lock a conditional insert (akey `"lock"`), so two mounts making or
+//! removing subdirectories of one directory at once serialize on it and
+//! lose no counts; changes within one mount are summed and applied
+//! together. What can still drift, documented rather than prevented (the
+//! engine has no atomic add or compare-and-swap, and a transaction cannot
+//! hold a conditional insert): a client killed, or an engine failure,
+//! between an entry change and its count change leaves the count off by
+//! that change (the count is never made negative: it stops at 0); a
+//! client that stalls for longer than the lock's lease (5 s) between
+//! taking the lock and writing the count can overwrite a change another
+//! client made after taking the lock over; a client killed holding the
+//! lock delays that directory's count changes until the lease passes.
+//! Only `st_nlink` of that directory is then wrong (by the changes lost),
+//! never the namespace; a count too low could make a tool that trusts it
+//! (find's leaf optimization, where find enables it) miss a subdirectory,
+//! which is why the windows are only these: a crash or a failed write in
+//! the middle of an operation, or a stall past the lease. Directories
+//! made before counts existed (entries of version 1 and 2) report 1, the
+//! "not counted" value tools recognise (find does not optimize below 2),
+//! and keep doing so.
 //!
 //! # Renames
 //! A rename changes two entries, possibly in two directory objects on two
@@ -116,6 +160,15 @@ const XPREFIX: &[u8] = b"x:";
 /// The akey of file data in each chunk dkey.
 pub const DATA_AKEY: &[u8] = b"d";
 const LOCKS: usize = 256;
+/// The dkey of a directory's own object that holds its subdirectory count
+/// (akey [`SUBDIRS`]) and the count's lock (akey [`SUBDIRS_LOCK`]): "." is
+/// no entry's name, and listings of the directory leave it out.
+const COUNT_DKEY: &[u8] = b".";
+const SUBDIRS: &[u8] = b"n";
+const SUBDIRS_LOCK: &[u8] = b"lock";
+/// A subdirectory-count lock older than this is taken as left by a client
+/// that died holding it, and taken over.
+const COUNT_LOCK_LEASE_NS: i64 = 5_000_000_000;
 const READDIR_PARALLEL: usize = 8;
 
 pub const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
@@ -166,6 +219,14 @@ pub struct Entry {
     /// Where a rename moved this entry from: that source entry may still
     /// hold the rename's intent, to be settled before this one goes away.
     pub from: Option<(ObjectId, Vec<u8>)>,
+    /// Character and block devices: the device number (`st_rdev`, as
+    /// `makedev` encodes it); 0 for everything else.
+    pub rdev: u64,
+    /// Directories: the directory keeps a count of its subdirectories
+    /// (see "Link counts" in the module docs). False for directories made
+    /// before counts existed (entry versions 1 and 2): they report
+    /// `st_nlink` 1, "not counted", as file systems without counts do.
+    pub subdirs_counted: bool,
 }
 
 /// An entry's xattrs: (akey with the "x:" prefix, value).
@@ -183,8 +244,12 @@ pub struct Move {
 }
 
 /// Version 1 entries end after the symlink target; version 2 adds the
-/// rename fields. Both are read.
-const ENTRY_VERSION: u8 = 2;
+/// rename fields; version 3 adds the device number and a flags byte (bit
+/// 0: [`Entry::subdirs_counted`]). All three are read; version 3 is
+/// written (a build that reads only versions 1 and 2 refuses version 3
+/// entries as corrupt instead of misreading them).
+const ENTRY_VERSION: u8 = 3;
+const ENTRY_SUBDIRS_COUNTED: u8 = 1;
 /// A rename whose intent is older than this and whose destination does not
 /// name its object is taken as abandoned (its client died) and undone.
 const RENAME_LEASE_NS: i64 = 30_000_000_000;
@@ -198,6 +263,11 @@ impl Entry {
     }
     pub fn is_symlink(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFLNK
+    }
+    /// A FIFO, a socket, or a character or block device node: an entry
+    /// with no object behind it (the kernel serves what opening it does).
+    pub fn is_special(&self) -> bool {
+        is_special_mode(self.mode)
     }
 
     /// Little-endian, versioned encoding stored in akey `"inode"`.
@@ -244,6 +314,12 @@ impl Entry {
                 put_bytes(&mut b, name);
             }
         }
+        b.extend_from_slice(&self.rdev.to_le_bytes());
+        b.push(if self.subdirs_counted {
+            ENTRY_SUBDIRS_COUNTED
+        } else {
+            0
+        });
         b
     }
 
@@ -255,7 +331,7 @@ impl Entry {
             )
         };
         let version = *b.first().ok_or_else(bad)?;
-        if version != 1 && version != ENTRY_VERSION {
+        if !(1..=ENTRY_VERSION).contains(&version) {
             return Err(bad());
         }
         let mut r = Reader(&b[1..]);
@@ -274,11 +350,21 @@ impl Entry {
                 target: r.bytes()?,
                 moving: None,
                 from: None,
+                rdev: 0,
+                subdirs_counted: false,
             };
             if version >= 2 {
-                (e.moving, e.from) = decode_rename_fields(r.0)?;
+                (e.moving, e.from) = decode_rename_fields(&mut r)?;
             }
-            Some(e)
+            if version >= 3 {
+                e.rdev = r.u64()?;
+                let flags = r.u8()?;
+                if flags & !ENTRY_SUBDIRS_COUNTED != 0 {
+                    return None;
+                }
+                e.subdirs_counted = flags & ENTRY_SUBDIRS_COUNTED != 0;
+            }
+            r.0.is_empty().then_some(e)
         };
         fields().ok_or_else(bad)
     }
@@ -326,9 +412,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The version 2 tail of an entry: the rename intent and origin.
-fn decode_rename_fields(b: &[u8]) -> Option<RenameFields> {
-    let mut r = Reader(b);
+/// The fields version 2 adds: the rename intent and origin.
+fn decode_rename_fields(r: &mut Reader<'_>) -> Option<RenameFields> {
     let moving = match r.u8()? {
         0 => None,
         1 => {
@@ -362,7 +447,14 @@ fn decode_rename_fields(b: &[u8]) -> Option<RenameFields> {
         1 => Some((r.oid()?, r.bytes()?)),
         _ => return None,
     };
-    r.0.is_empty().then_some((moving, from))
+    Some((moving, from))
+}
+
+fn is_special_mode(mode: u32) -> bool {
+    matches!(
+        mode & libc::S_IFMT,
+        libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK
+    )
 }
 
 /// A named entry: where it lives (parent directory object + name) and what
@@ -397,6 +489,12 @@ pub struct Stat {
     pub ctime: i64,
     pub oid: ObjectId,
     pub chunk_size: u64,
+    /// Link count: 1 for a non-directory (0 is the caller's to report for
+    /// a file removed while open), 2 + subdirectories for a directory
+    /// whose subdirectories are counted, 1 for one made before counts.
+    pub nlink: u32,
+    /// Device number of a character or block device node.
+    pub rdev: u64,
 }
 
 /// What [`Dfs::setattr`] changes; `None` leaves a field alone.
@@ -485,6 +583,8 @@ struct Inner {
     locks: Vec<Mutex<()>>,
     /// Directory time updates in progress, by directory ([`Dfs::touch_dir`]).
     touches: Mutex<HashMap<ObjectId, Arc<Touch>>>,
+    /// Subdirectory count changes in progress, by directory ([`Dfs::adjust_subdirs`]).
+    counts: Mutex<HashMap<ObjectId, Arc<CountBatch>>>,
     /// [`RENAME_LEASE_NS`]; tests shorten it.
     rename_lease_ns: std::sync::atomic::AtomicI64,
     /// Tests: the rename step after which renames stop, as a killed client would.
@@ -503,6 +603,23 @@ pub const DIR_TIME_TICK_NS: i64 = 4_000_000;
 struct Touch {
     st: Mutex<TouchState>,
     done: Condvar,
+}
+
+/// The subdirectory count changes of one directory: changes made while a
+/// round runs are summed and applied by the next round (one locked
+/// read-modify-write of the count for all of them).
+#[derive(Default)]
+struct CountBatch {
+    st: Mutex<CountState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct CountState {
+    pending: i64,
+    requested: u64,
+    covered: u64,
+    running: bool,
 }
 
 #[derive(Default)]
@@ -642,6 +759,8 @@ impl Dfs {
                     target: vec![],
                     moving: None,
                     from: None,
+                    rdev: 0,
+                    subdirs_counted: true,
                 };
                 // Root entry first: a superblock never points at nothing.
                 if obj.fetch_single(ROOT_NAME, INODE).map_err(what)?.is_none() {
@@ -695,6 +814,7 @@ impl Dfs {
                 next_lo: AtomicU64::new(1),
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
                 touches: Mutex::new(HashMap::new()),
+                counts: Mutex::new(HashMap::new()),
                 rename_lease_ns: RENAME_LEASE_NS.into(),
                 stop_rename_after: Mutex::new(None),
             }),
@@ -853,18 +973,46 @@ impl Dfs {
     /// chunks for regular files).
     pub fn getattr(&self, node: &Node) -> Result<(Node, Stat)> {
         let n = self.refresh(node)?;
-        let size = if n.entry.is_file() {
-            File::new(&self.inner.cont, n.oid(), n.entry.chunk_size, true)?.size()?
-        } else if n.entry.is_symlink() {
-            n.entry.target.len() as u64
-        } else {
-            4096
-        };
-        let st = self.stat_of(&n.entry, size);
+        let st = self.stat_node(&n)?;
         Ok((n, st))
     }
 
-    /// A [`Stat`] from an entry and a known size.
+    /// Attributes of a node as it was read (no second read of its entry):
+    /// a file's size from its chunks, a directory's link count from its
+    /// subdirectory count (one fetch from the directory's object, whatever
+    /// the directory's size).
+    pub fn stat_node(&self, n: &Node) -> Result<Stat> {
+        let e = &n.entry;
+        let size = if e.is_file() {
+            File::new(&self.inner.cont, n.oid(), e.chunk_size, true)?.size()?
+        } else if e.is_symlink() {
+            e.target.len() as u64
+        } else if e.is_dir() {
+            4096
+        } else {
+            0
+        };
+        let mut st = self.stat_of(e, size);
+        if e.is_dir() && e.subdirs_counted {
+            st.nlink = 2u64
+                .saturating_add(self.subdirs(e.oid)?)
+                .min(u32::MAX as u64) as u32;
+        }
+        Ok(st)
+    }
+
+    /// The subdirectory count of directory object `dir` (0 if none recorded).
+    fn subdirs(&self, dir: ObjectId) -> Result<u64> {
+        Ok(self
+            .obj(dir)?
+            .fetch_single(COUNT_DKEY, SUBDIRS)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map(u64::from_le_bytes)
+            .unwrap_or(0))
+    }
+
+    /// A [`Stat`] from an entry and a known size; `nlink` is 1 (see
+    /// [`Dfs::stat_node`] for a directory's count).
     pub fn stat_of(&self, e: &Entry, size: u64) -> Stat {
         Stat {
             mode: e.mode,
@@ -877,6 +1025,8 @@ impl Dfs {
             ctime: e.ctime,
             oid: e.oid,
             chunk_size: e.chunk_size,
+            nlink: 1,
+            rdev: e.rdev,
         }
     }
 
@@ -907,6 +1057,8 @@ impl Dfs {
             target: vec![],
             moving: None,
             from: None,
+            rdev: 0,
+            subdirs_counted: mode & libc::S_IFMT == libc::S_IFDIR,
         }
     }
 
@@ -1006,6 +1158,43 @@ impl Dfs {
         let oid = self.alloc_oid(self.class_for(parent, true));
         let mut e = self.new_entry(parent, libc::S_IFDIR | (mode & 0o7777), uid, gid, oid);
         e.child_class = parent.entry.child_class;
+        let n = self.add_new(parent, name, e)?;
+        self.adjust_subdirs(parent, 1);
+        Ok(n)
+    }
+
+    /// mknod(2): a FIFO, a socket, or a character or block device node
+    /// (`mode` says which; `rdev` is the device number of a device node,
+    /// ignored for the others), as an entry with no object behind it
+    /// (its id is unique, for inode numbers). A regular file type (or
+    /// none) makes an empty regular file, as mknod(2) does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &self,
+        parent: &Node,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Node> {
+        let kind = mode & libc::S_IFMT;
+        if kind == 0 || kind == libc::S_IFREG {
+            return self
+                .create(parent, name, mode & 0o7777, uid, gid, true)
+                .map(|(n, _)| n);
+        }
+        if !is_special_mode(kind) {
+            return Err(Error::inval(format!(
+                "mknod of {:?}: file type {kind:#o} (directories: mkdir, symlinks: symlink)",
+                show(name)
+            )));
+        }
+        let oid = self.alloc_oid(self.inner.file_class);
+        let mut e = self.new_entry(parent, kind | (mode & 0o7777), uid, gid, oid);
+        if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) {
+            e.rdev = rdev;
+        }
         self.add_new(parent, name, e)
     }
 
@@ -1107,12 +1296,13 @@ impl Dfs {
     }
 
     fn dir_is_empty(&self, dir: ObjectId) -> Result<bool> {
-        Ok(self.obj(dir)?.list_dkeys()?.is_empty())
+        Ok(self.obj(dir)?.list_dkeys()?.iter().all(|k| k == COUNT_DKEY))
     }
 
     pub fn rmdir(&self, parent: &Node, name: &[u8]) -> Result<()> {
         self.rmdir_locked(parent, name)?;
         self.touch_dir(parent);
+        self.adjust_subdirs(parent, -1);
         Ok(())
     }
 
@@ -1214,16 +1404,24 @@ impl Dfs {
         dname: &[u8],
         flags: u32,
     ) -> Result<Option<Entry>> {
-        let r = self.rename_locked(sp, sname, dp, dname, flags)?;
+        let (r, (ds, dd)) = self.rename_locked(sp, sname, dp, dname, flags)?;
         if sp.oid() != dp.oid() || sname != dname {
             self.touch_dir(sp);
             if dp.oid() != sp.oid() {
                 self.touch_dir(dp);
             }
         }
+        if sp.oid() == dp.oid() {
+            self.adjust_subdirs(sp, ds + dd);
+        } else {
+            self.adjust_subdirs(sp, ds);
+            self.adjust_subdirs(dp, dd);
+        }
         Ok(r)
     }
 
+    /// Returns the replaced entry and how the subdirectory counts of the
+    /// source and destination directories change.
     fn rename_locked(
         &self,
         sp: &Node,
@@ -1231,7 +1429,7 @@ impl Dfs {
         dp: &Node,
         dname: &[u8],
         flags: u32,
-    ) -> Result<Option<Entry>> {
+    ) -> Result<(Option<Entry>, (i64, i64))> {
         Self::need_dir(sp)?;
         Self::need_dir(dp)?;
         check_name(sname)?;
@@ -1252,9 +1450,13 @@ impl Dfs {
             return if flags & RENAME_NOREPLACE != 0 {
                 Err(err(libc::EEXIST, format!("{:?} exists", show(dname))))
             } else {
-                Ok(None)
+                Ok((None, (0, 0)))
             };
         }
+        let (sdir, ddir) = (
+            se.is_dir() as i64,
+            de.as_ref().is_some_and(|e| e.is_dir()) as i64,
+        );
         if se.oid == d || de.as_ref().is_some_and(|x| x.oid == s) {
             return Err(Error::inval(
                 "rename would make a directory its own ancestor",
@@ -1317,7 +1519,7 @@ impl Dfs {
             self.install(d, dname, &moved, &sx, true, false)?;
             self.rename_step("exchange destination")?;
             self.settle(s, sname, intent)?;
-            return Ok(None);
+            return Ok((None, (ddir - sdir, sdir - ddir)));
         }
         self.put_intent(s, sname, &se, d, dname, since, None)?;
         self.rename_step("intent")?;
@@ -1332,7 +1534,7 @@ impl Dfs {
         }
         self.rename_step("destination")?;
         self.obj(s)?.punch_dkey(sname)?;
-        Ok(de)
+        Ok((de, (-sdir, sdir - ddir)))
     }
 
     /// Step 1 of a rename: record in the source entry where it goes (and,
@@ -1501,6 +1703,109 @@ impl Dfs {
             self.forget_touch(n.oid());
         }
         self.getattr(&n)
+    }
+
+    /// Add `delta` to the subdirectory count of directory `dir` (after a
+    /// mkdir, rmdir or rename there; see "Link counts" in the module
+    /// docs). Concurrent changes of one directory in this process share
+    /// rounds (their sum is applied in one locked read-modify-write). Like
+    /// the directory's times, a failure (a full pool, an engine down)
+    /// neither undoes nor fails the operation, which has happened: it is
+    /// reported on stderr and the count is off by the change.
+    fn adjust_subdirs(&self, dir: &Node, delta: i64) {
+        if delta == 0 || !dir.is_dir() || !dir.entry.subdirs_counted {
+            return;
+        }
+        let b = {
+            let mut m = self.inner.counts.lock();
+            if m.len() > 4096 {
+                m.retain(|_, b| Arc::strong_count(b) > 1);
+            }
+            m.entry(dir.oid()).or_default().clone()
+        };
+        let mut st = b.st.lock();
+        st.pending += delta;
+        st.requested += 1;
+        let me = st.requested;
+        while st.covered < me {
+            if st.running {
+                b.done.wait(&mut st);
+                continue;
+            }
+            st.running = true;
+            let round = st.requested;
+            let d = std::mem::take(&mut st.pending);
+            drop(st);
+            if let Err(e) = self.apply_subdirs(dir.oid(), d) {
+                eprintln!(
+                    "peregrine-dfs: subdirectory count of {:?} ({}) not changed by {d}: {e}",
+                    show(&dir.name),
+                    dir.oid()
+                );
+            }
+            st = b.st.lock();
+            st.running = false;
+            st.covered = round;
+            b.done.notify_all();
+        }
+    }
+
+    /// One locked read-modify-write of a directory's subdirectory count.
+    fn apply_subdirs(&self, dir: ObjectId, delta: i64) -> Result<()> {
+        if delta == 0 {
+            return Ok(());
+        }
+        let o = self.obj(dir)?;
+        self.lock_count(&o)?;
+        let r = (|| {
+            let cur = self.subdirs(dir)?;
+            // Below zero: a count that drifted (see "Link counts"); 0 is
+            // the nearest truth.
+            let new = (cur as i64).saturating_add(delta).max(0) as u64;
+            o.update_single(COUNT_DKEY, SUBDIRS, &new.to_le_bytes())
+        })();
+        let unlock = o.punch_akeys(COUNT_DKEY, &[SUBDIRS_LOCK]);
+        r.and(unlock)
+    }
+
+    /// Take the subdirectory-count lock of directory object `o`: a
+    /// conditional insert of (now, a random token); of several clients,
+    /// one wins; the others wait and retry. The winner reads the lock back:
+    /// an insert whose epoch is below the punch that released the lock
+    /// before it (sent earlier, arrived later) succeeds but stays hidden
+    /// under that punch, and does not hold the lock. A lock older than
+    /// [`COUNT_LOCK_LEASE_NS`] was left by a client that died holding it:
+    /// it is taken over.
+    fn lock_count(&self, o: &Object) -> Result<()> {
+        let mut pause = std::time::Duration::from_micros(100);
+        let since = |v: &[u8]| {
+            v.get(..8)
+                .map(|t| i64::from_le_bytes(t.try_into().unwrap()))
+        };
+        loop {
+            let mut mine = now_ns().to_le_bytes().to_vec();
+            mine.extend_from_slice(&rand::random::<u64>().to_le_bytes());
+            let held = match o.insert_single(COUNT_DKEY, SUBDIRS_LOCK, &mine) {
+                Ok(()) => None,
+                Err(e) if e.code == -libc::EEXIST => Some(()),
+                Err(e) => return Err(e),
+            };
+            let now = o.fetch_single(COUNT_DKEY, SUBDIRS_LOCK)?;
+            if held.is_none() && now.as_deref() == Some(&mine[..]) {
+                return Ok(());
+            }
+            if let Some(t) = now.as_deref().and_then(since) {
+                if now_ns().saturating_sub(t) >= COUNT_LOCK_LEASE_NS {
+                    o.punch_akeys(COUNT_DKEY, &[SUBDIRS_LOCK])?;
+                    continue;
+                }
+            }
+            // Jittered backoff, so that waiters on several clients do not
+            // retry in step.
+            let jitter = rand::random::<u64>() % (pause.as_micros() as u64 + 1);
+            std::thread::sleep(pause + std::time::Duration::from_micros(jitter));
+            pause = (pause * 2).min(std::time::Duration::from_millis(5));
+        }
     }
 
     /// POSIX: an entry created, removed or renamed in directory `dir`
@@ -1729,7 +2034,11 @@ impl Dfs {
         Self::need_dir(node)?;
         Ok(DirHandle {
             dir: node.oid(),
-            names: self.obj(node.oid())?.list_dkeys()?,
+            names: {
+                let mut names = self.obj(node.oid())?.list_dkeys()?;
+                names.retain(|k| k != COUNT_DKEY);
+                names
+            },
         })
     }
 

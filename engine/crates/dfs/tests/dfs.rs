@@ -469,6 +469,10 @@ fn exclusive_creates_race_across_mounts() {
         let what = if dir { "mkdir" } else { "create" };
         assert_eq!(wins.into_inner(), 200, "{what}: each name created once");
         assert_eq!(lost.into_inner(), 600, "{what}: the losers get EEXIST");
+        // Four threads on two mounts counted every subdirectory once.
+        let want = if dir { 202 } else { 2 };
+        assert_eq!(a.getattr(&a.root()).unwrap().1.nlink, want, "{what}");
+        assert_eq!(b.getattr(&b.root()).unwrap().1.nlink, want, "{what}");
         for n in &names {
             let (x, y) = (
                 a.lookup(&a.root(), n).unwrap(),
@@ -817,4 +821,285 @@ fn setgid_directories_hand_down_their_group() {
     let (g, _) = fs.create(&plain, b"g", 0o644, 5, 6, true).unwrap();
     assert_eq!((plain.entry.gid, g.entry.gid), (6, 6));
     assert_eq!(plain.entry.mode & 0o7777, 0o755);
+}
+
+/// FIFOs, sockets and device nodes are entries with their type, mode and
+/// device number, seen so by another mount; no object is behind them;
+/// chmod, chown, rename and unlink work on them as on any entry.
+#[test]
+fn special_files_are_entries() {
+    let c = cluster(1);
+    let a = mount(&c, "cont", false);
+    let b = mount(&c, "cont", false);
+    let root = a.root();
+    let d = a.mkdir(&root, b"sp", 0o755, 0, 0).unwrap();
+    let dev = |ma, mi| libc::makedev(ma, mi);
+    let kinds: [(&[u8], u32, u64); 4] = [
+        (b"fifo", libc::S_IFIFO | 0o640, 0),
+        (b"sock", libc::S_IFSOCK | 0o755, 0),
+        (b"null", libc::S_IFCHR | 0o666, dev(1, 3)),
+        (b"disk", libc::S_IFBLK | 0o660, dev(259, 1 << 16 | 7)),
+    ];
+    for (name, mode, rdev) in kinds {
+        let n = a.mknod(&d, name, mode, rdev, 7, 8).unwrap();
+        assert!(n.entry.is_special());
+        assert_eq!(code(a.mknod(&d, name, mode, rdev, 7, 8)), libc::EEXIST);
+        let db = b.lookup_path("/sp").unwrap();
+        let l = b.lookup(&db, name).unwrap();
+        assert_eq!((l.entry.mode, l.entry.rdev), (mode, rdev), "{name:?}");
+        assert_eq!((l.entry.uid, l.entry.gid), (7, 8));
+        let (_, st) = b.getattr(&l).unwrap();
+        assert_eq!((st.mode, st.rdev, st.size, st.nlink), (mode, rdev, 0, 1));
+        // No data: opening one is the kernel's business, not a file's.
+        assert_eq!(code(b.open(&l)), libc::EINVAL);
+        assert_eq!(
+            code(b.setattr(
+                &l,
+                &SetAttr {
+                    size: Some(1),
+                    ..Default::default()
+                }
+            )),
+            libc::EINVAL
+        );
+    }
+    // A FIFO's "rdev" is not kept (only device nodes have one).
+    let f = a
+        .mknod(&d, b"fifo2", libc::S_IFIFO | 0o600, 99, 0, 0)
+        .unwrap();
+    assert_eq!(f.entry.rdev, 0);
+    // mknod of a regular file makes an empty file; of a directory or a
+    // symlink is refused.
+    let r = a.mknod(&d, b"reg", libc::S_IFREG | 0o600, 0, 0, 0).unwrap();
+    assert!(r.entry.is_file());
+    assert_eq!(a.getattr(&r).unwrap().1.size, 0);
+    for t in [libc::S_IFDIR, libc::S_IFLNK] {
+        assert_eq!(code(a.mknod(&d, b"bad", t | 0o755, 0, 0, 0)), libc::EINVAL);
+    }
+    // readdir reports the types.
+    let h = a.opendir(&d).unwrap();
+    let mut got: Vec<(Vec<u8>, u32)> = a
+        .readdir(&h, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.entry.mode & libc::S_IFMT))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (b"disk".to_vec(), libc::S_IFBLK),
+            (b"fifo".to_vec(), libc::S_IFIFO),
+            (b"fifo2".to_vec(), libc::S_IFIFO),
+            (b"null".to_vec(), libc::S_IFCHR),
+            (b"reg".to_vec(), libc::S_IFREG),
+            (b"sock".to_vec(), libc::S_IFSOCK),
+        ]
+    );
+    // chmod / chown keep the type and the device number.
+    let n = a.lookup(&d, b"null").unwrap();
+    let (n, st) = a
+        .setattr(
+            &n,
+            &SetAttr {
+                mode: Some(0o600),
+                uid: Some(5),
+                gid: Some(6),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(st.mode, libc::S_IFCHR | 0o600);
+    assert_eq!((st.uid, st.gid, st.rdev), (5, 6, dev(1, 3)));
+    // rename (to another directory, and over another special file) and unlink.
+    let e = a.mkdir(&root, b"sp2", 0o755, 0, 0).unwrap();
+    a.rename(&d, b"null", &e, b"null", 0).unwrap();
+    a.rename(&e, b"null", &d, b"fifo2", 0).unwrap();
+    let moved = b.lookup(&b.lookup_path("/sp").unwrap(), b"fifo2").unwrap();
+    assert_eq!(moved.entry.oid, n.entry.oid);
+    assert_eq!((moved.entry.mode, moved.entry.rdev), (st.mode, dev(1, 3)));
+    for name in [&b"fifo"[..], b"sock", b"disk", b"fifo2", b"reg"] {
+        a.unlink(&d, name).unwrap();
+    }
+    assert_eq!(code(a.unlink(&d, b"fifo")), libc::ENOENT);
+    a.rmdir(&root, b"sp").unwrap();
+}
+
+fn nlink(fs: &Dfs, path: &str) -> u32 {
+    fs.getattr(&fs.lookup_path(path).unwrap()).unwrap().1.nlink
+}
+
+/// A directory's link count is 2 + its subdirectories through mkdir,
+/// rmdir and every kind of rename, as another mount sees it; two mounts
+/// making and removing subdirectories of one directory at once lose no
+/// counts; a lock left by a dead client is taken over after its lease.
+#[test]
+fn directory_link_counts() {
+    let c = cluster(2);
+    let a = mount(&c, "cont", false);
+    let b = mount(&c, "cont", false);
+    let root = a.root();
+    assert_eq!(nlink(&a, "/"), 2);
+    let p = a.mkdir(&root, b"p", 0o755, 0, 0).unwrap();
+    assert_eq!((nlink(&a, "/"), nlink(&b, "/p")), (3, 2));
+    let q = a.mkdir(&root, b"q", 0o755, 0, 0).unwrap();
+    for n in [&b"d1"[..], b"d2", b"d3"] {
+        a.mkdir(&p, n, 0o755, 0, 0).unwrap();
+    }
+    a.create(&p, b"f", 0o644, 0, 0, true).unwrap();
+    a.symlink(&p, b"l", b"d1", 0, 0).unwrap();
+    a.mknod(&p, b"fifo", libc::S_IFIFO | 0o644, 0, 0, 0)
+        .unwrap();
+    assert_eq!(
+        (nlink(&b, "/"), nlink(&b, "/p"), nlink(&b, "/p/d1")),
+        (4, 5, 2)
+    );
+    assert_eq!(nlink(&b, "/p/f"), 1);
+    // The count's record is not an entry: not listed, not counted as one.
+    assert_eq!(names(&b, &b.lookup_path("/p").unwrap()).len(), 6);
+    // rmdir
+    a.rmdir(&p, b"d3").unwrap();
+    assert_eq!(nlink(&b, "/p"), 4);
+    // rename of a directory to another directory, within one, and over an
+    // empty directory (there and across directories)
+    a.rename(&p, b"d2", &q, b"d2", 0).unwrap();
+    assert_eq!((nlink(&b, "/p"), nlink(&b, "/q")), (3, 3));
+    a.rename(&q, b"d2", &q, b"d2b", 0).unwrap();
+    assert_eq!(nlink(&b, "/q"), 3);
+    a.mkdir(&q, b"empty", 0o755, 0, 0).unwrap();
+    assert_eq!(nlink(&b, "/q"), 4);
+    a.rename(&q, b"d2b", &q, b"empty", 0).unwrap();
+    assert_eq!(nlink(&b, "/q"), 3);
+    a.mkdir(&q, b"empty2", 0o755, 0, 0).unwrap();
+    a.rename(&p, b"d1", &q, b"empty2", 0).unwrap();
+    assert_eq!((nlink(&b, "/p"), nlink(&b, "/q")), (2, 4));
+    // A file over a file, a file moved: no change.
+    a.rename(&p, b"f", &q, b"f", 0).unwrap();
+    assert_eq!((nlink(&b, "/p"), nlink(&b, "/q")), (2, 4));
+    // RENAME_EXCHANGE of a directory and a file across directories.
+    a.rename(&q, b"empty", &p, b"fifo", RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!((nlink(&b, "/p"), nlink(&b, "/q")), (3, 3));
+    // ... and of two directories: no change.
+    a.mkdir(&q, b"x", 0o755, 0, 0).unwrap();
+    a.rename(&q, b"x", &p, b"fifo", RENAME_EXCHANGE).unwrap();
+    assert_eq!((nlink(&b, "/p"), nlink(&b, "/q")), (3, 4));
+    // A directory whose subdirectories are all gone is empty again.
+    let pb = b.lookup_path("/p").unwrap();
+    b.rmdir(&pb, b"fifo").unwrap();
+    assert_eq!(nlink(&a, "/p"), 2);
+    for n in names(&b, &pb) {
+        b.unlink(&pb, &n).unwrap();
+    }
+    b.rmdir(&b.root(), b"p").unwrap();
+    assert_eq!(nlink(&a, "/"), 3);
+
+    // Two mounts, two threads each, make 30 subdirectories apiece in one
+    // directory at once, then remove them at once.
+    let r = a.mkdir(&root, b"race", 0o755, 0, 0).unwrap();
+    let each = 30;
+    std::thread::scope(|s| {
+        for (i, fs) in [&a, &a, &b, &b].into_iter().enumerate() {
+            s.spawn(move || {
+                let d = fs.lookup_path("/race").unwrap();
+                for k in 0..each {
+                    fs.mkdir(&d, format!("t{i}-{k}").as_bytes(), 0o755, 0, 0)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(nlink(&b, "/race"), 2 + 4 * each);
+    std::thread::scope(|s| {
+        for (i, fs) in [&a, &b, &a, &b].into_iter().enumerate() {
+            s.spawn(move || {
+                let d = fs.lookup_path("/race").unwrap();
+                for k in 0..each {
+                    fs.rmdir(&d, format!("t{i}-{k}").as_bytes()).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(nlink(&a, "/race"), 2);
+
+    // A count lock left by a client that died is taken over once its lease
+    // (5 s) has passed; a fresh one is waited for.
+    let o = a.container().object(r.oid()).unwrap();
+    let old = now_ns() - 6_000_000_000;
+    o.update_single(b".", b"lock", &[old.to_le_bytes(), [7; 8]].concat())
+        .unwrap();
+    let t = std::time::Instant::now();
+    a.mkdir(&r, b"after", 0o755, 0, 0).unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(nlink(&b, "/race"), 3);
+    let young = now_ns() - 4_000_000_000;
+    o.update_single(b".", b"lock", &young.to_le_bytes())
+        .unwrap();
+    let t = std::time::Instant::now();
+    b.mkdir(&b.lookup_path("/race").unwrap(), b"after2", 0o755, 0, 0)
+        .unwrap();
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(nlink(&a, "/race"), 4);
+}
+
+/// Entries written by builds before version 3 (no device number, no
+/// subdirectory count) still read; such a directory reports `st_nlink` 1
+/// ("not counted") and keeps doing so as subdirectories come and go.
+#[test]
+fn entries_of_older_versions_still_read() {
+    let c = cluster(1);
+    let fs = mount(&c, "cont", false);
+    let root = fs.root();
+    let d = fs.mkdir(&root, b"old", 0o750, 3, 4).unwrap();
+    let f = fs.create(&root, b"oldf", 0o640, 3, 4, true).unwrap().0;
+    let dir_obj = fs.container().object(root.oid()).unwrap();
+    for (name, node) in [(&b"old"[..], &d), (b"oldf", &f)] {
+        let v3 = node.entry.encode();
+        assert_eq!(v3[0], 3);
+        // Version 2: the same without the last 9 bytes (rdev, flags).
+        let mut v2 = v3[..v3.len() - 9].to_vec();
+        v2[0] = 2;
+        // Version 1: without the rename fields either (two zero bytes).
+        let mut v1 = v2[..v2.len() - 2].to_vec();
+        v1[0] = 1;
+        for old in [v1, v2] {
+            let e = Entry::decode(&old).unwrap();
+            assert_eq!((e.mode, e.uid, e.oid), (node.entry.mode, 3, node.entry.oid));
+            assert_eq!((e.rdev, e.subdirs_counted), (0, false));
+            dir_obj.update_single(name, b"inode", &old).unwrap();
+            let n = fs.lookup(&root, name).unwrap();
+            assert_eq!(n.entry.mode, node.entry.mode);
+            assert_eq!(fs.getattr(&n).unwrap().1.nlink, 1);
+        }
+    }
+    // Version 4 is not this build's.
+    let mut v4 = f.entry.encode();
+    v4[0] = 4;
+    assert_eq!(code(Entry::decode(&v4)), libc::EIO);
+    let d = fs.lookup(&root, b"old").unwrap();
+    fs.mkdir(&d, b"sub", 0o755, 0, 0).unwrap();
+    assert_eq!(fs.getattr(&d).unwrap().1.nlink, 1);
+    // Rewritten by this build (chmod), it is still "not counted".
+    let (d, st) = fs
+        .setattr(
+            &d,
+            &SetAttr {
+                mode: Some(0o755),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((st.nlink, d.entry.subdirs_counted), (1, false));
+    let sub = fs.lookup(&d, b"sub").unwrap();
+    assert_eq!(fs.getattr(&sub).unwrap().1.nlink, 2, "new ones are counted");
+    fs.rmdir(&d, b"sub").unwrap();
+    fs.rmdir(&root, b"old").unwrap();
 }

@@ -125,8 +125,25 @@ fn kind_of(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
         libc::S_IFDIR => FileType::Directory,
         libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
         _ => FileType::RegularFile,
     }
+}
+
+/// glibc's `makedev` form (what [`peregrine_dfs::Entry::rdev`] holds) from
+/// the kernel's 32-bit `new_encode_dev` form that FUSE carries.
+pub fn decode_dev(d: u32) -> u64 {
+    let (major, minor) = ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00));
+    libc::makedev(major, minor)
+}
+
+/// The kernel's 32-bit `new_encode_dev` form of a `makedev` number.
+pub fn encode_dev(d: u64) -> u32 {
+    let (major, minor) = (libc::major(d), libc::minor(d));
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
 }
 
 /// Errors the application should see as they are; anything else (a
@@ -273,10 +290,13 @@ impl PeregrineFs {
             crtime: ns_time(st.ctime),
             kind: kind_of(st.mode),
             perm: (st.mode & 0o7777) as u16,
-            nlink: 1,
+            nlink: st.nlink,
             uid: st.uid,
             gid: st.gid,
-            rdev: 0,
+            // FUSE carries 32 bits: the kernel's new_encode_dev() form,
+            // which makedev() values of 12-bit majors and 20-bit minors
+            // (every Linux device number) map to one to one.
+            rdev: encode_dev(st.rdev),
             blksize: st.chunk_size.clamp(4096, 1 << 20) as u32,
             flags: 0,
         }
@@ -284,14 +304,7 @@ impl PeregrineFs {
 
     /// Attributes of a freshly read node (no second entry fetch).
     fn stat_node(&self, n: &Node) -> Result<Stat, Error> {
-        let size = if n.entry.is_file() {
-            File::new(self.dfs.container(), n.oid(), n.entry.chunk_size, true)?.size()?
-        } else if n.entry.is_symlink() {
-            n.entry.target.len() as u64
-        } else {
-            4096
-        };
-        Ok(self.dfs.stat_of(&n.entry, size))
+        self.dfs.stat_node(n)
     }
 
     fn reply_entry(&self, n: &Node, reply: ReplyEntry) {
@@ -377,13 +390,17 @@ impl PeregrineFs {
         Some(i.unlinked.clone().unwrap_or_else(|| i.node.entry.clone()))
     }
 
+    /// Attributes of a file removed while open: no name links to it any
+    /// more, so `st_nlink` is 0 (as Linux file systems report through fstat).
     fn orphan_stat(&self, e: &Entry) -> Result<Stat, Error> {
         let size = if e.is_file() {
             File::new(self.dfs.container(), e.oid, e.chunk_size, true)?.size()?
         } else {
             0
         };
-        Ok(self.dfs.stat_of(e, size))
+        let mut st = self.dfs.stat_of(e, size);
+        st.nlink = 0;
+        Ok(st)
     }
 
     /// setattr of an orphan: the size on its object, the rest on the
@@ -466,7 +483,20 @@ impl Filesystem for PeregrineFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let n = tryr!(reply, self.node(ino));
-        match self.dfs.getattr(&n) {
+        // The name now naming another object (removed and made again, by
+        // another client too) is this inode gone, not the other's attributes.
+        let was = n.oid();
+        let got = self.dfs.getattr(&n).and_then(|(n, st)| {
+            if n.oid() == was {
+                Ok((n, st))
+            } else {
+                Err(Error::new(
+                    -libc::ENOENT,
+                    "entry removed and its name reused",
+                ))
+            }
+        });
+        match got {
             Ok((n, st)) => {
                 self.update(&n);
                 reply.attr(&self.opts.attr_ttl, &self.attr(&st));
@@ -547,6 +577,11 @@ impl Filesystem for PeregrineFs {
         reply.data(&t);
     }
 
+    /// Regular files, FIFOs, sockets (bind(2) of a unix socket) and
+    /// character and block device nodes (the kernel checks CAP_MKNOD for
+    /// devices before asking; opening a special file never reaches the
+    /// daemon: the kernel serves it from the type and device number that
+    /// lookup and getattr report).
     fn mknod(
         &self,
         req: &Request,
@@ -554,18 +589,20 @@ impl Filesystem for PeregrineFs {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
-            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-            return;
-        }
         let p = tryr!(reply, self.node(parent));
-        let (n, _) = tryr!(
+        let n = tryr!(
             reply,
-            self.dfs
-                .create(&p, name.as_bytes(), mode, req.uid(), req.gid(), true)
+            self.dfs.mknod(
+                &p,
+                name.as_bytes(),
+                mode,
+                decode_dev(rdev),
+                req.uid(),
+                req.gid()
+            )
         );
         self.reply_entry(&n, reply);
     }
