@@ -81,6 +81,13 @@ use uuid::Uuid;
 pub const EC_SIZE_PREFIX: &[u8] = b"\0prg.size\0";
 /// Largest bulk of one request to one shard for striped/replicated arrays.
 pub const MAX_IO: usize = 8 << 20;
+// What this library sends or asks for in one request stays within what
+// engines accept ([`peregrine_proto::MAX_IO_BYTES`]): array I/O is split
+// into pieces of `MAX_IO` (EC: `EC_BATCH_STRIPES` cells per shard), a
+// single value is at most the limit itself (`check_single`).
+const _: () = assert!(MAX_IO as u64 <= peregrine_proto::MAX_IO_BYTES);
+const _: () =
+    assert!(crate::ec_write::EC_BATCH_STRIPES * EC_CELL_SIZE <= peregrine_proto::MAX_IO_BYTES);
 pub use crate::ec_write::{EC_BATCH_STRIPES, EC_CAS_ROUNDS};
 /// Keys per list request.
 pub const LIST_BATCH: u32 = 1024;
@@ -528,11 +535,12 @@ impl Object {
     /// Keys valid and the value small enough for one frame.
     pub(crate) fn check_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
         check_keys(dkey, Some(akey))?;
-        if value.len() > peregrine_proto::frame::MAX_BULK as usize {
+        if value.len() as u64 > peregrine_proto::MAX_IO_BYTES {
             return Err(Error::inval(format!(
-                "{}: single value of {} bytes is too large",
+                "{}: single value of {} bytes is too large (at most {} bytes, MAX_IO_BYTES)",
                 self.what(dkey),
-                value.len()
+                value.len(),
+                peregrine_proto::MAX_IO_BYTES
             )));
         }
         Ok(())

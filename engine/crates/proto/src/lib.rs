@@ -25,6 +25,15 @@ pub use oclass::{ObjectClass, ObjectId, Redundancy};
 pub const DEFAULT_CONTROL_PORT: u16 = 10001;
 /// Values at least this large go to the NVMe tier; smaller ones stay in the SCM tier.
 pub const DATA_THRESHOLD: usize = 4096;
+/// Most bytes one data-plane request may move: the total an update carries
+/// (the sum of its iods' lengths) and the total a fetch asks for (its ARRAY
+/// iods' lengths) and returns (with its SINGLE values' sizes). It is one
+/// frame's bulk, which no reply can exceed on either transport. Engines
+/// refuse more (`-EINVAL`, naming this limit and the size asked) before
+/// allocating anything for it; the client library splits its I/O into
+/// requests of at most [`frame::MAX_BULK`] bytes (`peregrine::object::MAX_IO`
+/// per array request), so it never meets the limit.
+pub const MAX_IO_BYTES: u64 = frame::MAX_BULK as u64;
 /// Epoch meaning "the latest committed version".
 pub const EPOCH_LATEST: u64 = u64::MAX;
 

@@ -437,6 +437,40 @@ pub fn request_addr(req: &Request) -> Option<&data::Address> {
     }
 }
 
+/// Check what a request asks for against the hard limits, before anything
+/// is allocated or queued for it: the bytes an update carries and the bytes
+/// an ARRAY fetch asks for, in total over its iods, are at most
+/// [`peregrine_proto::MAX_IO_BYTES`] (one frame's bulk, which is also the
+/// most a reply can carry). Stateless and cheap: every target runs it on
+/// every request it takes, from any transport.
+pub fn check_request(req: &Request) -> Result<(), Errno> {
+    use peregrine_proto::MAX_IO_BYTES;
+    let (op, iods, only_arrays) = match req {
+        Request::Update(u, _) => ("update", &u.iods, false),
+        Request::Fetch(f) => ("fetch", &f.iods, true),
+        _ => return Ok(()),
+    };
+    let array = data::ValueKind::Array as i32;
+    let asked = iods
+        .iter()
+        .filter(|i| !only_arrays || i.kind == array)
+        .try_fold(0u64, |t, i| t.checked_add(i.len));
+    match asked {
+        Some(t) if t <= MAX_IO_BYTES => Ok(()),
+        _ => Err(Errno::new(
+            -libc::EINVAL,
+            format!(
+                "{op}: {} bytes in {} iods, more than the limit of {MAX_IO_BYTES} bytes per request (MAX_IO_BYTES); split it",
+                asked.map_or_else(
+                    || format!("more than {}", u64::MAX),
+                    |t| t.to_string()
+                ),
+                iods.len()
+            ),
+        )),
+    }
+}
+
 impl Storage {
     /// Open a formatted device: replay every target's checkpoint and WAL and
     /// start `opts.targets` target threads.
@@ -887,5 +921,77 @@ impl Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+    use peregrine_proto::MAX_IO_BYTES;
+
+    fn iod(kind: data::ValueKind, len: u64) -> data::Iod {
+        data::Iod {
+            akey: b"a".to_vec(),
+            kind: kind as i32,
+            len,
+            ..Default::default()
+        }
+    }
+
+    fn fetch(iods: Vec<data::Iod>) -> Request {
+        Request::Fetch(data::FetchReq {
+            iods,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_fetch_may_ask_for_the_limit_in_total_and_no_more() {
+        use data::ValueKind::{Array, Single};
+        let split = |n: u64, extra: u64| {
+            let mut v: Vec<_> = (0..n).map(|_| iod(Array, MAX_IO_BYTES / n)).collect();
+            v[0].len += extra;
+            fetch(v)
+        };
+        assert!(check_request(&split(64, 0)).is_ok());
+        assert!(check_request(&split(1, 0)).is_ok());
+        let e = check_request(&split(64, 1)).unwrap_err();
+        assert_eq!(e.code, -libc::EINVAL);
+        assert!(e.msg.contains(&MAX_IO_BYTES.to_string()), "{e}");
+        assert!(e.msg.contains(&(MAX_IO_BYTES + 1).to_string()), "{e}");
+        // The reported crash: 100 iods of 1 GiB.
+        let e = check_request(&fetch((0..100).map(|_| iod(Array, 1 << 30)).collect())).unwrap_err();
+        assert!(e.msg.contains("107374182400"), "{e}");
+        // Lengths that overflow a u64 in total.
+        let e = check_request(&fetch(vec![iod(Array, u64::MAX), iod(Array, 2)])).unwrap_err();
+        assert_eq!(e.code, -libc::EINVAL);
+        // A SINGLE iod's length is not what it returns: planned, then checked.
+        assert!(check_request(&fetch(vec![iod(Single, u64::MAX)])).is_ok());
+    }
+
+    #[test]
+    fn an_update_may_carry_the_limit_in_total_and_no_more() {
+        use data::ValueKind::{Array, Single};
+        let update = |iods| {
+            Request::Update(
+                data::UpdateReq {
+                    iods,
+                    ..Default::default()
+                },
+                Bulk::from(Vec::new()),
+            )
+        };
+        let ok = update(vec![
+            iod(Single, MAX_IO_BYTES / 2),
+            iod(Array, MAX_IO_BYTES / 2),
+        ]);
+        assert!(check_request(&ok).is_ok());
+        let e = check_request(&update(vec![iod(Single, MAX_IO_BYTES), iod(Array, 1)])).unwrap_err();
+        assert_eq!(e.code, -libc::EINVAL);
+        assert!(
+            e.msg.starts_with("update:") && e.msg.contains("MAX_IO_BYTES"),
+            "{e}"
+        );
+        assert!(check_request(&update(vec![iod(Array, u64::MAX), iod(Array, u64::MAX)])).is_err());
     }
 }

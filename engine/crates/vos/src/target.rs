@@ -115,8 +115,6 @@ fn poll_us() -> u64 {
 
 /// Idle time after which a target aggregates the pools it changed.
 const IDLE_AGGREGATE: Duration = Duration::from_secs(30);
-/// Largest value a single fetch iod may ask for (guards against absurd array lengths).
-const MAX_FETCH: u64 = 1 << 30;
 /// `ListReq.max == 0` means this many.
 const DEFAULT_LIST_MAX: usize = 1000;
 
@@ -1002,6 +1000,9 @@ impl Target {
 
     /// Start (fetches: queue) one data-plane request.
     fn take(&mut self, req: Request, tx: Responder, area: Option<ReplyArea>) {
+        if let Err(e) = crate::check_request(&req) {
+            return tx.send(Err(e));
+        }
         match req {
             Request::Fetch(f) => self.queued.push((f, tx, area)),
             req => self.handle(req, tx),
@@ -2474,16 +2475,12 @@ impl Target {
         self.index
             .dtx
             .check_read("fetch", &pool, &cont, &obj, Some(&f.dkey), f.epoch)?;
+        // What the ARRAY iods ask for is bounded already (`check_request`);
+        // the SINGLE values' sizes are known once planned, before any read.
         let mut iods = Vec::with_capacity(f.iods.len());
+        let mut total = 0u64;
         for iod in &f.iods {
             let kind = kind_of(iod.kind, "fetch")?;
-            if kind == Kind::Array && iod.len > MAX_FETCH {
-                return Err(Errno::inval(format!(
-                    "fetch: akey {:?}: {} bytes asked, at most {MAX_FETCH} per iod",
-                    show(&iod.akey),
-                    iod.len
-                )));
-            }
             let plan = self.index.plan_fetch(
                 &pool, &cont, &obj, &f.dkey, &iod.akey, kind, iod.offset, iod.len, f.epoch,
             );
@@ -2509,6 +2506,14 @@ impl Target {
                         Src::Dev { .. } if s.len > 0 => r.segs.push(s),
                         Src::Dev { .. } => {}
                     }
+                }
+                total = total.saturating_add(plan.len);
+                if total > peregrine_proto::MAX_IO_BYTES {
+                    return Err(Errno::inval(format!(
+                        "fetch: dkey {:?}: its values come to more than {total} bytes, more than the limit of {} bytes per request (MAX_IO_BYTES); fetch them in several requests",
+                        show(&f.dkey),
+                        peregrine_proto::MAX_IO_BYTES
+                    )));
                 }
             }
             iods.push(r);
