@@ -129,6 +129,8 @@ fn default_log_level() -> String {
 fn default_shm_dir() -> PathBuf {
     PathBuf::from("/run/peregrine")
 }
+/// Most targets an engine runs (and reports when it joins).
+pub const MAX_TARGETS: u32 = 64;
 /// Longest unix socket path (`sun_path` less its terminating NUL).
 pub const MAX_UNIX_PATH: usize = 107;
 
@@ -161,8 +163,11 @@ impl Config {
                 self.name
             ));
         }
-        if self.targets == 0 || self.targets > 64 {
-            return Err(format!("targets: {} is out of range 1..=64", self.targets));
+        if self.targets == 0 || self.targets > MAX_TARGETS {
+            return Err(format!(
+                "targets: {} is out of range 1..={MAX_TARGETS}",
+                self.targets
+            ));
         }
         if !(1..=60_000).contains(&self.flush_interval_ms) {
             return Err(format!(

@@ -8,6 +8,7 @@ use common::*;
 use peregrine::{ObjectClass, ObjectId};
 use peregrine_proto::data;
 use peregrine_proto::frame::{self, Opcode};
+use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::*;
 use prost::Message;
 use std::net::TcpStream;
@@ -156,4 +157,125 @@ fn a_fetch_asking_for_100_gib_is_refused_and_the_engine_serves_on() {
     let log = c.engines[0].log_text();
     assert!(!log.contains("panicked"), "{log}");
     assert!(!log.contains("memory allocation"), "{log}");
+}
+
+/// A Join as an engine sends it, of rank `rank`, in system "test".
+fn join(rank: u32) -> JoinReq {
+    JoinReq {
+        rank,
+        uuid: uuid::Uuid::new_v4().to_string(),
+        control_addr: "127.0.0.1:1".into(),
+        data_addr: "127.0.0.1:2".into(),
+        fault_domain: format!("/forged{rank}"),
+        targets: 4,
+        system: "test".into(),
+        state: "ready".into(),
+        shm_path: String::new(),
+        want_snapshots: false,
+    }
+}
+
+#[test]
+fn joins_with_huge_fields_zero_targets_or_no_system_are_refused() {
+    let mut c = Cluster::start(ClusterSpec::default());
+    c.format();
+    let mut m = c.mgmt();
+    let pid = engine_pid(&c);
+    let before = rss(pid);
+    let refused = |c: &Cluster, m: &mut MgmtClient<_>, j: JoinReq, field: &str| {
+        let e =
+            c.rt.block_on(m.join(j))
+                .expect_err(&format!("a Join with a bad {field} was accepted"));
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field}: {e}");
+        assert!(e.message().contains(field), "{field}: {e}");
+    };
+    // 3 MiB of address: more than the management state's slot (2 MiB).
+    let huge = "x".repeat(3 << 20);
+    refused(
+        &c,
+        &mut m,
+        JoinReq {
+            control_addr: format!("{huge}:1"),
+            ..join(9)
+        },
+        "control_addr",
+    );
+    refused(
+        &c,
+        &mut m,
+        JoinReq {
+            fault_domain: huge.clone(),
+            ..join(9)
+        },
+        "fault_domain",
+    );
+    // A forged rank with no targets, which a pool would divide its space by.
+    refused(
+        &c,
+        &mut m,
+        JoinReq {
+            targets: 0,
+            ..join(7)
+        },
+        "targets",
+    );
+    // No system name is not a way around the name check.
+    refused(
+        &c,
+        &mut m,
+        JoinReq {
+            system: String::new(),
+            ..join(8)
+        },
+        "system",
+    );
+    let e =
+        c.rt.block_on(m.join(JoinReq {
+            system: "other".into(),
+            ..join(8)
+        }))
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+
+    // Nothing of them was kept: the members are the engine alone, a pool
+    // on the forged rank is refused (not a panic), and saves still work.
+    let members =
+        c.rt.block_on(m.system_query(SystemQueryReq {}))
+            .unwrap()
+            .into_inner()
+            .members;
+    assert_eq!(
+        members.iter().map(|x| x.rank).collect::<Vec<_>>(),
+        vec![0],
+        "{members:?}"
+    );
+    let e =
+        c.rt.block_on(m.pool_create(PoolCreateReq {
+            label: "forged".into(),
+            total_size: 64 << 20,
+            ranks: vec![7],
+            ..Default::default()
+        }))
+        .unwrap_err();
+    assert!(e.message().contains("rank 7"), "{e}");
+    c.create_pool(64, "S1", "crc32c");
+    let obj = c
+        .container()
+        .object(ObjectId::new(ObjectClass::S1, 0, 2))
+        .unwrap();
+    obj.update_single(b"d", b"a", b"served").unwrap();
+    assert_eq!(
+        obj.fetch_single(b"d", b"a").unwrap().as_deref(),
+        Some(&b"served"[..])
+    );
+    assert!(alive(&mut c), "engine died; logs:\n{}", c.logs());
+    let after = rss(pid);
+    eprintln!(
+        "engine VmRSS: {} MiB before, {} MiB after the refused joins",
+        before >> 20,
+        after >> 20
+    );
+    assert!(after < before + (256 << 20), "{before} -> {after}");
+    let log = c.engines[0].log_text();
+    assert!(!log.contains("panicked"), "{log}");
 }

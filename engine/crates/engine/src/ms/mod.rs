@@ -9,11 +9,13 @@
 //! host without changing the API.
 
 mod clone;
+mod join;
 mod pool_map;
 mod props;
 mod quota;
 
 use crate::node::Node;
+pub use join::{check_targets, validate_join, MAX_MEMBERS};
 use peregrine_proto::mgmt::engine_client::EngineClient;
 use peregrine_proto::mgmt::mgmt_server::Mgmt;
 use peregrine_proto::mgmt::*;
@@ -616,12 +618,7 @@ impl Mgmt for MgmtService {
     async fn join(&self, req: Request<JoinReq>) -> Result<Response<JoinResp>, Status> {
         let j = req.into_inner();
         let mut s = self.state.lock().await;
-        if !j.system.is_empty() && j.system != s.system {
-            return Err(Status::permission_denied(format!(
-                "rank {} belongs to system {:?}, this is {:?}",
-                j.rank, j.system, s.system
-            )));
-        }
+        validate_join(&j, &s.system)?;
         if j.state == STATE_STOPPING {
             // Counted as stopped from now: the pool watch excludes its
             // targets on its next round. Only the member itself may say so.
@@ -646,7 +643,14 @@ impl Mgmt for MgmtService {
             }
             None => true,
         };
+        if changed && !s.members.contains_key(&j.rank) && s.members.len() >= MAX_MEMBERS {
+            return Err(Status::resource_exhausted(format!(
+                "join: rank {}: the system has {MAX_MEMBERS} members already, the most it holds",
+                j.rank
+            )));
+        }
         if changed {
+            let before = s.members.get(&j.rank).cloned();
             s.members.insert(
                 j.rank,
                 MemberRec {
@@ -661,7 +665,15 @@ impl Mgmt for MgmtService {
                 },
             );
             s.map_version += 1;
-            self.persist(&s)?;
+            if let Err(e) = self.persist(&s) {
+                // Not kept: what is not durable must not make every later save fail.
+                s.map_version -= 1;
+                match before {
+                    Some(m) => s.members.insert(j.rank, m),
+                    None => s.members.remove(&j.rank),
+                };
+                return Err(e);
+            }
         } else if let Some(m) = s.members.get_mut(&j.rank) {
             // Neither versioned nor persisted: see MemberRec::shm_path.
             m.shm_path = j.shm_path;
@@ -735,7 +747,14 @@ impl Mgmt for MgmtService {
                     self.member_state(m)
                 )));
             }
-            targets.push(m.targets);
+            // Refused at join; a state written before may still hold one.
+            targets.push(check_targets(rank, m.targets).map_err(|e| {
+                Status::failed_precondition(format!(
+                    "pool {:?}: {}: it cannot hold a pool",
+                    r.label,
+                    e.message()
+                ))
+            })?);
         }
         let (scm, nvme) = if r.total_size > 0 {
             if r.scm_size > 0 || r.nvme_size > 0 {
@@ -758,7 +777,7 @@ impl Mgmt for MgmtService {
         } else {
             (r.scm_size, r.nvme_size)
         };
-        let ntargets: u64 = targets.iter().map(|&t| t as u64).sum();
+        let ntargets: u64 = targets.iter().map(|&t| t as u64).sum::<u64>().max(1);
         let (scm_pt, nvme_pt) = (scm / ntargets, nvme / ntargets);
         if scm_pt < (1 << 20) || nvme_pt < (1 << 20) {
             return Err(Status::invalid_argument(format!(
