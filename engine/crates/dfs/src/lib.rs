@@ -1679,6 +1679,16 @@ impl Dfs {
         self.check_rw()?;
         let _g = self.lock(&[(node.parent, &node.name)]);
         let mut n = self.refresh(node)?;
+        if n.oid() != node.oid() {
+            // Removed, and the name made again: not this node's to change.
+            return Err(err(
+                libc::ENOENT,
+                format!(
+                    "{:?}: entry removed (its name now names another)",
+                    show(&n.name)
+                ),
+            ));
+        }
         if let Some(size) = a.size {
             if n.entry.is_dir() {
                 return Err(err(
@@ -1879,6 +1889,8 @@ impl Dfs {
         }
         let _g = self.lock(&[(node.parent, &node.name)]);
         let mut n = match self.refresh(node) {
+            // The name now names another file: this one was removed.
+            Ok(n) if n.oid() != node.oid() => return Ok(()),
             Ok(n) => n,
             Err(e) if e.code == -libc::ENOENT => return Ok(()),
             Err(e) => return Err(e),

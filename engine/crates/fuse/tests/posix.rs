@@ -144,12 +144,20 @@ fn describe(root: &Path) -> BTreeMap<String, String> {
                 format!("link -> {}", fs::read_link(&p).unwrap().display())
             } else if ft.is_dir() {
                 stack.push(p.clone());
-                "dir".to_string()
+                format!("dir nlink {}", md.nlink())
+            } else if !ft.is_file() {
+                // FIFOs, sockets, device nodes: never opened here.
+                format!(
+                    "special {:o} rdev {:x} nlink {}",
+                    md.mode() & libc::S_IFMT,
+                    md.rdev(),
+                    md.nlink()
+                )
             } else {
                 let b = fs::read(&p).unwrap();
                 format!("file {} bytes sum {:x}", b.len(), fnv(&b))
             };
-            let xattrs = if ft.is_symlink() {
+            let xattrs = if ft.is_symlink() || !(ft.is_file() || ft.is_dir()) {
                 String::new()
             } else {
                 xattrs(&p)

@@ -769,8 +769,18 @@ impl Suite {
         };
         let mut model = pattern(6, 300_000);
         self.check("unlinked: write", write_all(fd, &model), Ok(model.len()));
+        self.check(
+            "unlinked: fstat nlink before",
+            fstat(fd).map(|s| s.st_nlink),
+            Ok(1),
+        );
         self.check("unlinked: unlink while open", unlink(&p), Ok(()));
         self.check("unlinked: gone by name", size(&p), Err(E(libc::ENOENT)));
+        self.check(
+            "unlinked: fstat nlink 0",
+            fstat(fd).map(|s| s.st_nlink),
+            Ok(0),
+        );
         self.check(
             "unlinked: still readable",
             pread(fd, model.len(), 0).map(|b| fp(&b)),
@@ -810,7 +820,26 @@ impl Suite {
             fstat(fd).map(|s| s.st_mode & 0o7777),
             Ok(0o600),
         );
+        // The name made again names another file: the descriptor still
+        // shows its own, unlinked one.
+        self.check("unlinked: the name again", write_file(&p, b"new"), Ok(()));
+        self.check(
+            "unlinked: fstat after the name is reused",
+            fstat(fd).map(|s| (s.st_nlink, s.st_size, s.st_mode & 0o7777)),
+            Ok((0, 1000, 0o600)),
+        );
+        self.check(
+            "unlinked: the new file",
+            stat(&p).map(|s| (s.st_nlink, s.st_size)),
+            Ok((1, 3)),
+        );
         self.check("unlinked: close", close(fd), Ok(()));
+        self.check(
+            "unlinked: the new file stays",
+            read_file(&p),
+            Ok(b"new".to_vec()),
+        );
+        self.check("unlinked: remove the new file", unlink(&p), Ok(()));
         self.check(
             "unlinked: names",
             names(&cs(&self.base)).map(|n| n.contains(&"ghost".to_string())),

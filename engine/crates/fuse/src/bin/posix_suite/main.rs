@@ -2,8 +2,8 @@
 //! system, through libc (open, read, write, pread(64), pwrite(64), readv,
 //! writev, preadv(64), pwritev(64), preadv2, pwritev2, lseek(64), fsync,
 //! fdatasync, ftruncate(64), fstat, dup, dup2, dup3, fcntl F_DUPFD, fopen,
-//! fread, fwrite, mmap(64) mixed with writes, ... and the metadata calls),
-//! with the error codes.
+//! fread, fwrite, mmap(64) mixed with writes, ... and the metadata calls,
+//! FIFOs, unix sockets and device nodes, link counts), with the error codes.
 //!
 //! ```text
 //! peregrine-posix-suite DIR [--ro RO_DIR] [--full FULL_DIR] [--entries N]
@@ -30,6 +30,7 @@ mod data;
 mod limits;
 mod mmap;
 mod names;
+mod special;
 mod sys;
 
 use sys::*;
@@ -156,6 +157,8 @@ fn main() {
     s.statfs();
     s.xattrs();
     s.hard_links();
+    s.special_files();
+    s.link_counts();
     s.readdir(entries);
     s.dir_times();
     match &ro {
@@ -166,6 +169,7 @@ fn main() {
         Some(f) => s.enospc(f),
         None => println!("ENOSPC: skipped (no --full)"),
     }
+    s.tree_link_counts();
     eprintln!(
         "peregrine-posix-suite: {} checks, {} failed",
         s.checks,

@@ -42,6 +42,9 @@ impl Debug for E {
             libc::ENOTCONN => "ENOTCONN",
             libc::ENOSYS => "ENOSYS",
             libc::E2BIG => "E2BIG",
+            libc::EAGAIN => "EAGAIN",
+            libc::EADDRINUSE => "EADDRINUSE",
+            libc::ECONNREFUSED => "ECONNREFUSED",
             n => return write!(f, "errno {n}"),
         };
         f.write_str(n)
