@@ -747,3 +747,187 @@ fn renames_survive_a_killed_daemon() {
     assert!(moved > 0, "no rename ever got through");
     m.stop();
 }
+
+/// `sh -c script` in `dir`; its stdout (the script must succeed).
+fn sh_out(dir: &Path, script: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// FIFOs, unix sockets and device nodes made by real programs (mkfifo,
+/// python's socket.bind, mknod), used (a reader and a writer through the
+/// FIFO), found (`find -type`), copied (`cp -a`, `tar`); directory link
+/// counts as `stat` and `find` see them, kept by two mounts making
+/// subdirectories of one directory at once.
+#[test]
+fn special_files_and_link_counts_with_real_programs() {
+    if !fuse_available() {
+        return;
+    }
+    let c = cluster(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = ["--attr-timeout", "0", "--dentry-timeout", "0"];
+    let mut a = Mount::start(&c, "cont", &tmp.path().join("a"), &opts);
+    let mut b = Mount::start(&c, "cont", &tmp.path().join("b"), &opts);
+    let root = is_root();
+
+    // A FIFO: a writer and a reader through it, in two processes.
+    fs::create_dir(a.p("t")).unwrap();
+    sh(
+        &a.p("t"),
+        "mkfifo -m 640 fifo && { cat fifo > ../got & } && printf 'through the fifo' > fifo && wait && \
+         test \"$(cat ../got)\" = 'through the fifo' && test -p fifo",
+    );
+    // The other mount sees a FIFO too, and a reader there gets what a
+    // writer here writes (the pipe is the kernel's, one per node and host).
+    assert_eq!(
+        sh_out(&b.p("t"), "stat -c '%F %a %h %s' fifo").trim(),
+        "fifo 640 1 0"
+    );
+    // A unix socket bound by python, a client connecting through the node.
+    if have("python3") {
+        sh(
+            &a.p("t"),
+            "python3 -c '
+import socket
+s = socket.socket(socket.AF_UNIX)
+s.bind(\"sock\")
+s.listen(1)
+c = socket.socket(socket.AF_UNIX)
+c.connect(\"sock\")
+x, _ = s.accept()
+c.sendall(b\"hello\")
+assert x.recv(5) == b\"hello\"
+' && test -S sock",
+        );
+    } else {
+        eprintln!("SKIP python3: not installed");
+    }
+    if root {
+        sh(
+            &a.p("t"),
+            "mknod -m 666 null c 1 3 && mknod -m 660 blk b 7 9",
+        );
+        assert_eq!(
+            sh_out(&b.p("t"), "stat -c '%F %t:%T' null blk"),
+            "character special file 1:3\nblock special file 7:9\n"
+        );
+        // nodev mount: the kernel refuses to open the device.
+        let e = fs::File::open(a.p("t/null")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    } else {
+        eprintln!("SKIP mknod c/b: not root");
+    }
+    let mut want = vec!["./t/fifo"];
+    if have("python3") {
+        want.push("./t/sock");
+    }
+    if root {
+        want.extend(["./t/blk", "./t/null"]);
+    }
+    want.sort();
+    let find = |m: &Mount, dir: &str| -> Vec<String> {
+        let mut v: Vec<String> =
+            sh_out(&m.p(dir), "find . -type p -o -type s -o -type c -o -type b")
+                .lines()
+                .map(str::to_string)
+                .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(find(&b, ""), want);
+    // cp -a and tar copy the nodes with their types, modes and numbers.
+    let shape = |sockets: bool| {
+        format!(
+            "find . -mindepth 1 {} | sort | while read -r f; do stat -c '%n %F %a %t:%T %h' \"$f\"; done",
+            if sockets { "" } else { "! -type s" }
+        )
+    };
+    let orig = sh_out(&a.p("t"), &shape(true));
+    assert_eq!(orig.lines().count(), want.len(), "{orig}");
+    // (tar leaves sockets out: "socket ignored".)
+    sh(
+        &a.dir,
+        "cp -a t cpa && mkdir tarx && tar -C t -cf - . 2>/dev/null | tar -C tarx -xf -",
+    );
+    assert_eq!(sh_out(&b.p("cpa"), &shape(true)), orig);
+    assert_eq!(
+        sh_out(&b.p("tarx"), &shape(false)),
+        sh_out(&a.p("t"), &shape(false))
+    );
+    // chmod, rename and rm of nodes.
+    sh(
+        &a.dir,
+        "chmod 600 t/fifo && mv t/fifo t/fifo.moved && test -p t/fifo.moved && \
+         test \"$(stat -c %a t/fifo.moved)\" = 600 && rm t/fifo.moved && ! test -e t/fifo.moved",
+    );
+
+    // Link counts: a deep tree, as stat and find see it.
+    sh(
+        &a.dir,
+        "mkdir -p deep/a/b/c/d/e deep/a/x deep/a/y/z deep/f && touch deep/a/file deep/a/b/file && \
+         mkfifo deep/a/p && ln -s b deep/a/l",
+    );
+    let counts = sh_out(
+        &b.p("deep"),
+        "find . -type d | sort | while read -r d; do echo \"$d $(stat -c %h \"$d\")\"; done",
+    );
+    assert_eq!(
+        counts,
+        ". 4\n./a 5\n./a/b 3\n./a/b/c 3\n./a/b/c/d 3\n./a/b/c/d/e 2\n./a/x 2\n./a/y 3\n./a/y/z 2\n./f 2\n"
+    );
+    // find with and without the leaf optimization agree (it may rely on
+    // the counts: 2 + subdirectories).
+    let f1 = sh_out(&b.p("deep"), "find . | sort");
+    let f2 = sh_out(&b.p("deep"), "find . -noleaf | sort");
+    assert_eq!(f1, f2);
+    assert_eq!(f1.lines().count(), 14, "{f1}");
+    sh(&a.dir, "mv deep/a/y deep/f/ && rmdir deep/a/x");
+    assert_eq!(sh_out(&b.p("deep"), "stat -c %h . a f"), "4\n3\n3\n");
+
+    // An open file removed: fstat reports 0 links (python's os.fstat).
+    if have("python3") {
+        sh(
+            &a.dir,
+            "python3 -c '
+import os
+f = open(\"gone\", \"w\")
+assert os.fstat(f.fileno()).st_nlink == 1
+os.unlink(\"gone\")
+assert os.fstat(f.fileno()).st_nlink == 0, os.fstat(f.fileno())
+'",
+        );
+    }
+
+    // Two mounts make 40 subdirectories each in one directory at once.
+    fs::create_dir(a.p("both")).unwrap();
+    std::thread::scope(|s| {
+        for (m, tag) in [(&a, "a"), (&b, "b")] {
+            s.spawn(move || {
+                for i in 0..40 {
+                    fs::create_dir(m.p(&format!("both/{tag}{i}"))).unwrap();
+                }
+            });
+        }
+    });
+    use std::os::unix::fs::MetadataExt;
+    for m in [&a, &b] {
+        assert_eq!(fs::metadata(m.p("both")).unwrap().nlink(), 82);
+    }
+    a.stop();
+    b.stop();
+    for m in [&a, &b] {
+        assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+    }
+}
