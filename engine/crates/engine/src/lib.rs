@@ -9,6 +9,7 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod dtx;
+pub mod fuzz;
 pub mod metrics;
 pub mod ms;
 pub mod node;
