@@ -18,8 +18,9 @@
 //! - **Directory**: an object with one dkey per entry name. akey `"inode"`
 //!   holds the entry ([`Entry::encode`]: mode, uid, gid, a/m/ctime ns,
 //!   object id, chunk size, size hint (not authoritative), inherited object
-//!   class, symlink target); xattrs are akeys `"x:" + name` of the same
-//!   dkey. A directory's own attributes live in its parent's entry;
+//!   class, symlink target, rename intent and origin, device number,
+//!   flags; version 3, versions 1 and 2 still read); xattrs are akeys
+//!   `"x:" + name` of the same dkey. A directory's own attributes live in its parent's entry;
 //!   creating, removing or renaming an entry in a directory sets the
 //!   directory's mtime and ctime there (one read and one write of that
 //!   entry after the operation, last writer wins).

@@ -922,6 +922,20 @@ fn special_files_are_entries() {
         a.unlink(&d, name).unwrap();
     }
     assert_eq!(code(a.unlink(&d, b"fifo")), libc::ENOENT);
+    // A removed node whose name was made again (a descriptor still open on
+    // it in the FUSE daemon) does not change the new entry.
+    let (old, _) = a.create(&d, b"ghost", 0o644, 0, 0, true).unwrap();
+    a.unlink(&d, b"ghost").unwrap();
+    let (new, _) = b.create(&d, b"ghost", 0o600, 0, 0, true).unwrap();
+    let chmod = SetAttr {
+        mode: Some(0o777),
+        ..Default::default()
+    };
+    assert_eq!(code(a.setattr(&old, &chmod)), libc::ENOENT);
+    a.touch_written(&old, 12345).unwrap();
+    let now = b.lookup(&d, b"ghost").unwrap();
+    assert_eq!(now.entry, new.entry);
+    a.unlink(&d, b"ghost").unwrap();
     a.rmdir(&root, b"sp").unwrap();
 }
 
