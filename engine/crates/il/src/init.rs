@@ -1,0 +1,95 @@
+//! Init (the library's constructor), fork handlers and the exit flush.
+
+use crate::mounts::MOUNTS;
+use crate::real::r_fcntl;
+use crate::report::{enabled, env_on, report, COUNTS, REPORT_FD};
+use crate::table::{Shared, CONTS, FDS, MAPPED};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// At exit: the connections are never dropped (they live in a static), so
+/// send the commits of this process's last writes before it goes, or other
+/// readers of them wait for the engines to settle them (seconds).
+extern "C" fn flush_commits() {
+    // Another thread may hold the table while the process exits: skip then.
+    if let Some(conts) = CONTS.try_lock() {
+        for (_, c) in conts.iter() {
+            c.pool().client().flush_commits();
+        }
+    }
+}
+
+extern "C" fn fork_prepare() {
+    // Hold the tables across fork so the child gets them consistent.
+    std::mem::forget(FDS.write());
+    std::mem::forget(CONTS.lock());
+    std::mem::forget(MOUNTS.lock());
+    std::mem::forget(MAPPED.lock());
+}
+
+extern "C" fn fork_parent() {
+    // SAFETY: locked by fork_prepare in this thread.
+    unsafe {
+        MAPPED.force_unlock();
+        MOUNTS.force_unlock();
+        CONTS.force_unlock();
+        FDS.force_unlock_write();
+    }
+}
+
+extern "C" fn fork_child() {
+    // SAFETY: locked by fork_prepare in the thread that forked (this one).
+    // MAPPED is kept: the child inherits the parent's mappings.
+    unsafe {
+        MAPPED.force_unlock();
+        MOUNTS.force_unlock();
+        CONTS.force_unlock();
+        FDS.force_unlock_write();
+    }
+    // Connections belong to the parent: leak them (dropping could touch
+    // locks held by the parent's other threads, or their sockets).
+    std::mem::forget(std::mem::take(&mut *CONTS.lock()));
+    // Fresh locks and no File per tracked description (dup'ed fds keep
+    // sharing one state); the child reconnects on first use.
+    let mut t = FDS.write();
+    let old = std::mem::take(&mut *t);
+    let mut new: Vec<Option<Arc<Shared>>> = Vec::with_capacity(old.len());
+    let mut map: Vec<(*const Shared, Arc<Shared>)> = Vec::new();
+    for e in &old {
+        new.push(e.as_ref().map(|s| {
+            let p = Arc::as_ptr(s);
+            if let Some((_, n)) = map.iter().find(|(q, _)| *q == p) {
+                return n.clone();
+            }
+            let n = Arc::new(s.fresh_copy());
+            map.push((p, n.clone()));
+            n
+        }));
+    }
+    std::mem::forget(old);
+    *t = new;
+    for c in &COUNTS {
+        c.store(0, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn il_init() {
+    crate::probe::answer();
+    if !enabled() {
+        return;
+    }
+    // SAFETY: registering static handlers.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        libc::atexit(flush_commits);
+        if env_on(b"PEREGRINE_IL_REPORT\0") {
+            let fd = r_fcntl()(2, libc::F_DUPFD_CLOEXEC, 900);
+            REPORT_FD.store(fd, Ordering::Relaxed);
+            libc::atexit(report);
+        }
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = il_init;

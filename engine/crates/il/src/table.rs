@@ -1,0 +1,177 @@
+//! The tables: the state of each tracked descriptor, indexed by fd, the
+//! files mapped in this process and the connections to containers.
+
+use crate::handle::Handle;
+use crate::real::set_errno;
+use crate::report::{enabled, env_on, note_failure, Busy};
+use libc::c_int;
+use parking_lot::{Mutex, RwLock};
+use peregrine_dfs::File;
+use std::collections::BTreeSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// State shared by all fds of one open file description.
+pub(crate) struct Shared {
+    pub(crate) h: Handle,
+    /// The file (st_dev, st_ino): finds every descriptor of a file that
+    /// gets mapped.
+    pub(crate) key: Key,
+    /// O_RDONLY / O_WRONLY / O_RDWR.
+    pub(crate) acc: c_int,
+    pub(crate) append: AtomicBool,
+    /// Written through the library since the last invalidation.
+    pub(crate) dirty: AtomicBool,
+    /// Handed back to the kernel path because the file was mapped (no
+    /// longer in the table; a call already under way finishes on the
+    /// store, then invalidates again).
+    pub(crate) retired: AtomicBool,
+    /// Opened O_SYNC or O_DSYNC: every write is flushed before it returns.
+    pub(crate) sync: bool,
+    /// Serializes offset-moving calls (read of the kernel offset, I/O,
+    /// update of the kernel offset).
+    pub(crate) io: Mutex<()>,
+    pub(crate) file: Mutex<Option<Arc<File>>>,
+}
+
+impl Shared {
+    pub(crate) fn fresh_copy(&self) -> Shared {
+        Shared {
+            h: self.h.clone(),
+            key: self.key,
+            acc: self.acc,
+            append: AtomicBool::new(self.append.load(Ordering::Relaxed)),
+            dirty: AtomicBool::new(self.dirty.load(Ordering::Relaxed)),
+            retired: AtomicBool::new(self.retired.load(Ordering::Relaxed)),
+            sync: self.sync,
+            io: Mutex::new(()),
+            file: Mutex::new(None),
+        }
+    }
+
+    /// The file's I/O object (reconnecting after a fork).
+    pub(crate) fn file(&self) -> Result<Arc<File>, c_int> {
+        if let Some(f) = self.file.lock().as_ref() {
+            return Ok(f.clone());
+        }
+        let cont = container(&self.h)?;
+        let f = Arc::new(
+            File::new(&cont, self.h.oid, self.h.chunk, self.h.read_only).map_err(|e| err_of(&e))?,
+        );
+        let mut g = self.file.lock();
+        Ok(g.get_or_insert(f).clone())
+    }
+}
+
+pub(crate) static FDS: RwLock<Vec<Option<Arc<Shared>>>> = RwLock::new(Vec::new());
+pub(crate) static NTRACKED: AtomicUsize = AtomicUsize::new(0);
+
+/// A file: (major, minor) of its st_dev, and its st_ino.
+pub(crate) type Key = (u32, u32, u64);
+
+/// Files of Peregrine mounts this process has mapped: left to the kernel
+/// path for the rest of the process (see `before_map`). Locked after
+/// [`FDS`] when both are.
+pub(crate) static MAPPED: Mutex<BTreeSet<Key>> = Mutex::new(BTreeSet::new());
+
+type ContKey = (String, [u8; 16], [u8; 16]);
+pub(crate) static CONTS: Mutex<Vec<(ContKey, peregrine::Container)>> = Mutex::new(Vec::new());
+
+pub(crate) fn err_of(e: &peregrine::Error) -> c_int {
+    if e.code < 0 {
+        -e.code
+    } else {
+        libc::EIO
+    }
+}
+
+fn uuid_str(b: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*b).to_string()
+}
+
+fn container(h: &Handle) -> Result<peregrine::Container, c_int> {
+    let key = (h.mgmt.clone(), h.pool, h.cont);
+    let mut t = CONTS.lock();
+    if let Some((_, c)) = t.iter().find(|(k, _)| *k == key) {
+        return Ok(c.clone());
+    }
+    let c = (|| {
+        let client = peregrine::Client::connect(&h.mgmt)?;
+        let pool = client.pool_connect(&uuid_str(&h.pool))?;
+        pool.cont_open(&uuid_str(&h.cont))
+    })()
+    .map_err(|e| {
+        let m = format!("container via {}: {e}", h.mgmt);
+        if env_on(b"PEREGRINE_IL_DEBUG\0") {
+            let line = format!("peregrine-il: {m}\n");
+            // SAFETY: raw write of an owned buffer.
+            unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
+        }
+        note_failure(m);
+        err_of(&e)
+    })?;
+    t.push((key, c.clone()));
+    Ok(c)
+}
+
+pub(crate) fn lookup(fd: c_int) -> Option<Arc<Shared>> {
+    if fd < 0 || NTRACKED.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    FDS.read().get(fd as usize).and_then(|s| s.clone())
+}
+
+/// Track `fd` as `s`, unless its file has been mapped (checked under the
+/// table's lock, so that a concurrent mmap retires it or it is not
+/// inserted).
+pub(crate) fn insert(fd: c_int, s: Arc<Shared>) -> bool {
+    if fd < 0 {
+        return false;
+    }
+    let mut t = FDS.write();
+    if MAPPED.lock().contains(&s.key) {
+        return false;
+    }
+    let i = fd as usize;
+    if t.len() <= i {
+        t.resize(i + 1, None);
+    }
+    if t[i].replace(s).is_none() {
+        NTRACKED.fetch_add(1, Ordering::Relaxed);
+    }
+    true
+}
+
+pub(crate) fn remove(fd: c_int) -> Option<Arc<Shared>> {
+    if fd < 0 || NTRACKED.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let mut t = FDS.write();
+    let r = t.get_mut(fd as usize).and_then(|s| s.take());
+    if r.is_some() {
+        NTRACKED.fetch_sub(1, Ordering::Relaxed);
+    }
+    r
+}
+
+/// A tracked fd, with the re-entrancy flag held.
+pub(crate) fn tracked(fd: c_int) -> Option<(Busy, Arc<Shared>)> {
+    if NTRACKED.load(Ordering::Relaxed) == 0 || !enabled() {
+        return None;
+    }
+    let b = Busy::enter()?;
+    let s = lookup(fd)?;
+    Some((b, s))
+}
+
+/// Run `f`; a panic becomes errno EIO and `fail`.
+pub(crate) fn guarded<R>(fail: R, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            set_errno(libc::EIO);
+            fail
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Tracking: after an open, take a file of a Peregrine mount onto the
+//! library's path; invalidate the kernel's view after writes behind its back.
+
+use crate::handle::{Handle, HANDLE_SIZE, IOC_GET_HANDLE, IOC_INVALIDATE};
+use crate::mounts::is_peregrine_dev;
+use crate::real::{ioctl_raw, r_fcntl};
+use crate::report::{count, enabled, note_failure, Busy, C};
+use crate::table::{insert, remove, Key, Shared, MAPPED};
+use libc::{c_int, c_void};
+use parking_lot::Mutex;
+use std::panic::catch_unwind;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// After a successful real open of `fd`: track it if it is a regular file
+/// of a Peregrine mount whose handle the daemon hands out.
+pub(crate) fn maybe_track(fd: c_int) {
+    if fd < 0 || !enabled() {
+        return;
+    }
+    // A stale entry (fd closed behind our back, e.g. by close_range).
+    remove(fd);
+    let Some(_b) = Busy::enter() else { return };
+    let _ = catch_unwind(|| track(fd));
+}
+
+/// `fd`'s file if it is a regular file of a Peregrine mount (statx from
+/// the kernel's cache: no round trip to the daemon).
+pub(crate) fn peregrine_file(fd: c_int) -> Option<Key> {
+    // SAFETY: statx into a local struct.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE | libc::STATX_INO,
+            &mut sx,
+        )
+    };
+    if r != 0 || (sx.stx_mode as u32 & libc::S_IFMT) != libc::S_IFREG {
+        return None;
+    }
+    let dev = (sx.stx_dev_major, sx.stx_dev_minor);
+    is_peregrine_dev(dev).then_some((dev.0, dev.1, sx.stx_ino))
+}
+
+fn track(fd: c_int) {
+    let Some(key) = peregrine_file(fd) else {
+        return;
+    };
+    if MAPPED.lock().contains(&key) {
+        // Mapped in this process: the kernel path, which the mapping
+        // shares pages with.
+        return;
+    }
+    // SAFETY: real fcntl on the fd just opened.
+    let fl = unsafe { r_fcntl()(fd, libc::F_GETFL, 0) };
+    if fl < 0 || fl & libc::O_PATH != 0 {
+        return;
+    }
+    let mut b = [0u8; HANDLE_SIZE];
+    // SAFETY: the ioctl writes HANDLE_SIZE bytes into b.
+    if unsafe { ioctl_raw(fd, IOC_GET_HANDLE, b.as_mut_ptr() as *mut c_void) } != 0 {
+        note_failure(format!("handle ioctl: {}", std::io::Error::last_os_error()));
+        count(C::Fallbacks, 1);
+        return;
+    }
+    let Some(h) = Handle::parse(&b) else {
+        note_failure("handle ioctl: a handle of an unknown version".into());
+        count(C::Fallbacks, 1);
+        return;
+    };
+    let s = Shared {
+        h,
+        key,
+        acc: fl & libc::O_ACCMODE,
+        append: AtomicBool::new(fl & libc::O_APPEND != 0),
+        dirty: AtomicBool::new(false),
+        retired: AtomicBool::new(false),
+        // O_SYNC includes O_DSYNC's bit; F_SETFL cannot change either.
+        sync: fl & libc::O_DSYNC != 0,
+        io: Mutex::new(()),
+        file: Mutex::new(None),
+    };
+    // Connect now: a failure leaves the fd on the kernel path.
+    if s.file().is_err() {
+        count(C::Fallbacks, 1);
+        return;
+    }
+    if insert(fd, Arc::new(s)) {
+        count(C::Opens, 1);
+    }
+}
+
+/// Make the kernel's view right after writes behind its back.
+pub(crate) fn invalidate(fd: c_int, s: &Shared) {
+    if s.dirty.swap(false, Ordering::AcqRel) {
+        count(C::Invalidates, 1);
+        // SAFETY: argument-less ioctl.
+        if unsafe { ioctl_raw(fd, IOC_INVALIDATE, std::ptr::null_mut()) } != 0 {
+            // An older daemon: at least refresh the attributes on expiry.
+            s.dirty.store(false, Ordering::Release);
+        }
+    }
+}
