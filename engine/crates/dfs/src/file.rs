@@ -1,0 +1,236 @@
+//! [`File`]: the file handle type (read_at, write_at, size, truncate) over
+//! a file's array object of chunks.
+
+use crate::{err, DATA_AKEY};
+use peregrine::{Container, Error, Object, ObjectId, Result};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Chunk dkey of chunk `idx`.
+pub fn chunk_dkey(idx: u64) -> [u8; 8] {
+    idx.to_be_bytes()
+}
+
+fn chunk_index(dkey: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(dkey.try_into().ok()?))
+}
+
+/// An open regular file: the per-file I/O API (also for the interception
+/// library, which knows the object id and chunk size from the FUSE ioctl).
+pub struct File {
+    obj: Object,
+    chunk: u64,
+    read_only: bool,
+    /// Size last seen or produced by this handle (a cache; see [`File::size`]).
+    cached: AtomicU64,
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("oid", &self.obj.id().to_string())
+            .field("chunk", &self.chunk)
+            .finish()
+    }
+}
+
+impl File {
+    /// Open file object `oid` of `cont` with its chunk size.
+    pub fn new(cont: &Container, oid: ObjectId, chunk_size: u64, read_only: bool) -> Result<File> {
+        if chunk_size == 0 {
+            return Err(Error::inval(format!("file {oid}: chunk size 0")));
+        }
+        let f = File {
+            obj: cont.object(oid)?,
+            chunk: chunk_size,
+            read_only,
+            cached: AtomicU64::new(0),
+        };
+        Ok(f)
+    }
+
+    pub fn oid(&self) -> ObjectId {
+        self.obj.id()
+    }
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk
+    }
+    /// Make what was written to the file survive a power cut (fdatasync).
+    pub fn sync(&self) -> Result<()> {
+        self.obj.flush()
+    }
+    /// The size this handle last saw (no round trip).
+    pub fn cached_size(&self) -> u64 {
+        self.cached.load(Ordering::Relaxed)
+    }
+
+    fn check_rw(&self) -> Result<()> {
+        if self.read_only {
+            return Err(err(libc::EROFS, "file system mounted read-only"));
+        }
+        Ok(())
+    }
+
+    /// The file's size from the store (and refresh the cache): the highest
+    /// chunk holding data, times the chunk size, plus its array size.
+    pub fn size(&self) -> Result<u64> {
+        let dkeys = self.obj.list_dkeys()?;
+        let mut size = 0;
+        for d in dkeys.iter().rev() {
+            let Some(idx) = chunk_index(d) else { continue };
+            let s = self.obj.array_size(d, DATA_AKEY)?;
+            if s > 0 {
+                size = idx * self.chunk + s;
+                break;
+            }
+        }
+        self.cached.store(size, Ordering::Relaxed);
+        Ok(size)
+    }
+
+    /// Split [off, off+len) into (chunk index, offset in chunk, len, position in buffer).
+    fn pieces(&self, off: u64, len: usize) -> Vec<(u64, u64, usize, usize)> {
+        let mut v = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let o = off + done as u64;
+            let (idx, within) = (o / self.chunk, o % self.chunk);
+            let n = ((self.chunk - within) as usize).min(len - done);
+            v.push((idx, within, n, done));
+            done += n;
+        }
+        v
+    }
+
+    /// Read at `off` into `buf`; returns bytes read (short at end of file).
+    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let mut size = self.cached_size();
+        if off + buf.len() as u64 > size {
+            size = self.size()?;
+        }
+        if off >= size {
+            return Ok(0);
+        }
+        let n = ((size - off) as usize).min(buf.len());
+        let pieces = self.pieces(off, n);
+        if pieces.len() == 1 {
+            let (idx, within, len, at) = pieces[0];
+            self.obj.fetch_array_into(
+                &chunk_dkey(idx),
+                DATA_AKEY,
+                within,
+                &mut buf[at..at + len],
+            )?;
+        } else {
+            let mut rest: &mut [u8] = &mut buf[..n];
+            let mut slices = Vec::with_capacity(pieces.len());
+            for &(idx, within, len, _) in &pieces {
+                let (a, b) = rest.split_at_mut(len);
+                slices.push((idx, within, a));
+                rest = b;
+            }
+            std::thread::scope(|s| -> Result<()> {
+                let hs: Vec<_> = slices
+                    .into_iter()
+                    .map(|(idx, within, b)| {
+                        s.spawn(move || {
+                            self.obj
+                                .fetch_array_into(&chunk_dkey(idx), DATA_AKEY, within, b)
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(n)
+    }
+
+    /// Write `data` at `off`; returns bytes written (all of them).
+    pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize> {
+        self.check_rw()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let pieces = self.pieces(off, data.len());
+        if pieces.len() == 1 {
+            self.obj
+                .update_array(&chunk_dkey(pieces[0].0), DATA_AKEY, pieces[0].1, data)?;
+        } else {
+            std::thread::scope(|s| -> Result<()> {
+                let hs: Vec<_> = pieces
+                    .iter()
+                    .map(|&(idx, within, len, at)| {
+                        s.spawn(move || {
+                            self.obj.update_array(
+                                &chunk_dkey(idx),
+                                DATA_AKEY,
+                                within,
+                                &data[at..at + len],
+                            )
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                }
+                Ok(())
+            })?;
+        }
+        self.cached
+            .fetch_max(off + data.len() as u64, Ordering::Relaxed);
+        Ok(data.len())
+    }
+
+    /// Make the size at least `size` (a zero byte at `size - 1` if it lies
+    /// past the current end: reads of the hole give zeros).
+    pub fn extend_to(&self, size: u64) -> Result<()> {
+        self.check_rw()?;
+        if size == 0 || self.size()? >= size {
+            return Ok(());
+        }
+        self.write_at(size - 1, &[0]).map(|_| ())
+    }
+
+    /// Set the size to `size`: punch chunks wholly past it, trim the last
+    /// kept chunk, or extend.
+    pub fn truncate(&self, size: u64) -> Result<()> {
+        self.check_rw()?;
+        let cur = self.size()?;
+        if size >= cur {
+            return self.extend_to(size);
+        }
+        if size == 0 {
+            self.obj.punch()?;
+            self.cached.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        let dkeys: BTreeSet<u64> = self
+            .obj
+            .list_dkeys()?
+            .iter()
+            .filter_map(|d| chunk_index(d))
+            .collect();
+        let first_gone = size.div_ceil(self.chunk);
+        for &idx in dkeys.range(first_gone..) {
+            self.obj.punch_dkey(&chunk_dkey(idx))?;
+        }
+        let keep = size % self.chunk;
+        let last = size / self.chunk;
+        if keep != 0 && dkeys.contains(&last) {
+            let dk = chunk_dkey(last);
+            let have = self.obj.array_size(&dk, DATA_AKEY)?;
+            if have > keep {
+                let prefix = self.obj.fetch_array(&dk, DATA_AKEY, 0, keep as usize)?;
+                self.obj.punch_akeys(&dk, &[DATA_AKEY])?;
+                self.obj.update_array(&dk, DATA_AKEY, 0, &prefix)?;
+            }
+        }
+        self.cached.store(0, Ordering::Relaxed);
+        self.extend_to(size)?;
+        self.cached.store(size, Ordering::Relaxed);
+        Ok(())
+    }
+}
