@@ -53,6 +53,58 @@ pub struct Config {
     /// (`peregrine-rank<N>.sock`); see [`Config::shm_socket`] for the default.
     #[serde(default)]
     pub shm_dir: Option<PathBuf>,
+    /// Limits of the TCP data plane (see [`DataPlaneConfig`]).
+    #[serde(default)]
+    pub data_plane: DataPlaneConfig,
+}
+
+/// Limits of the TCP data plane, so that no client (or many) can hold the
+/// engine's memory or connections for ever:
+///
+/// ```yaml
+/// data_plane:
+///   max_connections: 4096          # more are closed at once
+///   read_timeout_ms: 30000         # a frame started must arrive whole by then
+///   idle_timeout_s: 600            # a connection with nothing in flight; 0: none
+///   max_unread_reply_bytes: 64MiB  # per connection; then no more requests are read
+///   target_queue_depth: 1024       # requests queued per target
+///   max_queued_request_bytes: 1GiB # request bytes queued on all targets
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataPlaneConfig {
+    /// Concurrent data-plane connections; one more is closed as soon as it
+    /// is accepted.
+    pub max_connections: usize,
+    /// A frame whose first byte has arrived must arrive whole within this
+    /// long, or its connection is closed.
+    pub read_timeout_ms: u64,
+    /// A connection with nothing in flight (no request being read, run or
+    /// answered) is closed after this long; 0: never. Clients reconnect.
+    pub idle_timeout_s: u64,
+    /// Reply bytes a connection's client has not read yet (or that are about
+    /// to come, by what its fetches ask for): past this, the engine reads no
+    /// more requests from it until it drains them.
+    pub max_unread_reply_bytes: Size,
+    /// Data-plane requests queued on (or running in) one target at once;
+    /// connection readers wait for room.
+    pub target_queue_depth: usize,
+    /// Bytes of data-plane requests queued on (or running in) all targets
+    /// at once; connection readers wait for room.
+    pub max_queued_request_bytes: Size,
+}
+
+impl Default for DataPlaneConfig {
+    fn default() -> Self {
+        DataPlaneConfig {
+            max_connections: 4096,
+            read_timeout_ms: 30_000,
+            idle_timeout_s: 600,
+            max_unread_reply_bytes: Size(64 << 20),
+            target_queue_depth: 1024,
+            max_queued_request_bytes: Size(1 << 30),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -245,6 +297,43 @@ impl Config {
                 ));
             }
         }
+        let dp = &self.data_plane;
+        if !(1..=1 << 20).contains(&dp.max_connections) {
+            return Err(format!(
+                "data_plane.max_connections: {} is out of range 1..=1048576",
+                dp.max_connections
+            ));
+        }
+        if !(100..=3_600_000).contains(&dp.read_timeout_ms) {
+            return Err(format!(
+                "data_plane.read_timeout_ms: {} is out of range 100..=3600000",
+                dp.read_timeout_ms
+            ));
+        }
+        if dp.idle_timeout_s > 604_800 {
+            return Err(format!(
+                "data_plane.idle_timeout_s: {} is more than a week (604800); 0 is none",
+                dp.idle_timeout_s
+            ));
+        }
+        if dp.max_unread_reply_bytes.0 < 1 << 20 || dp.max_unread_reply_bytes.0 > 1 << 40 {
+            return Err(format!(
+                "data_plane.max_unread_reply_bytes: {} bytes is out of range 1MiB..=1TiB",
+                dp.max_unread_reply_bytes.0
+            ));
+        }
+        if !(1..=1 << 20).contains(&dp.target_queue_depth) {
+            return Err(format!(
+                "data_plane.target_queue_depth: {} is out of range 1..=1048576",
+                dp.target_queue_depth
+            ));
+        }
+        if dp.max_queued_request_bytes.0 < 1 << 20 || dp.max_queued_request_bytes.0 > 1 << 40 {
+            return Err(format!(
+                "data_plane.max_queued_request_bytes: {} bytes is out of range 1MiB..=1TiB",
+                dp.max_queued_request_bytes.0
+            ));
+        }
         if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
             return Err(format!(
                 "log_level: {:?} is not one of error, warn, info, debug, trace",
@@ -349,11 +438,44 @@ mgmt_svc_replicas: [\"127.0.0.1:10001\"]
             (format!("{GOOD}log_level: loud\n"), "log_level"),
             (format!("{GOOD}shm_dir: run/x\n"), "shm_dir"),
             (format!("{GOOD}shm_dir: /{}\n", "x".repeat(120)), "shm_dir"),
+            (
+                format!("{GOOD}data_plane: {{max_connections: 0}}\n"),
+                "data_plane.max_connections",
+            ),
+            (
+                format!("{GOOD}data_plane: {{read_timeout_ms: 5}}\n"),
+                "data_plane.read_timeout_ms",
+            ),
+            (
+                format!("{GOOD}data_plane: {{max_unread_reply_bytes: 4KiB}}\n"),
+                "data_plane.max_unread_reply_bytes",
+            ),
+            (
+                format!("{GOOD}data_plane: {{idle_timeout: 5}}\n"),
+                "idle_timeout",
+            ),
         ];
         for (text, key) in cases {
             let err = Config::parse(&text).unwrap_err();
             assert!(err.contains(key), "error {err:?} does not name {key}");
         }
+    }
+
+    #[test]
+    fn data_plane_limits() {
+        let d = Config::parse(GOOD).unwrap().data_plane;
+        assert_eq!(d.max_connections, 4096);
+        assert_eq!(d.read_timeout_ms, 30_000);
+        assert_eq!(d.idle_timeout_s, 600);
+        assert_eq!(d.max_unread_reply_bytes.0, 64 << 20);
+        let c = Config::parse(&format!(
+            "{GOOD}data_plane:\n  max_connections: 8\n  idle_timeout_s: 0\n  max_unread_reply_bytes: 16MiB\n"
+        ))
+        .unwrap();
+        assert_eq!(c.data_plane.max_connections, 8);
+        assert_eq!(c.data_plane.idle_timeout_s, 0);
+        assert_eq!(c.data_plane.max_unread_reply_bytes.0, 16 << 20);
+        assert_eq!(c.data_plane.target_queue_depth, 1024);
     }
 
     #[test]
