@@ -147,21 +147,6 @@ fn have(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn sh(dir: &Path, script: &str) {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn real_programs(m: &Mount) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dfs");
     if have("tar") && have("diff") {
@@ -748,23 +733,6 @@ fn renames_survive_a_killed_daemon() {
     m.stop();
 }
 
-/// `sh -c script` in `dir`; its stdout (the script must succeed).
-fn sh_out(dir: &Path, script: &str) -> String {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// FIFOs, unix sockets and device nodes made by real programs (mkfifo,
 /// python's socket.bind, mknod), used (a reader and a writer through the
 /// FIFO), found (`find -type`), copied (`cp -a`, `tar`); directory link
@@ -792,7 +760,7 @@ fn special_files_and_link_counts_with_real_programs() {
     // The other mount sees a FIFO too, and a reader there gets what a
     // writer here writes (the pipe is the kernel's, one per node and host).
     assert_eq!(
-        sh_out(&b.p("t"), "stat -c '%F %a %h %s' fifo").trim(),
+        sh(&b.p("t"), "stat -c '%F %a %h %s' fifo").trim(),
         "fifo 640 1 0"
     );
     // A unix socket bound by python, a client connecting through the node.
@@ -820,7 +788,7 @@ assert x.recv(5) == b\"hello\"
             "mknod -m 666 null c 1 3 && mknod -m 660 blk b 7 9",
         );
         assert_eq!(
-            sh_out(&b.p("t"), "stat -c '%F %t:%T' null blk"),
+            sh(&b.p("t"), "stat -c '%F %t:%T' null blk"),
             "character special file 1:3\nblock special file 7:9\n"
         );
         // nodev mount: the kernel refuses to open the device.
@@ -838,11 +806,10 @@ assert x.recv(5) == b\"hello\"
     }
     want.sort();
     let find = |m: &Mount, dir: &str| -> Vec<String> {
-        let mut v: Vec<String> =
-            sh_out(&m.p(dir), "find . -type p -o -type s -o -type c -o -type b")
-                .lines()
-                .map(str::to_string)
-                .collect();
+        let mut v: Vec<String> = sh(&m.p(dir), "find . -type p -o -type s -o -type c -o -type b")
+            .lines()
+            .map(str::to_string)
+            .collect();
         v.sort();
         v
     };
@@ -854,17 +821,17 @@ assert x.recv(5) == b\"hello\"
             if sockets { "" } else { "! -type s" }
         )
     };
-    let orig = sh_out(&a.p("t"), &shape(true));
+    let orig = sh(&a.p("t"), &shape(true));
     assert_eq!(orig.lines().count(), want.len(), "{orig}");
     // (tar leaves sockets out: "socket ignored".)
     sh(
         &a.dir,
         "cp -a t cpa && mkdir tarx && tar -C t -cf - . 2>/dev/null | tar -C tarx -xf -",
     );
-    assert_eq!(sh_out(&b.p("cpa"), &shape(true)), orig);
+    assert_eq!(sh(&b.p("cpa"), &shape(true)), orig);
     assert_eq!(
-        sh_out(&b.p("tarx"), &shape(false)),
-        sh_out(&a.p("t"), &shape(false))
+        sh(&b.p("tarx"), &shape(false)),
+        sh(&a.p("t"), &shape(false))
     );
     // chmod, rename and rm of nodes.
     sh(
@@ -879,7 +846,7 @@ assert x.recv(5) == b\"hello\"
         "mkdir -p deep/a/b/c/d/e deep/a/x deep/a/y/z deep/f && touch deep/a/file deep/a/b/file && \
          mkfifo deep/a/p && ln -s b deep/a/l",
     );
-    let counts = sh_out(
+    let counts = sh(
         &b.p("deep"),
         "find . -type d | sort | while read -r d; do echo \"$d $(stat -c %h \"$d\")\"; done",
     );
@@ -889,12 +856,12 @@ assert x.recv(5) == b\"hello\"
     );
     // find with and without the leaf optimization agree (it may rely on
     // the counts: 2 + subdirectories).
-    let f1 = sh_out(&b.p("deep"), "find . | sort");
-    let f2 = sh_out(&b.p("deep"), "find . -noleaf | sort");
+    let f1 = sh(&b.p("deep"), "find . | sort");
+    let f2 = sh(&b.p("deep"), "find . -noleaf | sort");
     assert_eq!(f1, f2);
     assert_eq!(f1.lines().count(), 14, "{f1}");
     sh(&a.dir, "mv deep/a/y deep/f/ && rmdir deep/a/x");
-    assert_eq!(sh_out(&b.p("deep"), "stat -c %h . a f"), "4\n3\n3\n");
+    assert_eq!(sh(&b.p("deep"), "stat -c %h . a f"), "4\n3\n3\n");
 
     // An open file removed: fstat reports 0 links (python's os.fstat).
     if have("python3") {

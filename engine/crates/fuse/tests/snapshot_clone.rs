@@ -7,24 +7,6 @@ mod common;
 use common::mount::{fuse_available, FuseMount as Mount};
 use common::*;
 use peregrine_proto::mgmt::*;
-use std::path::Path;
-use std::process::Command;
-
-fn sh(dir: &Path, script: &str) -> String {
-    let out = Command::new("sh")
-        .arg("-ec")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[test]
 fn clone_of_a_snapshot_holds_the_files_as_of_the_snapshot() {
@@ -46,7 +28,7 @@ fn clone_of_a_snapshot_holds_the_files_as_of_the_snapshot() {
     let src = Mount::start(&c, "cont", &tmp.path().join("src"), &[]);
     let wrote = sh(
         &src.dir,
-        "mkdir -p snap/dir && cd snap
+        "set -e; mkdir -p snap/dir && cd snap
 dd if=/dev/urandom of=a.bin bs=1M count=16 status=none
 dd if=/dev/urandom of=b.bin bs=64k count=100 status=none
 echo 'as of the snapshot' > dir/note
@@ -67,7 +49,7 @@ cat ../at-snapshot.sha256",
         .epoch;
     sh(
         &src.dir,
-        "cd snap
+        "set -e; cd snap
 dd if=/dev/urandom of=a.bin bs=1M count=4 seek=6 conv=notrunc status=none
 dd if=/dev/urandom bs=64k count=10 status=none >> b.bin
 echo 'after the snapshot' > dir/note
