@@ -14,44 +14,8 @@ use prost::Message;
 use std::net::TcpStream;
 use std::time::Duration;
 
-/// Resident memory of process `pid`, in bytes (VmRSS of /proc/PID/status).
-fn rss(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("engine is running");
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kb << 10
-}
-
 fn engine_pid(c: &Cluster) -> u32 {
     c.engines[0].child.as_ref().expect("engine running").id()
-}
-
-fn alive(c: &mut Cluster) -> bool {
-    matches!(
-        c.engines[0].child.as_mut().map(|ch| ch.try_wait()),
-        Some(Ok(None))
-    )
-}
-
-/// The uuids of pool "pool" and container "cont".
-fn pool_cont(c: &Cluster) -> (uuid::Uuid, uuid::Uuid) {
-    let mut m = c.mgmt();
-    let p =
-        c.rt.block_on(m.pool_query(PoolQueryReq { id: "pool".into() }))
-            .unwrap()
-            .into_inner();
-    let k =
-        c.rt.block_on(m.cont_query(ContQueryReq {
-            pool: "pool".into(),
-            id: "cont".into(),
-        }))
-        .unwrap()
-        .into_inner();
-    (p.uuid.parse().unwrap(), k.uuid.parse().unwrap())
 }
 
 /// A fetch of `n` ARRAY iods of `len` bytes each, on an akey never written.
@@ -105,7 +69,7 @@ fn a_fetch_asking_for_100_gib_is_refused_and_the_engine_serves_on() {
     let value = pattern(3, 1 << 20);
     obj.update_array(b"d", b"a", 0, &value).unwrap();
     let pid = engine_pid(&c);
-    let before = rss(pid);
+    let before = proc_status(pid, "VmRSS");
 
     // The reported crash: 100 iods of 1 GiB on an akey that does not exist.
     let big = fetch(pool, cont, 0, 100, 1 << 30);
@@ -115,7 +79,7 @@ fn a_fetch_asking_for_100_gib_is_refused_and_the_engine_serves_on() {
     for target in 0..2 {
         let (st, bulk) = call(&c, &fetch(pool, cont, target, 100, 1 << 30));
         assert!(
-            alive(&mut c),
+            rank0_alive(&mut c),
             "engine died on a {wire}-byte fetch; logs:\n{}",
             c.logs()
         );
@@ -143,7 +107,7 @@ fn a_fetch_asking_for_100_gib_is_refused_and_the_engine_serves_on() {
     let mut back = vec![0u8; value.len()];
     obj.fetch_array_into(b"d", b"a", 0, &mut back).unwrap();
     assert!(back == value, "the other client read wrong bytes");
-    let after = rss(pid);
+    let after = proc_status(pid, "VmRSS");
     eprintln!(
         "engine VmRSS: {} MiB before, {} MiB after the oversized fetches and one of {} MiB",
         before >> 20,
@@ -181,7 +145,7 @@ fn joins_with_huge_fields_zero_targets_or_no_system_are_refused() {
     c.format();
     let mut m = c.mgmt();
     let pid = engine_pid(&c);
-    let before = rss(pid);
+    let before = proc_status(pid, "VmRSS");
     let refused = |c: &Cluster, m: &mut MgmtClient<_>, j: JoinReq, field: &str| {
         let e =
             c.rt.block_on(m.join(j))
@@ -268,8 +232,8 @@ fn joins_with_huge_fields_zero_targets_or_no_system_are_refused() {
         obj.fetch_single(b"d", b"a").unwrap().as_deref(),
         Some(&b"served"[..])
     );
-    assert!(alive(&mut c), "engine died; logs:\n{}", c.logs());
-    let after = rss(pid);
+    assert!(rank0_alive(&mut c), "engine died; logs:\n{}", c.logs());
+    let after = proc_status(pid, "VmRSS");
     eprintln!(
         "engine VmRSS: {} MiB before, {} MiB after the refused joins",
         before >> 20,

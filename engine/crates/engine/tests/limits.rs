@@ -11,39 +11,19 @@ use peregrine::transport::TransportKind;
 use peregrine::{ObjectClass, ObjectId};
 use peregrine_proto::data;
 use peregrine_proto::frame::{self, Header, Opcode, HEADER_LEN, MAX_MSG};
-use peregrine_proto::mgmt::*;
 use prost::Message;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-/// A field of /proc/PID/status, in bytes.
-fn status(pid: u32, field: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("engine is running");
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
-    kb << 10
-}
-
 /// (VmRSS, VmData) of the engine.
 fn mem(c: &Cluster) -> (u64, u64) {
     let pid = c.engines[0].child.as_ref().expect("engine running").id();
-    (status(pid, "VmRSS"), status(pid, "VmData"))
+    (proc_status(pid, "VmRSS"), proc_status(pid, "VmData"))
 }
 
 fn mib(b: u64) -> u64 {
     b >> 20
-}
-
-fn alive(c: &mut Cluster) -> bool {
-    matches!(
-        c.engines[0].child.as_mut().map(|ch| ch.try_wait()),
-        Some(Ok(None))
-    )
 }
 
 /// A formatted one-engine cluster (2 targets) with pool "pool" and
@@ -207,29 +187,12 @@ fn stalled_frames_reserve_nothing_and_are_closed_after_the_read_timeout() {
             mib(now.1)
         );
     }
-    assert!(alive(&mut c), "engine died; logs:\n{}", c.logs());
+    assert!(rank0_alive(&mut c), "engine died; logs:\n{}", c.logs());
     let log = c.engines[0].log_text();
     assert!(log.contains("did not arrive whole"), "{log}");
     // Rate-limited: not a line per connection.
     let lines = log.matches("did not arrive whole").count();
     assert!(lines <= 3, "{lines} log lines for one burst of timeouts");
-}
-
-/// The uuids of pool "pool" and container "cont".
-fn pool_cont(c: &Cluster) -> (uuid::Uuid, uuid::Uuid) {
-    let mut m = c.mgmt();
-    let p =
-        c.rt.block_on(m.pool_query(PoolQueryReq { id: "pool".into() }))
-            .unwrap()
-            .into_inner();
-    let k =
-        c.rt.block_on(m.cont_query(ContQueryReq {
-            pool: "pool".into(),
-            id: "cont".into(),
-        }))
-        .unwrap()
-        .into_inner();
-    (p.uuid.parse().unwrap(), k.uuid.parse().unwrap())
 }
 
 fn addr(pool: uuid::Uuid, cont: uuid::Uuid, target: u32) -> Option<data::Address> {
@@ -359,7 +322,7 @@ fn a_client_that_never_reads_its_replies_pins_at_most_the_cap() {
             mib(now.0)
         );
     }
-    assert!(alive(&mut c), "engine died; logs:\n{}", c.logs());
+    assert!(rank0_alive(&mut c), "engine died; logs:\n{}", c.logs());
 
     // The client then reads: its replies come, in order, all of them.
     let mut small = small;
@@ -425,7 +388,7 @@ fn connections_over_the_cap_are_refused_and_the_others_keep_working() {
         std::thread::sleep(Duration::from_millis(100));
     }
     served(&obj, &value, "after");
-    assert!(alive(&mut c), "engine died; logs:\n{}", c.logs());
+    assert!(rank0_alive(&mut c), "engine died; logs:\n{}", c.logs());
     let log = c.engines[0].log_text();
     let lines = log.matches("connection refused").count();
     assert!(
@@ -478,7 +441,7 @@ fn idle_connections_are_closed_and_clients_reconnect() {
     round("after the idle close");
     std::thread::sleep(Duration::from_millis(2500));
     round("after another");
-    assert!(alive(&mut c), "engine died; logs:\n{}", c.logs());
+    assert!(rank0_alive(&mut c), "engine died; logs:\n{}", c.logs());
     eprintln!("idle connection closed by the engine after {idle:?}; the client reconnected");
 }
 
@@ -533,5 +496,5 @@ fn a_tiny_target_mailbox_slows_readers_and_never_deadlocks() {
         "200 pipelined fetches and 6 x 5 updates/fetches of 2 MiB through a mailbox of 1: {took:?}"
     );
     assert!(took < Duration::from_secs(60), "{took:?}");
-    assert!(alive(&mut c), "engine died; logs:\n{}", c.logs());
+    assert!(rank0_alive(&mut c), "engine died; logs:\n{}", c.logs());
 }
