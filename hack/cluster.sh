@@ -907,21 +907,6 @@ kill_our_shims() {
   done
 }
 
-# Components whose pid file is gone (a purge, a crash of this script) but that still run with our
-# state directory in their command line: a CoreDNS left so served the next cluster with the old
-# cluster's credentials (every Service name failed to resolve) and held its ready port.
-kill_strays() {
-  local p cmd
-  for p in /proc/[0-9]*; do
-    cmd="$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" || continue
-    [[ "$cmd" == *"$DIR/"* && "${p#/proc/}" != "$$" ]] || continue
-    if [[ " ${COMPONENTS[*]} " == *" $(basename "$(readlink "$p/exe" 2>/dev/null)") "* ]]; then
-      log "killing stray $(basename "$(readlink "$p/exe")") (pid ${p#/proc/}): no pid file names it"
-      kill -KILL "${p#/proc/}" 2>/dev/null || true
-    fi
-  done
-}
-
 cmd_down() {
   need_root
   local purge=0
@@ -938,7 +923,9 @@ cmd_down() {
   kill_our_shims
   stop_daemons 20 kube-scheduler kube-controller-manager kube-apiserver
   stop_daemon etcd
-  kill_strays
+  # Any component the ordered stops above miss (CoreDNS once was: left running, it served the
+  # next cluster with the old cluster's credentials and held its ready port).
+  stop_daemons 20 "${COMPONENTS[@]}"
 
   # Mounts: pod volumes under the kubelet dir, then the rshared bind itself if we made it; rootfs,
   # shm and netns mounts of containers under the state dir.
