@@ -21,4 +21,8 @@ const (
 	// reasonWaitingForSystem (Progressing, ServerSet): a rolling upgrade holds before restarting
 	// the next engine until every rank is joined with all its targets up and in.
 	reasonWaitingForSystem = "WaitingForSystem"
+	// reasonNotAllowed (Ready and Progressing, ServerSet): the ServerSet names an engine image, a
+	// host path or a device the operator's configuration does not allow (policy.go); the message
+	// names the field.
+	reasonNotAllowed = "NotAllowed"
 )

@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -27,13 +29,20 @@ type ServerSetReconciler struct {
 	MS       *ManagementServices
 	// Refresh is how often the status is re-read from the management service (default 30 s).
 	Refresh time.Duration
+	// Policy limits the engine images and node paths a ServerSet may use (policy.go).
+	Policy EnginePolicy
 }
 
-// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=serversets,verbs=get;list;watch;update;patch
+// No delete verb on what the operator renders: it never deletes them itself; the garbage
+// collector removes them with their ServerSet (owner references). serversets/finalizers update
+// lets it set blockOwnerDeletion on those owner references where the
+// OwnerReferencesPermissionEnforcement admission plugin runs (OpenShift).
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=serversets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=storage.peregrine.dev,resources=serversets/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=storage.peregrine.dev,resources=serversets/finalizers,verbs=update
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile renders the workload, formats storage on first start and reports the system.
@@ -48,6 +57,24 @@ func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, nil
 	}
 	before := ss.DeepCopy()
+
+	if errs := r.Policy.Check(ss); len(errs) > 0 {
+		// Nothing is rendered or changed for a ServerSet the operator's configuration does not
+		// allow; a workload rendered before the policy changed is left as it is (not updated).
+		msg := policyMessage(errs)
+		gen := ss.Generation
+		setCondition(&ss.Status.Conditions, gen, storagev1.ConditionReady, metav1.ConditionFalse, reasonNotAllowed, msg)
+		setCondition(&ss.Status.Conditions, gen, storagev1.ConditionProgressing, metav1.ConditionFalse, reasonNotAllowed, msg)
+		ss.Status.ObservedGeneration = gen
+		if err := r.Status().Patch(ctx, ss, client.MergeFrom(before)); err != nil {
+			return ctrl.Result{}, err
+		}
+		if old := meta.FindStatusCondition(before.Status.Conditions, storagev1.ConditionReady); old == nil || old.Message != msg {
+			r.Recorder.Event(ss, corev1.EventTypeWarning, reasonNotAllowed, msg)
+		}
+		log.Info("ServerSet not allowed by the operator's policy", "reason", msg)
+		return ctrl.Result{}, nil
+	}
 
 	live, replicas, rollHold, err := r.applyWorkload(ctx, ss)
 	if err != nil {

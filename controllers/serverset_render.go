@@ -335,11 +335,8 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 							{Name: "data", ContainerPort: dataPort(ss)},
 							{Name: "metrics", ContainerPort: metricsPort(ss)},
 						},
-						Resources: engineResources(ss),
-						SecurityContext: &corev1.SecurityContext{
-							Privileged:   ptr.To(true),
-							Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"IPC_LOCK", "SYS_RESOURCE"}},
-						},
+						Resources:       engineResources(ss),
+						SecurityContext: engineSecurityContext(ss),
 						ReadinessProbe: &corev1.Probe{
 							ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("data")}},
 							PeriodSeconds: 5,
@@ -349,6 +346,33 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 					Volumes: volumes,
 				},
 			},
+		},
+	}
+}
+
+// engineSecurityContext is the engine container's privilege: privileged only for a kernel block
+// device (needsPrivileged); otherwise no privilege escalation and, of all capabilities, IPC_LOCK
+// alone: the engine mlocks its I/O buffers when it has no hugepages, and the buffers it
+// registers with io_uring count against RLIMIT_MEMLOCK unless it holds CAP_IPC_LOCK. (The start
+// script's `ulimit -l unlimited` then fails without CAP_SYS_RESOURCE, harmlessly: IPC_LOCK
+// ignores the limit.) Everything else the engine does on emulated NVMe (O_DIRECT on a file of the
+// hostPath directory, MAP_HUGETLB from the pod's hugepages, a unix socket beside its device file,
+// TCP on unprivileged ports) needs none.
+//
+// The seccomp profile is left to the kubelet's default (Unconfined unless seccompDefault is on):
+// a runtime's default profile may refuse io_uring_setup (containerd 2.x's does), and the engine
+// then runs its device I/O with pread/pwrite (engine/crates/vos/src/device.rs warns "io_uring
+// unavailable") at a fraction of the IOPS. docs/security.md has the trade-off.
+func engineSecurityContext(ss *storagev1.ServerSet) *corev1.SecurityContext {
+	if needsPrivileged(ss) {
+		return &corev1.SecurityContext{Privileged: ptr.To(true)}
+	}
+	return &corev1.SecurityContext{
+		Privileged:               ptr.To(false),
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities: &corev1.Capabilities{
+			Drop: []corev1.Capability{"ALL"},
+			Add:  []corev1.Capability{"IPC_LOCK"},
 		},
 	}
 }

@@ -102,8 +102,12 @@ var _ = Describe("ServerSet", func() {
 		Expect(pod.NodeSelector).To(HaveKeyWithValue("peregrine.dev/storage", "true"))
 		Expect(pod.Containers).To(HaveLen(1))
 		c := pod.Containers[0]
-		Expect(*c.SecurityContext.Privileged).To(BeTrue())
-		Expect(c.SecurityContext.Capabilities.Add).To(ContainElement(corev1.Capability("IPC_LOCK")))
+		// Emulated NVMe (a file on a host directory): no privilege, no escalation, of all
+		// capabilities IPC_LOCK alone (mlock and io_uring's registered buffers).
+		Expect(c.SecurityContext.Privileged).To(HaveValue(BeFalse()))
+		Expect(c.SecurityContext.AllowPrivilegeEscalation).To(HaveValue(BeFalse()))
+		Expect(c.SecurityContext.Capabilities.Drop).To(ConsistOf(corev1.Capability("ALL")))
+		Expect(c.SecurityContext.Capabilities.Add).To(ConsistOf(corev1.Capability("IPC_LOCK")))
 		hp := corev1.ResourceName("hugepages-2Mi")
 		Expect(c.Resources.Requests[hp]).To(Equal(resource.MustParse("512Mi")))
 		Expect(c.Resources.Limits[hp]).To(Equal(resource.MustParse("512Mi")))
@@ -192,6 +196,8 @@ var _ = Describe("ServerSet", func() {
 		}
 		Expect(vol.HostPath).NotTo(BeNil())
 		Expect(*vol.HostPath.Type).To(Equal(corev1.HostPathBlockDev))
+		// A kernel block device: the device cgroup of an unprivileged container refuses it.
+		Expect(sts.Spec.Template.Spec.Containers[0].SecurityContext).To(Equal(&corev1.SecurityContext{Privileged: ptr.To(true)}))
 		Expect(engineConfigTemplate(ss)).To(ContainSubstring("bdev: {class: kdev, device: /dev/disk/by-id/nvme-eui.0001}"))
 		Expect(engineConfigTemplate(ss)).To(ContainSubstring("hugepages: false"))
 		Expect(mgmtAddress(ss)).To(Equal("nvme-0.nvme.default.svc:10001"))

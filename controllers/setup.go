@@ -7,14 +7,24 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 )
 
+// The metrics endpoint's authentication and authorization (cmd/operator: --metrics-secure):
+// controller-runtime's filter asks the API server whether a scraper's token is valid and whether
+// it may get /metrics.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
 // Setup registers the indexes and the three reconcilers with mgr, sharing one set of
-// management-service connections; refresh is how often status is re-read from the store.
-func Setup(mgr ctrl.Manager, refresh time.Duration) error {
+// management-service connections; refresh is how often status is re-read from the store, policy
+// what ServerSets may run (policy.go).
+func Setup(mgr ctrl.Manager, refresh time.Duration, policy EnginePolicy) error {
+	if err := policy.Validate(); err != nil {
+		return err
+	}
 	if err := SetupIndexes(context.Background(), mgr); err != nil {
 		return err
 	}
 	ms := &ManagementServices{}
-	if err := (&ServerSetReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), MS: ms, Refresh: refresh,
+	if err := (&ServerSetReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), MS: ms, Refresh: refresh, Policy: policy,
 		Recorder: mgr.GetEventRecorderFor("serverset-controller")}).SetupWithManager(mgr); err != nil {
 		return err
 	}

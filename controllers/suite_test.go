@@ -67,7 +67,10 @@ var _ = BeforeSuite(func() {
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
 	Expect(err).NotTo(HaveOccurred())
-	Expect(Setup(mgr, time.Second)).To(Succeed())
+	// The operator's defaults, and the image names the suites use.
+	policy := DefaultEnginePolicy()
+	policy.AllowedImages = append(policy.AllowedImages, "peregrine:")
+	Expect(Setup(mgr, time.Second, policy)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(ctx)).To(Succeed())

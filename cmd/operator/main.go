@@ -4,14 +4,17 @@ package main
 import (
 	"flag"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
@@ -20,13 +23,26 @@ import (
 )
 
 func main() {
-	var metricsAddr, probeAddr string
-	var leaderElect bool
+	var metricsAddr, probeAddr, metricsCertDir string
+	var leaderElect, metricsSecure bool
 	var refresh time.Duration
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (0 disables it)")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "address of the metrics endpoint (0 disables it)")
+	flag.BoolVar(&metricsSecure, "metrics-secure", true,
+		"serve metrics over HTTPS, to callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the non-resource URL /metrics); false serves plain HTTP to anyone")
+	flag.StringVar(&metricsCertDir, "metrics-cert-dir", "", "directory with tls.crt and tls.key for the metrics endpoint (empty: a self-signed certificate made at start)")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the health probes")
-	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active operator among replicas")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active operator among replicas (a Lease in the operator's namespace)")
 	flag.DurationVar(&refresh, "status-refresh", 30*time.Second, "how often status is re-read from the management service")
+	policy := controllers.DefaultEnginePolicy()
+	flag.Var((*listFlag)(&policy.AllowedImages), "allowed-images",
+		"comma-separated prefixes a ServerSet's engine image must start with, each ending in '/' (a registry or path), ':' (a repository, any tag) or '@' (a repository, by digest)")
+	flag.Var((*listFlag)(&policy.AllowedHostPaths), "allowed-host-paths",
+		"comma-separated node directories a ServerSet's emulated storage hostPath must be, or be below")
+	flag.Var((*listFlag)(&policy.AllowedDevices), "allowed-devices",
+		"comma-separated prefixes a ServerSet's NVMe device path must start with (e.g. /dev/nvme)")
+	var watchNamespaces listFlag
+	flag.Var(&watchNamespaces, "watch-namespaces",
+		"comma-separated namespaces whose ServerSets, Pools and Containers the operator reconciles (empty: all; its RBAC can then be Roles in these namespaces)")
 	var wh ilwebhook.Options
 	var webhookEnable bool
 	flag.BoolVar(&webhookEnable, "webhook-enable", false, "serve the admission webhook that preloads the interception library, and keep its certificate")
@@ -49,9 +65,28 @@ func main() {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(storagev1.AddToScheme(scheme))
 
+	if err := policy.Validate(); err != nil {
+		log.Error(err, "bad engine policy flags")
+		os.Exit(2)
+	}
+	metrics := metricsserver.Options{BindAddress: metricsAddr, SecureServing: metricsSecure, CertDir: metricsCertDir}
+	if metricsSecure {
+		// controller-runtime's filter: a bearer token checked with a TokenReview, then a
+		// SubjectAccessReview of "get" on the non-resource URL /metrics (the ClusterRole
+		// peregrine-metrics-reader grants it).
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	var cacheOpts cache.Options
+	if len(watchNamespaces) > 0 {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range watchNamespaces {
+			cacheOpts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                metrics,
+		Cache:                  cacheOpts,
 		HealthProbeBindAddress: probeAddr,
 		LeaderElection:         leaderElect,
 		LeaderElectionID:       "operator.storage.peregrine.dev",
@@ -60,7 +95,9 @@ func main() {
 		log.Error(err, "cannot create the manager")
 		os.Exit(1)
 	}
-	if err := controllers.Setup(mgr, refresh); err != nil {
+	log.Info("engine policy", "allowedImages", policy.AllowedImages, "allowedHostPaths", policy.AllowedHostPaths,
+		"allowedDevices", policy.AllowedDevices, "watchNamespaces", []string(watchNamespaces))
+	if err := controllers.Setup(mgr, refresh, policy); err != nil {
 		log.Error(err, "cannot set up the reconcilers")
 		os.Exit(1)
 	}
@@ -77,4 +114,20 @@ func main() {
 		log.Error(err, "manager stopped")
 		os.Exit(1)
 	}
+}
+
+// listFlag is a comma-separated list flag; setting it replaces the default, and an empty value
+// gives an empty list.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	*l = nil
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			*l = append(*l, e)
+		}
+	}
+	return nil
 }

@@ -48,3 +48,54 @@ imagePullSecrets:
 {{- define "peregrine.kubeletDir" -}}
 {{- trimSuffix "/" .Values.csi.kubeletDir -}}
 {{- end }}
+
+{{/*
+The engine policy (operator.enginePolicy), comma-joined as the operator's flags take it. The
+allowed images always include the chart's own engine repository (images.engine.repository, any
+tag or digest), so that the chart's ServerSet and the samples run without listing it twice.
+*/}}
+{{- define "peregrine.allowedImages" -}}
+{{- $repo := .Values.images.engine.repository -}}
+{{- $l := concat .Values.operator.enginePolicy.allowedImages (list (printf "%s:" $repo) (printf "%s@" $repo)) -}}
+{{- join "," (uniq $l) -}}
+{{- end }}
+
+{{- define "peregrine.allowedHostPaths" -}}
+{{- join "," .Values.operator.enginePolicy.allowedHostPaths -}}
+{{- end }}
+
+{{- define "peregrine.allowedDevices" -}}
+{{- join "," .Values.operator.enginePolicy.allowedDevices -}}
+{{- end }}
+
+{{/*
+The rules of the operator on namespaced objects: its CRs, what it renders for a ServerSet, and
+its events (controller-gen's config/rbac/role.yaml, rule for rule; operator-rbac.yaml's
+ClusterRole has them when operator.watchNamespaces is empty): the Role in each of those namespaces.
+*/}}
+{{- define "peregrine.operatorNamespacedRules" -}}
+- apiGroups: [""]
+  resources: [configmaps, services]
+  verbs: [create, get, list, patch, update, watch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [create, get, list, patch, update, watch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, get, list, patch, update, watch]
+- apiGroups: [storage.peregrine.dev]
+  resources: [containers, pools]
+  verbs: [get, list, patch, update, watch]
+- apiGroups: [storage.peregrine.dev]
+  resources: [containers/finalizers, pools/finalizers, serversets/finalizers]
+  verbs: [update]
+- apiGroups: [storage.peregrine.dev]
+  resources: [containers/status, pools/status, serversets/status]
+  verbs: [get, patch, update]
+- apiGroups: [storage.peregrine.dev]
+  resources: [serversets]
+  verbs: [get, list, watch]
+{{- end }}
