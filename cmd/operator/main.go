@@ -3,6 +3,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"strings"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -22,98 +24,124 @@ import (
 	ilwebhook "github.com/peregrine-storage/peregrine/csi/webhook"
 )
 
-func main() {
-	var metricsAddr, probeAddr, metricsCertDir string
-	var leaderElect, metricsSecure bool
-	var refresh time.Duration
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "address of the metrics endpoint (0 disables it)")
-	flag.BoolVar(&metricsSecure, "metrics-secure", true,
+// config is what the flags set.
+type config struct {
+	metricsAddr, probeAddr, metricsCertDir string
+	leaderElect, metricsSecure             bool
+	// leaderElectionNamespace is the Lease's namespace; empty: the pod's own (in a cluster).
+	leaderElectionNamespace string
+	refresh                 time.Duration
+	policy                  controllers.EnginePolicy
+	watchNamespaces         listFlag
+	webhookEnable           bool
+	webhook                 ilwebhook.Options
+}
+
+func (c *config) bindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8443", "address of the metrics endpoint (0 disables it)")
+	fs.BoolVar(&c.metricsSecure, "metrics-secure", true,
 		"serve metrics over HTTPS, to callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the non-resource URL /metrics); false serves plain HTTP to anyone")
-	flag.StringVar(&metricsCertDir, "metrics-cert-dir", "", "directory with tls.crt and tls.key for the metrics endpoint (empty: a self-signed certificate made at start)")
-	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the health probes")
-	flag.BoolVar(&leaderElect, "leader-elect", false, "elect one active operator among replicas (a Lease in the operator's namespace)")
-	flag.DurationVar(&refresh, "status-refresh", 30*time.Second, "how often status is re-read from the management service")
-	policy := controllers.DefaultEnginePolicy()
-	flag.Var((*listFlag)(&policy.AllowedImages), "allowed-images",
+	fs.StringVar(&c.metricsCertDir, "metrics-cert-dir", "", "directory with tls.crt and tls.key for the metrics endpoint (empty: a self-signed certificate made at start)")
+	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of the health probes")
+	fs.BoolVar(&c.leaderElect, "leader-elect", false, "elect one active operator among replicas (a Lease in the operator's namespace)")
+	fs.StringVar(&c.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (empty: the operator pod's)")
+	fs.DurationVar(&c.refresh, "status-refresh", 30*time.Second, "how often status is re-read from the management service")
+	c.policy = controllers.DefaultEnginePolicy()
+	fs.Var((*listFlag)(&c.policy.AllowedImages), "allowed-images",
 		"comma-separated prefixes a ServerSet's engine image must start with, each ending in '/' (a registry or path), ':' (a repository, any tag) or '@' (a repository, by digest)")
-	flag.Var((*listFlag)(&policy.AllowedHostPaths), "allowed-host-paths",
+	fs.Var((*listFlag)(&c.policy.AllowedHostPaths), "allowed-host-paths",
 		"comma-separated node directories a ServerSet's emulated storage hostPath must be, or be below")
-	flag.Var((*listFlag)(&policy.AllowedDevices), "allowed-devices",
+	fs.Var((*listFlag)(&c.policy.AllowedDevices), "allowed-devices",
 		"comma-separated prefixes a ServerSet's NVMe device path must start with (e.g. /dev/nvme)")
-	var watchNamespaces listFlag
-	flag.Var(&watchNamespaces, "watch-namespaces",
+	fs.Var(&c.watchNamespaces, "watch-namespaces",
 		"comma-separated namespaces whose ServerSets, Pools and Containers the operator reconciles (empty: all; its RBAC can then be Roles in these namespaces)")
-	var wh ilwebhook.Options
-	var webhookEnable bool
-	flag.BoolVar(&webhookEnable, "webhook-enable", false, "serve the admission webhook that preloads the interception library, and keep its certificate")
-	flag.IntVar(&wh.Port, "webhook-port", ilwebhook.DefaultPort, "port of the webhook server")
-	flag.StringVar(&wh.Certs.CertDir, "webhook-cert-dir", ilwebhook.DefaultCertDir, "directory the operator writes the webhook's certificate into")
-	flag.StringVar(&wh.Certs.Namespace, "webhook-namespace", ilwebhook.DefaultNamespace, "namespace of the webhook Service and its certificate Secret")
-	flag.StringVar(&wh.Certs.ServiceName, "webhook-service", ilwebhook.DefaultServiceName, "the webhook Service (the certificate is for SERVICE.NAMESPACE.svc)")
-	flag.StringVar(&wh.Certs.SecretName, "webhook-secret", ilwebhook.DefaultSecretName, "Secret holding the webhook's CA and certificate")
-	flag.StringVar(&wh.Certs.WebhookConfigName, "webhook-config-name", ilwebhook.DefaultWebhookConfigName, "MutatingWebhookConfiguration whose caBundle the operator sets")
-	flag.DurationVar(&wh.Certs.CertLifetime, "webhook-cert-lifetime", ilwebhook.DefaultCertLifetime, "validity of a new webhook certificate (renewed with a third left)")
-	flag.DurationVar(&wh.Certs.CheckInterval, "webhook-cert-check-interval", ilwebhook.DefaultCheckInterval, "how often the webhook certificate is checked")
-	flag.StringVar(&wh.HostDir, "il-host-dir", ilwebhook.DefaultHostDir, "node directory holding libperegrine_il.so (the CSI node plugin's)")
+	wh := &c.webhook
+	fs.BoolVar(&c.webhookEnable, "webhook-enable", false, "serve the admission webhook that preloads the interception library, and keep its certificate")
+	fs.IntVar(&wh.Port, "webhook-port", ilwebhook.DefaultPort, "port of the webhook server")
+	fs.StringVar(&wh.Certs.CertDir, "webhook-cert-dir", ilwebhook.DefaultCertDir, "directory the operator writes the webhook's certificate into")
+	fs.StringVar(&wh.Certs.Namespace, "webhook-namespace", ilwebhook.DefaultNamespace, "namespace of the webhook Service and its certificate Secret")
+	fs.StringVar(&wh.Certs.ServiceName, "webhook-service", ilwebhook.DefaultServiceName, "the webhook Service (the certificate is for SERVICE.NAMESPACE.svc)")
+	fs.StringVar(&wh.Certs.SecretName, "webhook-secret", ilwebhook.DefaultSecretName, "Secret holding the webhook's CA and certificate")
+	fs.StringVar(&wh.Certs.WebhookConfigName, "webhook-config-name", ilwebhook.DefaultWebhookConfigName, "MutatingWebhookConfiguration whose caBundle the operator sets")
+	fs.DurationVar(&wh.Certs.CertLifetime, "webhook-cert-lifetime", ilwebhook.DefaultCertLifetime, "validity of a new webhook certificate (renewed with a third left)")
+	fs.DurationVar(&wh.Certs.CheckInterval, "webhook-cert-check-interval", ilwebhook.DefaultCheckInterval, "how often the webhook certificate is checked")
+	fs.StringVar(&wh.HostDir, "il-host-dir", ilwebhook.DefaultHostDir, "node directory holding libperegrine_il.so (the CSI node plugin's)")
+}
+
+func main() {
+	var c config
+	c.bindFlags(flag.CommandLine)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("operator")
 
+	mgr, err := newManager(ctrl.GetConfigOrDie(), &c)
+	if err != nil {
+		log.Error(err, "cannot set up the operator")
+		os.Exit(1)
+	}
+	log.Info("starting", "allowedImages", c.policy.AllowedImages, "allowedHostPaths", c.policy.AllowedHostPaths,
+		"allowedDevices", c.policy.AllowedDevices, "watchNamespaces", []string(c.watchNamespaces), "metricsSecure", c.metricsSecure)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		log.Error(err, "manager stopped")
+		os.Exit(1)
+	}
+}
+
+// newManager makes the operator's manager from the flags: the reconcilers, the webhook, the
+// probes, and the metrics endpoint (HTTPS behind authentication and authorization unless
+// --metrics-secure=false).
+func newManager(cfg *rest.Config, c *config) (ctrl.Manager, error) {
+	if err := c.policy.Validate(); err != nil {
+		return nil, fmt.Errorf("engine policy flags: %w", err)
+	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(storagev1.AddToScheme(scheme))
 
-	if err := policy.Validate(); err != nil {
-		log.Error(err, "bad engine policy flags")
-		os.Exit(2)
-	}
-	metrics := metricsserver.Options{BindAddress: metricsAddr, SecureServing: metricsSecure, CertDir: metricsCertDir}
-	if metricsSecure {
+	metrics := metricsserver.Options{BindAddress: c.metricsAddr, SecureServing: c.metricsSecure, CertDir: c.metricsCertDir}
+	if c.metricsSecure {
 		// controller-runtime's filter: a bearer token checked with a TokenReview, then a
 		// SubjectAccessReview of "get" on the non-resource URL /metrics (the ClusterRole
 		// peregrine-metrics-reader grants it).
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 	var cacheOpts cache.Options
-	if len(watchNamespaces) > 0 {
+	if len(c.watchNamespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
-		for _, ns := range watchNamespaces {
+		for _, ns := range c.watchNamespaces {
 			cacheOpts.DefaultNamespaces[ns] = cache.Config{}
 		}
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metrics,
-		Cache:                  cacheOpts,
-		HealthProbeBindAddress: probeAddr,
-		LeaderElection:         leaderElect,
-		LeaderElectionID:       "operator.storage.peregrine.dev",
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metrics,
+		Cache:                   cacheOpts,
+		HealthProbeBindAddress:  c.probeAddr,
+		LeaderElection:          c.leaderElect,
+		LeaderElectionID:        "operator.storage.peregrine.dev",
+		LeaderElectionNamespace: c.leaderElectionNamespace,
 	})
 	if err != nil {
-		log.Error(err, "cannot create the manager")
-		os.Exit(1)
+		return nil, fmt.Errorf("manager: %w", err)
 	}
-	log.Info("engine policy", "allowedImages", policy.AllowedImages, "allowedHostPaths", policy.AllowedHostPaths,
-		"allowedDevices", policy.AllowedDevices, "watchNamespaces", []string(watchNamespaces))
-	if err := controllers.Setup(mgr, refresh, policy); err != nil {
-		log.Error(err, "cannot set up the reconcilers")
-		os.Exit(1)
+	if err := controllers.Setup(mgr, c.refresh, c.policy); err != nil {
+		return nil, fmt.Errorf("reconcilers: %w", err)
 	}
-	if webhookEnable {
-		if _, err := ilwebhook.Setup(mgr, wh); err != nil {
-			log.Error(err, "cannot set up the webhook")
-			os.Exit(1)
+	if c.webhookEnable {
+		if _, err := ilwebhook.Setup(mgr, c.webhook); err != nil {
+			return nil, fmt.Errorf("webhook: %w", err)
 		}
 	}
-	utilruntime.Must(mgr.AddHealthzCheck("healthz", healthz.Ping))
-	utilruntime.Must(mgr.AddReadyzCheck("readyz", healthz.Ping))
-	log.Info("starting")
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
-		log.Error(err, "manager stopped")
-		os.Exit(1)
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, err
 	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, err
+	}
+	return mgr, nil
 }
 
 // listFlag is a comma-separated list flag; setting it replaces the default, and an empty value
