@@ -2,13 +2,25 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
@@ -18,7 +30,9 @@ import (
 // EC_2P1G1 PVC, read back by a plain pod and by an intercepted one), every engine pod serves
 // /metrics on its port named "metrics", read here through the API server's pod proxy as a
 // Prometheus in the cluster would reach it, and its counters account for that I/O; the
-// operator's metrics tie the Pool to the UUID the engines label their series with.
+// operator's metrics (HTTPS, for callers allowed to get /metrics: read through a port-forward
+// with a ServiceAccount's token, since the API server's proxy drops the caller's Authorization)
+// tie the Pool to the UUID the engines label their series with.
 // An engine counts from its start: these specs come before any that restart engines.
 
 // metricSample is one sample of the Prometheus text format.
@@ -149,20 +163,97 @@ func metricsSpecs(ctx context.Context) {
 		Expect(upin).To(BeEquivalentTo(pool.Status.TotalTargets), "every target of the pool up and in")
 	})
 
-	It("serves the operator's metrics, which name the pool's UUID", func() {
+	It("serves the operator's metrics over HTTPS to authorized callers only, and they name the pool's UUID", func() {
 		pool := &storagev1.Pool{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: storeNS, Name: storeName}, pool)).To(Succeed())
 		ops := &corev1.PodList{}
-		Expect(k8s.List(ctx, ops, client.MatchingLabels{"app.kubernetes.io/name": "peregrine-operator"})).To(Succeed())
+		Expect(k8s.List(ctx, ops, client.InNamespace(releaseNS), client.MatchingLabels{"app.kubernetes.io/name": "peregrine-operator"})).To(Succeed())
 		Expect(ops.Items).NotTo(BeEmpty())
+		// A scraper's identity: a ServiceAccount bound to peregrine-metrics-reader, and one that is not.
+		scraper, stranger := metricsToken(ctx, "e2e-metrics-scraper", true), metricsToken(ctx, "e2e-metrics-stranger", false)
+		for i := range ops.Items {
+			p := &ops.Items[i]
+			code, _ := scrapeOperator(ctx, p, "")
+			Expect(code).To(Equal(http.StatusUnauthorized), "pod %s without a token", p.Name)
+			code, _ = scrapeOperator(ctx, p, stranger)
+			Expect(code).To(Equal(http.StatusForbidden), "pod %s with a token not allowed to get /metrics", p.Name)
+		}
 		// Only the leader reconciles, so only its metrics carry the pool.
 		Eventually(func() float64 {
 			var n float64
 			for i := range ops.Items {
-				n += sumMetric(scrapePod(ctx, &ops.Items[i]), "peregrine_pool_info",
+				code, body := scrapeOperator(ctx, &ops.Items[i], scraper)
+				Expect(code).To(Equal(http.StatusOK), "pod %s: %.300s", ops.Items[i].Name, body)
+				n += sumMetric(parseMetrics(body), "peregrine_pool_info",
 					map[string]string{"namespace": storeNS, "pool": storeName, "uuid": pool.Status.UUID})
 			}
 			return n
 		}).Should(Equal(1.0))
 	})
+}
+
+// metricsToken returns a token of a ServiceAccount of the run's namespace, bound to the ClusterRole
+// peregrine-metrics-reader when reader (the binding goes with the namespace's ServiceAccount: it
+// is deleted after the spec).
+func metricsToken(ctx context.Context, name string, reader bool) string {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, sa))).To(Succeed())
+	if reader {
+		crb := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "peregrine-metrics-reader"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
+		}
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, crb))).To(Succeed())
+		DeferCleanup(func(ctx context.Context) { Expect(client.IgnoreNotFound(k8s.Delete(ctx, crb))).To(Succeed()) })
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)},
+	}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	return tr.Status.Token
+}
+
+// scrapeOperator GETs https://POD:metrics/metrics through a port-forward, with a bearer token
+// when tok is set, and returns the status code and body (retrying until the RBAC of a new binding
+// is in effect is the caller's business).
+func scrapeOperator(ctx context.Context, p *corev1.Pod, tok string) (int, string) {
+	port := podPort(p, "metrics")
+	Expect(port).NotTo(BeZero(), "pod %s has no port named metrics", p.Name)
+	rt, upgrader, err := spdy.RoundTripperFor(cfg)
+	Expect(err).NotTo(HaveOccurred())
+	u, err := url.Parse(cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(p.Namespace).Name(p.Name).SubResource("portforward").URL().String())
+	Expect(err).NotTo(HaveOccurred())
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
+	stop, ready := make(chan struct{}), make(chan struct{})
+	defer close(stop)
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, GinkgoWriter, GinkgoWriter)
+	Expect(err).NotTo(HaveOccurred())
+	errs := make(chan error, 1)
+	go func() { errs <- fw.ForwardPorts() }()
+	select {
+	case <-ready:
+	case err := <-errs:
+		Fail(fmt.Sprintf("port-forward to %s: %v", p.Name, err))
+	case <-time.After(30 * time.Second):
+		Fail("port-forward to " + p.Name + ": not ready in 30 s")
+	}
+	fwd, err := fw.GetPorts()
+	Expect(err).NotTo(HaveOccurred())
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		// The operator's certificate is self-signed (made at its start); the token is what counts.
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		"https://"+net.JoinHostPort("127.0.0.1", fmt.Sprint(fwd[0].Local))+"/metrics", nil)
+	Expect(err).NotTo(HaveOccurred())
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := hc.Do(req)
+	Expect(err).NotTo(HaveOccurred(), "GET /metrics of %s over HTTPS", p.Name)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	Expect(err).NotTo(HaveOccurred())
+	return resp.StatusCode, string(body)
 }

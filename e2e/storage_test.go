@@ -120,7 +120,7 @@ var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
 				Engines: 3, Targets: 1,
 				Hugepages: ptr.To(resource.MustParse("128Mi")),
 				Storage: storagev1.EngineStorage{Scm: "512MiB",
-					Emulated: &storagev1.EmulatedStorage{HostPath: "/var/lib/peregrine-e2e", Size: "4GiB"}},
+					Emulated: &storagev1.EmulatedStorage{HostPath: "/var/lib/peregrine/e2e", Size: "4GiB"}},
 			},
 		}
 		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, ss))).To(Succeed())
@@ -129,6 +129,21 @@ var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
 			g.Expect(ss.Status.ReadyEngines).To(BeEquivalentTo(3))
 			g.Expect(ready(ss.Status.Conditions)).To(BeTrue(), "%v", ss.Status.Conditions)
 		}).Should(Succeed())
+
+		// Emulated NVMe needs no privilege: the engines run unprivileged, without escalation,
+		// with IPC_LOCK alone (controllers/serverset_render.go engineSecurityContext).
+		if ss.Spec.Storage.Emulated != nil {
+			pods := &corev1.PodList{}
+			Expect(k8s.List(ctx, pods, client.InNamespace(storeNS), client.MatchingLabels{"storage.peregrine.dev/serverset": storeName})).To(Succeed())
+			Expect(pods.Items).NotTo(BeEmpty())
+			for _, p := range pods.Items {
+				sc := p.Spec.Containers[0].SecurityContext
+				Expect(sc).NotTo(BeNil(), "pod %s", p.Name)
+				Expect(sc.Privileged).To(HaveValue(BeFalse()), "pod %s is privileged", p.Name)
+				Expect(sc.AllowPrivilegeEscalation).To(HaveValue(BeFalse()), "pod %s", p.Name)
+				Expect(sc.Capabilities.Add).To(ConsistOf(corev1.Capability("IPC_LOCK")), "pod %s", p.Name)
+			}
+		}
 
 		pool := &storagev1.Pool{
 			ObjectMeta: metav1.ObjectMeta{Name: storeName, Namespace: storeNS},
@@ -141,6 +156,24 @@ var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
 			// Every target of the ServerSet (one already there keeps its own spec).
 			g.Expect(pool.Status.TotalTargets).To(BeEquivalentTo(ss.Spec.Engines * max(ss.Spec.Targets, 1)))
 		}).Should(Succeed())
+	})
+
+	It("refuses a ServerSet whose image or host path the operator's configuration does not allow, naming the field", func() {
+		for field, mutate := range map[string]func(*storagev1.ServerSet){
+			"spec.image":                     func(ss *storagev1.ServerSet) { ss.Spec.Image = "evil.example.com/engine:1" },
+			"spec.storage.emulated.hostPath": func(ss *storagev1.ServerSet) { ss.Spec.Storage.Emulated.HostPath = "/etc" },
+		} {
+			ss := &storagev1.ServerSet{
+				ObjectMeta: metav1.ObjectMeta{Name: "e2e-refused", Namespace: ns},
+				Spec: storagev1.ServerSetSpec{Image: engineImage, Engines: 1,
+					Storage: storagev1.EngineStorage{Scm: "256MiB",
+						Emulated: &storagev1.EmulatedStorage{HostPath: "/var/lib/peregrine/e2e", Size: "1GiB"}}},
+			}
+			mutate(ss)
+			err := k8s.Create(ctx, ss, client.DryRunAll)
+			Expect(err).To(HaveOccurred(), "the admission policy admitted a bad %s", field)
+			Expect(err.Error()).To(ContainSubstring(field + ": Forbidden"))
+		}
 	})
 
 	It("mounts an RWX PVC into a writer pod and a reader pod: 1 GiB written, its checksum verified", func() {
