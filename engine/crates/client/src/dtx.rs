@@ -86,17 +86,19 @@ impl Object {
 
     /// The protocol: `prepare` each of `jobs` (a request to one shard of
     /// `shards`, the transaction's shards, leader first) in parallel;
-    /// committed if they all succeed, else aborted. One shard alone needs
-    /// no transaction (`None`).
-    fn run_dtx<J: Sync>(
+    /// committed if they all succeed, else aborted. One job alone needs no
+    /// transaction (`None`); several on one shard do (applied one by one,
+    /// a failure of the last would leave the first, and a condition of a
+    /// later one would see the earlier ones' changes).
+    pub(crate) fn run_dtx<J: Sync>(
         &self,
         map: &PoolMap,
         shards: &[ShardLoc],
         jobs: &[J],
         prepare: impl Fn(&J, Option<&Dtx>) -> Result<()> + Sync,
     ) -> Result<()> {
-        if shards.len() == 1 {
-            return jobs.iter().try_for_each(|j| prepare(j, None));
+        if let [job] = jobs {
+            return prepare(job, None);
         }
         let dtx = new_dtx(map, shards);
         let id = dtx.id.expect("set by new_dtx");
@@ -142,130 +144,6 @@ impl Object {
                 tracing::debug!("aborting transaction {:016x}{:016x}: {e}", id.hi, id.lo);
             }
         });
-    }
-}
-
-/// One change of a [`Transaction`].
-enum Change {
-    Single {
-        obj: Object,
-        dkey: Vec<u8>,
-        akey: Vec<u8>,
-        value: Vec<u8>,
-    },
-    PunchDkey {
-        obj: Object,
-        dkey: Vec<u8>,
-    },
-}
-
-impl Change {
-    fn obj(&self) -> &Object {
-        match self {
-            Change::Single { obj, .. } | Change::PunchDkey { obj, .. } => obj,
-        }
-    }
-    fn dkey(&self) -> &[u8] {
-        match self {
-            Change::Single { dkey, .. } | Change::PunchDkey { dkey, .. } => dkey,
-        }
-    }
-}
-
-/// Changes of several dkeys, of any objects of one container, that take
-/// effect all together or not at all (what a rename or a hard link of the
-/// POSIX layer needs): one distributed transaction over every shard they
-/// touch, at one epoch.
-pub struct Transaction {
-    changes: Vec<Change>,
-}
-
-impl crate::Container {
-    /// An empty transaction; [`Transaction::commit`] applies it.
-    pub fn transaction(&self) -> Transaction {
-        Transaction {
-            changes: Vec::new(),
-        }
-    }
-}
-
-impl Transaction {
-    /// Set SINGLE value `akey` of `dkey` of `obj`.
-    pub fn update_single(
-        &mut self,
-        obj: &Object,
-        dkey: &[u8],
-        akey: &[u8],
-        value: &[u8],
-    ) -> &mut Self {
-        self.changes.push(Change::Single {
-            obj: obj.clone(),
-            dkey: dkey.to_vec(),
-            akey: akey.to_vec(),
-            value: value.to_vec(),
-        });
-        self
-    }
-
-    /// Punch `dkey` of `obj` and everything under it.
-    pub fn punch_dkey(&mut self, obj: &Object, dkey: &[u8]) -> &mut Self {
-        self.changes.push(Change::PunchDkey {
-            obj: obj.clone(),
-            dkey: dkey.to_vec(),
-        });
-        self
-    }
-
-    /// Apply every change, or none: retried under a newer pool map as
-    /// single updates are, at one epoch.
-    pub fn commit(self) -> Result<()> {
-        let Some(first) = self.changes.first().map(|c| c.obj().clone()) else {
-            return Ok(());
-        };
-        for c in &self.changes {
-            c.obj().check_change(c)?;
-        }
-        let epoch = crate::hlc::now();
-        first.with_map(|map| {
-            // Every live shard of every change; the transaction's shards
-            // are the targets they reach (leader: the first).
-            let mut jobs: Vec<(&Change, ShardLoc)> = Vec::new();
-            let mut shards: Vec<ShardLoc> = Vec::new();
-            for c in &self.changes {
-                let o = c.obj();
-                let g = o.group(map, c.dkey())?;
-                o.check_redundancy(map, &g)?;
-                for l in g.shards.iter().filter(|l| map.targets[l.target].up) {
-                    jobs.push((c, *l));
-                    if !shards.iter().any(|s| s.target == l.target) {
-                        shards.push(*l);
-                    }
-                }
-            }
-            first.run_dtx(map, &shards, &jobs, |(c, loc), tx| match c {
-                Change::Single {
-                    obj,
-                    dkey,
-                    akey,
-                    value,
-                } => {
-                    let iod = obj.iod(akey, data::ValueKind::Single, 0, &[value]);
-                    obj.update_shard(map, loc, tx, epoch, dkey, vec![iod], &[value])
-                }
-                Change::PunchDkey { obj, dkey } => obj.punch_shard(map, loc, tx, epoch, dkey, &[]),
-            })
-        })
-    }
-}
-
-impl Object {
-    fn check_change(&self, c: &Change) -> Result<()> {
-        match c {
-            Change::Single {
-                dkey, akey, value, ..
-            } => self.check_single(dkey, akey, value),
-            Change::PunchDkey { dkey, .. } => crate::object::check_keys(dkey, None),
-        }
     }
 }
 

@@ -33,13 +33,14 @@ pub mod reintegrate;
 pub mod shm;
 #[doc(hidden)]
 pub mod testkit;
+pub mod transaction;
 pub mod transport;
 
-pub use dtx::Transaction;
 pub use error::{Error, Result};
 pub use mgmt::Mgmt;
 pub use object::{Client, Container, Object, ObjectAt, Pool};
 pub use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
+pub use transaction::{Expect, Transaction};
 pub use transport::{
     MultiTransport, TcpConfig, TcpTransport, Transport, TransportKind, TransportStats,
 };

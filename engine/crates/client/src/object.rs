@@ -111,6 +111,11 @@ const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(50
 
 /// Failures a retry with a fresh pool map can get past: a stale map, an
 /// engine starting or restarting, a connection lost or refused.
+/// How long a conditional insert waits for a transaction that holds its
+/// key prepared: past the engines' own settling of a transaction whose
+/// client died (the engines' `DTX_STALE_MS`, 2 s), with margin.
+const HELD_KEY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn retryable(code: i32) -> bool {
     [
         libc::ESTALE,
@@ -609,8 +614,21 @@ impl Object {
                 ..req
             };
             arbiter = first.shard;
-            self.call(map, &first, Opcode::Update, &req, &[value])
-                .map(|_| ())
+            // -EBUSY: a transaction holds a change of the key prepared (a
+            // rename into or out of this name, maybe this process's own
+            // with its commit not sent yet); asked again once decided.
+            let deadline = std::time::Instant::now() + HELD_KEY_WAIT;
+            let mut pause = std::time::Duration::from_micros(200);
+            loop {
+                match self.call(map, &first, Opcode::Update, &req, &[value]) {
+                    Err(e) if e.code == -libc::EBUSY && std::time::Instant::now() < deadline => {
+                        self.cont.pool().client().committer().flush();
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                    }
+                    r => return r.map(|_| ()),
+                }
+            }
         })
         .map_err(|e| e.context(format!("{} akey {}", self.what(dkey), fmt_key(akey))))?;
         // The other shards, unconditionally (retried separately: the
@@ -715,6 +733,14 @@ impl Object {
     /// The SINGLE value `akey` of `dkey`, `None` if it does not exist.
     pub fn fetch_single(&self, dkey: &[u8], akey: &[u8]) -> Result<Option<Vec<u8>>> {
         self.at(EPOCH_LATEST).fetch_single(dkey, akey)
+    }
+    /// The SINGLE value `akey` of `dkey` and the epoch of its version.
+    pub fn fetch_single_versioned(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+    ) -> Result<Option<(Vec<u8>, u64)>> {
+        self.at(EPOCH_LATEST).fetch_single_versioned(dkey, akey)
     }
     /// Exactly `len` bytes at `offset` of ARRAY `akey` (holes read as zeros).
     pub fn fetch_array(
@@ -980,6 +1006,7 @@ impl Object {
             insert_only: false,
             sync: self.cont.sync_always(),
             dtx: tx.cloned(),
+            conditions: Vec::new(),
         }
     }
 
@@ -992,15 +1019,28 @@ impl Object {
         dkey: &[u8],
         akeys: &[Vec<u8>],
     ) -> Result<()> {
-        let req = PunchReq {
+        let req = self.punch_req(map, loc, tx, epoch, dkey, akeys);
+        self.call(map, loc, Opcode::Punch, &req, &[]).map(|_| ())
+    }
+
+    pub(crate) fn punch_req(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        tx: Option<&data::Dtx>,
+        epoch: u64,
+        dkey: &[u8],
+        akeys: &[Vec<u8>],
+    ) -> PunchReq {
+        PunchReq {
             addr: Some(self.address(map, loc)),
             epoch,
             dkey: dkey.to_vec(),
             akeys: akeys.to_vec(),
             sync: self.cont.sync_always(),
             dtx: tx.cloned(),
-        };
-        self.call(map, loc, Opcode::Punch, &req, &[]).map(|_| ())
+            conditions: Vec::new(),
+        }
     }
 
     /// Make every update and punch of this object acknowledged so far
@@ -1683,6 +1723,17 @@ fn cell_segs(k: usize, start: u64, len: usize) -> Vec<Vec<CellSeg>> {
 impl ObjectAt<'_> {
     /// The SINGLE value `akey` of `dkey`, `None` if it does not exist.
     pub fn fetch_single(&self, dkey: &[u8], akey: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.fetch_single_versioned(dkey, akey)?.map(|(v, _)| v))
+    }
+
+    /// Like [`ObjectAt::fetch_single`], with the epoch of the version read:
+    /// what [`crate::Expect::UnchangedSince`] takes to change the value only
+    /// if nobody changed it since.
+    pub fn fetch_single_versioned(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+    ) -> Result<Option<(Vec<u8>, u64)>> {
         check_keys(dkey, Some(akey))?;
         let o = self.obj;
         let what = o.what(dkey);
@@ -1703,7 +1754,7 @@ impl ObjectAt<'_> {
                     .pop()
                     .expect("one value");
                 match v.status {
-                    0 => Ok(Some(v.data)),
+                    0 => Ok(Some((v.data, v.epoch))),
                     e if e == -libc::ENOENT => Ok(None),
                     e => Err(o.value_error(map, loc, akey, e)),
                 }

@@ -9,11 +9,12 @@ use crate::{
     err, now_ns, show, Entry, File, Node, SetAttr, Stat, StatFs, COUNT_DKEY, INODE, LOCKS, NAME_MAX,
 };
 use parking_lot::{Mutex, MutexGuard};
-use peregrine::{Container, Error, Object, ObjectClass, ObjectId, Result};
+use peregrine::{Container, Error, Expect, Object, ObjectClass, ObjectId, Result};
 use peregrine_proto::mgmt::{ContQueryReq, PoolQueryReq};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub(crate) struct Inner {
     pub(crate) cont: Container,
@@ -30,10 +31,8 @@ pub(crate) struct Inner {
     pub(crate) touches: Mutex<HashMap<ObjectId, Arc<Touch>>>,
     /// Subdirectory count changes in progress, by directory ([`Dfs::adjust_subdirs`]).
     pub(crate) counts: Mutex<HashMap<ObjectId, Arc<CountBatch>>>,
-    /// [`RENAME_LEASE_NS`](crate::rename::RENAME_LEASE_NS); tests shorten it.
+    /// [`RENAME_LEASE_NS`](crate::legacy::RENAME_LEASE_NS); tests shorten it.
     pub(crate) rename_lease_ns: std::sync::atomic::AtomicI64,
-    /// Tests: the rename step after which renames stop, as a killed client would.
-    pub(crate) stop_rename_after: Mutex<Option<&'static str>>,
 }
 
 /// A mounted POSIX namespace in one container. Cheap to clone.
@@ -49,6 +48,40 @@ impl std::fmt::Debug for Dfs {
             .field("read_only", &self.inner.read_only)
             .finish()
     }
+}
+
+/// How long a change of entries keeps re-reading and retrying while other
+/// clients change them (each try loses only to a change that committed).
+const CHANGED_RETRY: Duration = Duration::from_secs(10);
+
+/// An entry as read, with the epoch of its version (what a transaction
+/// changing it expects to be unchanged).
+pub(crate) type Versioned = (Entry, u64);
+
+/// Run `f` (reads, checks and one transaction that expects what it read)
+/// again while it fails with `EBUSY`: another client changed, or is
+/// changing, what it read; nothing was applied.
+pub(crate) fn retry_changed<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let deadline = Instant::now() + CHANGED_RETRY;
+    let mut pause = Duration::from_micros(500);
+    loop {
+        match f() {
+            Err(e) if e.code == -libc::EBUSY && Instant::now() < deadline => {
+                std::thread::sleep(pause.mul_f64(0.5 + unit_random()));
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// A number in [0, 1) that differs between threads and calls: spreads the
+/// retries of clients that collided.
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(now_ns());
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
@@ -129,12 +162,56 @@ impl Dfs {
 
     /// The entry at (parent, name) as stored.
     pub(crate) fn fetch_raw(&self, parent: ObjectId, name: &[u8]) -> Result<Option<Entry>> {
-        match self.obj(parent)?.fetch_single(name, INODE)? {
-            Some(v) => Entry::decode(&v)
-                .map(Some)
+        Ok(self.fetch_raw_versioned(parent, name)?.map(|(e, _)| e))
+    }
+
+    /// The entry at (parent, name) as stored, and the epoch of its version.
+    pub(crate) fn fetch_raw_versioned(
+        &self,
+        parent: ObjectId,
+        name: &[u8],
+    ) -> Result<Option<(Entry, u64)>> {
+        match self.obj(parent)?.fetch_single_versioned(name, INODE)? {
+            Some((v, epoch)) => Entry::decode(&v)
+                .map(|e| Some((e, epoch)))
                 .map_err(|e| e.context(format!("entry {:?} of directory {parent}", show(name)))),
             None => Ok(None),
         }
+    }
+
+    /// The entry at (parent, name) and the epoch of its version; an
+    /// old-protocol rename's intent is settled first (`EBUSY` while that
+    /// rename is still in flight).
+    pub(crate) fn fetch_versioned(
+        &self,
+        parent: ObjectId,
+        name: &[u8],
+    ) -> Result<Option<Versioned>> {
+        match self.fetch_raw_versioned(parent, name)? {
+            Some((e, _)) if e.moving.is_some() => match self.settle(parent, name, e)? {
+                Some(e) if e.moving.is_some() => Err(err(
+                    libc::EBUSY,
+                    format!(
+                        "{:?} is being renamed by a client of an older version",
+                        show(name)
+                    ),
+                )),
+                _ => self.fetch_raw_versioned(parent, name),
+            },
+            r => Ok(r),
+        }
+    }
+
+    /// Remove the entry at (parent, name) if it is still the version read
+    /// at `epoch` (`EBUSY` otherwise: another client renamed or replaced it
+    /// meanwhile, and removing what is there now could punch an object that
+    /// another name holds).
+    pub(crate) fn remove_entry(&self, parent: ObjectId, name: &[u8], epoch: u64) -> Result<()> {
+        let o = self.obj(parent)?;
+        let mut tx = self.container().transaction();
+        tx.punch_dkey(&o, name)
+            .expect(&o, name, INODE, Expect::UnchangedSince(epoch));
+        tx.commit()
     }
 
     pub(crate) fn put_entry(&self, parent: ObjectId, name: &[u8], e: &Entry) -> Result<()> {
@@ -491,18 +568,20 @@ impl Dfs {
         check_name(name)?;
         self.check_rw()?;
         let _g = self.lock(&[(parent.oid(), name)]);
-        let e = self
-            .fetch_entry(parent.oid(), name)?
-            .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
-        if e.is_dir() {
-            return Err(err(
-                libc::EISDIR,
-                format!("{:?} is a directory", show(name)),
-            ));
-        }
-        self.settle_from(&e)?;
-        self.obj(parent.oid())?.punch_dkey(name)?;
-        Ok(e)
+        retry_changed(|| {
+            let (e, epoch) = self
+                .fetch_versioned(parent.oid(), name)?
+                .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
+            if e.is_dir() {
+                return Err(err(
+                    libc::EISDIR,
+                    format!("{:?} is a directory", show(name)),
+                ));
+            }
+            self.settle_from(&e)?;
+            self.remove_entry(parent.oid(), name, epoch)?;
+            Ok(e)
+        })
     }
 
     /// Punch the object behind a removed entry (files and directories).
@@ -546,12 +625,15 @@ impl Dfs {
         check_name(name)?;
         self.check_rw()?;
         let _g = self.lock(&[(parent.oid(), name)]);
-        let e = self
-            .fetch_entry(parent.oid(), name)?
-            .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
-        self.check_empty_dir(&e, name)?;
-        self.settle_from(&e)?;
-        self.obj(parent.oid())?.punch_dkey(name)?;
+        let e = retry_changed(|| {
+            let (e, epoch) = self
+                .fetch_versioned(parent.oid(), name)?
+                .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
+            self.check_empty_dir(&e, name)?;
+            self.settle_from(&e)?;
+            self.remove_entry(parent.oid(), name, epoch)?;
+            Ok(e)
+        })?;
         self.release_object(&e)
     }
 

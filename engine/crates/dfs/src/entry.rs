@@ -27,12 +27,13 @@ pub struct Entry {
     pub child_class: u8,
     /// Symlink target.
     pub target: Vec<u8>,
-    /// Set while a rename moves this entry away (see "Renames" in the
-    /// module docs): the rename is done once the destination names the
-    /// same object.
+    /// Set while an old-protocol rename (of a client of before
+    /// transactions, see `legacy.rs`) moves this entry away: that rename
+    /// is done once the destination names the same object. Never written now.
     pub moving: Option<Box<Move>>,
-    /// Where a rename moved this entry from: that source entry may still
-    /// hold the rename's intent, to be settled before this one goes away.
+    /// Where an old-protocol rename moved this entry from: that source
+    /// entry may still hold the rename's intent, to be settled before this
+    /// one goes away. Never written now.
     pub from: Option<(ObjectId, Vec<u8>)>,
     /// Character and block devices: the device number (`st_rdev`, as
     /// `makedev` encodes it); 0 for everything else.

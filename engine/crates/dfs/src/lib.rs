@@ -18,7 +18,8 @@
 //! - **Directory**: an object with one dkey per entry name. akey `"inode"`
 //!   holds the entry ([`Entry::encode`]: mode, uid, gid, a/m/ctime ns,
 //!   object id, chunk size, size hint (not authoritative), inherited object
-//!   class, symlink target, rename intent and origin, device number,
+//!   class, symlink target, rename intent and origin (written by clients
+//!   of before transactions only, see `legacy.rs`), device number,
 //!   flags; version 3, versions 1 and 2 still read); xattrs are akeys
 //!   `"x:" + name` of the same dkey. A directory's own attributes live in its parent's entry;
 //!   creating, removing or renaming an entry in a directory sets the
@@ -59,12 +60,12 @@
 //! attribute types), `mount.rs` (the superblock), `dfs.rs` (the core:
 //! lookup, create, mkdir, unlink, rmdir, setattr, ...), `rename.rs`
 //! ("Renames" below), `links.rs` ("Link counts" below), `times.rs`
-//! (directory times), `xattr.rs`, `dir.rs` (listing) and `file.rs` (file
-//! data I/O).
+//! (directory times), `xattr.rs`, `dir.rs` (listing), `file.rs` (file
+//! data I/O) and `legacy.rs` (renames of clients of before transactions).
 //!
 //! # Consistency (documented limits)
-//! New directory entries (`create`, `mkdir`, `symlink`, the destination of
-//! `rename(NOREPLACE)`) are written with a conditional insert
+//! New directory entries (`create`, `mkdir`, `mknod`, `symlink`) are
+//! written with a conditional insert
 //! ([`Object::insert_single`](peregrine::Object::insert_single): the engine fails it with `EEXIST` if the
 //! name's `"inode"` akey has a value), so they are atomic against other
 //! clients too: of several mounts creating one name, exactly one wins and
@@ -92,8 +93,8 @@
 //! removing subdirectories of one directory at once serialize on it and
 //! lose no counts; changes within one mount are summed and applied
 //! together. What can still drift, documented rather than prevented (the
-//! engine has no atomic add or compare-and-swap, and a transaction cannot
-//! hold a conditional insert): a client killed, or an engine failure,
+//! count is changed after its entry change, not in the same transaction;
+//! the engine has no atomic add): a client killed, or an engine failure,
 //! between an entry change and its count change leaves the count off by
 //! that change (the count is never made negative: it stops at 0); a
 //! client that stalls for longer than the lock's lease (5 s) between
@@ -111,37 +112,30 @@
 //!
 //! # Renames
 //! A rename changes two entries, possibly in two directory objects on two
-//! engines, and the engine makes only single-value updates atomic. So a
-//! rename is a small roll-forward protocol whose every step is one atomic
-//! update, and a client killed between any two steps leaves one name per
-//! object, never two (removing one of two names would punch the object the
-//! other still names):
-//! 0. the source entry is claimed by a conditional insert (of several
-//!    clients renaming one entry, one wins; the others get `EBUSY`);
-//! 1. the source entry gets an intent ([`Move`]: where it goes, when, and
-//!    for `RENAME_EXCHANGE` the destination's entry and xattrs);
-//! 2. the destination is written: the entry, its xattrs, and `from` naming
-//!    the source. The destination naming the source's object is the
-//!    rename's commit point (object ids are unique and never hard-linked);
-//! 3. the source is punched (exchange: the destination's old entry is
-//!    written there, and the claim removed).
-//!
-//! Whoever reads an entry with an intent settles it first (`Dfs::settle`):
-//! committed, it finishes step 3; not committed, the entry stands as it
-//! was (the rename is in flight), and once the intent is older than the
-//! lease (30 s) the rename counts as abandoned and the intent is removed.
-//! Before an entry with `from` is removed, replaced or renamed again, its
-//! source is settled, so an abandoned source can never come back naming an
-//! object that is gone. What is still not atomic across clients: a rename
-//! whose client stalls for longer than the lease (30 s) between its steps
-//! can be undone or taken over under it, and a client killed after step 0
-//! leaves the entry unrenamable (`EBUSY`) until the lease passes. Closing
-//! those needs multi-object transactions in the engine (as DAOS DTX).
+//! engines: it is one engine transaction ([`peregrine::Transaction`], as
+//! DAOS DTX), all of it applied or none, whatever fails. It reads the source
+//! entry and the destination entry (or their absence) with the epochs of
+//! their versions, then commits the new destination (entry and xattrs; the
+//! old occupant's other xattrs punched) and the source's removal (for
+//! `RENAME_EXCHANGE`: the destination's old entry and xattrs written there)
+//! expecting both entries unchanged since those epochs and a free
+//! destination still free. The engines check that while preparing, and
+//! refuse a change of an entry another transaction holds prepared, so of
+//! several clients renaming one entry exactly one commits; the others read
+//! again (the entry is gone: `ENOENT`). A client killed in the middle
+//! leaves a transaction that the engines settle (committed if every shard
+//! prepared it, else aborted). unlink and rmdir likewise remove an entry
+//! only if it is the version they read, so they never punch an object
+//! that a rename moved under them. Not covered: the xattrs moved are read
+//! before the commit and not checked, so an xattr set by another client in
+//! between can be lost (the entry itself cannot). Renames left half done by
+//! clients of before transactions are settled when read (`legacy.rs`).
 
 mod dfs;
 mod dir;
 mod entry;
 mod file;
+mod legacy;
 mod links;
 mod mount;
 mod node;
@@ -173,10 +167,6 @@ const SB_LAYOUT: &[u8] = b"layout";
 const SB_MAGIC: &[u8] = b"PRGDFS";
 const ROOT_NAME: &[u8] = b"/";
 const INODE: &[u8] = b"inode";
-/// Akey of a rename's claim on its source entry (when it started, ns):
-/// written by conditional insert, so one of several clients renaming one
-/// entry wins it.
-const RENAME_CLAIM: &[u8] = b"rename";
 const XPREFIX: &[u8] = b"x:";
 /// The akey of file data in each chunk dkey.
 pub const DATA_AKEY: &[u8] = b"d";

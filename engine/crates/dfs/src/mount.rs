@@ -2,7 +2,7 @@
 //! in the crate docs).
 
 use crate::dfs::Inner;
-use crate::rename::RENAME_LEASE_NS;
+use crate::legacy::RENAME_LEASE_NS;
 use crate::{
     err, now_ns, Dfs, Entry, Node, DEFAULT_CHUNK_SIZE, INODE, LAYOUT_VERSION, LOCKS, ROOT_NAME,
     SB_DKEY, SB_LAYOUT, SB_MAGIC,
@@ -156,7 +156,6 @@ impl Dfs {
                 touches: Mutex::new(HashMap::new()),
                 counts: Mutex::new(HashMap::new()),
                 rename_lease_ns: RENAME_LEASE_NS.into(),
-                stop_rename_after: Mutex::new(None),
             }),
         })
     }

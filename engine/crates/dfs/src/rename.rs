@@ -1,54 +1,12 @@
-//! Renames: the roll-forward protocol (see "Renames" in the crate docs).
+//! Renames: one engine transaction each (see "Renames" in the crate docs).
 
-use crate::dfs::check_name;
+use crate::dfs::{check_name, retry_changed};
 use crate::{
-    err, now_ns, show, Dfs, Entry, Move, Node, Xattrs, INODE, RENAME_CLAIM, RENAME_EXCHANGE,
-    RENAME_NOREPLACE,
+    err, now_ns, show, Dfs, Entry, Node, Xattrs, INODE, RENAME_EXCHANGE, RENAME_NOREPLACE,
 };
-use peregrine::{Error, Object, ObjectId, Result};
-use std::sync::atomic::Ordering;
-
-/// A rename whose intent is older than this and whose destination does not
-/// name its object is taken as abandoned (its client died) and undone.
-pub(crate) const RENAME_LEASE_NS: i64 = 30_000_000_000;
+use peregrine::{Error, Expect, Object, ObjectId, Result, Transaction};
 
 impl Dfs {
-    /// Write entry `e` with xattrs `xs` at (dir, name), replacing what is
-    /// there (stale xattrs of the old occupant are punched). With
-    /// `noreplace` the entry goes first, as a conditional insert (`EEXIST`
-    /// and nothing written if the name is taken), then its xattrs.
-    fn install(
-        &self,
-        dir: ObjectId,
-        name: &[u8],
-        e: &Entry,
-        xs: &[(Vec<u8>, Vec<u8>)],
-        had_entry: bool,
-        noreplace: bool,
-    ) -> Result<()> {
-        let o = self.obj(dir)?;
-        if noreplace {
-            self.insert_entry(dir, name, e)?;
-            for (k, v) in xs {
-                o.update_single(name, k, v)?;
-            }
-            return Ok(());
-        }
-        if had_entry {
-            let old = self.xattr_keys(dir, name)?;
-            let stale: Vec<&[u8]> = old
-                .iter()
-                .filter(|k| !xs.iter().any(|(n, _)| n == *k))
-                .map(|k| k.as_slice())
-                .collect();
-            o.punch_akeys(name, &stale)?;
-        }
-        for (k, v) in xs {
-            o.update_single(name, k, v)?;
-        }
-        o.update_single(name, INODE, &e.encode())
-    }
-
     /// rename(2)/renameat2(2): `flags` 0, [`RENAME_NOREPLACE`] or
     /// [`RENAME_EXCHANGE`]. A replaced file's data is punched.
     pub fn rename(
@@ -114,10 +72,23 @@ impl Dfs {
         }
         let (s, d) = (sp.oid(), dp.oid());
         let _g = self.lock(&[(s, sname), (d, dname)]);
-        let se = self
-            .fetch_entry(s, sname)?
+        retry_changed(|| self.rename_once(s, sname, d, dname, flags))
+    }
+
+    /// One try: read both entries, check, and commit the change as one
+    /// transaction that expects both entries as read.
+    fn rename_once(
+        &self,
+        s: ObjectId,
+        sname: &[u8],
+        d: ObjectId,
+        dname: &[u8],
+        flags: u32,
+    ) -> Result<(Option<Entry>, (i64, i64))> {
+        let (se, s_epoch) = self
+            .fetch_versioned(s, sname)?
             .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(sname))))?;
-        let de = self.fetch_entry(d, dname)?;
+        let de = self.fetch_versioned(d, dname)?;
         if s == d && sname == dname {
             return if flags & RENAME_NOREPLACE != 0 {
                 Err(err(libc::EEXIST, format!("{:?} exists", show(dname))))
@@ -127,23 +98,15 @@ impl Dfs {
         }
         let (sdir, ddir) = (
             se.is_dir() as i64,
-            de.as_ref().is_some_and(|e| e.is_dir()) as i64,
+            de.as_ref().is_some_and(|(e, _)| e.is_dir()) as i64,
         );
-        if se.oid == d || de.as_ref().is_some_and(|x| x.oid == s) {
+        if se.oid == d || de.as_ref().is_some_and(|(x, _)| x.oid == s) {
             return Err(Error::inval(
                 "rename would make a directory its own ancestor",
             ));
         }
-        for (e, n) in [(Some(&se), sname), (de.as_ref(), dname)] {
-            if e.is_some_and(|e| e.moving.is_some()) {
-                return Err(err(
-                    libc::EBUSY,
-                    format!("{:?} is being renamed by another client", show(n)),
-                ));
-            }
-        }
-        // Every check that can refuse the rename comes before the claim.
         let exchange = flags & RENAME_EXCHANGE != 0;
+        let noreplace = flags & RENAME_NOREPLACE != 0;
         match &de {
             None if exchange => {
                 return Err(err(
@@ -151,11 +114,11 @@ impl Dfs {
                     format!("{:?}: no such entry", show(dname)),
                 ))
             }
-            Some(_) if flags & RENAME_NOREPLACE != 0 => {
+            Some(_) if noreplace => {
                 return Err(err(libc::EEXIST, format!("{:?} exists", show(dname))));
             }
-            Some(de) if !exchange && se.is_dir() => self.check_empty_dir(de, dname)?,
-            Some(de) if !exchange && de.is_dir() => {
+            Some((de, _)) if !exchange && se.is_dir() => self.check_empty_dir(de, dname)?,
+            Some((de, _)) if !exchange && de.is_dir() => {
                 return Err(err(
                     libc::EISDIR,
                     format!("{:?} is a directory", show(dname)),
@@ -163,185 +126,83 @@ impl Dfs {
             }
             _ => {}
         }
-        // Both entries are about to move or go: finish the renames that put them here.
+        // Both entries move or go: finish old-protocol renames that put them here.
         self.settle_from(&se)?;
-        if let Some(de) = &de {
+        if let Some((de, _)) = &de {
             self.settle_from(de)?;
         }
-        self.claim_rename(s, sname)?;
-        // A rename that won the claim before this one may have finished since
-        // the source was read: it must still be there, unchanged.
-        if self.fetch_raw(s, sname)?.map(|e| e.oid) != Some(se.oid) {
-            self.obj(s)?.punch_akeys(sname, &[RENAME_CLAIM])?;
-            return Err(err(
-                libc::ENOENT,
-                format!("{:?}: renamed or removed meanwhile", show(sname)),
-            ));
-        }
-        self.rename_step("claim")?;
+        let (so, dob) = (self.obj(s)?, self.obj(d)?);
         let sx = self.xattrs(s, sname)?;
+        let dx = match &de {
+            Some(_) => self.xattrs(d, dname)?,
+            None => Vec::new(),
+        };
         let since = now_ns();
+        let mut tx = self.container().transaction();
+        tx.expect(&so, sname, INODE, Expect::UnchangedSince(s_epoch));
+        tx.expect(
+            &dob,
+            dname,
+            INODE,
+            match &de {
+                Some((_, epoch)) => Expect::UnchangedSince(*epoch),
+                None => Expect::Absent,
+            },
+        );
         let mut moved = se.clone();
         moved.ctime = since;
-        moved.from = Some((s, sname.to_vec()));
-        if let (true, Some(de)) = (exchange, &de) {
-            let dx = self.xattrs(d, dname)?;
-            let intent = self.put_intent(s, sname, &se, d, dname, since, Some((de.clone(), dx)))?;
-            self.rename_step("exchange intent")?;
-            self.install(d, dname, &moved, &sx, true, false)?;
-            self.rename_step("exchange destination")?;
-            self.settle(s, sname, intent)?;
-            return Ok((None, (ddir - sdir, sdir - ddir)));
-        }
-        self.put_intent(s, sname, &se, d, dname, since, None)?;
-        self.rename_step("intent")?;
-        let noreplace = flags & RENAME_NOREPLACE != 0;
-        if let Err(e) = self.install(d, dname, &moved, &sx, de.is_some(), noreplace) {
-            // Nothing moved (e.g. a NOREPLACE destination another client just
-            // created): withdraw the intent and the claim (or leave them to the lease).
-            if self.put_entry(s, sname, &se).is_ok() {
-                let _ = self.obj(s)?.punch_akeys(sname, &[RENAME_CLAIM]);
+        moved.from = None;
+        self.put_entry_in(&mut tx, &dob, dname, &moved, &sx, &dx);
+        match (&de, exchange) {
+            (Some((other, _)), true) => {
+                let mut back = other.clone();
+                back.ctime = since;
+                back.from = None;
+                self.put_entry_in(&mut tx, &so, sname, &back, &dx, &sx);
             }
-            return Err(e);
+            _ => {
+                tx.punch_dkey(&so, sname);
+            }
         }
-        self.rename_step("destination")?;
-        self.obj(s)?.punch_dkey(sname)?;
-        Ok((de, (-sdir, sdir - ddir)))
+        match tx.commit() {
+            Ok(()) => {}
+            // Taken since it was read free: EEXIST for NOREPLACE, else read
+            // again and replace what is there now.
+            Err(e) if e.code == -libc::EEXIST && !noreplace => {
+                return Err(Error::new(-libc::EBUSY, e.msg))
+            }
+            Err(e) if e.code == -libc::EEXIST => {
+                return Err(err(libc::EEXIST, format!("{:?} exists", show(dname))))
+            }
+            Err(e) => return Err(e),
+        }
+        if exchange {
+            Ok((None, (ddir - sdir, sdir - ddir)))
+        } else {
+            Ok((de.map(|(e, _)| e), (-sdir, sdir - ddir)))
+        }
     }
 
-    /// Step 1 of a rename: record in the source entry where it goes (and,
-    /// for an exchange, what comes back). Returns the entry as written.
-    #[allow(clippy::too_many_arguments)]
-    fn put_intent(
+    /// Add to `tx`: entry `e` with xattrs `xs` at `name` of directory `o`,
+    /// and the punch of the xattrs of `old` (its occupant's) that `xs` lacks.
+    pub(crate) fn put_entry_in(
         &self,
-        s: ObjectId,
-        sname: &[u8],
-        se: &Entry,
-        d: ObjectId,
-        dname: &[u8],
-        since: i64,
-        exchange: Option<(Entry, Xattrs)>,
-    ) -> Result<Entry> {
-        let mut intent = se.clone();
-        intent.moving = Some(Box::new(Move {
-            to_dir: d,
-            to_name: dname.to_vec(),
-            since,
-            exchange,
-        }));
-        self.put_entry(s, sname, &intent)?;
-        Ok(intent)
-    }
-
-    /// Settle the rename whose intent source entry `e` (at parent/name)
-    /// holds. The destination naming the same object is the rename's commit
-    /// point: then the rename is finished here (the source punched, or for
-    /// an exchange the destination's old entry written to the source) and
-    /// the result returned. Otherwise the rename is in progress (`e` stands,
-    /// intent and all) or, once its intent is older than the lease,
-    /// abandoned by a client that died: undone.
-    pub(crate) fn settle(&self, parent: ObjectId, name: &[u8], e: Entry) -> Result<Option<Entry>> {
-        let Some(m) = e.moving.as_deref() else {
-            return Ok(Some(e));
-        };
-        let dest = self.fetch_raw(m.to_dir, &m.to_name)?;
-        if dest.is_some_and(|d| d.oid == e.oid) {
-            return match &m.exchange {
-                None => {
-                    self.obj(parent)?.punch_dkey(name)?;
-                    Ok(None)
-                }
-                Some((other, xs)) => {
-                    let mut back = other.clone();
-                    back.ctime = m.since;
-                    self.install(parent, name, &back, xs, true, false)?;
-                    self.obj(parent)?.punch_akeys(name, &[RENAME_CLAIM])?;
-                    Ok(Some(back))
-                }
-            };
+        tx: &mut Transaction,
+        o: &Object,
+        name: &[u8],
+        e: &Entry,
+        xs: &Xattrs,
+        old: &Xattrs,
+    ) {
+        for (k, v) in xs {
+            tx.update_single(o, name, k, v);
         }
-        let lease = self.inner.rename_lease_ns.load(Ordering::Relaxed);
-        if now_ns().saturating_sub(m.since) < lease {
-            return Ok(Some(e));
-        }
-        let mut back = e.clone();
-        back.moving = None;
-        self.put_entry(parent, name, &back)?;
-        self.obj(parent)?.punch_akeys(name, &[RENAME_CLAIM])?;
-        Ok(Some(back))
-    }
-
-    /// Step 0 of a rename: claim the source entry by conditional insert, so
-    /// that of several clients renaming it one goes on and the others get
-    /// `EBUSY`. A claim older than the lease is a rename whose client died
-    /// before it wrote its intent: it is taken over.
-    fn claim_rename(&self, dir: ObjectId, name: &[u8]) -> Result<()> {
-        let o = self.obj(dir)?;
-        let busy = || {
-            err(
-                libc::EBUSY,
-                format!("{:?} is being renamed by another client", show(name)),
-            )
-        };
-        let claim = |o: &Object| match o.insert_single(name, RENAME_CLAIM, &now_ns().to_le_bytes())
-        {
-            Err(e) if e.code == -libc::EEXIST => Err(busy()),
-            r => r,
-        };
-        match claim(&o) {
-            Err(e) if e.code == -libc::EBUSY => {}
-            r => return r,
-        }
-        let since = o
-            .fetch_single(name, RENAME_CLAIM)?
-            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-            .map(i64::from_le_bytes);
-        // No claim to read: it is still being committed (a conditional
-        // insert sees those, a fetch does not yet) or was just released.
-        // Either way somebody else's rename is under way.
-        let lease = self.inner.rename_lease_ns.load(Ordering::Relaxed);
-        match since {
-            Some(t) if now_ns().saturating_sub(t) >= lease => {
-                o.punch_akeys(name, &[RENAME_CLAIM])?;
-                claim(&o)
-            }
-            _ => Err(busy()),
-        }
-    }
-
-    /// Before entry `e` moves again or goes away: settle the rename that
-    /// put it where it is, if that rename's source still holds its intent
-    /// (else, e.g., the source would be undone once its lease ran out, and
-    /// name an object removed here).
-    pub(crate) fn settle_from(&self, e: &Entry) -> Result<()> {
-        if let Some((dir, name)) = &e.from {
-            self.fetch_entry(*dir, name)?;
-        }
-        Ok(())
-    }
-
-    fn rename_step(&self, step: &'static str) -> Result<()> {
-        if *self.inner.stop_rename_after.lock() == Some(step) {
-            return Err(err(
-                libc::EIO,
-                format!("rename stopped after its {step} (test)"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Tests: renames stop after `step` ("claim", "intent", "destination",
-    /// "exchange intent", "exchange destination"), as if their client died there.
-    #[doc(hidden)]
-    pub fn stop_renames_after(&self, step: Option<&'static str>) {
-        *self.inner.stop_rename_after.lock() = step;
-    }
-
-    /// Tests: how old a rename's intent must be to count as abandoned.
-    #[doc(hidden)]
-    pub fn set_rename_lease(&self, lease: std::time::Duration) {
-        self.inner
-            .rename_lease_ns
-            .store(lease.as_nanos() as i64, Ordering::Relaxed);
+        tx.update_single(o, name, INODE, &e.encode());
+        let stale: Vec<&[u8]> = old
+            .iter()
+            .map(|(k, _)| k.as_slice())
+            .filter(|k| !xs.iter().any(|(n, _)| n == k))
+            .collect();
+        tx.punch_akeys(o, name, &stale);
     }
 }

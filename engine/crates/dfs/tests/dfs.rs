@@ -602,149 +602,99 @@ fn read_all(fs: &Dfs, n: &Node) -> Vec<u8> {
     buf
 }
 
-/// A rename interrupted after any of its steps (its client killed: every
-/// step before is durable, nothing after happens) leaves one name per
-/// object, never two: another client sees the rename either not done yet
-/// (and undone once its intent outlives the lease) or done, and removing
-/// the one visible name never takes the other's data.
+/// Renames left half done by clients of before transactions (an intent in
+/// the source entry, maybe the destination written) are settled when read:
+/// finished if the destination names the object, else standing until the
+/// old lease passes, then undone. Never two names for one object.
 #[test]
-fn renames_interrupted_at_any_step_leave_one_name_per_object() {
+fn renames_left_by_older_clients_are_settled() {
     let c = cluster(1);
     let a = mount(&c, "cont", false);
     let root = a.root();
     let d1 = a.mkdir(&root, b"d1", 0o755, 0, 0).unwrap();
     let d2 = a.mkdir(&root, b"d2", 0o755, 0, 0).unwrap();
-    let file = |fs: &Dfs, dir: &Node, name: &[u8], data: &[u8]| {
-        let (n, _) = fs.create(dir, name, 0o644, 0, 0, true).unwrap();
-        fs.open(&n).unwrap().write_at(0, data).unwrap();
-        fs.setxattr(&n, b"user.tag", data, 0).unwrap();
+    let o1 = a.container().object(d1.oid()).unwrap();
+    let o2 = a.container().object(d2.oid()).unwrap();
+    let file = |dir: &Node, name: &[u8], data: &[u8]| {
+        let (n, _) = a.create(dir, name, 0o644, 0, 0, true).unwrap();
+        a.open(&n).unwrap().write_at(0, data).unwrap();
+        a.setxattr(&n, b"user.tag", data, 0).unwrap();
         n
     };
-    let reader = || mount(&c, "cont", false);
+    // What the old protocol wrote: the source's intent, the destination's origin.
+    let intent = |n: &Node, to: &Node, to_name: &[u8], exchange: Option<(Entry, Xattrs)>| {
+        let mut e = n.entry.clone();
+        e.moving = Some(Box::new(Move {
+            to_dir: to.oid(),
+            to_name: to_name.to_vec(),
+            since: now_ns(),
+            exchange,
+        }));
+        e
+    };
+    let moved = |n: &Node, from: &Node, name: &[u8]| {
+        let mut e = n.entry.clone();
+        e.from = Some((from.oid(), name.to_vec()));
+        e.encode()
+    };
 
-    // Plain rename over an existing file, stopped after the intent: the
-    // source stands (in progress), then is undone once the lease passed.
-    let src = file(&a, &d1, b"src1", b"one");
-    file(&a, &d2, b"dst1", b"old");
-    a.stop_renames_after(Some("intent"));
-    assert_eq!(code(a.rename(&d1, b"src1", &d2, b"dst1", 0)), libc::EIO);
-    let b = reader();
-    assert_eq!(b.lookup(&d1, b"src1").unwrap().oid(), src.oid());
-    assert_eq!(read_all(&b, &b.lookup(&d2, b"dst1").unwrap()), b"old");
-    // Another client may not rename it meanwhile (it is someone's rename in flight).
-    assert_eq!(code(b.rename(&d1, b"src1", &root, b"x", 0)), libc::EBUSY);
+    // Committed (the destination names the object): finished on lookup.
+    let src = file(&d1, b"src", b"one");
+    o1.update_single(b"src", b"inode", &intent(&src, &d2, b"dst", None).encode())
+        .unwrap();
+    o2.update_single(b"dst", b"inode", &moved(&src, &d1, b"src"))
+        .unwrap();
+    o2.update_single(b"dst", b"x:user.tag", b"one").unwrap();
+    let b = mount(&c, "cont", false);
+    assert_eq!(code(b.lookup(&d1, b"src")), libc::ENOENT);
+    let n = b.lookup(&d2, b"dst").unwrap();
+    assert_eq!((n.oid(), read_all(&b, &n)), (src.oid(), b"one".to_vec()));
+    // Removing the destination settles its source first (already done here).
+    b.unlink(&d2, b"dst").unwrap();
+    assert_eq!(names(&b, &d1), Vec::<Vec<u8>>::new());
+
+    // Not committed: stands while the lease runs, undone after it.
+    let src = file(&d1, b"src2", b"two");
+    o1.update_single(
+        b"src2",
+        b"inode",
+        &intent(&src, &d2, b"dst2", None).encode(),
+    )
+    .unwrap();
+    assert!(b.lookup(&d1, b"src2").unwrap().entry.moving.is_some());
     b.set_rename_lease(std::time::Duration::ZERO);
-    let n = b.lookup(&d1, b"src1").unwrap();
+    let n = b.lookup(&d1, b"src2").unwrap();
     assert!(n.entry.moving.is_none(), "abandoned rename undone");
-    assert_eq!(read_all(&b, &n), b"one");
-    assert_eq!(read_all(&b, &b.lookup(&d2, b"dst1").unwrap()), b"old");
-    // ... and renames fine afterwards.
-    a.stop_renames_after(None);
-    b.rename(&d1, b"src1", &d2, b"dst1", 0).unwrap();
-    assert_eq!(read_all(&a, &a.lookup(&d2, b"dst1").unwrap()), b"one");
-    assert_eq!(code(a.lookup(&d1, b"src1")), libc::ENOENT);
+    assert_eq!(read_all(&b, &n), b"two");
+    assert_eq!(code(b.lookup(&d2, b"dst2")), libc::ENOENT);
+    b.rename(&d1, b"src2", &d2, b"dst2", 0).unwrap();
+    assert_eq!(read_all(&b, &b.lookup(&d2, b"dst2").unwrap()), b"two");
 
-    // Stopped after its claim: the entry is untouched, other clients get
-    // EBUSY until the claim outlives the lease, then take it over.
-    file(&a, &d1, b"src0", b"zero");
-    a.stop_renames_after(Some("claim"));
-    assert_eq!(code(a.rename(&d1, b"src0", &d2, b"dst0", 0)), libc::EIO);
-    a.stop_renames_after(None);
-    let b = reader();
-    assert_eq!(read_all(&b, &b.lookup(&d1, b"src0").unwrap()), b"zero");
-    assert_eq!(code(b.rename(&d1, b"src0", &d2, b"dst0", 0)), libc::EBUSY);
-    b.set_rename_lease(std::time::Duration::ZERO);
-    b.rename(&d1, b"src0", &d2, b"dst0", 0).unwrap();
-    assert_eq!(read_all(&b, &b.lookup(&d2, b"dst0").unwrap()), b"zero");
-    b.unlink(&d2, b"dst0").unwrap();
-
-    // Stopped after the destination was written (the commit point): the
-    // rename is done for everybody, whatever the lease.
-    let src = file(&a, &d1, b"src2", b"two");
-    a.stop_renames_after(Some("destination"));
-    assert_eq!(code(a.rename(&d1, b"src2", &d2, b"dst2", 0)), libc::EIO);
-    a.stop_renames_after(None);
-    let b = reader();
-    assert_eq!(
-        names(&b, &d1),
-        Vec::<Vec<u8>>::new(),
-        "source gone in readdir"
-    );
-    assert_eq!(code(b.lookup(&d1, b"src2")), libc::ENOENT);
-    let moved = b.lookup(&d2, b"dst2").unwrap();
-    assert_eq!(moved.oid(), src.oid());
-    assert_eq!(b.getxattr(&moved, b"user.tag").unwrap(), b"two");
-
-    // Stopped after the destination again, and the destination is removed
-    // before anybody looked at the source: the source must not come back
-    // (it would name the removed file's object) when the lease passes.
-    file(&a, &d1, b"src3", b"three");
-    a.stop_renames_after(Some("destination"));
-    assert_eq!(code(a.rename(&d1, b"src3", &d2, b"dst3", 0)), libc::EIO);
-    a.stop_renames_after(None);
-    let b = reader();
-    b.set_rename_lease(std::time::Duration::ZERO);
-    b.unlink(&d2, b"dst3").unwrap();
-    assert_eq!(code(b.lookup(&d1, b"src3")), libc::ENOENT);
-    assert_eq!(code(b.lookup(&d2, b"dst3")), libc::ENOENT);
-    // Likewise when the destination moves on before the source was looked at.
-    file(&a, &d1, b"src4", b"four");
-    a.stop_renames_after(Some("destination"));
-    assert_eq!(code(a.rename(&d1, b"src4", &d2, b"dst4", 0)), libc::EIO);
-    a.stop_renames_after(None);
-    b.rename(&d2, b"dst4", &root, b"final4", 0).unwrap();
-    assert_eq!(code(b.lookup(&d1, b"src4")), libc::ENOENT);
-    assert_eq!(read_all(&b, &b.lookup(&root, b"final4").unwrap()), b"four");
-
-    // RENAME_EXCHANGE stopped after each step.
-    for (step, done) in [("exchange intent", false), ("exchange destination", true)] {
-        let x = file(&a, &d1, b"x", b"ex");
-        let y = file(&a, &d2, b"y", b"why");
-        a.stop_renames_after(Some(step));
-        assert_eq!(
-            code(a.rename(&d1, b"x", &d2, b"y", RENAME_EXCHANGE)),
-            libc::EIO
-        );
-        a.stop_renames_after(None);
-        let b = reader();
-        b.set_rename_lease(std::time::Duration::ZERO);
-        let (at1, at2) = (b.lookup(&d1, b"x").unwrap(), b.lookup(&d2, b"y").unwrap());
-        let (want1, want2) = if done { (&y, &x) } else { (&x, &y) };
-        assert_eq!((at1.oid(), at2.oid()), (want1.oid(), want2.oid()), "{step}");
-        assert_ne!(at1.oid(), at2.oid());
-        let tag = |n: &Node| b.getxattr(n, b"user.tag").unwrap();
-        assert_eq!(
-            (read_all(&b, &at1), tag(&at1)),
-            (
-                read_all(&b, &at1),
-                if done {
-                    b"why".to_vec()
-                } else {
-                    b"ex".to_vec()
-                }
-            ),
-            "{step}: data and xattrs follow the object"
-        );
-        assert_eq!(
-            read_all(&b, &at2),
-            if done {
-                b"ex".to_vec()
-            } else {
-                b"why".to_vec()
-            }
-        );
-        assert_eq!(tag(&at2), read_all(&b, &at2));
-        b.unlink(&d1, b"x").unwrap();
-        b.unlink(&d2, b"y").unwrap();
-    }
-    // Nothing left behind in either directory but what the test kept.
-    assert_eq!(names(&a, &d1), Vec::<Vec<u8>>::new());
-    assert_eq!(names(&a, &d2), vec![b"dst1".to_vec(), b"dst2".to_vec()]);
+    // An exchange whose destination was written: the other entry and its
+    // xattrs come back to the source.
+    let x = file(&d1, b"x", b"ex");
+    let y = file(&d2, b"y", b"why");
+    let ex = Some((
+        y.entry.clone(),
+        vec![(b"x:user.tag".to_vec(), b"why".to_vec())],
+    ));
+    o1.update_single(b"x", b"inode", &intent(&x, &d2, b"y", ex).encode())
+        .unwrap();
+    o2.update_single(b"y", b"inode", &moved(&x, &d1, b"x"))
+        .unwrap();
+    o2.update_single(b"y", b"x:user.tag", b"ex").unwrap();
+    let (at1, at2) = (b.lookup(&d1, b"x").unwrap(), b.lookup(&d2, b"y").unwrap());
+    assert_eq!((at1.oid(), at2.oid()), (y.oid(), x.oid()));
+    assert_eq!(b.getxattr(&at1, b"user.tag").unwrap(), b"why");
+    assert_eq!(read_all(&b, &at1), b"why");
+    assert_eq!(read_all(&b, &at2), b"ex");
+    assert!(at1.entry.moving.is_none() && b.lookup(&d1, b"x").unwrap().entry.moving.is_none());
 }
 
 /// Two clients renaming one entry at the same moment: one rename wins, the
-/// other fails (EBUSY while the winner holds the entry, ENOENT after), and
-/// the object has exactly one name.
+/// other fails (ENOENT once it reads again after the winner's commit, or
+/// EBUSY if it kept losing for the retry window), and the object has
+/// exactly one name.
 #[test]
 fn concurrent_renames_of_one_entry_leave_one_name() {
     let c = cluster(1);

@@ -488,6 +488,7 @@ fn update_frame(
         insert_only: false,
         sync: false,
         dtx: None,
+        conditions: Vec::new(),
     };
     let msg = prost::Message::encode_to_vec(&req);
     let mut f = frame::encode_frame(Opcode::Update, 0, epoch, &msg, &[bulk]).unwrap();

@@ -122,6 +122,7 @@ fn malformed_frames_close_only_their_connection() {
         insert_only: false,
         sync: false,
         dtx: None,
+        conditions: Vec::new(),
     };
     frame::write_frame(
         &mut s,

@@ -202,7 +202,7 @@ fn release(op: &WalOp, rel: &mut Released) {
 /// Whether an update or punch changes `akey` of the dkey.
 /// Whether `op` changes `akey` of the dkey at `at` within bytes
 /// `[start, end)` (an ARRAY extent overlapping them, any SINGLE value, any punch).
-fn touches_range(
+pub(crate) fn touches_range(
     op: &WalOp,
     at: (&Uuid, &Uuid, &ObjKey, &[u8]),
     akey: &[u8],
@@ -521,7 +521,7 @@ impl DtxTable {
     }
 
     /// A transaction other than `own` holding a change of `akey` of the dkey.
-    fn touched_by_other(
+    pub(crate) fn touched_by_other(
         &self,
         own: Option<TxId>,
         at: (&Uuid, &Uuid, &ObjKey, &[u8]),

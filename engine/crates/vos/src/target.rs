@@ -69,6 +69,7 @@
 
 use crate::alloc::BlockAlloc;
 use crate::bufpool::BUF_BYTES;
+use crate::condition;
 use crate::device::DeviceIo;
 use crate::device::{env_us, spin_us, Op};
 use crate::dtx::{self, Admit, OpKey};
@@ -1722,19 +1723,23 @@ impl Target {
             }
             parsed.push((iod, kind, range, large));
         }
-        if u.insert_only {
-            for iod in &u.iods {
-                if self.visible_latest(&pool, &cont, &obj, &u.dkey, &iod.akey) {
-                    return Err(Errno::new(
-                        -libc::EEXIST,
-                        format!(
-                            "update: dkey {dk:?} akey {:?}: insert_only, but the akey already has a value on target {} shard {}; nothing stored",
-                            show(&iod.akey),
-                            self.id,
-                            obj.shard
-                        ),
-                    ));
-                }
+        {
+            let own = tx.as_ref().map(|t| t.0);
+            let at = (&pool, &cont, &obj, u.dkey.as_slice());
+            let absent: Vec<data::Condition> = if u.insert_only {
+                u.iods
+                    .iter()
+                    .map(|iod| data::Condition {
+                        akey: iod.akey.clone(),
+                        expect: Some(data::condition::Expect::Absent(true)),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let req = format!("update on target {} shard {}", self.id, obj.shard);
+            for conds in [&absent, &u.conditions] {
+                condition::check(&self.index, self.in_flight(), own, at, conds, &req)?;
             }
         }
         for iod in u.iods.iter().filter(|i| i.has_unchanged_since) {
@@ -1984,53 +1989,6 @@ impl Target {
         true
     }
 
-    /// Whether `akey` has a visible value at the latest epoch once the
-    /// commits in flight and the changes already gathered in the open batch
-    /// (applied before this request, in queue order) are applied too.
-    fn visible_latest(
-        &self,
-        pool: &Uuid,
-        cont: &Uuid,
-        obj: &ObjKey,
-        dkey: &[u8],
-        akey: &[u8],
-    ) -> bool {
-        let (mut newest, mut floor) = self.index.akey_latest(pool, cont, obj, dkey, akey);
-        let pending = self.commits.iter().flat_map(|c| &c.ops);
-        for op in pending.chain(&self.open.ops) {
-            match op {
-                WalOp::Update {
-                    pool: p,
-                    cont: c,
-                    obj: o,
-                    dkey: d,
-                    epoch,
-                    values,
-                } if (p, c, o, d.as_slice()) == (pool, cont, obj, dkey)
-                    && values.iter().any(|v| v.akey == akey) =>
-                {
-                    newest = newest.max(Some(*epoch));
-                }
-                WalOp::Punch {
-                    pool: p,
-                    cont: c,
-                    obj: o,
-                    dkey: d,
-                    akeys,
-                    epoch,
-                } if (p, c, o) == (pool, cont, obj)
-                    && (d.is_empty()
-                        || (d.as_slice() == dkey
-                            && (akeys.is_empty() || akeys.iter().any(|a| a == akey)))) =>
-                {
-                    floor = floor.max(Some(*epoch));
-                }
-                _ => {}
-            }
-        }
-        newest > floor
-    }
-
     /// Validate a punch and gather it into the open batch; a transaction's
     /// punch as a [`WalOp::Prepare`], unless there is nothing to store.
     fn prepare_punch(&mut self, p: data::PunchReq) -> Result<Admit, Errno> {
@@ -2055,6 +2013,15 @@ impl Target {
             if admit != Admit::Stage {
                 return Ok(admit);
             }
+        }
+        if !p.conditions.is_empty() {
+            if p.dkey.is_empty() {
+                return Err(Errno::inval("punch: conditions given without a dkey"));
+            }
+            let own = tx.as_ref().map(|t| t.0);
+            let at = (&pool, &cont, &obj, p.dkey.as_slice());
+            let req = format!("punch on target {} shard {}", self.id, obj.shard);
+            condition::check(&self.index, self.in_flight(), own, at, &p.conditions, &req)?;
         }
         let op = WalOp::Punch {
             pool,
@@ -3109,6 +3076,7 @@ mod tests {
             insert_only: false,
             sync: false,
             dtx: None,
+            conditions: Vec::new(),
         };
         Request::Update(u, vec![byte; len].into())
     }
@@ -3173,6 +3141,7 @@ mod tests {
             insert_only: false,
             sync: false,
             dtx: None,
+            conditions: Vec::new(),
         };
         let u = Request::Update(u, value.clone().into());
         t.handle(u, Responder(None));

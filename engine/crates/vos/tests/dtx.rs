@@ -52,6 +52,7 @@ fn update_req(
         insert_only: false,
         sync: false,
         dtx,
+        conditions: Vec::new(),
     };
     Request::Update(req, bulk.concat().into())
 }
@@ -77,6 +78,7 @@ fn prepare_punch(st: &Storage, o: &Obj, lo: u64, epoch: u64, dkey: &str) -> Resu
         akeys: vec![],
         sync: false,
         dtx: Some(tx(lo)),
+        conditions: Vec::new(),
     };
     wait(st, Request::Punch(req)).map(|_| ())
 }

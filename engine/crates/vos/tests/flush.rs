@@ -129,6 +129,7 @@ fn a_sync_update_is_flushed_before_it_is_answered() {
         insert_only: false,
         sync: true,
         dtx: None,
+        conditions: Vec::new(),
     };
     wait(&st, Request::Update(req, v.1.into())).unwrap();
     let s = st.target_stats()[0];

@@ -21,6 +21,7 @@ fn insert_req(o: &Obj, epoch: u64, dkey: &str, v: &[u8]) -> Request {
             insert_only: true,
             sync: false,
             dtx: None,
+            conditions: Vec::new(),
         },
         bulk.into(),
     )

@@ -162,6 +162,7 @@ fn punches_and_listing_with_anchors() {
                 insert_only: false,
                 sync: false,
                 dtx: None,
+                conditions: Vec::new(),
             };
             st.submit(Request::Update(req, v.into()))
         })
@@ -727,6 +728,7 @@ fn malformed_requests_get_errnos() {
                 insert_only: false,
                 sync: false,
                 dtx: None,
+                conditions: Vec::new(),
             },
             bulk.into(),
         )
@@ -981,6 +983,7 @@ fn batched_fetches_are_exact() {
                 insert_only: false,
                 sync: false,
                 dtx: None,
+                conditions: Vec::new(),
             };
             pending.push((st.submit(Request::Update(req, v.into())), Vec::new(), false));
         }
@@ -1057,6 +1060,7 @@ fn insert_req(o: &Obj, epoch: u64, dkey: &str, akey: &str, v: &[u8]) -> Request 
         insert_only: true,
         sync: false,
         dtx: None,
+        conditions: Vec::new(),
     };
     Request::Update(req, bulk.into())
 }
@@ -1082,6 +1086,7 @@ fn insert_only_is_a_conditional_insert() {
         insert_only: true,
         sync: false,
         dtx: None,
+        conditions: Vec::new(),
     };
     let err = wait(&st, Request::Update(req, [v1, v2].concat().into())).unwrap_err();
     assert_eq!(err.code, -libc::EEXIST, "{err}");
@@ -1140,6 +1145,7 @@ fn insert_only_is_a_conditional_insert() {
         akeys: vec![],
         sync: false,
         dtx: None,
+        conditions: Vec::new(),
     }));
     let ri = st.submit(insert_req(&o, 1001, "k0", "inode", b"x"));
     let ru = st.submit({
@@ -1153,6 +1159,7 @@ fn insert_only_is_a_conditional_insert() {
                 insert_only: false,
                 sync: false,
                 dtx: None,
+                conditions: Vec::new(),
             },
             bulk.into(),
         )

@@ -139,6 +139,7 @@ pub fn update(
         insert_only: false,
         sync: false,
         dtx: None,
+        conditions: Vec::new(),
     };
     wait(st, Request::Update(req, bulk.into())).map(|_| ())
 }
@@ -232,6 +233,7 @@ pub fn punch(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akeys: &[&str]) -> R
         akeys: akeys.iter().map(|a| a.as_bytes().to_vec()).collect(),
         sync: false,
         dtx: None,
+        conditions: Vec::new(),
     };
     wait(st, Request::Punch(req)).map(|_| ())
 }
