@@ -9,11 +9,17 @@
 // manifests are the ones csi/deploy tests and the cluster runs), and the invariants a values file
 // must not break: the node plugin privileged with Bidirectional propagation into the kubelet's
 // directory, namespaced leader-election Roles, no ClusterRole granting more than kustomize's,
-// every namespaced object in the release's namespace, the schema refusing typos.
+// every namespaced object in the release's namespace, the schema refusing typos; and the least
+// privilege settings: the NetworkPolicies (off by default; enabled, admitting Peregrine's own pods
+// by their rendered labels, the listed namespaces on the listed ports and the node CIDRs),
+// watchNamespaces moving the operator's namespaced rules into Roles, the engine policy carried
+// identically by the operator's flags and the admission policy, metrics scraped over HTTPS.
 //
 // TestDryRun applies every rendered object of every profile to a real kube-apiserver (envtest)
 // with server-side apply, dry-run and strict field validation: the API server validates each
-// manifest, the CRDs' CEL rules included (the chart's CRDs are applied for real first).
+// manifest, the CRDs' CEL rules included (the chart's CRDs are applied for real first). The
+// admission policy is applied for real too: every profile's ServerSet passes it, and ServerSets
+// outside the default lists are refused with a message naming the field.
 package charts
 
 import (
@@ -31,6 +37,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -299,6 +306,18 @@ func TestRender(t *testing.T) {
 		if svc.Spec.Ports[0].Name != "metrics" || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
 			t.Errorf("metrics Service ports %+v", svc.Spec.Ports)
 		}
+		eps0, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		if len(eps0) != 1 || eps0[0].(map[string]any)["scheme"] != "https" || eps0[0].(map[string]any)["bearerTokenFile"] == nil {
+			t.Errorf("the operator's ServiceMonitor does not scrape over HTTPS with a token: %v", eps0)
+		}
+		if svc.Spec.Ports[0].Port != 8443 {
+			t.Errorf("metrics Service port %d, the operator serves HTTPS on 8443", svc.Spec.Ports[0].Port)
+		}
+		objs2 := render(t, "", "--set", "metrics.readerServiceAccounts[0].name=prometheus,metrics.readerServiceAccounts[0].namespace=monitoring")
+		crb := kubetest.Typed[rbacv1.ClusterRoleBinding](t, kubetest.Find(t, objs2, "ClusterRoleBinding", "peregrine-metrics-reader"))
+		if crb.RoleRef.Name != "peregrine-metrics-reader" || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "prometheus" || crb.Subjects[0].Namespace != "monitoring" {
+			t.Errorf("metrics reader binding %+v", crb)
+		}
 		if svc.Labels["app.kubernetes.io/component"] != "metrics" {
 			t.Error("the metrics Service is not told apart from the webhook's (same name label)")
 		}
@@ -325,11 +344,20 @@ func TestRender(t *testing.T) {
 		}
 	})
 
+	t.Run("NetworkPolicy", func(t *testing.T) { networkPolicies(t, chart) })
+	t.Run("WatchNamespaces", func(t *testing.T) { watchNamespaces(t, kust) })
+	t.Run("EnginePolicy", func(t *testing.T) { enginePolicy(t, chart) })
+
 	// The schema refuses what would otherwise be silently ignored or rendered invalid.
 	t.Run("Schema", func(t *testing.T) {
 		for _, set := range []string{
 			"csi.kubletDir=/x", "imagePullPolicy=Sometimes", "csi.mgmtAddress=no-port",
 			"webhook.failurePolicy=Maybe", "operator.extraArgs[0]=leader-elect", "csi.kubeletDir=relative",
+			// An image prefix that would also allow registry.example.com.evil.org/...
+			"operator.enginePolicy.allowedImages[0]=registry.example.com",
+			"operator.enginePolicy.allowedHostPaths[0]=/var/lib/../../etc", "operator.enginePolicy.allowedHostPaths[0]=/",
+			"operator.enginePolicy.allowedDevices[0]=/etc/", "operator.watchNamespaces[0]=Not_A_Namespace",
+			"networkPolicy.nodeCIDRs[0]=10.0.0.0", "networkPolicy.enabeld=true",
 		} {
 			if _, err := run(helmBin(t), templateArgs("", "--set", set)...); err == nil {
 				t.Errorf("--set %s was accepted", set)
@@ -487,14 +515,66 @@ func TestDryRun(t *testing.T) {
 		}
 	}
 
+	// The engine policy at admission, for real: every profile's ServerSet below must pass it.
+	defaults := render(t, "")
+	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		if err := kubetest.Apply(ctx, c, kubetest.Find(t, defaults, kind, "peregrine-serverset-engine-policy"), fieldManager); err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+	}
+	t.Run("AdmissionPolicy", func(t *testing.T) {
+		base := kubetest.Find(t, render(t, "values-gke.yaml"), "ServerSet", "tank")
+		for _, bad := range []struct{ field, path, value string }{
+			{"spec.image", "image", "evil.example.com/peregrine/engine:dev"},
+			{"spec.image", "image", "peregrine/engine-evil:dev"},
+			{"spec.storage.nvme.device", "device", "/dev/sda"},
+			{"spec.storage.nvme.device", "device", "/dev/nvme/../sda"},
+		} {
+			ss := base.DeepCopy()
+			if bad.path == "image" {
+				_ = unstructured.SetNestedField(ss.Object, bad.value, "spec", "image")
+			} else {
+				_ = unstructured.SetNestedField(ss.Object, bad.value, "spec", "storage", "nvme", "device")
+			}
+			// A new policy takes the API server a moment to load.
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				err := kubetest.Apply(ctx, c, ss, fieldManager, client.DryRunAll)
+				if err != nil {
+					if !strings.Contains(err.Error(), bad.field+": Forbidden") {
+						t.Errorf("%s %q refused, but not naming the field: %v", bad.field, bad.value, err)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("%s %q admitted", bad.field, bad.value)
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		emu := kubetest.Find(t, render(t, "", "--set", "serverSet.enabled=true"), "ServerSet", "tank").DeepCopy()
+		_ = unstructured.SetNestedField(emu.Object, "/var/lib/peregrine-other", "spec", "storage", "emulated", "hostPath")
+		if err := kubetest.Apply(ctx, c, emu, fieldManager, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "spec.storage.emulated.hostPath: Forbidden") {
+			t.Errorf("a sibling of the allowed host path: want a refusal naming the field, got %v", err)
+		}
+	})
+
 	for _, p := range profiles {
 		name := strings.TrimSuffix(p, ".yaml")
 		if name == "" {
 			name = "defaults"
 		}
 		t.Run(name, func(t *testing.T) {
-			// Everything the profile can turn on: ServerSet, Pool, monitoring, dashboards.
-			objs := render(t, p, "--set", "metrics.serviceMonitor.enabled=true,metrics.dashboards.enabled=true")
+			// Everything the profile can turn on: ServerSet, Pool, monitoring, dashboards,
+			// NetworkPolicies with every kind of peer, the namespaced RBAC of watchNamespaces.
+			objs := render(t, p, "--set", "metrics.serviceMonitor.enabled=true,metrics.dashboards.enabled=true,"+
+				"networkPolicy.enabled=true,networkPolicy.clientNamespaces={default},networkPolicy.metricsNamespaces={default},"+
+				"networkPolicy.nodeCIDRs={10.0.0.0/8},metrics.readerServiceAccounts[0].name=prometheus,"+
+				"metrics.readerServiceAccounts[0].namespace=default")
+			if p == "" {
+				objs = append(objs, render(t, p, "--set", "operator.watchNamespaces={default}")...)
+			}
 			applied := 0
 			for _, o := range objs {
 				if strings.HasPrefix(o.GetAPIVersion(), monitoringGV+"/") {
@@ -527,4 +607,175 @@ func TestDryRun(t *testing.T) {
 			t.Error("a ServerSet with both nvme and emulated storage was accepted (the CRD's CEL rule did not run)")
 		}
 	})
+}
+
+// networkPolicies: none by default; enabled, the engines' policy admits exactly Peregrine's own
+// pods (by the labels the chart and the operator put on them), the listed namespaces on the
+// listed ports, and the node CIDRs.
+func networkPolicies(t *testing.T, defaults []*unstructured.Unstructured) {
+	for _, o := range defaults {
+		if o.GetKind() == "NetworkPolicy" {
+			t.Errorf("a NetworkPolicy by default: %s", key(o))
+		}
+	}
+	objs := render(t, "", "--set", "networkPolicy.enabled=true,networkPolicy.clientNamespaces={apps},"+
+		"networkPolicy.metricsNamespaces={monitoring},networkPolicy.nodeCIDRs={192.168.0.0/16},"+
+		"networkPolicy.engineNamespaces={default,store}")
+	var engines []*networkingv1.NetworkPolicy
+	for _, o := range objs {
+		if o.GetKind() == "NetworkPolicy" && o.GetName() == "peregrine-engines" {
+			engines = append(engines, kubetest.Typed[networkingv1.NetworkPolicy](t, o))
+		}
+	}
+	if len(engines) != 2 || engines[0].Namespace != "default" || engines[1].Namespace != "store" {
+		t.Fatalf("want the engines' policy in default and store, got %d", len(engines))
+	}
+	// The labels of Peregrine's own pods, as rendered.
+	podName := func(kind, name string) string {
+		o := kubetest.Find(t, objs, kind, name)
+		n, _, _ := unstructured.NestedString(o.Object, "spec", "template", "metadata", "labels", "app.kubernetes.io/name")
+		return n
+	}
+	own := []string{podName("Deployment", "peregrine-operator"), podName("Deployment", "peregrine-csi-controller"),
+		podName("DaemonSet", "peregrine-csi-node")}
+	np := engines[0]
+	// What the operator labels engine pods with (controllers/serverset_render.go engineLabels).
+	if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "peregrine-engine" {
+		t.Errorf("the policy selects %v", np.Spec.PodSelector.MatchLabels)
+	}
+	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+		t.Errorf("policy types %v", np.Spec.PolicyTypes)
+	}
+	if len(np.Spec.Ingress) != 3 {
+		t.Fatalf("want 3 ingress rules (own pods, clients, metrics), got %d", len(np.Spec.Ingress))
+	}
+	all := np.Spec.Ingress[0]
+	if len(all.Ports) != 0 || len(all.From) != 3 {
+		t.Fatalf("first rule: %+v", all)
+	}
+	if all.From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "peregrine-engine" || all.From[0].NamespaceSelector != nil {
+		t.Errorf("engines of the same namespace: %+v", all.From[0])
+	}
+	comp := all.From[1]
+	if comp.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != namespace ||
+		!slices.Equal(comp.PodSelector.MatchExpressions[0].Values, own) {
+		t.Errorf("Peregrine's components: %+v, their pods are labelled %v", comp, own)
+	}
+	if all.From[2].IPBlock == nil || all.From[2].IPBlock.CIDR != "192.168.0.0/16" {
+		t.Errorf("node CIDRs: %+v", all.From[2])
+	}
+	ports := func(r networkingv1.NetworkPolicyIngressRule) []string {
+		var p []string
+		for _, x := range r.Ports {
+			p = append(p, x.Port.String())
+		}
+		return p
+	}
+	if c := np.Spec.Ingress[1]; !slices.Equal(c.From[0].NamespaceSelector.MatchExpressions[0].Values, []string{"apps"}) ||
+		!slices.Equal(ports(c), []string{"control", "data"}) {
+		t.Errorf("client namespaces: %+v", c)
+	}
+	if m := np.Spec.Ingress[2]; !slices.Equal(m.From[0].NamespaceSelector.MatchExpressions[0].Values, []string{"monitoring"}) ||
+		!slices.Equal(ports(m), []string{"metrics"}) {
+		t.Errorf("metrics namespaces: %+v", m)
+	}
+	// The port names are the engine container's (controllers/serverset_render.go).
+	op := kubetest.Typed[networkingv1.NetworkPolicy](t, kubetest.Find(t, objs, "NetworkPolicy", "peregrine-operator"))
+	if op.Namespace != namespace || op.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != own[0] ||
+		len(op.Spec.Ingress) != 2 || !slices.Equal(ports(op.Spec.Ingress[0]), []string{"webhook-server"}) ||
+		!slices.Equal(ports(op.Spec.Ingress[1]), []string{"metrics"}) {
+		t.Errorf("operator policy %+v", op.Spec)
+	}
+	// Without engineNamespaces: the chart's ServerSet's namespace.
+	objs = render(t, "", "--set", "networkPolicy.enabled=true,serverSet.enabled=true,serverSet.namespace=store")
+	if np := kubetest.Find(t, objs, "NetworkPolicy", "peregrine-engines"); np.GetNamespace() != "store" {
+		t.Errorf("engines' policy in %q, the ServerSet is in store", np.GetNamespace())
+	}
+}
+
+// watchNamespaces: the operator's namespaced rules move from its ClusterRole to a Role in each
+// watched namespace, and the operator is told to watch only those.
+func watchNamespaces(t *testing.T, kust []*unstructured.Unstructured) {
+	objs := render(t, "", "--set", "operator.watchNamespaces={tenant-a,tenant-b}")
+	full := grants(kubetest.Typed[rbacv1.ClusterRole](t, kubetest.Find(t, kust, "ClusterRole", "peregrine-operator")).Rules)
+	cluster := grants(kubetest.Typed[rbacv1.ClusterRole](t, kubetest.Find(t, objs, "ClusterRole", "peregrine-operator")).Rules)
+	clusterScoped := []string{"admissionregistration.k8s.io ", "authentication.k8s.io ", "authorization.k8s.io "}
+	for g := range cluster {
+		if !slices.ContainsFunc(clusterScoped, func(p string) bool { return strings.HasPrefix(g, p) }) {
+			t.Errorf("with watchNamespaces the ClusterRole still grants %q", g)
+		}
+	}
+	var roles []string
+	for _, o := range objs {
+		if o.GetKind() != "Role" || o.GetName() != "peregrine-operator-reconcile" {
+			continue
+		}
+		roles = append(roles, o.GetNamespace())
+		got := grants(kubetest.Typed[rbacv1.Role](t, o).Rules)
+		for g := range full {
+			if !cluster[g] && !got[g] {
+				t.Errorf("Role in %s lacks %q", o.GetNamespace(), g)
+			}
+		}
+		for g := range got {
+			if !full[g] {
+				t.Errorf("Role in %s grants %q, config/'s ClusterRole does not", o.GetNamespace(), g)
+			}
+		}
+		var rb *rbacv1.RoleBinding
+		for _, b := range objs {
+			if b.GetKind() == "RoleBinding" && b.GetName() == "peregrine-operator-reconcile" && b.GetNamespace() == o.GetNamespace() {
+				rb = kubetest.Typed[rbacv1.RoleBinding](t, b)
+			}
+		}
+		if rb == nil || rb.RoleRef.Name != o.GetName() || len(rb.Subjects) != 1 ||
+			rb.Subjects[0].Name != "peregrine-operator" || rb.Subjects[0].Namespace != namespace {
+			t.Errorf("RoleBinding in %s: %+v", o.GetNamespace(), rb)
+		}
+	}
+	if !slices.Equal(roles, []string{"tenant-a", "tenant-b"}) {
+		t.Errorf("Roles in %v", roles)
+	}
+	d := kubetest.Typed[appsv1.Deployment](t, kubetest.Find(t, objs, "Deployment", "peregrine-operator"))
+	if !slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--watch-namespaces=tenant-a,tenant-b") {
+		t.Errorf("operator args %v", d.Spec.Template.Spec.Containers[0].Args)
+	}
+}
+
+// enginePolicy: the operator's flags and the admission policy carry the same lists, and the
+// chart's own engine repository is always allowed.
+func enginePolicy(t *testing.T, defaults []*unstructured.Unstructured) {
+	check := func(objs []*unstructured.Unstructured, images string) {
+		t.Helper()
+		d := kubetest.Typed[appsv1.Deployment](t, kubetest.Find(t, objs, "Deployment", "peregrine-operator"))
+		flags := map[string]string{}
+		for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+			if k, v, ok := strings.Cut(a, "="); ok {
+				flags[k] = v
+			}
+		}
+		if flags["--allowed-images"] != images {
+			t.Errorf("--allowed-images=%q, want %q", flags["--allowed-images"], images)
+		}
+		vap := kubetest.Find(t, objs, "ValidatingAdmissionPolicy", "peregrine-serverset-engine-policy")
+		vars, _, _ := unstructured.NestedSlice(vap.Object, "spec", "variables")
+		byName := map[string]string{}
+		for _, v := range vars {
+			m := v.(map[string]any)
+			byName[m["name"].(string)] = m["expression"].(string)
+		}
+		for flag, name := range map[string]string{"--allowed-images": "images", "--allowed-host-paths": "hostPaths", "--allowed-devices": "devices"} {
+			var l []string
+			if err := json.Unmarshal([]byte(byName[name]), &l); err != nil {
+				t.Errorf("variable %s %q: %v", name, byName[name], err)
+			}
+			if strings.Join(l, ",") != flags[flag] {
+				t.Errorf("admission policy %s %v, operator %s=%q", name, l, flag, flags[flag])
+			}
+		}
+	}
+	check(defaults, "peregrine/engine:,peregrine/engine@")
+	check(render(t, "", "--set", "images.engine.repository=registry.example.com/storage/engine,"+
+		"operator.enginePolicy.allowedImages={registry.example.com/mirror/}"),
+		"registry.example.com/mirror/,registry.example.com/storage/engine:,registry.example.com/storage/engine@")
 }
