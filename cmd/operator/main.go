@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -35,6 +36,9 @@ type config struct {
 	watchNamespaces         listFlag
 	webhookEnable           bool
 	webhook                 ilwebhook.Options
+	// skipNameValidation lets tests run several managers in one process (controller names are
+	// otherwise unique per process).
+	skipNameValidation bool
 }
 
 func (c *config) bindFlags(fs *flag.FlagSet) {
@@ -123,6 +127,7 @@ func newManager(cfg *rest.Config, c *config) (ctrl.Manager, error) {
 		LeaderElection:          c.leaderElect,
 		LeaderElectionID:        "operator.storage.peregrine.dev",
 		LeaderElectionNamespace: c.leaderElectionNamespace,
+		Controller:              ctrlconfig.Controller{SkipNameValidation: &c.skipNameValidation},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("manager: %w", err)

@@ -10,6 +10,7 @@ package main
 // allows to get /metrics; the admission policy refuses a ServerSet outside the operator's lists.
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"flag"
@@ -17,7 +18,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +77,9 @@ func eventually(t *testing.T, timeout time.Duration, what string, f func() error
 	}
 }
 
-func TestLeastPrivilege(t *testing.T) {
+// startEnv runs envtest with the CRDs and returns its config and an admin client.
+func startEnv(t *testing.T) (*rest.Config, client.Client) {
+	t.Helper()
 	ctrl.SetLogger(zap.New(zap.WriteTo(io.Discard)))
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: kubetest.KubeAssets(t),
@@ -97,6 +102,145 @@ func TestLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, admin
+}
+
+// asOperator is cfg with every request sent as the operator's ServiceAccount.
+func asOperator(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + opNamespace + ":" + opAccount,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + opNamespace, "system:authenticated"},
+	}
+	return c
+}
+
+// parseArgs parses a Deployment's operator flags with the operator's own flag set.
+func parseArgs(t *testing.T, args []string) *config {
+	t.Helper()
+	var c config
+	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
+	c.bindFlags(fs)
+	fs.String("zap-log-level", "", "")
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("the Deployment's flags %q: %v", args, err)
+	}
+	c.skipNameValidation = true // one manager per test, several tests per process
+	return &c
+}
+
+// start runs the manager until the test ends and waits until it leads.
+func start(t *testing.T, ctx context.Context, mgr ctrl.Manager) {
+	t.Helper()
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("the manager did not stop")
+		}
+	})
+	select {
+	case <-mgr.Elected():
+	case err := <-done:
+		t.Fatalf("the manager stopped: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("not elected within 60 s: the Lease rule?")
+	}
+}
+
+func newServerSet(ns, name string) *storagev1.ServerSet {
+	return &storagev1.ServerSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Annotations: map[string]string{storagev1.AnnotationMgmtAddress: "127.0.0.1:1"}},
+		Spec: storagev1.ServerSetSpec{Image: "peregrine/engine:dev", Engines: 1,
+			Storage: storagev1.EngineStorage{Scm: "256MiB",
+				Emulated: &storagev1.EmulatedStorage{HostPath: "/var/lib/peregrine", Size: "1GiB"}}},
+	}
+}
+
+// TestWatchNamespaces runs the operator with the chart's RBAC for operator.watchNamespaces (a
+// Role in the watched namespace, a ClusterRole of cluster-scoped APIs only) and the flags the
+// chart gives it: it reconciles ServerSets there, and leaves other namespaces alone.
+func TestWatchNamespaces(t *testing.T) {
+	cfg, admin := startEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, n := range []string{opNamespace, "tenant", "other"} {
+		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, stderr bytes.Buffer
+	cmd := exec.Command("bash", filepath.Join("..", "..", "hack", "build-helm.sh"))
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hack/build-helm.sh: %v\n%s", err, stderr.String())
+	}
+	helm := strings.TrimSpace(out.String())
+	out.Reset()
+	cmd = exec.Command(helm, "template", "peregrine", filepath.Join("..", "..", "charts", "peregrine"), "-n", opNamespace,
+		"--set", "operator.watchNamespaces={tenant},webhook.enabled=false,csi.enabled=false,storageClass.enabled=false")
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	var args []string
+	for _, o := range kubetest.Decode(t, "helm template", &out) {
+		switch o.GetKind() {
+		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+			if err := kubetest.Apply(ctx, admin, o, "test"); err != nil {
+				t.Fatalf("apply %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+			}
+		case "Deployment":
+			args = kubetest.Typed[appsv1.Deployment](t, o).Spec.Template.Spec.Containers[0].Args
+		}
+	}
+	c := parseArgs(t, args)
+	if !slices.Equal(c.watchNamespaces, listFlag{"tenant"}) {
+		t.Fatalf("--watch-namespaces %v", c.watchNamespaces)
+	}
+	c.metricsAddr, c.probeAddr, c.leaderElectionNamespace = "0", "0", opNamespace
+	mgr, err := newManager(asOperator(cfg), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, ctx, mgr)
+
+	in, out2 := newServerSet("tenant", "tank"), newServerSet("other", "tank")
+	for _, ss := range []*storagev1.ServerSet{in, out2} {
+		if err := admin.Create(ctx, ss); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 60*time.Second, "the StatefulSet in the watched namespace", func() error {
+		return admin.Get(ctx, client.ObjectKeyFromObject(in), &appsv1.StatefulSet{})
+	})
+	eventually(t, 60*time.Second, "the status in the watched namespace", func() error {
+		got := &storagev1.ServerSet{}
+		if err := admin.Get(ctx, client.ObjectKeyFromObject(in), got); err != nil {
+			return err
+		}
+		if meta.FindStatusCondition(got.Status.Conditions, storagev1.ConditionReady) == nil {
+			return fmt.Errorf("no Ready condition yet")
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second)
+	if err := admin.Get(ctx, client.ObjectKeyFromObject(out2), &appsv1.StatefulSet{}); err == nil {
+		t.Error("a ServerSet outside --watch-namespaces was rendered")
+	}
+	// Nor is its status written (the operator's ServiceAccount could not: no Role there).
+	if err := admin.Get(ctx, client.ObjectKeyFromObject(out2), out2); err != nil || len(out2.Status.Conditions) != 0 {
+		t.Errorf("a ServerSet outside --watch-namespaces has status %v (%v)", out2.Status.Conditions, err)
+	}
+}
+
+func TestLeastPrivilege(t *testing.T) {
+	cfg, admin := startEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -119,13 +263,7 @@ func TestLeastPrivilege(t *testing.T) {
 	// The Deployment's flags, through the operator's flag set; then only what differs outside a
 	// pod: local addresses, a writable certificate directory, the Lease's namespace (in a pod,
 	// the pod's own).
-	var c config
-	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
-	c.bindFlags(fs)
-	fs.String("zap-log-level", "", "")
-	if err := fs.Parse(args); err != nil {
-		t.Fatalf("the Deployment's flags %q: %v", args, err)
-	}
+	c := parseArgs(t, args)
 	if !c.leaderElect || !c.metricsSecure || !c.webhookEnable {
 		t.Fatalf("config/default runs the operator with --leader-elect, secure metrics and the webhook: %+v", c)
 	}
@@ -136,35 +274,14 @@ func TestLeastPrivilege(t *testing.T) {
 	fmt.Sscan(port, &c.webhook.Port)
 
 	// Every request of the operator as its ServiceAccount.
-	opCfg := rest.CopyConfig(cfg)
-	opCfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + opNamespace + ":" + opAccount,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + opNamespace, "system:authenticated"},
-	}
-	mgr, err := newManager(opCfg, &c)
+	mgr, err := newManager(asOperator(cfg), c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("the manager did not stop")
-		}
-	})
+	// Elected: config/rbac/leader_election_role.yaml's Lease rule works.
+	start(t, ctx, mgr)
 
 	t.Run("LeaderElection", func(t *testing.T) {
-		select {
-		case <-mgr.Elected():
-		case err := <-done:
-			t.Fatalf("the manager stopped: %v", err)
-		case <-time.After(60 * time.Second):
-			t.Fatal("not elected within 60 s: the Lease rule of config/rbac/leader_election_role.yaml?")
-		}
 		lease := &coordinationv1.Lease{}
 		if err := admin.Get(ctx, client.ObjectKey{Namespace: opNamespace, Name: "operator.storage.peregrine.dev"}, lease); err != nil {
 			t.Fatalf("the Lease: %v", err)
@@ -175,13 +292,7 @@ func TestLeastPrivilege(t *testing.T) {
 	})
 
 	t.Run("RendersWithoutDelete", func(t *testing.T) {
-		ss := &storagev1.ServerSet{
-			ObjectMeta: metav1.ObjectMeta{Name: "tank", Namespace: "default",
-				Annotations: map[string]string{storagev1.AnnotationMgmtAddress: "127.0.0.1:1"}},
-			Spec: storagev1.ServerSetSpec{Image: "peregrine/engine:dev", Engines: 1,
-				Storage: storagev1.EngineStorage{Scm: "256MiB",
-					Emulated: &storagev1.EmulatedStorage{HostPath: "/var/lib/peregrine", Size: "1GiB"}}},
-		}
+		ss := newServerSet("default", "tank")
 		if err := admin.Create(ctx, ss); err != nil {
 			t.Fatal(err)
 		}
