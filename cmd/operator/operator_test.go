@@ -363,6 +363,7 @@ func TestLeastPrivilege(t *testing.T) {
 				if !strings.Contains(err.Error(), field+": Forbidden") {
 					t.Fatalf("refused, but not naming %s: %v", field, err)
 				}
+				t.Logf("refused: %v", err)
 				return nil
 			})
 		}
