@@ -3,7 +3,7 @@
 # Idempotent: packages already present are skipped without touching the network.
 set -euo pipefail
 
-PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio fuse3 libfuse3-dev sqlite3 git)
+PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio fuse3 libfuse3-dev sqlite3 git rsync)
 
 missing=()
 for p in "${PKGS[@]}"; do

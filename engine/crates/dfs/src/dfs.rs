@@ -214,10 +214,6 @@ impl Dfs {
         tx.commit()
     }
 
-    pub(crate) fn put_entry(&self, parent: ObjectId, name: &[u8], e: &Entry) -> Result<()> {
-        self.obj(parent)?.update_single(name, INODE, &e.encode())
-    }
-
     /// Write a new entry only if the name is free (conditional insert,
     /// atomic across clients); `EEXIST` otherwise.
     pub(crate) fn insert_entry(&self, parent: ObjectId, name: &[u8], e: &Entry) -> Result<()> {
@@ -255,11 +251,7 @@ impl Dfs {
         Self::need_dir(parent)?;
         check_name(name)?;
         match self.fetch_entry(parent.oid(), name)? {
-            Some(entry) => Ok(Node {
-                parent: parent.oid(),
-                name: name.to_vec(),
-                entry,
-            }),
+            Some(entry) => self.resolve(parent.oid(), name, entry),
             None => Err(err(
                 libc::ENOENT,
                 format!("{:?}: no such entry", show(name)),
@@ -279,11 +271,7 @@ impl Dfs {
     /// The entry as the store holds it now (ENOENT if removed).
     pub fn refresh(&self, node: &Node) -> Result<Node> {
         match self.fetch_entry(node.parent, &node.name)? {
-            Some(entry) => Ok(Node {
-                parent: node.parent,
-                name: node.name.clone(),
-                entry,
-            }),
+            Some(entry) => self.resolve(node.parent, &node.name, entry),
             None => Err(err(
                 libc::ENOENT,
                 format!("{:?}: entry removed", show(&node.name)),
@@ -315,6 +303,9 @@ impl Dfs {
             0
         };
         let mut st = self.stat_of(e, size);
+        if self.is_record(n) {
+            st.nlink = self.nlink_of_record(n)?;
+        }
         if e.is_dir() && e.subdirs_counted {
             st.nlink = 2u64
                 .saturating_add(self.subdirs(e.oid)?)
@@ -371,6 +362,7 @@ impl Dfs {
             from: None,
             rdev: 0,
             subdirs_counted: mode & libc::S_IFMT == libc::S_IFDIR,
+            linked: false,
         }
     }
 
@@ -544,26 +536,24 @@ impl Dfs {
         Ok(node.entry.target.clone())
     }
 
-    /// Hard links are not supported (as DAOS DFS).
-    pub fn link(&self, _node: &Node, _parent: &Node, _name: &[u8]) -> Result<Node> {
-        Err(err(libc::EOPNOTSUPP, "hard links are not supported"))
-    }
-
     /// Remove a non-directory and punch its data.
     pub fn unlink(&self, parent: &Node, name: &[u8]) -> Result<()> {
-        let e = self.unlink_deferred(parent, name)?;
-        self.release_object(&e)
+        match self.unlink_deferred(parent, name)? {
+            Some(e) => self.release_object(&e),
+            None => Ok(()),
+        }
     }
 
-    /// Remove a non-directory's entry and return it; its data stays until
-    /// [`Dfs::release_object`] (for files still open).
-    pub fn unlink_deferred(&self, parent: &Node, name: &[u8]) -> Result<Entry> {
+    /// Remove a non-directory's name. Returns its entry if that was the
+    /// file's last name: its data stays until [`Dfs::release_object`] (for
+    /// files still open); `None` if other hard links remain.
+    pub fn unlink_deferred(&self, parent: &Node, name: &[u8]) -> Result<Option<Entry>> {
         let e = self.unlink_locked(parent, name)?;
         self.touch_dir(parent);
         Ok(e)
     }
 
-    fn unlink_locked(&self, parent: &Node, name: &[u8]) -> Result<Entry> {
+    fn unlink_locked(&self, parent: &Node, name: &[u8]) -> Result<Option<Entry>> {
         Self::need_dir(parent)?;
         check_name(name)?;
         self.check_rw()?;
@@ -579,8 +569,16 @@ impl Dfs {
                 ));
             }
             self.settle_from(&e)?;
-            self.remove_entry(parent.oid(), name, epoch)?;
-            Ok(e)
+            let o = self.obj(parent.oid())?;
+            let mut tx = self.container().transaction();
+            tx.punch_dkey(&o, name)
+                .expect(&o, name, INODE, Expect::UnchangedSince(epoch));
+            let last = match e.linked {
+                true => self.unlink_record_in(&mut tx, e.oid)?,
+                false => Some(e),
+            };
+            tx.commit()?;
+            Ok(last)
         })
     }
 
@@ -642,7 +640,25 @@ impl Dfs {
     pub fn setattr(&self, node: &Node, a: &SetAttr) -> Result<(Node, Stat)> {
         self.check_rw()?;
         let _g = self.lock(&[(node.parent, &node.name)]);
-        let mut n = self.refresh(node)?;
+        let n = retry_changed(|| {
+            let (n, epoch) = self
+                .node_versioned(node.parent, &node.name)?
+                .ok_or_else(|| {
+                    err(
+                        libc::ENOENT,
+                        format!("{:?}: entry removed", show(&node.name)),
+                    )
+                })?;
+            self.setattr_once(node, n, epoch, a)
+        })?;
+        drop(_g);
+        if n.is_dir() {
+            self.forget_touch(n.oid());
+        }
+        self.getattr(&n)
+    }
+
+    fn setattr_once(&self, node: &Node, mut n: Node, epoch: u64, a: &SetAttr) -> Result<Node> {
         if n.oid() != node.oid() {
             // Removed, and the name made again: not this node's to change.
             return Err(err(
@@ -671,12 +687,8 @@ impl Dfs {
             n.entry.mtime = now_ns();
         }
         a.apply_to(&mut n.entry, now_ns());
-        self.put_entry(n.parent, &n.name, &n.entry)?;
-        drop(_g);
-        if n.is_dir() {
-            self.forget_touch(n.oid());
-        }
-        self.getattr(&n)
+        self.replace_entry(&n, epoch)?;
+        Ok(n)
     }
 
     /// Record a size hint and mtime after writes (called on close).
@@ -685,18 +697,19 @@ impl Dfs {
             return Ok(());
         }
         let _g = self.lock(&[(node.parent, &node.name)]);
-        let mut n = match self.refresh(node) {
-            // The name now names another file: this one was removed.
-            Ok(n) if n.oid() != node.oid() => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.code == -libc::ENOENT => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let t = now_ns();
-        n.entry.mtime = t;
-        n.entry.ctime = t;
-        n.entry.size_hint = size;
-        self.put_entry(n.parent, &n.name, &n.entry)
+        retry_changed(|| {
+            let (mut n, epoch) = match self.node_versioned(node.parent, &node.name)? {
+                // The name now names another file, or none: this one was removed.
+                Some((n, _)) if n.oid() != node.oid() => return Ok(()),
+                Some(v) => v,
+                None => return Ok(()),
+            };
+            let t = now_ns();
+            n.entry.mtime = t;
+            n.entry.ctime = t;
+            n.entry.size_hint = size;
+            self.replace_entry(&n, epoch)
+        })
     }
 
     /// fallocate(2): mode 0 extends the size to `off + len` if larger;

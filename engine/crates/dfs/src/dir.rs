@@ -75,7 +75,11 @@ impl Dfs {
         };
         let mut out = Vec::with_capacity(idx.len());
         for (i, r) in idx.into_iter().zip(fetched) {
-            if let Some(entry) = r? {
+            if let Some(mut entry) = r? {
+                if entry.linked {
+                    // A hard link: the attributes are its record's.
+                    entry = self.resolve(h.dir, &h.names[i], entry)?.entry;
+                }
                 out.push(DirEntry {
                     name: h.names[i].clone(),
                     cookie: i as u64 + 1,

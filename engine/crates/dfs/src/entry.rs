@@ -43,6 +43,10 @@ pub struct Entry {
     /// before counts existed (entry versions 1 and 2): they report
     /// `st_nlink` 1, "not counted", as file systems without counts do.
     pub subdirs_counted: bool,
+    /// A name of a file with several hard links: its attributes, xattrs
+    /// and link count live in the file's inode record (see "Hard links" in
+    /// the crate docs); this entry holds only the type and the object id.
+    pub linked: bool,
 }
 
 /// An entry's xattrs: (akey with the "x:" prefix, value).
@@ -66,6 +70,9 @@ pub struct Move {
 /// entries as corrupt instead of misreading them).
 const ENTRY_VERSION: u8 = 3;
 const ENTRY_SUBDIRS_COUNTED: u8 = 1;
+/// Flag bit 1: [`Entry::linked`] (a build that knows only bit 0 refuses
+/// such entries as corrupt instead of taking them for the file itself).
+const ENTRY_LINKED: u8 = 2;
 
 impl Entry {
     pub fn is_dir(&self) -> bool {
@@ -128,11 +135,14 @@ impl Entry {
             }
         }
         b.extend_from_slice(&self.rdev.to_le_bytes());
-        b.push(if self.subdirs_counted {
-            ENTRY_SUBDIRS_COUNTED
-        } else {
-            0
-        });
+        let mut flags = 0;
+        if self.subdirs_counted {
+            flags |= ENTRY_SUBDIRS_COUNTED;
+        }
+        if self.linked {
+            flags |= ENTRY_LINKED;
+        }
+        b.push(flags);
         b
     }
 
@@ -165,6 +175,7 @@ impl Entry {
                 from: None,
                 rdev: 0,
                 subdirs_counted: false,
+                linked: false,
             };
             if version >= 2 {
                 (e.moving, e.from) = decode_rename_fields(&mut r)?;
@@ -172,10 +183,11 @@ impl Entry {
             if version >= 3 {
                 e.rdev = r.u64()?;
                 let flags = r.u8()?;
-                if flags & !ENTRY_SUBDIRS_COUNTED != 0 {
+                if flags & !(ENTRY_SUBDIRS_COUNTED | ENTRY_LINKED) != 0 {
                     return None;
                 }
                 e.subdirs_counted = flags & ENTRY_SUBDIRS_COUNTED != 0;
+                e.linked = flags & ENTRY_LINKED != 0;
             }
             r.0.is_empty().then_some(e)
         };

@@ -20,7 +20,8 @@
 //!   object id, chunk size, size hint (not authoritative), inherited object
 //!   class, symlink target, rename intent and origin (written by clients
 //!   of before transactions only, see `legacy.rs`), device number,
-//!   flags; version 3, versions 1 and 2 still read); xattrs are akeys
+//!   flags (bit 0: subdirectories counted, bit 1: a hard link, see "Hard
+//!   links"); version 3, versions 1 and 2 still read); xattrs are akeys
 //!   `"x:" + name` of the same dkey. A directory's own attributes live in its parent's entry;
 //!   creating, removing or renaming an entry in a directory sets the
 //!   directory's mtime and ctime there (one read and one write of that
@@ -61,7 +62,8 @@
 //! lookup, create, mkdir, unlink, rmdir, setattr, ...), `rename.rs`
 //! ("Renames" below), `links.rs` ("Link counts" below), `times.rs`
 //! (directory times), `xattr.rs`, `dir.rs` (listing), `file.rs` (file
-//! data I/O) and `legacy.rs` (renames of clients of before transactions).
+//! data I/O), `hardlink.rs` ("Hard links" below) and `legacy.rs` (renames
+//! of clients of before transactions).
 //!
 //! # Consistency (documented limits)
 //! New directory entries (`create`, `mkdir`, `mknod`, `symlink`) are
@@ -110,6 +112,24 @@
 //! "not counted" value tools recognise (find does not optimize below 2),
 //! and keep doing so.
 //!
+//! # Hard links
+//! A file with one name keeps everything in its entry (one fetch per
+//! lookup, as before hard links existed). Its second name (`link`) moves
+//! its attributes and xattrs to an **inode record** in the container's
+//! inode table (the object of the superblock's class with id (0, 2); dkey
+//! `"i"` + the file's object id, 16 bytes LE; akeys `"inode"` (the entry),
+//! `"nlink"` (u64 LE) and the `"x:"` xattrs), and each name then holds a
+//! *linked* entry (flag bit 1): the type and the object id only. Lookups
+//! of a linked name return the record's node (parent: the inode table,
+//! name: the record's dkey), so chmod, utimens, truncate and xattrs through
+//! any name change the one record, and `st_nlink` is its count. link,
+//! unlink, and a rename over a linked name are one transaction each that
+//! expects the count (and the entries) as read: two mounts adding and
+//! removing names of one file at once lose no count. The last name's
+//! removal punches the record and (once closed) the data. A record keeps
+//! serving a file whose count went back to 1. Inode numbers come from the
+//! object id, so every name shows one inode.
+//!
 //! # Renames
 //! A rename changes two entries, possibly in two directory objects on two
 //! engines: it is one engine transaction ([`peregrine::Transaction`], as
@@ -135,6 +155,7 @@ mod dfs;
 mod dir;
 mod entry;
 mod file;
+mod hardlink;
 mod legacy;
 mod links;
 mod mount;

@@ -101,6 +101,7 @@ impl Dfs {
                     from: None,
                     rdev: 0,
                     subdirs_counted: true,
+                    linked: false,
                 };
                 // Root entry first: a superblock never points at nothing.
                 if obj.fetch_single(ROOT_NAME, INODE).map_err(what)?.is_none() {

@@ -96,6 +96,13 @@ impl Dfs {
                 Ok((None, (0, 0)))
             };
         }
+        // Two names of one hard-linked file: nothing to do (POSIX).
+        if de
+            .as_ref()
+            .is_some_and(|(x, _)| x.linked && se.linked && x.oid == se.oid)
+        {
+            return Ok((None, (0, 0)));
+        }
         let (sdir, ddir) = (
             se.is_dir() as i64,
             de.as_ref().is_some_and(|(e, _)| e.is_dir()) as i64,
@@ -153,6 +160,14 @@ impl Dfs {
         moved.ctime = since;
         moved.from = None;
         self.put_entry_in(&mut tx, &dob, dname, &moved, &sx, &dx);
+        // What the rename replaces: the destination's file, unless it is a
+        // hard link with other names left (its count goes down instead).
+        let mut replaced = de.as_ref().map(|(e, _)| e.clone());
+        if let (Some((x, _)), false) = (&de, exchange) {
+            if x.linked {
+                replaced = self.unlink_record_in(&mut tx, x.oid)?;
+            }
+        }
         match (&de, exchange) {
             (Some((other, _)), true) => {
                 let mut back = other.clone();
@@ -179,7 +194,7 @@ impl Dfs {
         if exchange {
             Ok((None, (ddir - sdir, sdir - ddir)))
         } else {
-            Ok((de.map(|(e, _)| e), (-sdir, sdir - ddir)))
+            Ok((replaced, (-sdir, sdir - ddir)))
         }
     }
 

@@ -1,6 +1,7 @@
 //! Directory times: an entry change moves its directory's mtime and ctime,
 //! shared by concurrent changes (group commit, one stamp per tick).
 
+use crate::dfs::retry_changed;
 use crate::{now_ns, Dfs, Node};
 use parking_lot::{Condvar, Mutex};
 use peregrine::{ObjectId, Result};
@@ -83,15 +84,15 @@ impl Dfs {
 
     fn touch_dir_once(&self, dir: &Node) -> Result<()> {
         let _g = self.lock(&[(dir.parent, &dir.name)]);
-        match self.fetch_entry(dir.parent, &dir.name)? {
+        retry_changed(|| match self.node_versioned(dir.parent, &dir.name)? {
             // Still this directory (not renamed away and replaced).
-            Some(mut e) if e.oid == dir.oid() => {
+            Some((mut n, epoch)) if n.oid() == dir.oid() => {
                 let t = now_ns();
-                e.mtime = t;
-                e.ctime = t;
-                self.put_entry(dir.parent, &dir.name, &e)
+                n.entry.mtime = t;
+                n.entry.ctime = t;
+                self.replace_entry(&n, epoch)
             }
             _ => Ok(()),
-        }
+        })
     }
 }

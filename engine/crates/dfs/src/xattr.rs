@@ -43,7 +43,7 @@ impl Dfs {
             ));
         }
         let _g = self.lock(&[(node.parent, &node.name)]);
-        let mut n = self.refresh(node)?;
+        let (mut n, epoch) = self.versioned(node)?;
         if name == OCLASS_XATTR.as_bytes() {
             if !n.is_dir() {
                 return Err(Error::inval(format!(
@@ -63,7 +63,7 @@ impl Dfs {
             xattr_flags_check(flags, exists, name)?;
             n.entry.child_class = class.id();
             n.entry.ctime = now_ns();
-            return self.put_entry(n.parent, &n.name, &n.entry);
+            return self.replace_entry(&n, epoch);
         }
         let o = self.obj(n.parent)?;
         let key = xattr_akey(name);
@@ -83,9 +83,29 @@ impl Dfs {
                 None => Err(err(libc::ENODATA, format!("no xattr {OCLASS_XATTR}"))),
             };
         }
-        self.obj(node.parent)?
-            .fetch_single(&node.name, &xattr_akey(name))?
-            .ok_or_else(|| err(libc::ENODATA, format!("no xattr {:?}", show(name))))
+        let key = xattr_akey(name);
+        if let Some(v) = self.obj(node.parent)?.fetch_single(&node.name, &key)? {
+            return Ok(v);
+        }
+        // A name that became a hard link since `node` was read: its xattrs
+        // moved to the inode record.
+        let n = self.refresh(node)?;
+        match self.is_record(&n) && !self.is_record(node) {
+            true => self.obj(n.parent)?.fetch_single(&n.name, &key)?,
+            false => None,
+        }
+        .ok_or_else(|| err(libc::ENODATA, format!("no xattr {:?}", show(name))))
+    }
+
+    /// `node` as stored now, with the epoch of its entry's version.
+    fn versioned(&self, node: &Node) -> Result<(Node, u64)> {
+        self.node_versioned(node.parent, &node.name)?
+            .ok_or_else(|| {
+                err(
+                    libc::ENOENT,
+                    format!("{:?}: entry removed", show(&node.name)),
+                )
+            })
     }
 
     pub fn listxattr(&self, node: &Node) -> Result<Vec<Vec<u8>>> {
@@ -105,13 +125,13 @@ impl Dfs {
         self.check_rw()?;
         check_xattr_name(name)?;
         let _g = self.lock(&[(node.parent, &node.name)]);
-        let mut n = self.refresh(node)?;
+        let (mut n, epoch) = self.versioned(node)?;
         if name == OCLASS_XATTR.as_bytes() {
             if n.entry.child_class == 0 {
                 return Err(err(libc::ENODATA, format!("no xattr {OCLASS_XATTR}")));
             }
             n.entry.child_class = 0;
-            return self.put_entry(n.parent, &n.name, &n.entry);
+            return self.replace_entry(&n, epoch);
         }
         let o = self.obj(n.parent)?;
         let key = xattr_akey(name);

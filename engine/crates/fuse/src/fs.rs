@@ -627,8 +627,10 @@ impl Filesystem for PeregrineFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryr!(reply, self.node(parent));
-        let e = tryr!(reply, self.dfs.unlink_deferred(&p, name.as_bytes()));
-        tryr!(reply, self.removed(e));
+        // The file's last name gone: its data goes once it is closed.
+        if let Some(e) = tryr!(reply, self.dfs.unlink_deferred(&p, name.as_bytes())) {
+            tryr!(reply, self.removed(e));
+        }
         reply.ok();
     }
 
@@ -700,12 +702,15 @@ impl Filesystem for PeregrineFs {
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        let n = tryr!(reply, self.node(ino));
+        let p = tryr!(reply, self.node(newparent));
+        let n = tryr!(reply, self.dfs.link(&n, &p, newname.as_bytes()));
+        self.reply_entry(&n, reply);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

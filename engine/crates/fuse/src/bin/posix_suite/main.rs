@@ -3,7 +3,8 @@
 //! writev, preadv(64), pwritev(64), preadv2, pwritev2, lseek(64), fsync,
 //! fdatasync, ftruncate(64), fstat, dup, dup2, dup3, fcntl F_DUPFD, fopen,
 //! fread, fwrite, mmap(64) mixed with writes, ... and the metadata calls,
-//! FIFOs, unix sockets and device nodes, link counts), with the error codes.
+//! FIFOs, unix sockets and device nodes, link counts, hard links), with the
+//! error codes.
 //!
 //! ```text
 //! peregrine-posix-suite DIR [--ro RO_DIR] [--full FULL_DIR] [--entries N]
@@ -27,6 +28,7 @@ const MIB: usize = 1 << 20;
 
 mod attrs;
 mod data;
+mod hardlinks;
 mod limits;
 mod mmap;
 mod names;

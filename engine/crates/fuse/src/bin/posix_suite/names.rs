@@ -1,4 +1,4 @@
-//! Names: error codes of path calls, renames, symlinks, hard links, readdir, directory times.
+//! Names: error codes of path calls, renames, symlinks, readdir, directory times.
 
 use crate::sys::*;
 use crate::Suite;
@@ -449,26 +449,6 @@ impl Suite {
             "symlink: the target stays",
             read_file(&self.p("sdir/in")),
             Ok(b"in".to_vec()),
-        );
-    }
-
-    pub(crate) fn hard_links(&mut self) {
-        let a = self.p("data");
-        let b = self.p("data.hl");
-        self.check(
-            "link: hard links are not supported",
-            ok(unsafe { libc::link(a.as_ptr(), b.as_ptr()) }),
-            Err(E(libc::EOPNOTSUPP)),
-        );
-        self.check(
-            "linkat: hard links are not supported",
-            ok(unsafe { libc::linkat(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), 0) }),
-            Err(E(libc::EOPNOTSUPP)),
-        );
-        self.check(
-            "link: nothing created",
-            stat(&b).map(|_| ()),
-            Err(E(libc::ENOENT)),
         );
     }
 
