@@ -195,6 +195,19 @@ impl Transaction {
         };
         let conds = self.check()?;
         let epoch = crate::hlc::now();
+        let attempt = || self.commit_at(&first, &conds, epoch);
+        match attempt() {
+            // Maybe a change of this process's own that its shards hold
+            // until they hear its commit, which is still in the queue.
+            Err(e) if e.code == -libc::EBUSY => {
+                first.container().pool().client().committer().flush();
+                attempt()
+            }
+            r => r,
+        }
+    }
+
+    fn commit_at(&self, first: &Object, conds: &[Vec<data::Condition>], epoch: u64) -> Result<()> {
         first.with_map(|map| {
             // Every live shard of every change; the transaction's shards
             // are the targets they reach (leader: the first).

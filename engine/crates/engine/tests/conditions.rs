@@ -358,16 +358,12 @@ fn two_clients_moving_one_key_never_both_succeed() {
 
 /// A transaction right after this client's own update of its key, decided
 /// on the version read back: the condition holds, and no other client
-/// touches the key, so it must commit. Bug: the update's commits go to the
+/// touches the key, so it must commit. The update's commits go to the
 /// replicas in the background; a replica that has not heard its commit yet
-/// still holds the update prepared and refuses the condition with -EBUSY
-/// ("transaction ... holds a prepared change of the akey"), a few times
-/// in a hundred. Reads (`-EINPROGRESS`) and `insert_single` (`-EBUSY`)
-/// flush the client's own commits and ask again for exactly this case;
-/// `Transaction::commit` does not. (The other tests here call
-/// `flush_commits` before a conditional transaction on a key they wrote.)
+/// still holds the update prepared and refuses the condition with -EBUSY,
+/// so `Transaction::commit` sends this client's own commits and tries once
+/// more on -EBUSY, as reads and `insert_single` do.
 #[test]
-#[ignore = "bug: Transaction::commit fails with -EBUSY behind the same client's own acknowledged update whose commit is not sent yet (no committer flush/retry as insert_single and reads do)"]
 fn a_transaction_right_after_its_clients_own_update_commits() {
     let c = cluster();
     let cont = c.container();

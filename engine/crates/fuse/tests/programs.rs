@@ -1,7 +1,8 @@
 //! Real programs in a real `peregrine-fuse` mount over real engines: sqlite3
 //! in WAL mode, Python file I/O, `cp -a` + `diff -r`, `dd`, fio with
-//! `--verify=crc32c` on psync, libaio and io_uring, ENOSPC on a full pool, and
-//! an engine killed mid-write (EIO, daemon alive, reconnect after restart).
+//! `--verify=crc32c` on psync, libaio and io_uring, ENOSPC on a full pool,
+//! an engine killed mid-write (EIO, daemon alive, reconnect after restart),
+//! and hard links made by `ln`, `cp -al`, `git clone --local` and `rsync -H`.
 //!
 //! Each test asserts the program's own verdict and checks the result itself.
 //! Programs that are not installed are skipped with a printed reason
@@ -652,4 +653,57 @@ fn engine_killed_mid_write_then_reconnect() {
     assert_eq!(fs::read(m.p("before")).unwrap(), b"before the crash");
     assert!(m.exit_status().is_none());
     m.stop();
+}
+
+/// Hard links as real programs make and use them: `ln`, `cp -al` (a tree
+/// of links), `git clone --local` (the object store hard-linked), `rsync
+/// -aH` (links kept in a copy); one inode number per file and link counts
+/// as `stat` shows them, through names coming and going.
+#[test]
+fn hard_links_with_real_programs() {
+    if !fuse_available() {
+        return;
+    }
+    let c = cluster(1024, 512);
+    let tmp = tempfile::tempdir().unwrap();
+    let m = FuseMount::start(&c, "cont", &tmp.path().join("m"), &[]);
+    let sh = |script: &str| stdout(&run(&m.dir, &["sh", "-euc", script], b""));
+    sh("mkdir -p src/sub && echo one > src/a && echo two > src/sub/b && ln src/a src/a2");
+    let links = |p: &str| sh(&format!("stat -c %h {p}"));
+    let ino = |p: &str| sh(&format!("stat -c %i {p}"));
+    assert_eq!((links("src/a"), ino("src/a2")), ("2".into(), ino("src/a")));
+
+    run(&m.dir, &["cp", "-al", "src", "copy"], b"");
+    assert_eq!(links("src/a"), "4", "a, a2 and their copies");
+    assert_eq!(ino("copy/sub/b"), ino("src/sub/b"));
+    sh("echo more >> copy/sub/b");
+    assert_eq!(sh("cat src/sub/b"), "two\nmore", "one file under two names");
+
+    if have("git") {
+        sh(
+            "git init -q repo && cd repo && for i in $(seq 20); do echo file $i > f$i; done && \
+            git add . && git -c user.name=t -c user.email=t@t commit -qm one",
+        );
+        sh("git clone -q --local repo clone");
+        let shared: usize = sh("find clone/.git/objects -type f -links +1 | wc -l")
+            .parse()
+            .unwrap();
+        assert!(shared >= 20, "objects hard-linked by the clone: {shared}");
+        sh("git -C clone fsck --strict 2>&1 >/dev/null && test \"$(git -C clone log --oneline | wc -l)\" = 1 && diff -r repo/f7 clone/f7");
+        sh("rm -rf repo");
+        sh("git -C clone fsck --strict 2>&1 >/dev/null && test \"$(cat clone/f20)\" = 'file 20'");
+    }
+    if have("rsync") {
+        sh("rsync -aH src/ r/");
+        assert_eq!((links("r/a"), ino("r/a2")), ("2".into(), ino("r/a")));
+        assert_ne!(ino("r/a"), ino("src/a"));
+    }
+
+    sh("rm src/a2 copy/a2");
+    assert_eq!(links("src/a"), "2");
+    sh("rm src/a");
+    assert_eq!(
+        (links("copy/a"), sh("cat copy/a")),
+        ("1".into(), "one".into())
+    );
 }
