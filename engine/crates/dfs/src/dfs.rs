@@ -396,47 +396,60 @@ impl Dfs {
         Self::need_dir(parent)?;
         check_name(name)?;
         let _g = self.lock(&[(parent.oid(), name)]);
-        // Another client may create (or remove) the name between our look
-        // and our insert: a lost insert race opens the winner's file
-        // (without O_EXCL), so try a few rounds before giving up.
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            if let Some(e) = self.fetch_entry(parent.oid(), name)? {
-                if excl {
-                    return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
-                }
-                if e.is_dir() {
-                    return Err(err(
-                        libc::EISDIR,
-                        format!("{:?} is a directory", show(name)),
-                    ));
-                }
-                let n = Node {
-                    parent: parent.oid(),
-                    name: name.to_vec(),
-                    entry: e,
+        // The insert comes first: a new name costs one round trip. Taken,
+        // the name is read; another client may remove it in between (read
+        // nothing: try again) or create it between our read and insert (a
+        // lost insert race opens the winner's file without O_EXCL).
+        for tries in 1.. {
+            if self.inner.read_only {
+                return match self.fetch_entry(parent.oid(), name)? {
+                    Some(e) => self.existing(parent, name, e, excl),
+                    None => Err(self.check_rw().expect_err("a read-only mount")),
                 };
-                return Ok((n, false));
             }
-            self.check_rw()?;
             let oid = self.alloc_oid(self.class_for(parent, false));
             let e = self.new_entry(parent, libc::S_IFREG | (mode & 0o7777), uid, gid, oid);
             match self.insert_entry(parent.oid(), name, &e) {
                 Ok(()) => {
-                    return Ok((
-                        Node {
-                            parent: parent.oid(),
-                            name: name.to_vec(),
-                            entry: e,
-                        },
-                        true,
-                    ))
+                    let n = Node {
+                        parent: parent.oid(),
+                        name: name.to_vec(),
+                        entry: e,
+                    };
+                    return Ok((n, true));
                 }
-                Err(x) if x.code == -libc::EEXIST && !excl && tries < 5 => continue,
+                Err(x) if x.code == -libc::EEXIST && !excl => {}
                 Err(x) => return Err(x),
             }
+            match self.fetch_entry(parent.oid(), name)? {
+                Some(e) => return self.existing(parent, name, e, excl),
+                None if tries < 5 => {}
+                None => {
+                    return Err(err(
+                        libc::EAGAIN,
+                        format!(
+                            "{:?}: created and removed by others, again and again",
+                            show(name)
+                        ),
+                    ))
+                }
+            }
         }
+        unreachable!("the loop returns")
+    }
+
+    /// What create(2) of an existing name opens.
+    fn existing(&self, parent: &Node, name: &[u8], e: Entry, excl: bool) -> Result<(Node, bool)> {
+        if excl {
+            return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
+        }
+        if e.is_dir() {
+            return Err(err(
+                libc::EISDIR,
+                format!("{:?} is a directory", show(name)),
+            ));
+        }
+        Ok((self.resolve(parent.oid(), name, e)?, false))
     }
 
     fn add_new(&self, parent: &Node, name: &[u8], e: Entry) -> Result<Node> {

@@ -735,12 +735,16 @@ impl Filesystem for PeregrineFs {
     ) {
         let p = tryr!(reply, self.node(parent));
         let excl = flags & libc::O_EXCL != 0;
-        let (n, _) = tryr!(
+        let (n, created) = tryr!(
             reply,
             self.dfs
                 .create(&p, name.as_bytes(), mode, req.uid(), req.gid(), excl)
         );
-        let st = tryr!(reply, self.stat_node(&n));
+        // A file just made is empty: no size query of its new object.
+        let st = match created {
+            true => self.dfs.stat_of(&n.entry, 0),
+            false => tryr!(reply, self.stat_node(&n)),
+        };
         self.remember(&n);
         let attr = self.attr(&st);
         let ttl = self.opts.entry_ttl;
