@@ -13,7 +13,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::error::{Error, Result};
-use crate::object::{Client, Container, Object, Pool};
+use crate::{Client, Container, Object, Pool};
 use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};

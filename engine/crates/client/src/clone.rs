@@ -10,8 +10,8 @@
 //! the array is written whatever it holds: it carries the size).
 
 use crate::error::{Error, Result};
-use crate::object::Client;
 use crate::reintegrate::{changed_key_ids, list_changed};
+use crate::Client;
 use peregrine_proto::ObjectId;
 use std::collections::HashSet;
 

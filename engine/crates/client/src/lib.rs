@@ -21,14 +21,19 @@
 //! degraded reads) are documented in [`object`].
 
 pub mod capi;
+pub mod client;
 pub mod clone;
+pub mod container;
 pub mod dtx;
+mod ec_read;
 mod ec_write;
 pub mod error;
 pub mod hlc;
 pub mod mgmt;
 pub mod object;
 pub mod placement;
+pub mod pool;
+mod read;
 pub mod reintegrate;
 pub mod shm;
 #[doc(hidden)]
@@ -36,10 +41,13 @@ pub mod testkit;
 pub mod transaction;
 pub mod transport;
 
+pub use client::Client;
+pub use container::Container;
 pub use error::{Error, Result};
 pub use mgmt::Mgmt;
-pub use object::{Client, Container, Object, ObjectAt, Pool};
+pub use object::{Object, ObjectAt};
 pub use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
+pub use pool::Pool;
 pub use transaction::{Expect, Transaction};
 pub use transport::{
     MultiTransport, TcpConfig, TcpTransport, Transport, TransportKind, TransportStats,

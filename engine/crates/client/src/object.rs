@@ -1,4 +1,6 @@
-//! Pools, containers and objects: the I/O path of the client library.
+//! [`Object`]: the I/O path of the client library (updates, punches, the
+//! retry and pool-map rules, shard requests); pools, containers and the
+//! client are in their own modules, reads in `read`, EC reads in `ec_read`.
 //!
 //! Layout rules (the contract between every client of a container):
 //! - **Striping** (`S1`, `S2`, `S4`, `SX`): a dkey's group has one shard,
@@ -57,25 +59,19 @@
 //!   of them or on none, and a read of a dkey with one in progress waits
 //!   for its outcome (`-EINPROGRESS`, retried).
 
+use crate::container::Container;
 use crate::error::{fmt_key, Error, Result};
 use crate::hlc;
-use crate::mgmt::Mgmt;
 use crate::placement::{self, Group, PoolMap, ShardLoc};
-use crate::transport::{MultiTransport, Transport, TransportKind};
-use parking_lot::{Mutex, RwLock};
-use peregrine_isal::{crc32c, crc32c_append, ReedSolomon};
-use peregrine_proto::data::{
-    self, response::Body, FetchReq, FlushReq, Iod, ListReq, PunchReq, QuerySizeReq, UpdateReq,
-    ValueKind,
-};
+use parking_lot::Mutex;
+use peregrine_isal::{crc32c_append, ReedSolomon};
+use peregrine_proto::data::{self, response::Body, FlushReq, Iod, PunchReq, UpdateReq, ValueKind};
 use peregrine_proto::frame::Opcode;
-use peregrine_proto::mgmt::{ContInfo, ContQueryReq, PoolConnectReq, SnapCreateReq};
 use peregrine_proto::oclass::EC_CELL_SIZE;
-use peregrine_proto::{ObjectClass, ObjectId, Redundancy, CSUM_ERRNO, EPOCH_LATEST};
+use peregrine_proto::{ObjectClass, ObjectId, CSUM_ERRNO, EPOCH_LATEST};
 use prost::Message;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
-use uuid::Uuid;
 
 /// Prefix of the companion akey holding an EC array's logical size.
 pub const EC_SIZE_PREFIX: &[u8] = b"\0prg.size\0";
@@ -92,7 +88,7 @@ pub use crate::ec_write::{EC_BATCH_STRIPES, EC_CAS_ROUNDS};
 /// Keys per list request.
 pub const LIST_BATCH: u32 = 1024;
 /// Locks serializing this process's EC writes per stripe.
-const STRIPE_LOCKS: usize = 256;
+pub(crate) const STRIPE_LOCKS: usize = 256;
 /// Most shard requests run at once by one operation.
 const MAX_PARALLEL: usize = 32;
 /// How long an operation keeps retrying a shard that does not answer (or an
@@ -130,303 +126,6 @@ fn retryable(code: i32) -> bool {
     .contains(&-code)
 }
 
-struct ClientInner {
-    mgmt: Mgmt,
-    transport: Arc<dyn Transport>,
-    /// [`Client::set_retry_window`], in milliseconds.
-    retry_window_ms: std::sync::atomic::AtomicU64,
-    /// Tells shards of this process's committed transactions.
-    committer: crate::dtx::Committer,
-}
-
-/// A connection to a Peregrine system: the management service plus the
-/// data-plane transport. Cheap to clone.
-#[derive(Clone)]
-pub struct Client {
-    inner: Arc<ClientInner>,
-}
-
-impl Client {
-    /// Connect to the management service at `mgmt_addr` ("host:port"). The
-    /// data plane uses shared memory with engines on this node that offer it
-    /// and TCP otherwise, unless `PEREGRINE_TRANSPORT` (tcp, shm, auto) says
-    /// otherwise.
-    pub fn connect(mgmt_addr: &str) -> Result<Client> {
-        Self::connect_with_transport(mgmt_addr, TransportKind::from_env()?)
-    }
-
-    /// Like [`Client::connect`] with the transport chosen explicitly.
-    pub fn connect_with_transport(mgmt_addr: &str, kind: TransportKind) -> Result<Client> {
-        Self::connect_with(mgmt_addr, Arc::new(MultiTransport::new(kind)))
-    }
-
-    /// Like [`Client::connect`] with a chosen data-plane transport.
-    pub fn connect_with(mgmt_addr: &str, transport: Arc<dyn Transport>) -> Result<Client> {
-        let mgmt = Mgmt::connect(mgmt_addr)?;
-        Ok(Client {
-            inner: Arc::new(ClientInner {
-                mgmt,
-                committer: crate::dtx::Committer::start(transport.clone()),
-                transport,
-                retry_window_ms: (RETRY_WINDOW.as_millis() as u64).into(),
-            }),
-        })
-    }
-
-    /// How long an update waits for a shard that does not answer before it
-    /// fails (default [`RETRY_WINDOW`]). Below the management service's
-    /// failure detection (6 s) an update whose engine died fails (maybe
-    /// applied on some shards) instead of going on degraded.
-    pub fn set_retry_window(&self, window: std::time::Duration) {
-        self.inner.retry_window_ms.store(
-            window.as_millis() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-
-    fn retry_window(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(
-            self.inner
-                .retry_window_ms
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
-    }
-
-    /// The blocking management API, for admin calls.
-    pub fn mgmt(&self) -> &Mgmt {
-        &self.inner.mgmt
-    }
-
-    pub fn transport(&self) -> &Arc<dyn Transport> {
-        &self.inner.transport
-    }
-
-    pub(crate) fn committer(&self) -> &crate::dtx::Committer {
-        &self.inner.committer
-    }
-
-    /// Send the commits of the transactions acknowledged so far to their
-    /// shards now and wait for them (done on drop too). A process that
-    /// exits without dropping its client should call this first, or other
-    /// readers of what it wrote last wait for the engines to settle it.
-    pub fn flush_commits(&self) {
-        self.inner.committer.flush();
-    }
-
-    /// Tell the transport which engines of a pool map offer shared memory.
-    fn learn_routes(&self, map: &PoolMap) {
-        for t in &map.targets {
-            self.inner.transport.add_route(&t.addr, &t.shm_path);
-        }
-    }
-
-    /// Connect to a pool by label or UUID: fetch its map.
-    pub fn pool_connect(&self, id: &str) -> Result<Pool> {
-        let m = self
-            .mgmt()
-            .pool_connect(PoolConnectReq { id: id.into() })
-            .map_err(|e| e.context(format!("pool {id:?}")))?;
-        let map = PoolMap::from_proto(m)?;
-        self.learn_routes(&map);
-        Ok(Pool {
-            inner: Arc::new(PoolInner {
-                client: self.clone(),
-                id: id.to_string(),
-                map: RwLock::new(Arc::new(map)),
-            }),
-        })
-    }
-}
-
-struct PoolInner {
-    client: Client,
-    id: String,
-    map: RwLock<Arc<PoolMap>>,
-}
-
-/// A connected pool. Cheap to clone.
-#[derive(Clone)]
-pub struct Pool {
-    inner: Arc<PoolInner>,
-}
-
-impl Pool {
-    pub fn uuid(&self) -> Uuid {
-        self.map().uuid
-    }
-    pub fn label(&self) -> String {
-        self.map().label.clone()
-    }
-    pub fn client(&self) -> &Client {
-        &self.inner.client
-    }
-    /// The current pool map.
-    pub fn map(&self) -> Arc<PoolMap> {
-        self.inner.map.read().clone()
-    }
-
-    /// Fetch the pool map again; keeps the newer of the two versions.
-    pub fn refresh(&self) -> Result<Arc<PoolMap>> {
-        let m = self.client().mgmt().pool_connect(PoolConnectReq {
-            id: self.inner.id.clone(),
-        })?;
-        let new = Arc::new(PoolMap::from_proto(m)?);
-        self.client().learn_routes(&new);
-        let mut cur = self.inner.map.write();
-        if new.version >= cur.version {
-            *cur = new;
-        }
-        Ok(cur.clone())
-    }
-
-    /// Open a container by label or UUID.
-    pub fn cont_open(&self, id: &str) -> Result<Container> {
-        let info = self
-            .client()
-            .mgmt()
-            .cont_query(ContQueryReq {
-                pool: self.uuid().to_string(),
-                id: id.into(),
-            })
-            .map_err(|e| e.context(format!("container {id:?} of pool {:?}", self.map().name())))?;
-        let uuid = Uuid::parse_str(&info.uuid).map_err(|e| {
-            Error::new(
-                -libc::EPROTO,
-                format!("container {id:?}: bad uuid {:?}: {e}", info.uuid),
-            )
-        })?;
-        let csum = match info.checksum.to_ascii_lowercase().as_str() {
-            "crc32c" => true,
-            "off" | "none" | "" => false,
-            other => {
-                return Err(Error::new(
-                    -libc::ENOTSUP,
-                    format!("container {id:?}: unsupported checksum type {other:?}"),
-                ))
-            }
-        };
-        let sync_always = match info.props.get("sync").map(|v| v.to_ascii_lowercase()) {
-            None => false,
-            Some(v) if v == "standard" => false,
-            Some(v) if v == "always" => true,
-            Some(other) => {
-                return Err(Error::new(
-                    -libc::ENOTSUP,
-                    format!("container {id:?}: unsupported sync mode {other:?}"),
-                ))
-            }
-        };
-        Ok(Container {
-            inner: Arc::new(ContInner {
-                pool: self.clone(),
-                info,
-                uuid,
-                csum,
-                sync_always,
-            }),
-        })
-    }
-}
-
-struct ContInner {
-    pool: Pool,
-    info: ContInfo,
-    uuid: Uuid,
-    csum: bool,
-    sync_always: bool,
-}
-
-/// An open container. Cheap to clone.
-#[derive(Clone)]
-pub struct Container {
-    inner: Arc<ContInner>,
-}
-
-impl Container {
-    pub fn uuid(&self) -> Uuid {
-        self.inner.uuid
-    }
-    pub fn label(&self) -> &str {
-        &self.inner.info.label
-    }
-    /// Properties as returned by ContQuery when the container was opened.
-    pub fn info(&self) -> &ContInfo {
-        &self.inner.info
-    }
-    pub fn pool(&self) -> &Pool {
-        &self.inner.pool
-    }
-    /// Whether end-to-end CRC32C checksums are on.
-    pub fn checksum(&self) -> bool {
-        self.inner.csum
-    }
-    /// Whether every update is acknowledged only once it survives a power
-    /// cut (property `sync=always`). Otherwise (`sync=standard`) an update
-    /// is acknowledged once written (it survives the crash of any process)
-    /// and [`Object::flush`] makes it survive a power cut, as fsync does.
-    pub fn sync_always(&self) -> bool {
-        self.inner.sync_always
-    }
-
-    /// Open object `oid`; its class comes from the id's top byte.
-    pub fn object(&self, oid: ObjectId) -> Result<Object> {
-        let class = oid
-            .class()
-            .map_err(|e| Error::inval(format!("object {oid}: {e}")))?;
-        placement::check_class(class, &self.pool().map())?;
-        let rs = match class.redundancy() {
-            Redundancy::ErasureCode { data, parity } => {
-                Some(rs_codec(data as usize, parity as usize))
-            }
-            _ => None,
-        };
-        Ok(Object {
-            cont: self.clone(),
-            oid,
-            class,
-            rs,
-            layout: Arc::default(),
-        })
-    }
-
-    /// Create a snapshot; returns its epoch (readable through [`Object::at`]).
-    pub fn snapshot(&self, name: &str) -> Result<u64> {
-        let s = self.pool().client().mgmt().snap_create(SnapCreateReq {
-            pool: self.pool().uuid().to_string(),
-            cont: self.uuid().to_string(),
-            name: name.into(),
-        })?;
-        hlc::observe(s.epoch);
-        Ok(s.epoch)
-    }
-}
-
-impl std::fmt::Debug for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("mgmt", &self.mgmt().addr())
-            .finish()
-    }
-}
-impl std::fmt::Debug for Pool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let m = self.map();
-        f.debug_struct("Pool")
-            .field("label", &m.label)
-            .field("uuid", &m.uuid)
-            .field("map_version", &m.version)
-            .finish()
-    }
-}
-impl std::fmt::Debug for Container {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Container")
-            .field("label", &self.label())
-            .field("uuid", &self.uuid())
-            .field("checksum", &self.checksum())
-            .finish()
-    }
-}
 impl std::fmt::Debug for Object {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Object")
@@ -437,7 +136,7 @@ impl std::fmt::Debug for Object {
 }
 
 /// Reed-Solomon codecs are shared per (k, p): building one inverts matrices.
-fn rs_codec(k: usize, p: usize) -> Arc<ReedSolomon> {
+pub(crate) fn rs_codec(k: usize, p: usize) -> Arc<ReedSolomon> {
     type Codecs = Mutex<HashMap<(usize, usize), Arc<ReedSolomon>>>;
     static CODECS: OnceLock<Codecs> = OnceLock::new();
     CODECS
@@ -471,7 +170,7 @@ pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync)
 /// Several failed attempts at one read, as one error: `-EILSEQ` if any
 /// attempt found corrupt data (the caller cares that data is bad, not that
 /// another replica was also down), else the last attempt's code.
-fn combine(what: &str, mut errs: Vec<Error>) -> Error {
+pub(crate) fn combine(what: &str, mut errs: Vec<Error>) -> Error {
     if errs.len() == 1 {
         return errs.pop().unwrap().context(what);
     }
@@ -502,7 +201,7 @@ pub(crate) struct Fetched {
     pub(crate) status: i32,
     pub(crate) data: Vec<u8>,
     /// The data went into the caller's buffer instead ([`Object::fetch_shard_with`]).
-    placed: bool,
+    pub(crate) placed: bool,
     /// The newest epoch of the versions it was read from (0: none).
     pub(crate) epoch: u64,
 }
@@ -510,11 +209,11 @@ pub(crate) struct Fetched {
 /// An open object. Cheap to clone.
 #[derive(Clone)]
 pub struct Object {
-    cont: Container,
-    oid: ObjectId,
-    class: ObjectClass,
+    pub(crate) cont: Container,
+    pub(crate) oid: ObjectId,
+    pub(crate) class: ObjectClass,
     pub(crate) rs: Option<Arc<ReedSolomon>>,
-    layout: Arc<Mutex<Option<CachedLayout>>>,
+    pub(crate) layout: Arc<Mutex<Option<CachedLayout>>>,
 }
 
 /// An object's groups under the pool map of the given version.
@@ -522,8 +221,8 @@ type CachedLayout = (u64, Arc<Vec<Group>>);
 
 /// A read-only view of an object at one epoch (a snapshot's, or latest).
 pub struct ObjectAt<'a> {
-    obj: &'a Object,
-    epoch: u64,
+    pub(crate) obj: &'a Object,
+    pub(crate) epoch: u64,
 }
 
 impl Object {
@@ -813,7 +512,7 @@ impl Object {
     /// engine says the client's pool map is stale, or that it is starting.
     /// A dkey with a transaction in progress (`-EINPROGRESS`) is read again
     /// once it is decided.
-    fn with_map_for_read<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
+    pub(crate) fn with_map_for_read<T>(&self, f: impl FnMut(&PoolMap) -> Result<T>) -> Result<T> {
         self.retry_with_map(
             f,
             |c| c == -libc::ESTALE || c == -libc::EAGAIN || c == -libc::EINPROGRESS,
@@ -870,7 +569,7 @@ impl Object {
     }
 
     /// Every group of the object under `map` (computed once per map version).
-    fn layout(&self, map: &PoolMap) -> Result<Arc<Vec<Group>>> {
+    pub(crate) fn layout(&self, map: &PoolMap) -> Result<Arc<Vec<Group>>> {
         let mut cached = self.layout.lock();
         if let Some((version, l)) = &*cached {
             if *version == map.version {
@@ -936,7 +635,7 @@ impl Object {
 
     /// Like [`Object::call`]; a reply bulk of exactly `out.len()` bytes may
     /// land in `out` directly ([`crate::Reply::placed`]).
-    fn call_with(
+    pub(crate) fn call_with(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
@@ -1073,253 +772,6 @@ impl Object {
         .map_err(|e| e.context(format!("flush {}", self.oid)))
     }
 
-    pub(crate) fn fetch_shard(
-        &self,
-        map: &PoolMap,
-        loc: &ShardLoc,
-        epoch: u64,
-        dkey: &[u8],
-        iods: Vec<Iod>,
-    ) -> Result<Vec<Fetched>> {
-        self.fetch_shard_with(map, loc, epoch, dkey, iods, None)
-    }
-
-    /// Like [`Object::fetch_shard`]; with `out` (one iod), data of exactly
-    /// `out.len()` bytes may land there directly ([`Fetched::placed`]).
-    fn fetch_shard_with(
-        &self,
-        map: &PoolMap,
-        loc: &ShardLoc,
-        epoch: u64,
-        dkey: &[u8],
-        iods: Vec<Iod>,
-        mut out: Option<&mut [u8]>,
-    ) -> Result<Vec<Fetched>> {
-        let n = iods.len();
-        let req = FetchReq {
-            addr: Some(self.address(map, loc)),
-            epoch,
-            dkey: dkey.to_vec(),
-            iods,
-        };
-        let (body, reply) =
-            self.call_with(map, loc, Opcode::Fetch, &req, &[], out.as_deref_mut())?;
-        let (mut bulk, placed, placed_crc) = (reply.bulk, reply.placed, reply.placed_crc);
-        let bad = |m: String| Error::new(-libc::EPROTO, format!("{}: {m}", self.where_(map, loc)));
-        let values = match body {
-            Some(Body::Fetch(f)) => f.values,
-            _ => return Err(bad("fetch reply without values".into())),
-        };
-        if values.len() != n {
-            return Err(bad(format!(
-                "fetch reply has {} values for {n} iods",
-                values.len()
-            )));
-        }
-        let total: u64 = values.iter().map(|v| v.len).sum();
-        let arrived = match (&out, placed) {
-            (Some(o), true) if n == 1 => o.len(),
-            _ => bulk.len(),
-        };
-        if total != arrived as u64 {
-            return Err(bad(format!(
-                "fetch reply announces {total} bytes, bulk has {arrived}"
-            )));
-        }
-        let csum = self.cont.checksum();
-        let mut fetched = Vec::with_capacity(n);
-        let mut off = 0usize;
-        for v in &values {
-            let data = if n == 1 {
-                std::mem::take(&mut bulk)
-            } else {
-                let d = bulk[off..off + v.len as usize].to_vec();
-                off += v.len as usize;
-                d
-            };
-            let got: &[u8] = match (&out, placed) {
-                (Some(o), true) => o,
-                _ => &data,
-            };
-            let mut status = v.status;
-            // Verify what arrived: catches corruption on the wire or in
-            // buffers, which the engine's own check of stored data cannot.
-            let crc = || match (placed_crc, n) {
-                (Some(c), 1) if placed => c,
-                _ => crc32c(got),
-            };
-            if status == 0 && csum && v.has_crc && crc() != v.crc {
-                status = -CSUM_ERRNO;
-            }
-            fetched.push(Fetched {
-                status,
-                data,
-                placed,
-                epoch: v.epoch,
-            });
-        }
-        Ok(fetched)
-    }
-
-    /// `len` bytes of ARRAY `akey` at `offset` of one shard, holes as zeros.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fetch_extent(
-        &self,
-        map: &PoolMap,
-        loc: &ShardLoc,
-        epoch: u64,
-        dkey: &[u8],
-        akey: &[u8],
-        offset: u64,
-        len: usize,
-    ) -> Result<Vec<u8>> {
-        let iod = Iod {
-            akey: akey.to_vec(),
-            kind: ValueKind::Array as i32,
-            offset,
-            len: len as u64,
-            crc: 0,
-            has_crc: false,
-            ..Default::default()
-        };
-        let v = self
-            .fetch_shard(map, loc, epoch, dkey, vec![iod])?
-            .pop()
-            .expect("one value");
-        match v.status {
-            0 => {
-                let mut d = v.data;
-                d.resize(len, 0);
-                Ok(d)
-            }
-            e if e == -libc::ENOENT => Ok(vec![0; len]),
-            e => Err(self.value_error(map, loc, akey, e)),
-        }
-    }
-
-    /// Like [`Object::fetch_extent`], into `out`: over shared memory the
-    /// data is copied once, from the engine's reply into `out`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fetch_extent_into(
-        &self,
-        map: &PoolMap,
-        loc: &ShardLoc,
-        epoch: u64,
-        dkey: &[u8],
-        akey: &[u8],
-        offset: u64,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let iod = Iod {
-            akey: akey.to_vec(),
-            kind: ValueKind::Array as i32,
-            offset,
-            len: out.len() as u64,
-            crc: 0,
-            has_crc: false,
-            ..Default::default()
-        };
-        let v = self
-            .fetch_shard_with(map, loc, epoch, dkey, vec![iod], Some(&mut *out))?
-            .pop()
-            .expect("one value");
-        match v.status {
-            0 if v.placed => Ok(()),
-            0 => {
-                let n = v.data.len().min(out.len());
-                out[..n].copy_from_slice(&v.data[..n]);
-                out[n..].fill(0);
-                Ok(())
-            }
-            e if e == -libc::ENOENT => {
-                out.fill(0);
-                Ok(())
-            }
-            e => Err(self.value_error(map, loc, akey, e)),
-        }
-    }
-
-    fn value_error(&self, map: &PoolMap, loc: &ShardLoc, akey: &[u8], code: i32) -> Error {
-        Error::new(
-            code,
-            format!(
-                "{}: shard {} akey {}: {}",
-                self.where_(map, loc),
-                loc.shard,
-                fmt_key(akey),
-                peregrine_proto::strerror(code)
-            ),
-        )
-    }
-
-    fn size_shard(
-        &self,
-        map: &PoolMap,
-        loc: &ShardLoc,
-        epoch: u64,
-        dkey: &[u8],
-        akey: &[u8],
-    ) -> Result<u64> {
-        let req = QuerySizeReq {
-            addr: Some(self.address(map, loc)),
-            epoch,
-            dkey: dkey.to_vec(),
-            akey: akey.to_vec(),
-        };
-        match self.call(map, loc, Opcode::QuerySize, &req, &[]) {
-            Ok((Some(Body::Size(s)), _)) => Ok(s.size),
-            Ok(_) => Err(Error::new(
-                -libc::EPROTO,
-                format!("{}: size reply without a size", self.where_(map, loc)),
-            )),
-            Err(e) if e.code == -libc::ENOENT => Ok(0),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn list_shard(
-        &self,
-        map: &PoolMap,
-        loc: &ShardLoc,
-        epoch: u64,
-        dkey: &[u8],
-    ) -> Result<Vec<Vec<u8>>> {
-        let mut keys = Vec::new();
-        let mut anchor = Vec::new();
-        loop {
-            let req = ListReq {
-                addr: Some(self.address(map, loc)),
-                epoch,
-                dkey: dkey.to_vec(),
-                anchor: anchor.clone(),
-                max: LIST_BATCH,
-            };
-            let l = match self.call(map, loc, Opcode::List, &req, &[]) {
-                Ok((Some(Body::List(l)), _)) => l,
-                Ok(_) => {
-                    return Err(Error::new(
-                        -libc::EPROTO,
-                        format!("{}: list reply without keys", self.where_(map, loc)),
-                    ))
-                }
-                Err(e) if e.code == -libc::ENOENT => return Ok(keys),
-                Err(e) => return Err(e),
-            };
-            let progress = !l.keys.is_empty() || l.anchor != anchor;
-            keys.extend(l.keys);
-            if l.done {
-                return Ok(keys);
-            }
-            if !progress {
-                return Err(Error::new(
-                    -libc::EPROTO,
-                    format!("{}: listing made no progress", self.where_(map, loc)),
-                ));
-            }
-            anchor = l.anchor;
-        }
-    }
-
     /// Apply `f` to every shard of `groups` in parallel. Shards on down
     /// targets are skipped while their group keeps redundancy; any failure
     /// of a reachable shard fails the whole write.
@@ -1365,524 +817,6 @@ impl Object {
         }
         Ok(())
     }
-
-    /// The group's shards in read order: rotation by hash so reads spread
-    /// over replicas, up-and-in targets first (the others are refused).
-    fn read_order(&self, map: &PoolMap, g: &Group, dkey: &[u8]) -> Vec<ShardLoc> {
-        let n = g.shards.len();
-        let start = (placement::mix64(placement::hash_dkey(self.oid, dkey)) % n as u64) as usize;
-        let mut order: Vec<ShardLoc> = (0..n).map(|i| g.shards[(start + i) % n]).collect();
-        order.sort_by_key(|l| !map.targets[l.target].readable); // stable: keeps rotation
-        order
-    }
-
-    /// Try `f` on each shard in turn until one succeeds.
-    fn try_each<T>(
-        &self,
-        order: &[ShardLoc],
-        what: &str,
-        mut f: impl FnMut(&ShardLoc) -> Result<T>,
-    ) -> Result<T> {
-        let mut errs = Vec::new();
-        for loc in order {
-            match f(loc) {
-                Ok(v) => return Ok(v),
-                Err(e) if e.code == -libc::ESTALE => return Err(e),
-                Err(e) => errs.push(e),
-            }
-        }
-        Err(combine(what, errs))
-    }
-
-    // ---- erasure coding ----
-
-    /// Serialize this process's writes to the same stripes: a degraded
-    /// partial-stripe write is read-merge-write, and two of them
-    /// interleaving would lose one's bytes (also a full-stripe write racing
-    /// a merge); a non-degraded partial write's parity (fresh read, then
-    /// write) must not be overtaken by another's. Striped locks
-    /// by hash of (container, object, dkey, akey, stripe), taken in index
-    /// order so batches cannot deadlock. Writers in other processes are not
-    /// covered (documented limitation, as the engine does not arbitrate).
-    pub(crate) fn lock_stripes(
-        &self,
-        dkey: &[u8],
-        akey: &[u8],
-        s0: u64,
-        s1: u64,
-    ) -> Vec<parking_lot::MutexGuard<'static, ()>> {
-        static LOCKS: OnceLock<Vec<Mutex<()>>> = OnceLock::new();
-        let locks = LOCKS.get_or_init(|| (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect());
-        let base = placement::mix64(
-            placement::hash_dkey(self.oid, dkey)
-                ^ placement::hash_dkey(
-                    ObjectId {
-                        hi: self.cont.uuid().as_u64_pair().0,
-                        lo: self.cont.uuid().as_u64_pair().1,
-                    },
-                    akey,
-                ),
-        );
-        let mut idx: Vec<usize> = (s0..s1)
-            .map(|s| (placement::mix64(base ^ s) % STRIPE_LOCKS as u64) as usize)
-            .collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter().map(|i| locks[i].lock()).collect()
-    }
-
-    /// The `k` data cells of stripe `s`, reconstructed from parity when data
-    /// shards fail. Shards listed in `bad` (group indexes) are not asked.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn ec_read_stripe(
-        &self,
-        map: &PoolMap,
-        g: &Group,
-        epoch: u64,
-        dkey: &[u8],
-        akey: &[u8],
-        s: u64,
-        bad: &[usize],
-    ) -> Result<Vec<Vec<u8>>> {
-        let (k, p) = self.kp();
-        let cell = EC_CELL_SIZE as usize;
-        let mut cells: Vec<Option<Vec<u8>>> = vec![None; k + p];
-        let mut errs = Vec::new();
-        let mut fetch = |idx: Vec<usize>, cells: &mut Vec<Option<Vec<u8>>>| {
-            let res = par_map(&idx, |&i| {
-                self.fetch_extent(map, &g.shards[i], epoch, dkey, akey, s * cell as u64, cell)
-            });
-            for (i, r) in idx.into_iter().zip(res) {
-                match r {
-                    Ok(d) => cells[i] = Some(d),
-                    Err(e) => errs.push(e),
-                }
-            }
-        };
-        fetch((0..k).filter(|i| !bad.contains(i)).collect(), &mut cells);
-        if cells[..k].iter().all(|c| c.is_some()) {
-            return Ok(cells.into_iter().take(k).map(|c| c.unwrap()).collect());
-        }
-        fetch(
-            (k..k + p).filter(|i| !bad.contains(i)).collect(),
-            &mut cells,
-        );
-        let present = cells.iter().filter(|c| c.is_some()).count();
-        if present < k {
-            let what = format!(
-                "{}: stripe {s} of akey {}: {present} of {} cells readable, need {k}",
-                self.what(dkey),
-                fmt_key(akey),
-                k + p
-            );
-            return Err(combine(&what, errs));
-        }
-        self.rs
-            .as_ref()
-            .unwrap()
-            .reconstruct(&mut cells)
-            .map_err(|e| Error::io(format!("{}: {e}", self.what(dkey))))?;
-        Ok(cells.into_iter().take(k).map(|c| c.unwrap()).collect())
-    }
-
-    /// Read `buf.len()` bytes at `start` (at most [`EC_BATCH_STRIPES`] stripes).
-    ///
-    /// Several cells come from several requests; no transaction may land
-    /// between them. Every EC write and punch of an akey reaches all its
-    /// shards (its size akey at least), so the newest change of the size
-    /// akey that each data shard reports with its cells names the last
-    /// write it applied: all the same, the cells are of one state. Otherwise
-    /// (a write landed, a shard failed, or aggregation dropped an old punch
-    /// on one shard and not yet on another) the read goes the slower way,
-    /// fenced by the stripes' parity version.
-    fn ec_fetch_piece(
-        &self,
-        map: &PoolMap,
-        epoch: u64,
-        dkey: &[u8],
-        akey: &[u8],
-        start: u64,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        let (k, _) = self.kp();
-        let g = self.group(map, dkey)?;
-        let segs = cell_segs(k, start, buf.len());
-        // One contiguous extent per data shard: its cells in consecutive
-        // stripes are adjacent in shard space.
-        let jobs: Vec<usize> = (0..k).filter(|&j| !segs[j].is_empty()).collect();
-        if jobs.len() < 2 || epoch != EPOCH_LATEST {
-            return self.ec_fetch_piece_fenced(map, &g, epoch, dkey, akey, &segs, buf);
-        }
-        let size = size_akey(akey);
-        let res = par_map(&jobs, |&j| -> Result<(Vec<u8>, u64)> {
-            let first = segs[j][0].shard_off;
-            let len: u64 = segs[j].iter().map(|s| s.len as u64).sum();
-            let array = |akey: &[u8], offset, len| Iod {
-                akey: akey.to_vec(),
-                kind: ValueKind::Array as i32,
-                offset,
-                len,
-                ..Default::default()
-            };
-            // The size akey with no bytes: its newest change (see above).
-            let iods = vec![array(akey, first, len), array(&size, 0, 0)];
-            let mut v = self.fetch_shard(map, &g.shards[j], epoch, dkey, iods)?;
-            let version = v[1].epoch;
-            let mut d = match v.swap_remove(0) {
-                f if f.status == 0 => f.data,
-                f if f.status == -libc::ENOENT => Vec::new(),
-                f => return Err(self.value_error(map, &g.shards[j], akey, f.status)),
-            };
-            d.resize(len as usize, 0);
-            Ok((d, version))
-        });
-        let got: Option<Vec<(Vec<u8>, u64)>> = res.into_iter().map(|r| r.ok()).collect();
-        match got {
-            Some(cells) if cells.windows(2).all(|w| w[0].1 == w[1].1) => {
-                for (&j, (d, _)) in jobs.iter().zip(&cells) {
-                    let first = segs[j][0].shard_off;
-                    for sg in &segs[j] {
-                        let from = (sg.shard_off - first) as usize;
-                        buf[sg.dst..sg.dst + sg.len].copy_from_slice(&d[from..from + sg.len]);
-                    }
-                }
-                Ok(())
-            }
-            _ => self.ec_fetch_piece_fenced(map, &g, epoch, dkey, akey, &segs, buf),
-        }
-    }
-
-    /// [`Object::ec_fetch_piece`] the slower way: fenced by the stripes'
-    /// parity versions, reconstructing the cells of failed data shards.
-    #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
-    fn ec_fetch_piece_fenced(
-        &self,
-        map: &PoolMap,
-        g: &Group,
-        epoch: u64,
-        dkey: &[u8],
-        akey: &[u8],
-        segs: &[Vec<CellSeg>],
-        buf: &mut [u8],
-    ) -> Result<()> {
-        let (k, _) = self.kp();
-        let cell = EC_CELL_SIZE;
-        // One contiguous extent per data shard: its cells in consecutive
-        // stripes are adjacent in shard space.
-        let jobs: Vec<usize> = (0..k).filter(|&j| !segs[j].is_empty()).collect();
-        let touched: BTreeSet<u64> = segs.iter().flatten().map(|s| s.stripe).collect();
-        let touched: Vec<u64> = touched.into_iter().collect();
-        // A read of several cells is made of several requests: fenced by
-        // the stripes' versions (see `ec_write`), read before and after it,
-        // it saw no transaction land between them.
-        let fence_at = (epoch == EPOCH_LATEST).then(|| {
-            g.shards[k..]
-                .iter()
-                .copied()
-                .find(|l| map.targets[l.target].readable)
-        });
-        let fence = |parts: usize| -> Result<Option<(ShardLoc, Vec<u64>)>> {
-            let Some(Some(loc)) = fence_at.filter(|_| parts > 1) else {
-                return Ok(None);
-            };
-            match self.stripe_versions(map, &loc, dkey, akey, &touched) {
-                Ok(v) => Ok(Some((loc, v))),
-                Err(e) if e.code == -libc::EINPROGRESS || e.code == -libc::ESTALE => Err(e),
-                // Parity out of reach: the read goes on unfenced.
-                Err(_) => Ok(None),
-            }
-        };
-        let mut before = fence(jobs.len())?;
-        let res = par_map(&jobs, |&j| {
-            let first = segs[j][0].shard_off;
-            let len: usize = segs[j].iter().map(|s| s.len).sum();
-            self.fetch_extent(map, &g.shards[j], epoch, dkey, akey, first, len)
-        });
-        let mut bad = Vec::new();
-        let mut errs = Vec::new();
-        for (j, r) in jobs.into_iter().zip(res) {
-            match r {
-                Ok(d) => {
-                    let first = segs[j][0].shard_off;
-                    for s in &segs[j] {
-                        let from = (s.shard_off - first) as usize;
-                        buf[s.dst..s.dst + s.len].copy_from_slice(&d[from..from + s.len]);
-                    }
-                }
-                Err(e) if e.code == -libc::ESTALE => return Err(e),
-                Err(e) => {
-                    bad.push(j);
-                    errs.push(e);
-                }
-            }
-        }
-        if !bad.is_empty() {
-            if before.is_none() {
-                before = fence(2)?;
-            }
-            self.ec_rebuild_piece(
-                map,
-                g,
-                epoch,
-                dkey,
-                akey,
-                &bad,
-                errs,
-                |j, s, cells| {
-                    for sg in segs[j].iter().filter(|sg| sg.stripe == s) {
-                        let from = (sg.shard_off - s * cell) as usize;
-                        buf[sg.dst..sg.dst + sg.len].copy_from_slice(&cells[from..from + sg.len]);
-                    }
-                },
-                |j| segs[j].iter().map(|s| s.stripe).collect(),
-            )?;
-        }
-        if let Some((loc, v)) = before {
-            let after = match self.stripe_versions(map, &loc, dkey, akey, &touched) {
-                Err(e) if e.code == -libc::EINPROGRESS || e.code == -libc::ESTALE => return Err(e),
-                // Parity gone since (its engine died): as unfenced.
-                Err(_) => v.clone(),
-                Ok(a) => a,
-            };
-            if after != v {
-                return Err(Error::new(
-                    -libc::EINPROGRESS,
-                    format!(
-                        "{}: akey {}: stripes {touched:?} changed during the read",
-                        self.what(dkey),
-                        fmt_key(akey)
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Degraded read: rebuild the failed shards' (`bad`) part of each stripe
-    /// they cover (`stripes_of`), handing each rebuilt cell to `put`.
-    #[allow(clippy::too_many_arguments)]
-    fn ec_rebuild_piece(
-        &self,
-        map: &PoolMap,
-        g: &Group,
-        epoch: u64,
-        dkey: &[u8],
-        akey: &[u8],
-        bad: &[usize],
-        mut errs: Vec<Error>,
-        mut put: impl FnMut(usize, u64, &[u8]),
-        stripes_of: impl Fn(usize) -> Vec<u64>,
-    ) -> Result<()> {
-        let stripes: BTreeSet<u64> = bad.iter().flat_map(|&j| stripes_of(j)).collect();
-        for s in stripes {
-            let cells = self
-                .ec_read_stripe(map, g, epoch, dkey, akey, s, bad)
-                .map_err(|e| {
-                    errs.push(e);
-                    combine(&self.what(dkey), std::mem::take(&mut errs))
-                })?;
-            for &j in bad {
-                put(j, s, &cells[j]);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A piece of an EC read on one data shard.
-struct CellSeg {
-    shard_off: u64,
-    len: usize,
-    /// Where in the caller's buffer.
-    dst: usize,
-    stripe: u64,
-}
-
-/// The pieces of a read of `len` bytes at `start` on each of the `k` data
-/// shards, in shard order.
-fn cell_segs(k: usize, start: u64, len: usize) -> Vec<Vec<CellSeg>> {
-    let cell = EC_CELL_SIZE;
-    let end = start + len as u64;
-    let mut segs: Vec<Vec<CellSeg>> = (0..k).map(|_| Vec::new()).collect();
-    let mut o = start;
-    while o < end {
-        let (c, within) = (o / cell, o % cell);
-        let l = (cell - within).min(end - o);
-        segs[(c % k as u64) as usize].push(CellSeg {
-            shard_off: (c / k as u64) * cell + within,
-            len: l as usize,
-            dst: (o - start) as usize,
-            stripe: c / k as u64,
-        });
-        o += l;
-    }
-    segs
-}
-
-impl ObjectAt<'_> {
-    /// The SINGLE value `akey` of `dkey`, `None` if it does not exist.
-    pub fn fetch_single(&self, dkey: &[u8], akey: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.fetch_single_versioned(dkey, akey)?.map(|(v, _)| v))
-    }
-
-    /// Like [`ObjectAt::fetch_single`], with the epoch of the version read:
-    /// what [`crate::Expect::UnchangedSince`] takes to change the value only
-    /// if nobody changed it since.
-    pub fn fetch_single_versioned(
-        &self,
-        dkey: &[u8],
-        akey: &[u8],
-    ) -> Result<Option<(Vec<u8>, u64)>> {
-        check_keys(dkey, Some(akey))?;
-        let o = self.obj;
-        let what = o.what(dkey);
-        o.with_map_for_read(|map| {
-            let g = o.group(map, dkey)?;
-            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
-                let iod = Iod {
-                    akey: akey.to_vec(),
-                    kind: ValueKind::Single as i32,
-                    offset: 0,
-                    len: 0,
-                    crc: 0,
-                    has_crc: false,
-                    ..Default::default()
-                };
-                let v = o
-                    .fetch_shard(map, loc, self.epoch, dkey, vec![iod])?
-                    .pop()
-                    .expect("one value");
-                match v.status {
-                    0 => Ok(Some((v.data, v.epoch))),
-                    e if e == -libc::ENOENT => Ok(None),
-                    e => Err(o.value_error(map, loc, akey, e)),
-                }
-            })
-        })
-    }
-
-    /// Exactly `len` bytes at `offset` of ARRAY `akey` (holes read as zeros).
-    pub fn fetch_array(
-        &self,
-        dkey: &[u8],
-        akey: &[u8],
-        offset: u64,
-        len: usize,
-    ) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        self.fetch_array_into(dkey, akey, offset, &mut buf)?;
-        Ok(buf)
-    }
-
-    /// Like [`ObjectAt::fetch_array`] into a caller's buffer.
-    pub fn fetch_array_into(
-        &self,
-        dkey: &[u8],
-        akey: &[u8],
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        check_keys(dkey, Some(akey))?;
-        check_range(offset, buf.len())?;
-        let o = self.obj;
-        let what = o.what(dkey);
-        if o.rs.is_some() {
-            let (k, _) = o.kp();
-            let stripe = k as u64 * EC_CELL_SIZE;
-            let batch = stripe * EC_BATCH_STRIPES;
-            let mut done = 0usize;
-            while done < buf.len() {
-                let pos = offset + done as u64;
-                let piece_end = ((pos / batch + 1) * batch).min(offset + buf.len() as u64);
-                let n = (piece_end - pos) as usize;
-                o.with_map_for_read(|map| {
-                    o.ec_fetch_piece(map, self.epoch, dkey, akey, pos, &mut buf[done..done + n])
-                })
-                .map_err(|e| {
-                    if e.msg.starts_with(&what) {
-                        e
-                    } else {
-                        e.context(&what)
-                    }
-                })?;
-                done += n;
-            }
-            return Ok(());
-        }
-        for (i, piece) in buf.chunks_mut(MAX_IO).enumerate() {
-            let off = offset + (i * MAX_IO) as u64;
-            o.with_map_for_read(|map| {
-                let g = o.group(map, dkey)?;
-                o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
-                    o.fetch_extent_into(map, loc, self.epoch, dkey, akey, off, piece)
-                })
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Size of ARRAY `akey`: highest byte written + 1 (0 if absent).
-    pub fn array_size(&self, dkey: &[u8], akey: &[u8]) -> Result<u64> {
-        check_keys(dkey, Some(akey))?;
-        let o = self.obj;
-        let what = o.what(dkey);
-        let key = if o.rs.is_some() {
-            size_akey(akey)
-        } else {
-            akey.to_vec()
-        };
-        o.with_map_for_read(|map| {
-            let g = o.group(map, dkey)?;
-            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
-                o.size_shard(map, loc, self.epoch, dkey, &key)
-            })
-        })
-    }
-
-    /// All dkeys, sorted and de-duplicated over the object's groups.
-    pub fn list_dkeys(&self) -> Result<Vec<Vec<u8>>> {
-        let o = self.obj;
-        let what = format!("object {}", o.oid);
-        o.with_map_for_read(|map| {
-            let groups = o.layout(map)?;
-            let lists = par_map(&groups, |g| {
-                // Any shard of the group has every dkey of the group.
-                let order = o.read_order(map, g, &g.group.to_le_bytes());
-                o.try_each(&order, &what, |loc| o.list_shard(map, loc, self.epoch, b""))
-            });
-            let mut all = BTreeSet::new();
-            for l in lists {
-                all.extend(l?);
-            }
-            Ok(all.into_iter().collect())
-        })
-    }
-
-    /// The akeys of `dkey`, sorted. An EC shard holds only the arrays with
-    /// bytes in its cells, but every array's size companion: the companions
-    /// name the arrays (and are not listed themselves).
-    pub fn list_akeys(&self, dkey: &[u8]) -> Result<Vec<Vec<u8>>> {
-        check_keys(dkey, None)?;
-        let o = self.obj;
-        let what = o.what(dkey);
-        let keys = o.with_map_for_read(|map| {
-            let g = o.group(map, dkey)?;
-            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
-                o.list_shard(map, loc, self.epoch, dkey)
-            })
-        })?;
-        let mut keys: Vec<Vec<u8>> = keys
-            .into_iter()
-            .map(|k| match k.strip_prefix(EC_SIZE_PREFIX) {
-                Some(array) if o.rs.is_some() => array.to_vec(),
-                _ => k,
-            })
-            .collect();
-        keys.sort();
-        keys.dedup();
-        Ok(keys)
-    }
 }
 
 /// The body of an engine's reply; a non-zero status becomes an error that
@@ -1924,7 +858,7 @@ pub(crate) fn check_keys(dkey: &[u8], akey: Option<&[u8]>) -> Result<()> {
     Ok(())
 }
 
-fn check_range(offset: u64, len: usize) -> Result<()> {
+pub(crate) fn check_range(offset: u64, len: usize) -> Result<()> {
     if offset.checked_add(len as u64).is_none() {
         return Err(Error::inval(format!(
             "extent at {offset} of {len} bytes overflows"

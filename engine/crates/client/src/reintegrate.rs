@@ -35,8 +35,9 @@
 //! cover it whole.
 
 use crate::error::{fmt_key, Error, Result};
-use crate::object::{reply_body, Client, Container, Object, EC_SIZE_PREFIX};
+use crate::object::{reply_body, Object, EC_SIZE_PREFIX};
 use crate::placement::{self, Group, PoolMap, ShardLoc};
+use crate::{Client, Container};
 use peregrine_proto::data::{
     self, response::Body, ChangedKey, Iod, ListChangedReq, ListRecordsReq, Record, RecordKind,
     ValueKind,

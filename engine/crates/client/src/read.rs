@@ -1,0 +1,465 @@
+//! [`ObjectAt`]: reads of an object at one epoch (the latest, or a
+//! snapshot's): single values, arrays, sizes and listings, from one
+//! replica with fallback, or reconstructed for erasure-coded objects.
+
+use crate::error::{fmt_key, Error, Result};
+use crate::object::{
+    check_keys, check_range, combine, par_map, size_akey, Fetched, Object, ObjectAt,
+    EC_BATCH_STRIPES, EC_SIZE_PREFIX, LIST_BATCH, MAX_IO,
+};
+use crate::placement::{self, Group, PoolMap, ShardLoc};
+use peregrine_isal::crc32c;
+use peregrine_proto::data::{response::Body, FetchReq, Iod, ListReq, QuerySizeReq, ValueKind};
+use peregrine_proto::frame::Opcode;
+use peregrine_proto::oclass::EC_CELL_SIZE;
+use peregrine_proto::CSUM_ERRNO;
+use std::collections::BTreeSet;
+
+impl ObjectAt<'_> {
+    /// The SINGLE value `akey` of `dkey`, `None` if it does not exist.
+    pub fn fetch_single(&self, dkey: &[u8], akey: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.fetch_single_versioned(dkey, akey)?.map(|(v, _)| v))
+    }
+
+    /// Like [`ObjectAt::fetch_single`], with the epoch of the version read:
+    /// what [`crate::Expect::UnchangedSince`] takes to change the value only
+    /// if nobody changed it since.
+    pub fn fetch_single_versioned(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+    ) -> Result<Option<(Vec<u8>, u64)>> {
+        check_keys(dkey, Some(akey))?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        o.with_map_for_read(|map| {
+            let g = o.group(map, dkey)?;
+            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                let iod = Iod {
+                    akey: akey.to_vec(),
+                    kind: ValueKind::Single as i32,
+                    offset: 0,
+                    len: 0,
+                    crc: 0,
+                    has_crc: false,
+                    ..Default::default()
+                };
+                let v = o
+                    .fetch_shard(map, loc, self.epoch, dkey, vec![iod])?
+                    .pop()
+                    .expect("one value");
+                match v.status {
+                    0 => Ok(Some((v.data, v.epoch))),
+                    e if e == -libc::ENOENT => Ok(None),
+                    e => Err(o.value_error(map, loc, akey, e)),
+                }
+            })
+        })
+    }
+
+    /// Exactly `len` bytes at `offset` of ARRAY `akey` (holes read as zeros).
+    pub fn fetch_array(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.fetch_array_into(dkey, akey, offset, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Like [`ObjectAt::fetch_array`] into a caller's buffer.
+    pub fn fetch_array_into(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        check_keys(dkey, Some(akey))?;
+        check_range(offset, buf.len())?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        if o.rs.is_some() {
+            let (k, _) = o.kp();
+            let stripe = k as u64 * EC_CELL_SIZE;
+            let batch = stripe * EC_BATCH_STRIPES;
+            let mut done = 0usize;
+            while done < buf.len() {
+                let pos = offset + done as u64;
+                let piece_end = ((pos / batch + 1) * batch).min(offset + buf.len() as u64);
+                let n = (piece_end - pos) as usize;
+                o.with_map_for_read(|map| {
+                    o.ec_fetch_piece(map, self.epoch, dkey, akey, pos, &mut buf[done..done + n])
+                })
+                .map_err(|e| {
+                    if e.msg.starts_with(&what) {
+                        e
+                    } else {
+                        e.context(&what)
+                    }
+                })?;
+                done += n;
+            }
+            return Ok(());
+        }
+        for (i, piece) in buf.chunks_mut(MAX_IO).enumerate() {
+            let off = offset + (i * MAX_IO) as u64;
+            o.with_map_for_read(|map| {
+                let g = o.group(map, dkey)?;
+                o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                    o.fetch_extent_into(map, loc, self.epoch, dkey, akey, off, piece)
+                })
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Size of ARRAY `akey`: highest byte written + 1 (0 if absent).
+    pub fn array_size(&self, dkey: &[u8], akey: &[u8]) -> Result<u64> {
+        check_keys(dkey, Some(akey))?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        let key = if o.rs.is_some() {
+            size_akey(akey)
+        } else {
+            akey.to_vec()
+        };
+        o.with_map_for_read(|map| {
+            let g = o.group(map, dkey)?;
+            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                o.size_shard(map, loc, self.epoch, dkey, &key)
+            })
+        })
+    }
+
+    /// All dkeys, sorted and de-duplicated over the object's groups.
+    pub fn list_dkeys(&self) -> Result<Vec<Vec<u8>>> {
+        let o = self.obj;
+        let what = format!("object {}", o.oid);
+        o.with_map_for_read(|map| {
+            let groups = o.layout(map)?;
+            let lists = par_map(&groups, |g| {
+                // Any shard of the group has every dkey of the group.
+                let order = o.read_order(map, g, &g.group.to_le_bytes());
+                o.try_each(&order, &what, |loc| o.list_shard(map, loc, self.epoch, b""))
+            });
+            let mut all = BTreeSet::new();
+            for l in lists {
+                all.extend(l?);
+            }
+            Ok(all.into_iter().collect())
+        })
+    }
+
+    /// The akeys of `dkey`, sorted. An EC shard holds only the arrays with
+    /// bytes in its cells, but every array's size companion: the companions
+    /// name the arrays (and are not listed themselves).
+    pub fn list_akeys(&self, dkey: &[u8]) -> Result<Vec<Vec<u8>>> {
+        check_keys(dkey, None)?;
+        let o = self.obj;
+        let what = o.what(dkey);
+        let keys = o.with_map_for_read(|map| {
+            let g = o.group(map, dkey)?;
+            o.try_each(&o.read_order(map, &g, dkey), &what, |loc| {
+                o.list_shard(map, loc, self.epoch, dkey)
+            })
+        })?;
+        let mut keys: Vec<Vec<u8>> = keys
+            .into_iter()
+            .map(|k| match k.strip_prefix(EC_SIZE_PREFIX) {
+                Some(array) if o.rs.is_some() => array.to_vec(),
+                _ => k,
+            })
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+}
+
+/// Requests to one shard for the reads, and the replica choice.
+impl Object {
+    /// The group's shards in read order: rotation by hash so reads spread
+    /// over replicas, up-and-in targets first (the others are refused).
+    pub(crate) fn read_order(&self, map: &PoolMap, g: &Group, dkey: &[u8]) -> Vec<ShardLoc> {
+        let n = g.shards.len();
+        let start = (placement::mix64(placement::hash_dkey(self.oid, dkey)) % n as u64) as usize;
+        let mut order: Vec<ShardLoc> = (0..n).map(|i| g.shards[(start + i) % n]).collect();
+        order.sort_by_key(|l| !map.targets[l.target].readable); // stable: keeps rotation
+        order
+    }
+
+    /// Try `f` on each shard in turn until one succeeds.
+    pub(crate) fn try_each<T>(
+        &self,
+        order: &[ShardLoc],
+        what: &str,
+        mut f: impl FnMut(&ShardLoc) -> Result<T>,
+    ) -> Result<T> {
+        let mut errs = Vec::new();
+        for loc in order {
+            match f(loc) {
+                Ok(v) => return Ok(v),
+                Err(e) if e.code == -libc::ESTALE => return Err(e),
+                Err(e) => errs.push(e),
+            }
+        }
+        Err(combine(what, errs))
+    }
+
+    pub(crate) fn fetch_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        iods: Vec<Iod>,
+    ) -> Result<Vec<Fetched>> {
+        self.fetch_shard_with(map, loc, epoch, dkey, iods, None)
+    }
+
+    /// Like [`Object::fetch_shard`]; with `out` (one iod), data of exactly
+    /// `out.len()` bytes may land there directly ([`Fetched::placed`]).
+    pub(crate) fn fetch_shard_with(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        iods: Vec<Iod>,
+        mut out: Option<&mut [u8]>,
+    ) -> Result<Vec<Fetched>> {
+        let n = iods.len();
+        let req = FetchReq {
+            addr: Some(self.address(map, loc)),
+            epoch,
+            dkey: dkey.to_vec(),
+            iods,
+        };
+        let (body, reply) =
+            self.call_with(map, loc, Opcode::Fetch, &req, &[], out.as_deref_mut())?;
+        let (mut bulk, placed, placed_crc) = (reply.bulk, reply.placed, reply.placed_crc);
+        let bad = |m: String| Error::new(-libc::EPROTO, format!("{}: {m}", self.where_(map, loc)));
+        let values = match body {
+            Some(Body::Fetch(f)) => f.values,
+            _ => return Err(bad("fetch reply without values".into())),
+        };
+        if values.len() != n {
+            return Err(bad(format!(
+                "fetch reply has {} values for {n} iods",
+                values.len()
+            )));
+        }
+        let total: u64 = values.iter().map(|v| v.len).sum();
+        let arrived = match (&out, placed) {
+            (Some(o), true) if n == 1 => o.len(),
+            _ => bulk.len(),
+        };
+        if total != arrived as u64 {
+            return Err(bad(format!(
+                "fetch reply announces {total} bytes, bulk has {arrived}"
+            )));
+        }
+        let csum = self.cont.checksum();
+        let mut fetched = Vec::with_capacity(n);
+        let mut off = 0usize;
+        for v in &values {
+            let data = if n == 1 {
+                std::mem::take(&mut bulk)
+            } else {
+                let d = bulk[off..off + v.len as usize].to_vec();
+                off += v.len as usize;
+                d
+            };
+            let got: &[u8] = match (&out, placed) {
+                (Some(o), true) => o,
+                _ => &data,
+            };
+            let mut status = v.status;
+            // Verify what arrived: catches corruption on the wire or in
+            // buffers, which the engine's own check of stored data cannot.
+            let crc = || match (placed_crc, n) {
+                (Some(c), 1) if placed => c,
+                _ => crc32c(got),
+            };
+            if status == 0 && csum && v.has_crc && crc() != v.crc {
+                status = -CSUM_ERRNO;
+            }
+            fetched.push(Fetched {
+                status,
+                data,
+                placed,
+                epoch: v.epoch,
+            });
+        }
+        Ok(fetched)
+    }
+
+    /// `len` bytes of ARRAY `akey` at `offset` of one shard, holes as zeros.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fetch_extent(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let iod = Iod {
+            akey: akey.to_vec(),
+            kind: ValueKind::Array as i32,
+            offset,
+            len: len as u64,
+            crc: 0,
+            has_crc: false,
+            ..Default::default()
+        };
+        let v = self
+            .fetch_shard(map, loc, epoch, dkey, vec![iod])?
+            .pop()
+            .expect("one value");
+        match v.status {
+            0 => {
+                let mut d = v.data;
+                d.resize(len, 0);
+                Ok(d)
+            }
+            e if e == -libc::ENOENT => Ok(vec![0; len]),
+            e => Err(self.value_error(map, loc, akey, e)),
+        }
+    }
+
+    /// Like [`Object::fetch_extent`], into `out`: over shared memory the
+    /// data is copied once, from the engine's reply into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fetch_extent_into(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let iod = Iod {
+            akey: akey.to_vec(),
+            kind: ValueKind::Array as i32,
+            offset,
+            len: out.len() as u64,
+            crc: 0,
+            has_crc: false,
+            ..Default::default()
+        };
+        let v = self
+            .fetch_shard_with(map, loc, epoch, dkey, vec![iod], Some(&mut *out))?
+            .pop()
+            .expect("one value");
+        match v.status {
+            0 if v.placed => Ok(()),
+            0 => {
+                let n = v.data.len().min(out.len());
+                out[..n].copy_from_slice(&v.data[..n]);
+                out[n..].fill(0);
+                Ok(())
+            }
+            e if e == -libc::ENOENT => {
+                out.fill(0);
+                Ok(())
+            }
+            e => Err(self.value_error(map, loc, akey, e)),
+        }
+    }
+
+    pub(crate) fn value_error(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        akey: &[u8],
+        code: i32,
+    ) -> Error {
+        Error::new(
+            code,
+            format!(
+                "{}: shard {} akey {}: {}",
+                self.where_(map, loc),
+                loc.shard,
+                fmt_key(akey),
+                peregrine_proto::strerror(code)
+            ),
+        )
+    }
+
+    pub(crate) fn size_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        akey: &[u8],
+    ) -> Result<u64> {
+        let req = QuerySizeReq {
+            addr: Some(self.address(map, loc)),
+            epoch,
+            dkey: dkey.to_vec(),
+            akey: akey.to_vec(),
+        };
+        match self.call(map, loc, Opcode::QuerySize, &req, &[]) {
+            Ok((Some(Body::Size(s)), _)) => Ok(s.size),
+            Ok(_) => Err(Error::new(
+                -libc::EPROTO,
+                format!("{}: size reply without a size", self.where_(map, loc)),
+            )),
+            Err(e) if e.code == -libc::ENOENT => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn list_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut keys = Vec::new();
+        let mut anchor = Vec::new();
+        loop {
+            let req = ListReq {
+                addr: Some(self.address(map, loc)),
+                epoch,
+                dkey: dkey.to_vec(),
+                anchor: anchor.clone(),
+                max: LIST_BATCH,
+            };
+            let l = match self.call(map, loc, Opcode::List, &req, &[]) {
+                Ok((Some(Body::List(l)), _)) => l,
+                Ok(_) => {
+                    return Err(Error::new(
+                        -libc::EPROTO,
+                        format!("{}: list reply without keys", self.where_(map, loc)),
+                    ))
+                }
+                Err(e) if e.code == -libc::ENOENT => return Ok(keys),
+                Err(e) => return Err(e),
+            };
+            let progress = !l.keys.is_empty() || l.anchor != anchor;
+            keys.extend(l.keys);
+            if l.done {
+                return Ok(keys);
+            }
+            if !progress {
+                return Err(Error::new(
+                    -libc::EPROTO,
+                    format!("{}: listing made no progress", self.where_(map, loc)),
+                ));
+            }
+            anchor = l.anchor;
+        }
+    }
+}
