@@ -36,6 +36,9 @@ pub mod pool;
 mod read;
 pub mod reintegrate;
 pub mod shm;
+/// Test-only: an in-process fake engine cluster, out of the shipped library
+/// (feature `testkit`, which the crate's own tests enable).
+#[cfg(any(test, feature = "testkit"))]
 #[doc(hidden)]
 pub mod testkit;
 pub mod transaction;
