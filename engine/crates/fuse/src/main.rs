@@ -190,6 +190,7 @@ fn cpath(p: &Path) -> CString {
 }
 
 fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
 
@@ -208,6 +209,7 @@ fn clean_stale(mp: &Path) {
                 .map(|s| s.success())
                 .unwrap_or(false);
             if !ok {
+                // SAFETY: a NUL-terminated path that outlives the call.
                 unsafe { libc::umount2(cpath(mp).as_ptr(), libc::MNT_DETACH) };
             }
         }
@@ -217,12 +219,14 @@ fn clean_stale(mp: &Path) {
 fn unmount(mp: &Path) {
     if is_root() {
         let c = cpath(mp);
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
         if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
             let e = std::io::Error::last_os_error();
             eprintln!(
                 "peregrine-fuse: unmount {}: {e}; detaching lazily",
                 mp.display()
             );
+            // SAFETY: as above.
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
     } else {
@@ -235,10 +239,12 @@ fn unmount(mp: &Path) {
 
 /// Mount with mount(2) (root): type `fuse.peregrine`, source `peregrine`.
 fn mount_root(mp: &Path, ro: bool) -> std::io::Result<OwnedFd> {
+    // SAFETY: a static NUL-terminated path.
     let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
+    // SAFETY: `fd` was just opened here and is owned by nothing else.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let st = std::fs::metadata(mp)?;
     use std::os::unix::fs::MetadataExt;
@@ -255,6 +261,7 @@ fn mount_root(mp: &Path, ro: bool) -> std::io::Result<OwnedFd> {
         CString::new("fuse.peregrine").unwrap(),
         CString::new(opts).unwrap(),
     );
+    // SAFETY: source, target, type and options are NUL-terminated strings that outlive the call.
     let r = unsafe {
         libc::mount(
             src.as_ptr(),
@@ -274,24 +281,30 @@ fn mount_root(mp: &Path, ro: bool) -> std::io::Result<OwnedFd> {
 /// exits with its verdict. Returns the write end in the child.
 fn daemonize() -> std::fs::File {
     let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         eprintln!("peregrine-fuse: pipe: {}", std::io::Error::last_os_error());
         std::process::exit(1);
     }
+    // SAFETY: called before any other thread is started (see main).
     match unsafe { libc::fork() } {
         -1 => {
             eprintln!("peregrine-fuse: fork: {}", std::io::Error::last_os_error());
             std::process::exit(1);
         }
         0 => {
+            // SAFETY: the child closes the pipe's read end it does not use, and starts a session.
             unsafe {
                 libc::close(fds[0]);
                 libc::setsid();
             }
+            // SAFETY: the pipe's write end, owned by this process alone from here on.
             unsafe { std::fs::File::from_raw_fd(fds[1]) }
         }
         _ => {
+            // SAFETY: the parent's copy of the write end, used nowhere else.
             unsafe { libc::close(fds[1]) };
+            // SAFETY: the pipe's read end, owned here alone.
             let mut r = unsafe { std::fs::File::from_raw_fd(fds[0]) };
             let mut s = String::new();
             let _ = r.read_to_string(&mut s);
@@ -313,6 +326,7 @@ fn daemonize() -> std::fs::File {
 }
 
 fn block_signals() -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is a valid argument to sigemptyset, which initializes it.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -420,6 +434,7 @@ fn main() {
         {
             use std::os::fd::AsRawFd;
             for fd in 0..3 {
+                // SAFETY: both descriptors are open; 0-2 are replaced on purpose.
                 unsafe { libc::dup2(null.as_raw_fd(), fd) };
             }
         }
@@ -427,6 +442,7 @@ fn main() {
     let mp2 = mp.clone();
     std::thread::spawn(move || loop {
         let mut sig = 0;
+        // SAFETY: `sigs` is an initialized set, `sig` a valid out-parameter.
         if unsafe { libc::sigwait(&sigs, &mut sig) } == 0 {
             eprintln!("peregrine-fuse: signal {sig}: unmounting {}", mp2.display());
             unmount(&mp2);

@@ -27,6 +27,7 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     let mut state = !crc;
     // ISA-L takes an int length: feed huge buffers in pieces.
     for piece in data.chunks(1 << 30) {
+        // SAFETY: `piece` is a live slice of at most 2^30 bytes (fits an int), read only.
         state = unsafe { crc32_iscsi(piece.as_ptr(), piece.len() as c_int, state) };
     }
     !state
@@ -118,8 +119,11 @@ impl ReedSolomon {
     pub fn new(k: usize, p: usize) -> Self {
         assert!(k >= 1 && p >= 1 && k + p <= 255, "invalid RS({k},{p})");
         let mut matrix = vec![0u8; (k + p) * k];
+        // SAFETY: `matrix` holds the (k + p) x k bytes ISA-L writes; k + p <= 255.
         unsafe { gf_gen_cauchy1_matrix(matrix.as_mut_ptr(), (k + p) as c_int, k as c_int) };
         let mut parity_tables = vec![0u8; k * p * 32];
+        // SAFETY: the parity rows are p x k bytes of `matrix`, and the tables
+        // k * p * 32 bytes, as ec_init_tables reads and writes.
         unsafe {
             ec_init_tables(
                 k as c_int,
@@ -162,6 +166,8 @@ impl ReedSolomon {
         }
         let src: Vec<*const u8> = data.iter().map(|d| d.as_ptr()).collect();
         let dst: Vec<*mut u8> = parity.iter_mut().map(|p| p.as_mut_ptr()).collect();
+        // SAFETY: k source and p destination pointers, each to `len` live
+        // bytes (checked above); the tables are the k x p ones built in new().
         unsafe {
             ec_encode_data(
                 len as c_int,
@@ -211,6 +217,7 @@ impl ReedSolomon {
             sub[r * k..(r + 1) * k].copy_from_slice(&self.matrix[row * k..(row + 1) * k]);
         }
         let mut inv = vec![0u8; k * k];
+        // SAFETY: `sub` and `inv` are k x k bytes each.
         if unsafe { gf_invert_matrix(sub.as_mut_ptr(), inv.as_mut_ptr(), k as c_int) } != 0 {
             return Err(EcError::BadShape("singular decode matrix".into()));
         }
@@ -231,6 +238,7 @@ impl ReedSolomon {
             }
         }
         let mut tables = vec![0u8; k * missing.len() * 32];
+        // SAFETY: `decode` is missing.len() x k bytes and `tables` 32 times that.
         unsafe {
             ec_init_tables(
                 k as c_int,
@@ -246,6 +254,8 @@ impl ReedSolomon {
                 .map(|&i| cells[i].as_ref().unwrap().as_ptr())
                 .collect();
             let dst: Vec<*mut u8> = out.iter_mut().map(|o| o.as_mut_ptr()).collect();
+            // SAFETY: k survivor and missing.len() output pointers, each to
+            // `len` live bytes; the tables match (k, missing.len()).
             unsafe {
                 ec_encode_data(
                     len as c_int,
