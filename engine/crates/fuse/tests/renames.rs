@@ -59,7 +59,7 @@ fn churn(root: &Path, w: usize, stop: &AtomicBool, done: &AtomicUsize) {
         let i = k % FILES;
         k += 2;
         let (a, b) = (root.join(format!("a/f{i}")), root.join(format!("b/f{i}")));
-        let ok = if k % 3 == 0 {
+        let ok = if k.is_multiple_of(3) {
             let j = (i + 1) % FILES;
             renameat2(&a, &root.join(format!("b/f{j}")), libc::RENAME_EXCHANGE)
         } else {
