@@ -7,7 +7,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -45,6 +44,7 @@ func (r *ContainerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	before := cont.DeepCopy()
+	s := r.store()
 	if !cont.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, cont, before)
 	}
@@ -57,22 +57,16 @@ func (r *ContainerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 
 	pool, addr, why := r.resolvePool(ctx, cont)
 	if why != "" {
-		r.setReady(cont, metav1.ConditionFalse, "PoolNotReady", why)
-		return r.finish(ctx, cont, before, ctrl.Result{RequeueAfter: 5 * time.Second}, nil)
+		setReady(cont, metav1.ConditionFalse, storagev1.ReasonPoolNotReady, why)
+		return s.finish(ctx, cont, before, ctrl.Result{RequeueAfter: 5 * time.Second}, nil)
 	}
 	ms, err := r.MS.Client(addr)
 	if err != nil {
-		return r.finish(ctx, cont, before, ctrl.Result{}, err)
+		return s.finish(ctx, cont, before, ctrl.Result{}, err)
 	}
 	info, err := r.ensureContainer(ctx, cont, pool, ms)
 	if err != nil {
-		reason := "ManagementServiceError"
-		if c := grpcCode(err); c == codes.Unavailable || c == codes.DeadlineExceeded {
-			reason = "ManagementServiceUnreachable"
-		}
-		r.setReady(cont, metav1.ConditionFalse, reason, err.Error())
-		r.Recorder.Event(cont, corev1.EventTypeWarning, reason, err.Error())
-		return r.finish(ctx, cont, before, ctrl.Result{}, err)
+		return s.callFailed(ctx, cont, before, err)
 	}
 	if info != nil {
 		copyContainerStatus(cont, pool, info)
@@ -80,14 +74,11 @@ func (r *ContainerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if cont.Status.State != before.Status.State && before.Status.State != "" {
 		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "StateChanged", "container %q: %s -> %s", containerLabel(cont), before.Status.State, cont.Status.State)
 	}
-	return r.finish(ctx, cont, before, ctrl.Result{RequeueAfter: r.refresh()}, nil)
+	return s.finish(ctx, cont, before, s.requeue(), nil)
 }
 
-func (r *ContainerReconciler) refresh() time.Duration {
-	if r.Refresh == 0 {
-		return 30 * time.Second
-	}
-	return r.Refresh
+func (r *ContainerReconciler) store() storeReconciler {
+	return storeReconciler{Client: r.Client, recorder: r.Recorder, ms: r.MS, refresh: r.Refresh}
 }
 
 func containerLabel(c *storagev1.Container) string {
@@ -125,7 +116,7 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 	if cont.Status.UUID != "" {
 		info, err := ms.ContQuery(cctx, &mgmtpb.ContQueryReq{Pool: pool.Status.UUID, Id: cont.Status.UUID})
 		if grpcCode(err) == codes.NotFound {
-			wasLost := cont.Status.State == "lost"
+			wasLost := cont.Status.State == storagev1.ContainerStateLost
 			if msg := markContainerLost(cont, pool, label, err); !wasLost {
 				r.Recorder.Event(cont, corev1.EventTypeWarning, "ContainerLost", msg)
 			}
@@ -173,13 +164,13 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 
 func copyContainerStatus(cont *storagev1.Container, pool *storagev1.Pool, info *mgmtpb.ContInfo) {
 	st := &cont.Status
-	st.UUID, st.PoolUUID, st.State = info.Uuid, info.PoolUuid, "ready"
+	st.UUID, st.PoolUUID, st.State = info.Uuid, info.PoolUuid, storagev1.ContainerStateReady
 	st.ObjectClass, st.RedundancyFactor = info.Oclass, int32(info.RedundancyFactor)
 	st.UsedBytes, st.Used, st.Snapshots = int64(info.UsedBytes), humanBytes(info.UsedBytes), int32(info.Snapshots)
 	containerUsedBytes.WithLabelValues(cont.Namespace, pool.Name, cont.Name).Set(float64(info.UsedBytes))
-	setCondition(&st.Conditions, cont.Generation, storagev1.ConditionReady, metav1.ConditionTrue, "ContainerReady",
+	setCondition(&st.Conditions, cont.Generation, storagev1.ConditionReady, metav1.ConditionTrue, storagev1.ReasonContainerReady,
 		fmt.Sprintf("container %q (%s) in pool %q: type %s, object class %s, rf %d, chunk %s",
-			info.Label, info.Uuid, pool.Status.Label, info.Type, info.Oclass, info.RedundancyFactor, humanBytes(info.ChunkSize)))
+			info.Label, info.Uuid, pool.Status.Label, info.Type.Word(), info.Oclass, info.RedundancyFactor, humanBytes(info.ChunkSize)))
 }
 
 // markContainerLost records that the management service no longer has the container (it, or its
@@ -188,74 +179,34 @@ func copyContainerStatus(cont *storagev1.Container, pool *storagev1.Pool, info *
 // the condition's message.
 func markContainerLost(cont *storagev1.Container, pool *storagev1.Pool, label string, err error) string {
 	st := &cont.Status
-	st.State = "lost"
+	st.State = storagev1.ContainerStateLost
 	st.ObjectClass, st.RedundancyFactor = "", 0
 	st.UsedBytes, st.Used, st.Snapshots = 0, "", 0
 	forgetContainerMetrics(cont.Namespace, cont.Name)
 	msg := fmt.Sprintf("the management service no longer has container %q (%s) in pool %q: %s; it was destroyed outside Kubernetes and is not re-created",
 		label, st.UUID, pool.Status.Label, grpcMessage(err))
-	setCondition(&st.Conditions, cont.Generation, storagev1.ConditionReady, metav1.ConditionFalse, lostReason, msg)
+	setCondition(&st.Conditions, cont.Generation, storagev1.ConditionReady, metav1.ConditionFalse, storagev1.ReasonNotFoundInManagementService, msg)
 	return msg
-}
-
-func (r *ContainerReconciler) setReady(cont *storagev1.Container, s metav1.ConditionStatus, reason, msg string) {
-	setCondition(&cont.Status.Conditions, cont.Generation, storagev1.ConditionReady, s, reason, msg)
-}
-
-func (r *ContainerReconciler) finish(ctx context.Context, cont, before *storagev1.Container, res ctrl.Result, err error) (ctrl.Result, error) {
-	cont.Status.ObservedGeneration = cont.Generation
-	if perr := r.Status().Patch(ctx, cont, client.MergeFrom(before)); perr != nil && !apierrors.IsNotFound(perr) {
-		return ctrl.Result{}, perr
-	}
-	return res, err
 }
 
 // reconcileDelete destroys the container in the store (reclaim policy Delete) or leaves it
 // (Retain), then lets the object go; its Pool, which waits for it, is woken by the watch.
 func (r *ContainerReconciler) reconcileDelete(ctx context.Context, cont, before *storagev1.Container) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(cont, storagev1.Finalizer) {
-		return ctrl.Result{}, nil
-	}
-	label := containerLabel(cont)
-	if cont.Spec.ReclaimPolicy != storagev1.ReclaimRetain && cont.Status.UUID != "" {
-		pool := &storagev1.Pool{}
-		err := r.Get(ctx, types.NamespacedName{Namespace: cont.Namespace, Name: cont.Spec.PoolRef.Name}, pool)
-		var addr string
-		if err == nil {
-			addr, err = serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
-		}
-		if err != nil {
-			r.Recorder.Eventf(cont, corev1.EventTypeWarning, "ContainerNotDestroyed", "container %q (%s) left in the store: %v", label, cont.Status.UUID, err)
-		} else if err := r.destroy(ctx, cont, addr); err != nil {
-			setCondition(&cont.Status.Conditions, cont.Generation, storagev1.ConditionDeletionBlocked, metav1.ConditionTrue, "DestroyFailed", err.Error())
-			r.Recorder.Event(cont, corev1.EventTypeWarning, "DestroyFailed", err.Error())
-			return r.finish(ctx, cont, before, ctrl.Result{}, err)
-		}
-	} else if cont.Status.UUID != "" {
-		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "Retained", "container %q (%s) retained in the store", label, cont.Status.UUID)
-	}
-	forgetContainerMetrics(cont.Namespace, cont.Name)
-	controllerutil.RemoveFinalizer(cont, storagev1.Finalizer)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Update(ctx, cont))
-}
-
-func (r *ContainerReconciler) destroy(ctx context.Context, cont *storagev1.Container, addr string) error {
-	ms, err := r.MS.Client(addr)
-	if err != nil {
-		return err
-	}
-	cctx, cancel := r.MS.callContext(ctx)
-	defer cancel()
-	_, err = ms.ContDestroy(cctx, &mgmtpb.ContDestroyReq{Pool: cont.Status.PoolUUID, Id: cont.Status.UUID})
-	switch {
-	case err == nil:
-		r.Recorder.Eventf(cont, corev1.EventTypeNormal, "Destroyed", "destroyed container %q (%s)", containerLabel(cont), cont.Status.UUID)
-		return nil
-	case grpcCode(err) == codes.NotFound:
-		return nil
-	default:
-		return storeErr(err, "container %q (%s): destroy", containerLabel(cont), cont.Status.UUID)
-	}
+	return r.store().reconcileDelete(ctx, cont, before, storeDeletion{
+		kind: "container", label: containerLabel(cont), uuid: cont.Status.UUID, reclaim: cont.Spec.ReclaimPolicy,
+		address: func(ctx context.Context) (string, error) {
+			pool := &storagev1.Pool{}
+			if err := r.Get(ctx, types.NamespacedName{Namespace: cont.Namespace, Name: cont.Spec.PoolRef.Name}, pool); err != nil {
+				return "", err
+			}
+			return serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
+		},
+		destroy: func(ctx context.Context, ms mgmtpb.MgmtClient) error {
+			_, err := ms.ContDestroy(ctx, &mgmtpb.ContDestroyReq{Pool: cont.Status.PoolUUID, Id: cont.Status.UUID})
+			return err
+		},
+		forgetMetrics: func() { forgetContainerMetrics(cont.Namespace, cont.Name) },
+	})
 }
 
 // SetupWithManager registers the reconciler; a Pool's changes wake its Containers.

@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
 )
 
@@ -89,9 +90,9 @@ var _ = Describe("Capacity gauges", Ordered, func() {
 
 	It("export each pool's space per tier and each container's used bytes as the management service reports them", func() {
 		Expect(k8s.Create(ctx, newPool("meter", "gauge", "128MiB"))).To(Succeed())
-		waitState(func() string { return getPool("meter").Status.State }, "ready")
+		waitState(func() string { return string(getPool("meter").Status.State) }, string(storagev1.PoolStateReady))
 		Expect(k8s.Create(ctx, newContainer("readings", "meter"))).To(Succeed())
-		waitState(func() string { return getContainer("readings").Status.State }, "ready")
+		waitState(func() string { return string(getContainer("readings").Status.State) }, string(storagev1.ContainerStateReady))
 
 		By("writing 3 MiB into the container through the data plane")
 		value := make([]byte, 3<<20)
@@ -144,9 +145,9 @@ var _ = Describe("Capacity gauges", Ordered, func() {
 
 	It("drop the series of a pool and a container that vanished from the store", func() {
 		Expect(k8s.Create(ctx, newPool("fleeting", "gauge", "64MiB"))).To(Succeed())
-		waitState(func() string { return getPool("fleeting").Status.State }, "ready")
+		waitState(func() string { return string(getPool("fleeting").Status.State) }, string(storagev1.PoolStateReady))
 		Expect(k8s.Create(ctx, newContainer("fleeting-data", "fleeting"))).To(Succeed())
-		waitState(func() string { return getContainer("fleeting-data").Status.State }, "ready")
+		waitState(func() string { return string(getContainer("fleeting-data").Status.State) }, string(storagev1.ContainerStateReady))
 		Eventually(func() map[string]float64 {
 			return series("peregrine_container_used_bytes", map[string]string{"namespace": ns, "container": "fleeting-data"})
 		}, 30*time.Second).Should(HaveLen(1))
@@ -157,8 +158,8 @@ var _ = Describe("Capacity gauges", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		_, err = ms.PoolDestroy(ctx, &mgmtpb.PoolDestroyReq{Id: "fleeting"})
 		Expect(err).NotTo(HaveOccurred())
-		waitState(func() string { return getContainer("fleeting-data").Status.State }, "lost")
-		waitState(func() string { return getPool("fleeting").Status.State }, "lost")
+		waitState(func() string { return string(getContainer("fleeting-data").Status.State) }, string(storagev1.ContainerStateLost))
+		waitState(func() string { return string(getPool("fleeting").Status.State) }, string(storagev1.PoolStateLost))
 		Expect(series("peregrine_container_used_bytes", map[string]string{"namespace": ns, "container": "fleeting-data"})).To(BeEmpty())
 		Expect(series("peregrine_pool_bytes", map[string]string{"namespace": ns, "pool": "fleeting"})).To(BeEmpty())
 

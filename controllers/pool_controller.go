@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -46,6 +45,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	before := pool.DeepCopy()
+	s := r.store()
 	if !pool.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, pool, before)
 	}
@@ -58,37 +58,26 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 
 	addr, err := serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
 	if err != nil {
-		r.setReady(pool, metav1.ConditionFalse, "ServerSetNotFound", err.Error())
-		return r.finish(ctx, pool, before, ctrl.Result{RequeueAfter: 10 * time.Second}, nil)
+		setReady(pool, metav1.ConditionFalse, storagev1.ReasonServerSetNotFound, err.Error())
+		return s.finish(ctx, pool, before, ctrl.Result{RequeueAfter: 10 * time.Second}, nil)
 	}
 	ms, err := r.MS.Client(addr)
 	if err != nil {
-		return r.finish(ctx, pool, before, ctrl.Result{}, err)
+		return s.finish(ctx, pool, before, ctrl.Result{}, err)
 	}
 	info, err := r.ensurePool(ctx, pool, ms)
 	if err != nil {
-		reason := "ManagementServiceError"
-		if c := grpcCode(err); c == codes.Unavailable || c == codes.DeadlineExceeded {
-			reason = "ManagementServiceUnreachable"
-		}
-		r.setReady(pool, metav1.ConditionFalse, reason, err.Error())
-		r.Recorder.Event(pool, corev1.EventTypeWarning, reason, err.Error())
-		// The error goes back to controller-runtime: retried with exponential backoff.
-		return r.finish(ctx, pool, before, ctrl.Result{}, err)
+		return s.callFailed(ctx, pool, before, err)
 	}
-	if info == nil {
-		return r.finish(ctx, pool, before, ctrl.Result{RequeueAfter: r.refresh()}, nil)
+	if info != nil {
+		copyPoolStatus(pool, info)
+		r.recordStateChange(pool, before)
 	}
-	copyPoolStatus(pool, info)
-	r.recordStateChange(pool, before)
-	return r.finish(ctx, pool, before, ctrl.Result{RequeueAfter: r.refresh()}, nil)
+	return s.finish(ctx, pool, before, s.requeue(), nil)
 }
 
-func (r *PoolReconciler) refresh() time.Duration {
-	if r.Refresh == 0 {
-		return 30 * time.Second
-	}
-	return r.Refresh
+func (r *PoolReconciler) store() storeReconciler {
+	return storeReconciler{Client: r.Client, recorder: r.Recorder, ms: r.MS, refresh: r.Refresh}
 }
 
 func poolLabel(p *storagev1.Pool) string {
@@ -108,7 +97,7 @@ func (r *PoolReconciler) ensurePool(ctx context.Context, pool *storagev1.Pool, m
 	if pool.Status.UUID != "" {
 		info, err := ms.PoolQuery(cctx, &mgmtpb.PoolQueryReq{Id: pool.Status.UUID})
 		if grpcCode(err) == codes.NotFound {
-			wasLost := pool.Status.State == "lost"
+			wasLost := pool.Status.State == storagev1.PoolStateLost
 			if msg := markPoolLost(pool, label, err); !wasLost {
 				r.Recorder.Event(pool, corev1.EventTypeWarning, "PoolLost", msg)
 			}
@@ -195,21 +184,6 @@ func (r *PoolReconciler) syncProps(ctx context.Context, pool *storagev1.Pool, ms
 	}
 	r.Recorder.Eventf(pool, corev1.EventTypeNormal, "PropertiesSet", "set %d propert(ies) of pool %q", len(diff), info.Label)
 	return updated, nil
-}
-
-func (r *PoolReconciler) setReady(pool *storagev1.Pool, s metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
-		Type: storagev1.ConditionReady, Status: s, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
-	})
-}
-
-// finish writes the status as a patch against what was read, then returns res and err.
-func (r *PoolReconciler) finish(ctx context.Context, pool, before *storagev1.Pool, res ctrl.Result, err error) (ctrl.Result, error) {
-	pool.Status.ObservedGeneration = pool.Generation
-	if perr := r.Status().Patch(ctx, pool, client.MergeFrom(before)); perr != nil && !apierrors.IsNotFound(perr) {
-		return ctrl.Result{}, perr
-	}
-	return res, err
 }
 
 // serverSetMgmtAddress finds the management service of a ServerSet: its status when the

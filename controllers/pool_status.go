@@ -46,9 +46,9 @@ func copyPoolStatus(pool *storagev1.Pool, info *mgmtpb.PoolInfo) {
 		poolBytes.WithLabelValues(pool.Namespace, pool.Name, t.Name, "free").Set(float64(t.Free))
 	}
 	st.Size, st.Free = humanBytes(total), humanBytes(free)
-	st.State = info.State
+	st.State = storagev1.PoolState(info.State.Word())
 	msg := fmt.Sprintf("pool %q (%s) is %s: %d targets (%d disabled, %d reintegrating), map version %d",
-		info.Label, info.Uuid, info.State, info.TotalTargets, info.DisabledTargets, info.ReintegratingTargets, info.MapVersion)
+		info.Label, info.Uuid, st.State, info.TotalTargets, info.DisabledTargets, info.ReintegratingTargets, info.MapVersion)
 	if len(st.RanksOut) > 0 {
 		var ranks []string
 		for _, r := range st.RanksOut {
@@ -57,19 +57,21 @@ func copyPoolStatus(pool *storagev1.Pool, info *mgmtpb.PoolInfo) {
 		msg += "; targets not up-and-in: " + strings.Join(ranks, ", ")
 	}
 	switch {
-	case info.State == "ready" && info.DisabledTargets == 0 && info.ReintegratingTargets == 0 && len(st.RanksOut) == 0:
-		setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionTrue, "PoolReady", msg)
-		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionFalse, "AllTargetsUp", msg)
+	case info.State == mgmtpb.PoolState_POOL_STATE_READY && info.DisabledTargets == 0 && info.ReintegratingTargets == 0 && len(st.RanksOut) == 0:
+		setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionTrue, storagev1.ReasonPoolReady, msg)
+		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionFalse, storagev1.ReasonAllTargetsUp, msg)
 		return
 	case info.DisabledTargets > 0 || hasRankState(st.RanksOut, storagev1.TargetDown, storagev1.TargetDownOut):
-		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, reasonTargetsDown, msg)
-	case info.ReintegratingTargets > 0 || info.State == "reintegrating" || hasRankState(st.RanksOut, storagev1.TargetReintegrating):
-		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, reasonTargetsReintegrating, msg)
+		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, storagev1.ReasonTargetsDown, msg)
+	case info.ReintegratingTargets > 0 || info.State == mgmtpb.PoolState_POOL_STATE_REINTEGRATING || hasRankState(st.RanksOut, storagev1.TargetReintegrating):
+		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, storagev1.ReasonTargetsReintegrating, msg)
+	case info.State == mgmtpb.PoolState_POOL_STATE_DEGRADED:
+		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, storagev1.ReasonPoolDegraded, msg)
 	default:
-		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, "Pool"+titleWord(info.State), msg)
+		setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionTrue, storagev1.ReasonPoolUnknown, msg)
 	}
 	// A degraded or reintegrating pool still serves I/O; Degraded tells why.
-	setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionTrue, "PoolServing", msg)
+	setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionTrue, storagev1.ReasonPoolServing, msg)
 }
 
 // ranksOut is the pool map's ranks whose targets are not up-and-in, one entry per rank (the
@@ -125,26 +127,21 @@ func hasRankState(ranks []storagev1.RankTargetState, states ...storagev1.TargetS
 	return false
 }
 
-// lostReason is the Ready reason of a Pool or Container whose object the management service no
-// longer has (destroyed outside Kubernetes): it is not re-created, and its status keeps only what
-// names it.
-const lostReason = "NotFoundInManagementService"
-
 // markPoolLost records that the management service no longer has the pool: state "lost", the
 // figures the last PoolQuery reported cleared (status comes only from the management service, and
 // it has nothing to say about this pool any more), Ready False and Degraded Unknown saying why.
 // UUID and label stay: they name what was lost. It returns the conditions' message.
 func markPoolLost(pool *storagev1.Pool, label string, err error) string {
 	st := &pool.Status
-	st.State = "lost"
+	st.State = storagev1.PoolStateLost
 	st.MapVersion, st.Ranks, st.TotalTargets, st.DisabledTargets, st.Containers = 0, nil, 0, 0, 0
 	st.ReintegratingTargets, st.RanksOut = 0, nil
 	st.Tiers, st.Size, st.Free = nil, "", ""
 	forgetPoolMetrics(pool.Namespace, pool.Name)
 	msg := fmt.Sprintf("the management service no longer has pool %q (%s): %s; it was destroyed outside Kubernetes and is not re-created",
 		label, st.UUID, grpcMessage(err))
-	setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionFalse, lostReason, msg)
-	setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionUnknown, lostReason, msg)
+	setPoolCondition(pool, storagev1.ConditionReady, metav1.ConditionFalse, storagev1.ReasonNotFoundInManagementService, msg)
+	setPoolCondition(pool, storagev1.ConditionDegraded, metav1.ConditionUnknown, storagev1.ReasonNotFoundInManagementService, msg)
 	return msg
 }
 
@@ -152,14 +149,14 @@ func markPoolLost(pool *storagev1.Pool, label string, err error) string {
 func (r *PoolReconciler) recordStateChange(pool, before *storagev1.Pool) {
 	if pool.Status.State != "" && pool.Status.State != before.Status.State && before.Status.State != "" {
 		kind := corev1.EventTypeNormal
-		if pool.Status.State != "ready" {
+		if pool.Status.State != storagev1.PoolStateReady {
 			kind = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(pool, kind, "StateChanged", "pool %q: %s -> %s", pool.Status.Label, before.Status.State, pool.Status.State)
 	}
 }
 
-func setPoolCondition(pool *storagev1.Pool, t string, s metav1.ConditionStatus, reason, msg string) {
+func setPoolCondition(pool *storagev1.Pool, t string, s metav1.ConditionStatus, reason storagev1.ConditionReason, msg string) {
 	setCondition(&pool.Status.Conditions, pool.Generation, t, s, reason, msg)
 }
 

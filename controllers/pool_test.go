@@ -67,12 +67,12 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 	})
 
 	waitPoolReady := func(name string) *storagev1.Pool {
-		Eventually(func() string { return getPool(name).Status.State }, 60*time.Second).Should(Equal("ready"),
+		Eventually(func() storagev1.PoolState { return getPool(name).Status.State }, 60*time.Second).Should(Equal(storagev1.PoolStateReady),
 			func() string { return condition(getPool(name).Status.Conditions, storagev1.ConditionReady).Message })
 		return getPool(name)
 	}
 	waitContainerReady := func(name string) *storagev1.Container {
-		Eventually(func() string { return getContainer(name).Status.State }, 60*time.Second).Should(Equal("ready"),
+		Eventually(func() storagev1.ContainerState { return getContainer(name).Status.State }, 60*time.Second).Should(Equal(storagev1.ContainerStateReady),
 			func() string {
 				return condition(getContainer(name).Status.Conditions, storagev1.ConditionReady).Message
 			})
@@ -227,7 +227,7 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 		Eventually(func(g Gomega) {
 			p := &storagev1.Pool{}
 			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "vanish"}, p)).To(Succeed())
-			g.Expect(p.Status.State).To(Equal("lost"))
+			g.Expect(p.Status.State).To(Equal(storagev1.PoolStateLost))
 			g.Expect(p.Status).To(And(
 				HaveField("UUID", puuid), HaveField("Label", "vanish"),
 				HaveField("Tiers", BeEmpty()), HaveField("Size", ""), HaveField("Free", ""),
@@ -244,7 +244,7 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 		Eventually(func(g Gomega) {
 			c := &storagev1.Container{}
 			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "vanish-data"}, c)).To(Succeed())
-			g.Expect(c.Status.State).To(Equal("lost"))
+			g.Expect(c.Status.State).To(Equal(storagev1.ContainerStateLost))
 			g.Expect(c.Status).To(And(
 				HaveField("UUID", cuuid), HaveField("PoolUUID", puuid),
 				HaveField("UsedBytes", BeZero()), HaveField("Used", ""), HaveField("Snapshots", BeZero()),

@@ -16,7 +16,7 @@ import (
 )
 
 func joined(rank, out uint32) *mgmtpb.Member {
-	return &mgmtpb.Member{Rank: rank, State: "joined", Targets: 2, TargetsOut: out}
+	return &mgmtpb.Member{Rank: rank, State: mgmtpb.MemberState_MEMBER_STATE_JOINED, Targets: 2, TargetsOut: out}
 }
 
 func TestRollGate(t *testing.T) {
@@ -39,19 +39,19 @@ func TestRollGate(t *testing.T) {
 			members: []*mgmtpb.Member{joined(0, 2), joined(1, 0)},
 			want:    []string{"rank 0: 2 target(s) not up-and-in in its pools"}},
 		{name: "a stopped rank, its targets down", replicas: 3,
-			members: []*mgmtpb.Member{joined(0, 0), {Rank: 1, State: "stopped", TargetsOut: 2}, joined(2, 0)},
+			members: []*mgmtpb.Member{joined(0, 0), {Rank: 1, State: mgmtpb.MemberState_MEMBER_STATE_STOPPED, TargetsOut: 2}, joined(2, 0)},
 			want:    []string{"rank 1: stopped, 2 target(s) not up-and-in in its pools"}},
 		{name: "a stopped rank the service has not excluded yet", replicas: 2,
-			members: []*mgmtpb.Member{joined(0, 0), {Rank: 1, State: "stopped"}},
+			members: []*mgmtpb.Member{joined(0, 0), {Rank: 1, State: mgmtpb.MemberState_MEMBER_STATE_STOPPED}},
 			want:    []string{"rank 1: stopped"}, notWant: []string{"target(s)"}},
 		{name: "a rank that never joined", replicas: 3,
 			members: []*mgmtpb.Member{joined(0, 0), joined(2, 0)},
 			want:    []string{"rank 1: not a member of the system"}},
 		{name: "a rank in maintenance", replicas: 2,
-			members: []*mgmtpb.Member{joined(0, 0), {Rank: 1, State: "maintenance"}},
+			members: []*mgmtpb.Member{joined(0, 0), {Rank: 1, State: mgmtpb.MemberState_MEMBER_STATE_MAINTENANCE}},
 			want:    []string{"rank 1: maintenance"}},
 		{name: "every rank held back is named, by rank", replicas: 4,
-			members: []*mgmtpb.Member{joined(3, 1), {Rank: 1, State: "stopped", TargetsOut: 2}, joined(0, 0)},
+			members: []*mgmtpb.Member{joined(3, 1), {Rank: 1, State: mgmtpb.MemberState_MEMBER_STATE_STOPPED, TargetsOut: 2}, joined(0, 0)},
 			want: []string{"rank 1: stopped, 2 target(s)", "; rank 2: not a member of the system",
 				"; rank 3: 1 target(s) not up-and-in"}},
 		{name: "a member beyond the replicas counts too", replicas: 1,
@@ -96,7 +96,7 @@ func TestRollGateHoldsThePartition(t *testing.T) {
 	ss.Spec.Engines = 3
 	(&ServerSetReconciler{}).setConditions(ss, nil, 3, s.systemMessage, nil)
 	c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionProgressing)
-	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != reasonWaitingForSystem ||
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != string(storagev1.ReasonWaitingForSystem) ||
 		!strings.Contains(c.Message, "rank 2: 2 target(s) not up-and-in in its pools") {
 		t.Fatalf("Progressing = %+v", c)
 	}
@@ -127,12 +127,12 @@ func TestTargetsOutServerSetStatus(t *testing.T) {
 	}
 	r.setConditions(ss, nil, 3, "", nil)
 	c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionDegraded)
-	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != reasonTargetsReintegrating ||
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != string(storagev1.ReasonTargetsReintegrating) ||
 		!strings.Contains(c.Message, "rank 1: 1 target(s) not up-and-in in its pools, rank 2: 2 target(s)") {
 		t.Fatalf("Degraded = %+v", c)
 	}
 
-	sys.Members[2].State = "stopped"
+	sys.Members[2].State = mgmtpb.MemberState_MEMBER_STATE_STOPPED
 	copySystemStatus(ss, sys, scan)
 	r.setConditions(ss, nil, 3, "", nil)
 	c = meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionDegraded)
@@ -140,7 +140,7 @@ func TestTargetsOutServerSetStatus(t *testing.T) {
 		t.Fatalf("Degraded = %+v", c)
 	}
 
-	sys.Members[1].TargetsOut, sys.Members[2].TargetsOut, sys.Members[2].State = 0, 0, "joined"
+	sys.Members[1].TargetsOut, sys.Members[2].TargetsOut, sys.Members[2].State = 0, 0, mgmtpb.MemberState_MEMBER_STATE_JOINED
 	copySystemStatus(ss, sys, scan)
 	r.setConditions(ss, nil, 3, "", nil)
 	if ss.Status.EnginesWithTargetsOut != 0 || !meta.IsStatusConditionFalse(ss.Status.Conditions, storagev1.ConditionDegraded) {
@@ -152,7 +152,7 @@ func TestTargetsOutPoolStatus(t *testing.T) {
 	pool := &storagev1.Pool{}
 	pool.Name, pool.Namespace = "p", "unit"
 	defer forgetPoolMetrics("unit", "p")
-	info := &mgmtpb.PoolInfo{Uuid: "u", Label: "p", State: "degraded", MapVersion: 3, Ranks: []uint32{0, 1, 2},
+	info := &mgmtpb.PoolInfo{Uuid: "u", Label: "p", State: mgmtpb.PoolState_POOL_STATE_DEGRADED, MapVersion: 3, Ranks: []uint32{0, 1, 2},
 		TotalTargets: 6, DisabledTargets: 2, ReintegratingTargets: 2,
 		RankStates: []*mgmtpb.RankTargetState{
 			{Rank: 2, State: mgmtpb.TargetState_TARGET_DOWN},
@@ -178,14 +178,14 @@ func TestTargetsOutPoolStatus(t *testing.T) {
 	if len(pool.Status.RanksOut) != 2 || pool.Status.RanksOut[0] != want[0] || pool.Status.RanksOut[1] != want[1] {
 		t.Fatalf("ranksOut %+v, want %+v", pool.Status.RanksOut, want)
 	}
-	check(reasonTargetsDown, metav1.ConditionTrue, "rank 1 reintegrating, rank 2 down")
+	check(string(storagev1.ReasonTargetsDown), metav1.ConditionTrue, "rank 1 reintegrating, rank 2 down")
 
-	info.State, info.DisabledTargets = "reintegrating", 0
+	info.State, info.DisabledTargets = mgmtpb.PoolState_POOL_STATE_REINTEGRATING, 0
 	info.RankStates = info.RankStates[1:]
 	copyPoolStatus(pool, info)
-	check(reasonTargetsReintegrating, metav1.ConditionTrue, "6 targets (0 disabled, 2 reintegrating)")
+	check(string(storagev1.ReasonTargetsReintegrating), metav1.ConditionTrue, "6 targets (0 disabled, 2 reintegrating)")
 
-	info.State, info.ReintegratingTargets, info.RankStates = "ready", 0, nil
+	info.State, info.ReintegratingTargets, info.RankStates = mgmtpb.PoolState_POOL_STATE_READY, 0, nil
 	copyPoolStatus(pool, info)
 	check("AllTargetsUp", metav1.ConditionFalse, "is ready")
 	if pool.Status.RanksOut != nil || pool.Status.ReintegratingTargets != 0 {

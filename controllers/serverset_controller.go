@@ -63,14 +63,14 @@ func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		// allow; a workload rendered before the policy changed is left as it is (not updated).
 		msg := policyMessage(errs)
 		gen := ss.Generation
-		setCondition(&ss.Status.Conditions, gen, storagev1.ConditionReady, metav1.ConditionFalse, reasonNotAllowed, msg)
-		setCondition(&ss.Status.Conditions, gen, storagev1.ConditionProgressing, metav1.ConditionFalse, reasonNotAllowed, msg)
+		setCondition(&ss.Status.Conditions, gen, storagev1.ConditionReady, metav1.ConditionFalse, storagev1.ReasonNotAllowed, msg)
+		setCondition(&ss.Status.Conditions, gen, storagev1.ConditionProgressing, metav1.ConditionFalse, storagev1.ReasonNotAllowed, msg)
 		ss.Status.ObservedGeneration = gen
 		if err := r.Status().Patch(ctx, ss, client.MergeFrom(before)); err != nil {
 			return ctrl.Result{}, err
 		}
 		if old := meta.FindStatusCondition(before.Status.Conditions, storagev1.ConditionReady); old == nil || old.Message != msg {
-			r.Recorder.Event(ss, corev1.EventTypeWarning, reasonNotAllowed, msg)
+			r.Recorder.Event(ss, corev1.EventTypeWarning, string(storagev1.ReasonNotAllowed), msg)
 		}
 		log.Info("ServerSet not allowed by the operator's policy", "reason", msg)
 		return ctrl.Result{}, nil

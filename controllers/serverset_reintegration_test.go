@@ -45,7 +45,7 @@ var _ = Describe("ServerSet rolling upgrade across a reintegration", func() {
 		Expect(k8s.Create(ctx, newPool(poolName, name, "128MiB"))).To(Succeed())
 		Eventually(func(g Gomega) {
 			p := getPool(poolName)
-			g.Expect(p.Status.State).To(Equal("ready"))
+			g.Expect(p.Status.State).To(Equal(storagev1.PoolStateReady))
 			g.Expect(p.Status.Ranks).To(ConsistOf(int32(0), int32(1)))
 			g.Expect(p.Status).To(And(HaveField("DisabledTargets", BeZero()), HaveField("ReintegratingTargets", BeZero()),
 				HaveField("RanksOut", BeEmpty())))
@@ -60,7 +60,7 @@ var _ = Describe("ServerSet rolling upgrade across a reintegration", func() {
 		rank1.stop()
 		Eventually(func(g Gomega) {
 			got := getServerSet(name)()
-			g.Expect(got.Status.Engines).To(ContainElement(And(HaveField("Rank", int32(1)), HaveField("State", "stopped"),
+			g.Expect(got.Status.Engines).To(ContainElement(And(HaveField("Rank", int32(1)), HaveField("State", storagev1.EngineStopped),
 				HaveField("TargetsOut", BeNumerically(">", 0)))))
 			g.Expect(got.Status.EnginesWithTargetsOut).To(Equal(int32(1)))
 			g.Expect(condition(got.Status.Conditions, storagev1.ConditionDegraded)).To(And(
@@ -105,7 +105,7 @@ var _ = Describe("ServerSet rolling upgrade across a reintegration", func() {
 		sys, err := ms.SystemQuery(ctx, &mgmtpb.SystemQueryReq{})
 		Expect(err).NotTo(HaveOccurred())
 		for _, m := range sys.Members {
-			Expect(m).To(And(HaveField("State", "joined"), HaveField("TargetsOut", BeZero())), "rank %d", m.Rank)
+			Expect(m).To(And(HaveField("State", mgmtpb.MemberState_MEMBER_STATE_JOINED), HaveField("TargetsOut", BeZero())), "rank %d", m.Rank)
 		}
 
 		By("both statuses show every target up and in again")
@@ -116,7 +116,7 @@ var _ = Describe("ServerSet rolling upgrade across a reintegration", func() {
 				And(joinedRank(1), HaveField("TargetsOut", BeZero()))))
 			g.Expect(condition(got.Status.Conditions, storagev1.ConditionDegraded).Status).To(Equal(metav1.ConditionFalse))
 			p := getPool(poolName)
-			g.Expect(p.Status.State).To(Equal("ready"))
+			g.Expect(p.Status.State).To(Equal(storagev1.PoolStateReady))
 			g.Expect(p.Status).To(And(HaveField("DisabledTargets", BeZero()), HaveField("ReintegratingTargets", BeZero()),
 				HaveField("RanksOut", BeEmpty())))
 			g.Expect(condition(p.Status.Conditions, storagev1.ConditionDegraded).Reason).To(Equal("AllTargetsUp"))

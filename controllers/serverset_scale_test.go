@@ -43,7 +43,7 @@ func markPodsReady(key client.ObjectKey, ready int32) {
 
 // joinedRank matches an EngineStatus of the given rank, joined and formatted.
 func joinedRank(rank int32) types.GomegaMatcher {
-	return And(HaveField("Rank", rank), HaveField("State", "joined"), HaveField("Formatted", BeTrue()))
+	return And(HaveField("Rank", rank), HaveField("State", storagev1.EngineJoined), HaveField("Formatted", BeTrue()))
 }
 
 var _ = Describe("ServerSet scale-up", func() {
@@ -126,8 +126,8 @@ var _ = Describe("ServerSet scale-up", func() {
 			want := []storagev1.EngineStatus{}
 			var nvme, scm int64
 			for _, m := range sys.Members {
-				want = append(want, storagev1.EngineStatus{Rank: int32(m.Rank), UUID: m.Uuid, State: m.State,
-					ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain, Formatted: true, StorageState: "ready",
+				want = append(want, storagev1.EngineStatus{Rank: int32(m.Rank), UUID: m.Uuid, State: storagev1.EngineState(m.State.Word()),
+					ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain, Formatted: true, StorageState: storagev1.StorageReady,
 					TargetsOut: int32(m.TargetsOut)})
 				g.Expect(m.TargetsOut).To(BeZero(), "rank %d", m.Rank)
 			}
@@ -162,7 +162,7 @@ var _ = Describe("ServerSet scale-up", func() {
 		info, err := ms.PoolQuery(ctx, &mgmtpb.PoolQueryReq{Id: early.Uuid})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(info.Ranks).To(Equal([]uint32{0}))
-		Expect(info.State).To(Equal("ready"))
+		Expect(info.State).To(Equal(mgmtpb.PoolState_POOL_STATE_READY))
 	})
 
 	It("names an unreachable rank, not a foreign signature, when formatting new ranks meets a stopped one", func() {
@@ -190,7 +190,7 @@ var _ = Describe("ServerSet scale-up", func() {
 		rank1.stop()
 		markPodsReady(key, 1)
 		Eventually(func() []storagev1.EngineStatus { return getServerSet(name)().Status.Engines }, 30*time.Second).
-			Should(ContainElement(And(HaveField("Rank", int32(1)), HaveField("State", "stopped"))))
+			Should(ContainElement(And(HaveField("Rank", int32(1)), HaveField("State", storagev1.EngineStopped))))
 
 		By("scaling to three engines: rank 2 joins blank while rank 1 is stopped")
 		updateServerSet(name, func(ss *storagev1.ServerSet) { ss.Spec.Engines = 3 })

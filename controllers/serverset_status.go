@@ -63,21 +63,21 @@ func (r *ServerSetReconciler) formatIfNeeded(ctx context.Context, ss *storagev1.
 	var waiting, joined []string
 	for _, m := range sys.Members {
 		switch m.State {
-		case "maintenance":
+		case mgmtpb.MemberState_MEMBER_STATE_MAINTENANCE:
 			waiting = append(waiting, fmt.Sprint(m.Rank))
-		case "joined":
+		case mgmtpb.MemberState_MEMBER_STATE_JOINED:
 			joined = append(joined, fmt.Sprint(m.Rank))
 		}
 	}
 	cond := metav1.Condition{Type: storagev1.ConditionStorageFormatted, ObservedGeneration: ss.Generation}
 	switch {
 	case len(sys.Members) == 0:
-		cond.Status, cond.Reason = metav1.ConditionUnknown, "WaitingForEngines"
+		cond.Status, cond.Reason = metav1.ConditionUnknown, string(storagev1.ReasonWaitingForEngines)
 		cond.Message = "no engine has joined the management service yet"
 	case len(waiting) == 0:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Formatted", "every joined engine has formatted storage"
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, string(storagev1.ReasonFormatted), "every joined engine has formatted storage"
 	case len(joined) == 0 && int32(len(sys.Members)) < ss.Spec.Engines:
-		cond.Status, cond.Reason = metav1.ConditionFalse, "WaitingForEngines"
+		cond.Status, cond.Reason = metav1.ConditionFalse, string(storagev1.ReasonWaitingForEngines)
 		cond.Message = fmt.Sprintf("%d of %d engines have joined; a first start formats storage once all have", len(sys.Members), ss.Spec.Engines)
 	default:
 		force := ss.Annotations[storagev1.AnnotationForceFormat] == "true" && len(joined) == 0
@@ -85,18 +85,19 @@ func (r *ServerSetReconciler) formatIfNeeded(ctx context.Context, ss *storagev1.
 		defer cancel()
 		_, err := ms.StorageFormat(cctx, &mgmtpb.StorageFormatReq{Force: force})
 		if err == nil {
-			cond.Status, cond.Reason = metav1.ConditionTrue, "Formatted"
+			cond.Status, cond.Reason = metav1.ConditionTrue, string(storagev1.ReasonFormatted)
 			cond.Message = fmt.Sprintf("formatted ranks %s", strings.Join(waiting, ", "))
 			if force {
 				cond.Message += " (forced by annotation " + storagev1.AnnotationForceFormat + ")"
 			}
-			r.Recorder.Event(ss, corev1.EventTypeNormal, "Formatted", cond.Message)
+			r.Recorder.Event(ss, corev1.EventTypeNormal, string(storagev1.ReasonFormatted), cond.Message)
 			meta.SetStatusCondition(&ss.Status.Conditions, cond)
 			return true
 		}
 		cond.Status = metav1.ConditionFalse
-		cond.Reason, cond.Message = formatFailure(err, sys)
-		if cond.Reason == "FormatRefused" {
+		reason, msg := formatFailure(err, sys)
+		cond.Reason, cond.Message = string(reason), msg
+		if reason == storagev1.ReasonFormatRefused {
 			// Only a refusal to overwrite a device is what the force annotation is about.
 			switch {
 			case ss.Annotations[storagev1.AnnotationForceFormat] == "true" && len(joined) > 0:
@@ -132,14 +133,14 @@ const formatRefusedMarker = "without force"
 // FormatRefused when a device carries a foreign signature (the force annotation can help),
 // RankUnreachable when the management service could not reach a rank (it names the ranks),
 // FormatFailed otherwise. The message always carries the management service's own error.
-func formatFailure(err error, sys *mgmtpb.SystemQueryResp) (reason, msg string) {
+func formatFailure(err error, sys *mgmtpb.SystemQueryResp) (reason storagev1.ConditionReason, msg string) {
 	msg = grpcMessage(err)
 	code := grpcCode(err)
 	if code != codes.FailedPrecondition {
-		return "FormatFailed", fmt.Sprintf("storage format: %s (%s)", msg, code)
+		return storagev1.ReasonFormatFailed, fmt.Sprintf("storage format: %s (%s)", msg, code)
 	}
 	if strings.Contains(msg, formatRefusedMarker) {
-		return "FormatRefused", msg
+		return storagev1.ReasonFormatRefused, msg
 	}
 	var unreachable []string
 	seen := map[string]bool{}
@@ -162,9 +163,9 @@ func formatFailure(err error, sys *mgmtpb.SystemQueryResp) (reason, msg string) 
 		add(who)
 	}
 	if len(unreachable) == 0 {
-		return "FormatFailed", msg
+		return storagev1.ReasonFormatFailed, msg
 	}
-	return "RankUnreachable", fmt.Sprintf("the management service cannot reach %s: %s", strings.Join(unreachable, ", "), msg)
+	return storagev1.ReasonRankUnreachable, fmt.Sprintf("the management service cannot reach %s: %s", strings.Join(unreachable, ", "), msg)
 }
 
 // copySystemStatus copies ranks, their states and the capacity per tier from the management service.
@@ -173,7 +174,7 @@ func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan
 	var scmTotal, scmFree, nvmeTotal, nvmeFree uint64
 	for _, rs := range scan.Ranks {
 		storage[rs.Rank] = rs
-		if rs.Formatted && rs.State == "ready" {
+		if rs.Formatted && rs.State == mgmtpb.StorageState_STORAGE_STATE_READY {
 			scmTotal += rs.ScmBytes
 			scmFree += rs.ScmFree
 			nvmeTotal += rs.BdevBytes
@@ -184,15 +185,15 @@ func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan
 	ss.Status.ReadyEngines, ss.Status.EnginesWithTargetsOut = 0, 0
 	for _, m := range sys.Members {
 		e := storagev1.EngineStatus{
-			Rank: int32(m.Rank), UUID: m.Uuid, State: m.State, ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain,
+			Rank: int32(m.Rank), UUID: m.Uuid, State: storagev1.EngineState(m.State.Word()), ControlAddr: m.ControlAddr, FaultDomain: m.FaultDomain,
 			TargetsOut: int32(m.TargetsOut),
 		}
 		if rs := storage[m.Rank]; rs != nil {
 			e.Formatted = rs.Formatted && rs.System == sys.System
-			e.StorageState = rs.State
+			e.StorageState = storagev1.StorageState(rs.State.Word())
 			e.Message = rs.Message
 		}
-		if m.State == "joined" {
+		if m.State == mgmtpb.MemberState_MEMBER_STATE_JOINED {
 			ss.Status.ReadyEngines++
 		}
 		if m.TargetsOut > 0 {
@@ -216,19 +217,19 @@ func copySystemStatus(ss *storagev1.ServerSet, sys *mgmtpb.SystemQueryResp, scan
 // (Progressing WaitingForSystem).
 func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv1.StatefulSet, replicas int32, rollHold string, msErr error) {
 	gen := ss.Generation
-	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
-		meta.SetStatusCondition(&ss.Status.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
+	set := func(t string, s metav1.ConditionStatus, reason storagev1.ConditionReason, msg string) {
+		setCondition(&ss.Status.Conditions, gen, t, s, reason, msg)
 	}
 	if msErr != nil {
 		msg := fmt.Sprintf("management service %s: %v", ss.Status.MgmtAddress, msErr)
-		set(storagev1.ConditionReady, metav1.ConditionFalse, "ManagementServiceUnreachable", msg)
-		set(storagev1.ConditionDegraded, metav1.ConditionUnknown, "ManagementServiceUnreachable", msg)
+		set(storagev1.ConditionReady, metav1.ConditionFalse, storagev1.ReasonManagementServiceUnreachable, msg)
+		set(storagev1.ConditionDegraded, metav1.ConditionUnknown, storagev1.ReasonManagementServiceUnreachable, msg)
 	} else {
 		var down, out []string
 		for _, e := range ss.Status.Engines {
-			if e.State != "joined" && e.State != "maintenance" {
+			if e.State != storagev1.EngineJoined && e.State != storagev1.EngineMaintenance {
 				down = append(down, fmt.Sprintf("rank %d %s", e.Rank, e.State))
-			} else if e.StorageState == "degraded" {
+			} else if e.StorageState == storagev1.StorageDegraded {
 				down = append(down, fmt.Sprintf("rank %d degraded: %s", e.Rank, e.Message))
 			}
 			if e.TargetsOut > 0 {
@@ -241,27 +242,27 @@ func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv
 			if len(out) > 0 {
 				msg += "; " + strings.Join(out, ", ")
 			}
-			set(storagev1.ConditionDegraded, metav1.ConditionTrue, "EnginesDown", msg)
+			set(storagev1.ConditionDegraded, metav1.ConditionTrue, storagev1.ReasonEnginesDown, msg)
 		case len(out) > 0:
-			set(storagev1.ConditionDegraded, metav1.ConditionTrue, reasonTargetsReintegrating,
+			set(storagev1.ConditionDegraded, metav1.ConditionTrue, storagev1.ReasonTargetsReintegrating,
 				"every engine is up; targets still being reintegrated: "+strings.Join(out, ", "))
 		default:
-			set(storagev1.ConditionDegraded, metav1.ConditionFalse, "AllEnginesUp", "no engine is stopped or excluded, every target is up and in")
+			set(storagev1.ConditionDegraded, metav1.ConditionFalse, storagev1.ReasonAllEnginesUp, "no engine is stopped or excluded, every target is up and in")
 		}
 		msg := fmt.Sprintf("%d of %d engines joined", ss.Status.ReadyEngines, ss.Spec.Engines)
 		if ss.Status.ReadyEngines >= ss.Spec.Engines {
-			set(storagev1.ConditionReady, metav1.ConditionTrue, "EnginesJoined", msg)
+			set(storagev1.ConditionReady, metav1.ConditionTrue, storagev1.ReasonEnginesJoined, msg)
 		} else {
-			reason := "EnginesNotReady"
+			reason := storagev1.ReasonEnginesNotReady
 			if c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionStorageFormatted); c != nil && c.Status != metav1.ConditionTrue {
-				reason, msg = c.Reason, msg+"; "+c.Message
+				reason, msg = storagev1.ConditionReason(c.Reason), msg+"; "+c.Message
 			}
 			set(storagev1.ConditionReady, metav1.ConditionFalse, reason, msg)
 		}
 	}
 	switch {
 	case replicas > ss.Spec.Engines:
-		set(storagev1.ConditionProgressing, metav1.ConditionFalse, "ScaleDownRefused",
+		set(storagev1.ConditionProgressing, metav1.ConditionFalse, storagev1.ReasonScaleDownRefused,
 			fmt.Sprintf("scaling from %d to %d engines is refused until ranks %d-%d are drained from the system",
 				replicas, ss.Spec.Engines, ss.Spec.Engines, replicas-1))
 	case rollHold != "":
@@ -269,7 +270,7 @@ func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv
 		if live != nil {
 			updated = live.Status.UpdatedReplicas
 		}
-		set(storagev1.ConditionProgressing, metav1.ConditionTrue, reasonWaitingForSystem,
+		set(storagev1.ConditionProgressing, metav1.ConditionTrue, storagev1.ReasonWaitingForSystem,
 			fmt.Sprintf("%d of %d engine pods updated and all ready; the next engine restarts once every rank is joined with all its targets up and in: %s",
 				updated, replicas, rollHold))
 	case live == nil || live.Status.ObservedGeneration < live.Generation || live.Status.UpdatedReplicas < replicas || live.Status.ReadyReplicas < replicas:
@@ -277,10 +278,10 @@ func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv
 		if live != nil {
 			ready, updated = live.Status.ReadyReplicas, live.Status.UpdatedReplicas
 		}
-		set(storagev1.ConditionProgressing, metav1.ConditionTrue, "RollingOut",
+		set(storagev1.ConditionProgressing, metav1.ConditionTrue, storagev1.ReasonRollingOut,
 			fmt.Sprintf("%d of %d engine pods ready, %d updated", ready, replicas, updated))
 	default:
-		set(storagev1.ConditionProgressing, metav1.ConditionFalse, "RolledOut", fmt.Sprintf("%d engine pods ready and updated", replicas))
+		set(storagev1.ConditionProgressing, metav1.ConditionFalse, storagev1.ReasonRolledOut, fmt.Sprintf("%d engine pods ready and updated", replicas))
 	}
 }
 

@@ -211,7 +211,7 @@ var _ = Describe("ServerSet", func() {
 		Expect(condition(ss.Status.Conditions, storagev1.ConditionReady).Status).To(Equal(metav1.ConditionTrue))
 		Expect(condition(ss.Status.Conditions, storagev1.ConditionStorageFormatted).Status).To(Equal(metav1.ConditionTrue))
 		Expect(ss.Status.Engines).To(HaveLen(1))
-		Expect(ss.Status.Engines[0].State).To(Equal("joined"))
+		Expect(ss.Status.Engines[0].State).To(Equal(storagev1.EngineJoined))
 		Expect(ss.Status.Engines[0].Formatted).To(BeTrue())
 		Expect(ss.Status.System).To(Equal("blank"))
 		var nvme storagev1.TierStatus
@@ -235,7 +235,7 @@ var _ = Describe("ServerSet", func() {
 		GinkgoWriter.Println("refusal:", condition(ss.Status.Conditions, storagev1.ConditionStorageFormatted).Message)
 		Expect(strings.ToLower(condition(ss.Status.Conditions, storagev1.ConditionStorageFormatted).Message)).To(ContainSubstring("non-zero data"))
 		Expect(ss.Status.ReadyEngines).To(BeZero())
-		Expect(ss.Status.Engines).To(ConsistOf(HaveField("State", "maintenance")))
+		Expect(ss.Status.Engines).To(ConsistOf(HaveField("State", storagev1.EngineMaintenance)))
 		Expect(condition(ss.Status.Conditions, storagev1.ConditionReady).Reason).To(Equal("FormatRefused"))
 
 		By("forcing with the annotation")
@@ -255,7 +255,7 @@ var _ = Describe("ServerSet", func() {
 		Eventually(func() metav1.Condition {
 			return condition(getServerSet("roll")().Status.Conditions, storagev1.ConditionStorageFormatted)
 		}, 20*time.Second).Should(And(HaveField("Reason", "WaitingForEngines"), HaveField("Message", ContainSubstring("1 of 2 engines have joined"))))
-		Expect(getServerSet("roll")().Status.Engines).To(ConsistOf(HaveField("State", "maintenance")))
+		Expect(getServerSet("roll")().Status.Engines).To(ConsistOf(HaveField("State", storagev1.EngineMaintenance)))
 
 		By("changing the image")
 		updateServerSet("roll", func(ss *storagev1.ServerSet) { ss.Spec.Image = "peregrine:v2" })
@@ -313,7 +313,7 @@ var _ = Describe("formatFailure", func() {
 	}}
 	fp := func(msg string) error { return status.Error(codes.FailedPrecondition, msg) }
 	DescribeTable("names the cause the management service gave",
-		func(err error, reason string, parts ...string) {
+		func(err error, reason storagev1.ConditionReason, parts ...string) {
 			got, msg := formatFailure(err, sys)
 			Expect(got).To(Equal(reason))
 			for _, p := range parts {
@@ -321,21 +321,21 @@ var _ = Describe("formatFailure", func() {
 			}
 		},
 		Entry("a foreign signature", fp("storage format: rank 2: format /dev/x: device /dev/x holds non-zero data at offset 4096; refusing to format it without force"),
-			"FormatRefused", "non-zero data"),
+			storagev1.ReasonFormatRefused, "non-zero data"),
 		Entry("another system's format", fp("storage format: rank 2: format /dev/x: device /dev/x is already formatted (system a, rank 0); refusing to reformat without force"),
-			"FormatRefused", "system a"),
+			storagev1.ReasonFormatRefused, "system a"),
 		Entry("a stopped rank", fp("storage format: rank 1: engine is stopped"),
-			"RankUnreachable", "cannot reach rank 1: storage format: rank 1: engine is stopped"),
+			storagev1.ReasonRankUnreachable, "cannot reach rank 1: storage format: rank 1: engine is stopped"),
 		Entry("a rank whose control address does not answer", fp("storage format: engine at 10.0.0.2:10001: transport error; rank 0: engine is stopped"),
-			"RankUnreachable", "cannot reach rank 0, rank 1: ", "engine at 10.0.0.2:10001: transport error"),
+			storagev1.ReasonRankUnreachable, "cannot reach rank 0, rank 1: ", "engine at 10.0.0.2:10001: transport error"),
 		Entry("an engine the system map does not know", fp("storage format: engine at 10.9.9.9:1: transport error"),
-			"RankUnreachable", "cannot reach engine at 10.9.9.9:1: "),
+			storagev1.ReasonRankUnreachable, "cannot reach engine at 10.9.9.9:1: "),
 		Entry("a foreign signature beside a stopped rank still asks for force", fp("storage format: rank 1: engine is stopped; rank 2: format /dev/x: device /dev/x holds an ext4 file system; refusing to format it without force"),
-			"FormatRefused", "rank 1: engine is stopped", "ext4"),
+			storagev1.ReasonFormatRefused, "rank 1: engine is stopped", "ext4"),
 		Entry("a busy rank", fp("storage format: rank 2: storage is busy with I/O; stop clients before a forced format"),
-			"FormatFailed", "storage is busy"),
+			storagev1.ReasonFormatFailed, "storage is busy"),
 		Entry("no answer in time", status.Error(codes.DeadlineExceeded, "context deadline exceeded"),
-			"FormatFailed", "storage format: context deadline exceeded (DeadlineExceeded)"),
+			storagev1.ReasonFormatFailed, "storage format: context deadline exceeded (DeadlineExceeded)"),
 	)
 })
 
@@ -344,15 +344,15 @@ var _ = Describe("ServerSet status from the management service", func() {
 		ss := &storagev1.ServerSet{}
 		ss.Spec.Engines = 2
 		sys := &mgmtpb.SystemQueryResp{System: "s", Members: []*mgmtpb.Member{
-			{Rank: 0, State: "joined"}, {Rank: 1, State: "joined"},
+			{Rank: 0, State: mgmtpb.MemberState_MEMBER_STATE_JOINED}, {Rank: 1, State: mgmtpb.MemberState_MEMBER_STATE_JOINED},
 		}}
 		scan := &mgmtpb.StorageScanResp{Ranks: []*mgmtpb.RankStorage{
-			{Rank: 0, Formatted: true, System: "s", State: "ready"},
-			{Rank: 1, Formatted: true, System: "s", State: "degraded",
+			{Rank: 0, Formatted: true, System: "s", State: mgmtpb.StorageState_STORAGE_STATE_READY},
+			{Rank: 1, Formatted: true, System: "s", State: mgmtpb.StorageState_STORAGE_STATE_DEGRADED,
 				Message: "target 1: a device write failed (No space left on device (os error 28))"},
 		}}
 		copySystemStatus(ss, sys, scan)
-		Expect(ss.Status.Engines[1].StorageState).To(Equal("degraded"))
+		Expect(ss.Status.Engines[1].StorageState).To(Equal(storagev1.StorageDegraded))
 		r := &ServerSetReconciler{}
 		r.setConditions(ss, nil, 2, "", nil)
 		c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionDegraded)
@@ -360,7 +360,7 @@ var _ = Describe("ServerSet status from the management service", func() {
 		Expect(c.Status).To(Equal(metav1.ConditionTrue))
 		Expect(c.Message).To(ContainSubstring("rank 1 degraded: target 1: a device write failed"))
 
-		scan.Ranks[1].State, scan.Ranks[1].Message = "ready", ""
+		scan.Ranks[1].State, scan.Ranks[1].Message = mgmtpb.StorageState_STORAGE_STATE_READY, ""
 		copySystemStatus(ss, sys, scan)
 		r.setConditions(ss, nil, 2, "", nil)
 		Expect(meta.IsStatusConditionFalse(ss.Status.Conditions, storagev1.ConditionDegraded)).To(BeTrue())

@@ -127,9 +127,9 @@ func rollGate(members []*mgmtpb.Member, replicas int32) (ready bool, message str
 		switch {
 		case m == nil:
 			waiting = append(waiting, fmt.Sprintf("rank %d: not a member of the system", r))
-		case m.State != "joined" && m.TargetsOut > 0:
+		case m.State != mgmtpb.MemberState_MEMBER_STATE_JOINED && m.TargetsOut > 0:
 			waiting = append(waiting, fmt.Sprintf("rank %d: %s, %d target(s) not up-and-in in its pools", r, stateWord(m.State), m.TargetsOut))
-		case m.State != "joined":
+		case m.State != mgmtpb.MemberState_MEMBER_STATE_JOINED:
 			waiting = append(waiting, fmt.Sprintf("rank %d: %s", r, stateWord(m.State)))
 		case m.TargetsOut > 0:
 			waiting = append(waiting, fmt.Sprintf("rank %d: %d target(s) not up-and-in in its pools", r, m.TargetsOut))
@@ -141,9 +141,9 @@ func rollGate(members []*mgmtpb.Member, replicas int32) (ready bool, message str
 	return true, fmt.Sprintf("all %d ranks joined, every target up and in", len(ranks))
 }
 
-func stateWord(s string) string {
-	if s == "" {
-		return "state unknown"
+func stateWord(s mgmtpb.MemberState) string {
+	if w := s.Word(); w != "" {
+		return w
 	}
-	return s
+	return "state unknown"
 }

@@ -446,8 +446,8 @@ func (c *ControllerServer) ControllerGetVolume(ctx context.Context, req *csipb.C
 	if err != nil {
 		return nil, err
 	}
-	cond := &csipb.VolumeCondition{Message: "pool " + pool.Label + " is " + pool.State}
-	if pool.State == "degraded" {
+	cond := &csipb.VolumeCondition{Message: "pool " + pool.Label + " is " + pool.State.Word()}
+	if pool.State == mgmtpb.PoolState_POOL_STATE_DEGRADED {
 		cond.Abnormal = true
 		cond.Message = fmt.Sprintf("pool %s is degraded: %d of %d targets are out; data of objects without redundancy on them cannot be reached",
 			pool.Label, pool.DisabledTargets, pool.TotalTargets)

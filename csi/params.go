@@ -146,7 +146,7 @@ func (v *VolumeParams) Matches(c *mgmtpb.ContInfo) string {
 	}
 	check(ParamOclass, v.Oclass, c.Oclass)
 	check(ParamDirOclass, v.DirOclass, c.DirOclass)
-	check(ParamChecksum, v.Checksum, c.Checksum)
+	check(ParamChecksum, v.Checksum, c.Checksum.Word())
 	check(ParamSync, v.Sync, c.Props["sync"])
 	if v.ChunkSize != 0 && v.ChunkSize != c.ChunkSize {
 		diff = append(diff, fmt.Sprintf("%s %d (asked %d)", ParamChunkSize, c.ChunkSize, v.ChunkSize))

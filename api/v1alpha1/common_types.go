@@ -11,14 +11,18 @@ const (
 	AnnotationMgmtAddress = "storage.peregrine.dev/mgmt-address"
 )
 
+// ConditionType names a condition of a ServerSet, Pool or Container (metav1.Condition.Type); an
+// alias of string, as the metav1 condition helpers take one. Reasons: ConditionReason.
+type ConditionType = string
+
 // Condition types.
 const (
-	ConditionReady            = "Ready"
-	ConditionProgressing      = "Progressing"
-	ConditionDegraded         = "Degraded"
-	ConditionStorageFormatted = "StorageFormatted"
+	ConditionReady            ConditionType = "Ready"
+	ConditionProgressing      ConditionType = "Progressing"
+	ConditionDegraded         ConditionType = "Degraded"
+	ConditionStorageFormatted ConditionType = "StorageFormatted"
 	// ConditionDeletionBlocked is True while a finalizer holds a deletion back (the reason says why).
-	ConditionDeletionBlocked = "DeletionBlocked"
+	ConditionDeletionBlocked ConditionType = "DeletionBlocked"
 )
 
 // Finalizer held by Pools and Containers until the store has released (or retained) them.

@@ -81,7 +81,7 @@ type ContainerStatus struct {
 	// State: "ready" while the store holds the container, "lost" when it no longer does: then only
 	// uuid and poolUUID remain, the figures are cleared.
 	// +optional
-	State string `json:"state,omitempty"`
+	State ContainerState `json:"state,omitempty"`
 	// +optional
 	ObjectClass string `json:"objectClass,omitempty"`
 	// +optional

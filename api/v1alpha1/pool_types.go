@@ -73,7 +73,7 @@ type PoolStatus struct {
 	// back and being brought up to date), or "lost" when the management service
 	// no longer has the pool: then only uuid and label remain, the figures are cleared.
 	// +optional
-	State string `json:"state,omitempty"`
+	State PoolState `json:"state,omitempty"`
 	// MapVersion of the pool map.
 	// +optional
 	MapVersion int64 `json:"mapVersion,omitempty"`

@@ -144,17 +144,17 @@ type Fabric struct {
 
 // EngineStatus is one rank as the management service sees it.
 type EngineStatus struct {
-	Rank        int32  `json:"rank"`
-	UUID        string `json:"uuid,omitempty"`
-	State       string `json:"state"`
-	ControlAddr string `json:"controlAddr,omitempty"`
-	FaultDomain string `json:"faultDomain,omitempty"`
+	Rank        int32       `json:"rank"`
+	UUID        string      `json:"uuid,omitempty"`
+	State       EngineState `json:"state"`
+	ControlAddr string      `json:"controlAddr,omitempty"`
+	FaultDomain string      `json:"faultDomain,omitempty"`
 	// Formatted reports whether the rank's device carries this system's format.
 	Formatted bool `json:"formatted,omitempty"`
 	// StorageState is the rank's storage as its engine reports it: "ready", "maintenance"
 	// (not formatted or not openable), or "degraded" (targets refuse updates after a device
 	// write failed; the engine must restart).
-	StorageState string `json:"storageState,omitempty"`
+	StorageState StorageState `json:"storageState,omitempty"`
 	// Message explains a rank in maintenance or degraded.
 	Message string `json:"message,omitempty"`
 	// TargetsOut counts the rank's targets that are not up-and-in, summed over its pools: down

@@ -155,7 +155,7 @@ func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
 		s.Stop()
 		return nil, err
 	}
-	if err := s.waitMembers(engines, "", 60*time.Second); err != nil {
+	if err := s.waitMembers(engines, mgmtpb.MemberState_MEMBER_STATE_UNSPECIFIED, 60*time.Second); err != nil {
 		s.Stop()
 		return nil, err
 	}
@@ -165,7 +165,7 @@ func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
 		s.Stop()
 		return nil, fmt.Errorf("storage format: %w", err)
 	}
-	if err := s.waitMembers(engines, "joined", 60*time.Second); err != nil {
+	if err := s.waitMembers(engines, mgmtpb.MemberState_MEMBER_STATE_JOINED, 60*time.Second); err != nil {
 		s.Stop()
 		return nil, err
 	}
@@ -175,8 +175,8 @@ func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
 // Mgmt is a client of the system's management service.
 func (s *System) Mgmt() mgmtpb.MgmtClient { return mgmtpb.NewMgmtClient(s.conn) }
 
-// waitMembers waits until n ranks are members of the system in the given state ("": any).
-func (s *System) waitMembers(n int, state string, timeout time.Duration) error {
+// waitMembers waits until n ranks are members of the system in the given state (unspecified: any).
+func (s *System) waitMembers(n int, state mgmtpb.MemberState, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -187,8 +187,8 @@ func (s *System) waitMembers(n int, state string, timeout time.Duration) error {
 			ready := 0
 			var states []string
 			for _, m := range r.Members {
-				states = append(states, fmt.Sprintf("%d:%s", m.Rank, m.State))
-				if state == "" || m.State == state {
+				states = append(states, fmt.Sprintf("%d:%s", m.Rank, m.State.Word()))
+				if state == mgmtpb.MemberState_MEMBER_STATE_UNSPECIFIED || m.State == state {
 					ready++
 				}
 			}

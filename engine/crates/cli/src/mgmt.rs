@@ -184,7 +184,7 @@ pub async fn system(m: &mut Mgmt, cmd: SystemCmd, json: bool, o: &mut impl Write
             for mb in members {
                 t.row(vec![
                     mb.rank.to_string(),
-                    mb.state,
+                    out::dash(&out::member_state(mb.state)),
                     mb.control_addr,
                     mb.data_addr,
                     out::dash(&mb.fault_domain),
@@ -220,7 +220,7 @@ fn storage_table(ranks: &[pb::RankStorage], o: &mut impl Write) -> Result<()> {
     for r in ranks {
         t.row(vec![
             r.rank.to_string(),
-            out::dash(&r.state),
+            out::dash(&out::storage_state(r.state)),
             if r.formatted {
                 "yes".into()
             } else {
@@ -270,7 +270,7 @@ fn pool_details(p: &pb::PoolInfo, o: &mut impl Write) -> Result<()> {
         &[
             ("Pool", out::dash(&p.label)),
             ("UUID", p.uuid.clone()),
-            ("State", out::dash(&p.state)),
+            ("State", out::dash(&out::pool_state(p.state))),
             ("Map version", p.map_version.to_string()),
             ("Ranks", out::ranks_text(&p.ranks)),
             (
@@ -347,7 +347,7 @@ pub async fn pool(m: &mut Mgmt, cmd: PoolCmd, json: bool, o: &mut impl Write) ->
                 t.row(vec![
                     out::dash(&p.label),
                     p.uuid.clone(),
-                    out::dash(&p.state),
+                    out::dash(&out::pool_state(p.state)),
                     out::ranks_text(&p.ranks),
                     p.total_targets.to_string(),
                     tier("scm", false),
@@ -427,12 +427,12 @@ fn cont_details(c: &pb::ContInfo, o: &mut impl Write) -> Result<()> {
             ("Container", out::dash(&c.label)),
             ("UUID", c.uuid.clone()),
             ("Pool UUID", c.pool_uuid.clone()),
-            ("Type", out::dash(&c.r#type)),
+            ("Type", out::dash(&out::cont_type(c.r#type))),
             ("Object class", out::dash(&c.oclass)),
             ("Dir object class", out::dash(&c.dir_oclass)),
             ("Chunk size", human_size(c.chunk_size)),
             ("Redundancy factor", c.redundancy_factor.to_string()),
-            ("Checksum", out::dash(&c.checksum)),
+            ("Checksum", out::dash(&out::checksum(c.checksum))),
             ("Used", human_size(c.used_bytes)),
             (
                 "Quota",
@@ -506,11 +506,11 @@ pub async fn cont(m: &mut Mgmt, cmd: ContCmd, json: bool, o: &mut impl Write) ->
                 t.row(vec![
                     out::dash(&c.label),
                     c.uuid.clone(),
-                    out::dash(&c.r#type),
+                    out::dash(&out::cont_type(c.r#type)),
                     out::dash(&c.oclass),
                     human_size(c.chunk_size),
                     c.redundancy_factor.to_string(),
-                    out::dash(&c.checksum),
+                    out::dash(&out::checksum(c.checksum)),
                     human_size(c.used_bytes),
                     c.snapshots.to_string(),
                 ]);

@@ -2,7 +2,7 @@
 //! management messages. The generated proto types carry no serde derives, so the
 //! JSON is built here, field names as in `mgmt.proto`.
 
-use peregrine_proto::mgmt::{ContInfo, Member, PoolInfo, RankStorage, Snapshot, Tier};
+use peregrine_proto::mgmt::{self as pb, ContInfo, Member, PoolInfo, RankStorage, Snapshot, Tier};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -158,12 +158,55 @@ pub fn dash(s: &str) -> String {
     }
 }
 
+// ---- the words of the management enums ----
+
+/// A management enum value as the CLI prints it: its proto name without the
+/// enum's prefix, lowercase ("MEMBER_STATE_JOINED" -> "joined"); "" when
+/// unspecified, the number for a value this CLI does not know.
+fn enum_word(name: Option<&'static str>, prefix: &str, v: i32) -> String {
+    match name.and_then(|n| n.strip_prefix(prefix)) {
+        Some("UNSPECIFIED") => String::new(),
+        Some(w) => w.to_ascii_lowercase(),
+        None => v.to_string(),
+    }
+}
+
+/// "joined", "stopped" or "maintenance".
+pub fn member_state(v: i32) -> String {
+    let name = pb::MemberState::try_from(v).ok().map(|s| s.as_str_name());
+    enum_word(name, "MEMBER_STATE_", v)
+}
+
+/// "ready", "maintenance", "degraded" or "unreachable".
+pub fn storage_state(v: i32) -> String {
+    let name = pb::StorageState::try_from(v).ok().map(|s| s.as_str_name());
+    enum_word(name, "STORAGE_STATE_", v)
+}
+
+/// "ready", "degraded" or "reintegrating".
+pub fn pool_state(v: i32) -> String {
+    let name = pb::PoolState::try_from(v).ok().map(|s| s.as_str_name());
+    enum_word(name, "POOL_STATE_", v)
+}
+
+/// "POSIX": container types print in capitals, as they are given.
+pub fn cont_type(v: i32) -> String {
+    let name = pb::ContType::try_from(v).ok().map(|s| s.as_str_name());
+    enum_word(name, "CONT_TYPE_", v).to_ascii_uppercase()
+}
+
+/// "crc32c" or "off".
+pub fn checksum(v: i32) -> String {
+    let name = pb::Checksum::try_from(v).ok().map(|s| s.as_str_name());
+    enum_word(name, "CHECKSUM_", v)
+}
+
 // ---- JSON forms, field names as in mgmt.proto ----
 
 pub fn member_json(m: &Member) -> Value {
     json!({
         "rank": m.rank, "uuid": m.uuid, "control_addr": m.control_addr, "data_addr": m.data_addr,
-        "state": m.state, "fault_domain": m.fault_domain, "targets": m.targets, "targets_out": m.targets_out,
+        "state": member_state(m.state), "fault_domain": m.fault_domain, "targets": m.targets, "targets_out": m.targets_out,
     })
 }
 
@@ -171,7 +214,7 @@ pub fn rank_storage_json(r: &RankStorage) -> Value {
     json!({
         "rank": r.rank, "bdev_class": r.bdev_class, "bdev_path": r.bdev_path, "bdev_bytes": r.bdev_bytes,
         "scm_bytes": r.scm_bytes, "formatted": r.formatted, "system": r.system,
-        "engine_uuid": r.engine_uuid, "state": r.state, "message": r.message,
+        "engine_uuid": r.engine_uuid, "state": storage_state(r.state), "message": r.message,
         "nvme_free": r.nvme_free, "scm_free": r.scm_free,
     })
 }
@@ -182,7 +225,7 @@ pub fn tier_json(t: &Tier) -> Value {
 
 pub fn pool_json(p: &PoolInfo) -> Value {
     json!({
-        "uuid": p.uuid, "label": p.label, "state": p.state, "map_version": p.map_version,
+        "uuid": p.uuid, "label": p.label, "state": pool_state(p.state), "map_version": p.map_version,
         "ranks": p.ranks, "total_targets": p.total_targets, "disabled_targets": p.disabled_targets,
         "reintegrating_targets": p.reintegrating_targets,
         "tiers": p.tiers.iter().map(tier_json).collect::<Vec<_>>(), "props": sorted(&p.props),
@@ -192,9 +235,9 @@ pub fn pool_json(p: &PoolInfo) -> Value {
 
 pub fn cont_json(c: &ContInfo) -> Value {
     json!({
-        "uuid": c.uuid, "label": c.label, "pool_uuid": c.pool_uuid, "type": c.r#type,
+        "uuid": c.uuid, "label": c.label, "pool_uuid": c.pool_uuid, "type": cont_type(c.r#type),
         "oclass": c.oclass, "dir_oclass": c.dir_oclass, "chunk_size": c.chunk_size,
-        "redundancy_factor": c.redundancy_factor, "checksum": c.checksum, "props": sorted(&c.props),
+        "redundancy_factor": c.redundancy_factor, "checksum": checksum(c.checksum), "props": sorted(&c.props),
         "used_bytes": c.used_bytes, "snapshots": c.snapshots, "create_epoch": c.create_epoch,
     })
 }

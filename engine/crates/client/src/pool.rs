@@ -5,7 +5,7 @@ use crate::container::Container;
 use crate::error::{Error, Result};
 use crate::placement::PoolMap;
 use parking_lot::RwLock;
-use peregrine_proto::mgmt::{ContQueryReq, PoolConnectReq};
+use peregrine_proto::mgmt::{self, ContQueryReq, PoolConnectReq};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -76,14 +76,15 @@ impl Pool {
                 format!("container {id:?}: bad uuid {:?}: {e}", info.uuid),
             )
         })?;
-        let csum = match info.checksum.to_ascii_lowercase().as_str() {
-            "crc32c" => true,
-            "off" | "none" | "" => false,
-            other => {
+        let csum = match mgmt::Checksum::try_from(info.checksum) {
+            Ok(mgmt::Checksum::Crc32c) => true,
+            Ok(mgmt::Checksum::Off | mgmt::Checksum::Unspecified) => false,
+            Err(_) => {
+                let other = info.checksum;
                 return Err(Error::new(
                     -libc::ENOTSUP,
                     format!("container {id:?}: unsupported checksum type {other:?}"),
-                ))
+                ));
             }
         };
         let sync_always = match info.props.get("sync").map(|v| v.to_ascii_lowercase()) {

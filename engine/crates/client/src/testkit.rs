@@ -486,7 +486,7 @@ impl mgmt_server::Mgmt for FakeMgmt {
         Ok(Response::new(mgmt::PoolInfo {
             uuid: p.uuid,
             label: p.label,
-            state: "ready".into(),
+            state: mgmt::PoolState::Ready.into(),
             map_version: p.version,
             total_targets: p.targets.len() as u32,
             ..Default::default()
@@ -618,10 +618,15 @@ impl FakeCluster {
                     uuid: uuid::Uuid::new_v4().to_string(),
                     label: l.to_string(),
                     pool_uuid: pool_uuid.clone(),
-                    r#type: "POSIX".into(),
+                    r#type: mgmt::ContType::Posix.into(),
                     oclass: "SX".into(),
                     chunk_size: 1 << 20,
-                    checksum: if *l == "c1" { "crc32c" } else { "off" }.into(),
+                    checksum: if *l == "c1" {
+                        mgmt::Checksum::Crc32c
+                    } else {
+                        mgmt::Checksum::Off
+                    }
+                    .into(),
                     ..Default::default()
                 })
                 .collect(),

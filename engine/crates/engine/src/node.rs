@@ -5,7 +5,7 @@ use crate::config::{BdevConfig, Config};
 use crate::metrics::IoMetrics;
 use crate::poolmap::PoolMaps;
 use parking_lot::{Mutex, RwLock};
-use peregrine_proto::mgmt::RankStorage;
+use peregrine_proto::mgmt::{RankStorage, StorageState};
 use peregrine_vos::{BdevClass, BdevSpec, ScanState, Storage, StorageOptions};
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,6 +109,7 @@ impl Node {
         self.storage.read().is_some()
     }
 
+    /// What this engine says of itself when it joins (`JoinReq.state`).
     pub fn state(&self) -> &'static str {
         if self.is_ready() {
             "ready"
@@ -140,7 +141,12 @@ impl Node {
             bdev_bytes: opts.bdev.size,
             scm_bytes: opts.scm_bytes,
             engine_uuid: self.uuid().to_string(),
-            state: self.state().into(),
+            state: if self.is_ready() {
+                StorageState::Ready
+            } else {
+                StorageState::Maintenance
+            }
+            .into(),
             ..Default::default()
         };
         if let Some(st) = self.storage.read().clone() {
@@ -157,7 +163,7 @@ impl Node {
             }
             let faults = st.faults();
             if !faults.is_empty() {
-                rs.state = "degraded".into();
+                rs.state = StorageState::Degraded.into();
                 rs.message = faults.join("; ");
             }
         } else {

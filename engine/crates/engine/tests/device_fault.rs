@@ -64,7 +64,7 @@ fn a_failed_device_write_shows_in_storage_scan() {
             .ranks
             .remove(0)
     };
-    assert_eq!(scan(&mut m).state, "ready");
+    assert_eq!(scan(&mut m).state(), StorageState::Ready);
 
     let obj = c
         .container()
@@ -82,7 +82,7 @@ fn a_failed_device_write_shows_in_storage_scan() {
     assert_eq!(err.code, -libc::EIO, "{err}");
     assert!(err.msg.contains("device write failed"), "{err}");
     let rs = scan(&mut m);
-    assert_eq!(rs.state, "degraded", "{rs:?}");
+    assert_eq!(rs.state(), StorageState::Degraded, "{rs:?}");
     assert!(
         rs.message.contains("device write failed") && rs.message.contains("os error 28"),
         "{rs:?}"

@@ -30,7 +30,10 @@ fn pool_and_container_lifecycle() {
             .unwrap()
             .into_inner();
     assert_eq!(sys.members.len(), 2);
-    assert!(sys.members.iter().all(|x| x.state == "joined"), "{sys:?}");
+    assert!(
+        sys.members.iter().all(|x| x.state() == MemberState::Joined),
+        "{sys:?}"
+    );
 
     let pool =
         c.rt.block_on(m.pool_create(PoolCreateReq {
@@ -111,10 +114,10 @@ fn pool_and_container_lifecycle() {
         (
             cont.oclass.as_str(),
             cont.chunk_size,
-            cont.checksum.as_str(),
-            cont.r#type.as_str()
+            cont.checksum(),
+            cont.r#type()
         ),
-        ("SX", 1 << 20, "crc32c", "POSIX")
+        ("SX", 1 << 20, Checksum::Crc32c, ContType::Posix)
     );
     let e =
         c.rt.block_on(m.cont_create(ContCreateReq {
@@ -183,7 +186,7 @@ fn pool_and_container_lifecycle() {
         }))
         .unwrap()
         .into_inner();
-    assert_eq!(q.checksum, "off");
+    assert_eq!(q.checksum(), Checksum::Off);
     let mut props = std::collections::HashMap::new();
     props.insert("chunk_size".to_string(), "4096".to_string());
     assert!(c
@@ -282,7 +285,7 @@ fn unformatted_engine_refuses_io_and_foreign_device_needs_force() {
             .into_inner();
     assert_eq!(scan.ranks.len(), 1);
     assert!(!scan.ranks[0].formatted);
-    assert_eq!(scan.ranks[0].state, "maintenance");
+    assert_eq!(scan.ranks[0].state(), StorageState::Maintenance);
 
     // The data plane refuses I/O until the device is formatted, saying why.
     {
@@ -343,6 +346,6 @@ trait RestartMaintenance {
 impl RestartMaintenance for Cluster {
     fn restart_maintenance(&mut self, rank: usize) {
         self.engines[rank].start();
-        self.wait_members(self.engines.len(), &["maintenance"]);
+        self.wait_members(self.engines.len(), &[MemberState::Maintenance]);
     }
 }

@@ -208,7 +208,10 @@ impl Cluster {
             .build()
             .unwrap();
         let c = Cluster { dir, engines, rt };
-        c.wait_members(spec.engines as usize, &["maintenance", "joined"]);
+        c.wait_members(
+            spec.engines as usize,
+            &[MemberState::Maintenance, MemberState::Joined],
+        );
         c
     }
 
@@ -238,7 +241,7 @@ impl Cluster {
     }
 
     /// Wait until `n` members are in one of `states`.
-    pub fn wait_members(&self, n: usize, states: &[&str]) {
+    pub fn wait_members(&self, n: usize, states: &[MemberState]) {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut m = self.mgmt();
         loop {
@@ -247,7 +250,7 @@ impl Cluster {
                     .get_ref()
                     .members
                     .iter()
-                    .filter(|x| states.contains(&x.state.as_str()))
+                    .filter(|x| states.contains(&x.state()))
                     .count();
                 if ok >= n {
                     return;
@@ -268,7 +271,7 @@ impl Cluster {
         self.rt
             .block_on(m.storage_format(StorageFormatReq { force: false }))
             .unwrap_or_else(|e| panic!("format: {e}\n{}", self.logs()));
-        self.wait_members(self.engines.len(), &["joined"]);
+        self.wait_members(self.engines.len(), &[MemberState::Joined]);
     }
 
     /// A formatted cluster with pool `pool` of `pool_mib` and container `cont`.
@@ -321,7 +324,7 @@ impl Cluster {
     pub fn restart(&mut self, rank: usize) {
         self.engines[rank].start();
         self.wait_serving(rank);
-        self.wait_members(self.engines.len(), &["joined"]);
+        self.wait_members(self.engines.len(), &[MemberState::Joined]);
     }
 
     /// Wait until an engine answers a ping on its data port. (The management

@@ -251,15 +251,14 @@ impl MgmtService {
             .is_some_and(|t| t.elapsed() < HEARTBEAT_TIMEOUT)
     }
 
-    fn member_state(&self, m: &MemberRec) -> String {
-        if self.alive(m.rank) {
-            if m.state == "ready" {
-                "joined".into()
-            } else {
-                m.state.clone()
-            }
+    fn member_state(&self, m: &MemberRec) -> MemberState {
+        if !self.alive(m.rank) {
+            MemberState::Stopped
+        } else if m.state == "ready" {
+            MemberState::Joined
         } else {
-            "stopped".into()
+            // The only other state a join keeps (JOIN_STATES; "stopping" is never kept).
+            MemberState::Maintenance
         }
     }
 
@@ -377,12 +376,13 @@ impl MgmtService {
             uuid: pool.uuid.to_string(),
             label: pool.label.clone(),
             state: if out.down > 0 || unreachable > 0 {
-                "degraded".into()
+                PoolState::Degraded
             } else if out.reintegrating > 0 {
-                "reintegrating".into()
+                PoolState::Reintegrating
             } else {
-                "ready".into()
-            },
+                PoolState::Ready
+            }
+            .into(),
             map_version: pool.map_version,
             ranks: pool.ranks.clone(),
             total_targets: pool.targets.iter().sum(),
@@ -403,12 +403,12 @@ impl MgmtService {
             uuid: c.uuid.to_string(),
             label: c.label.clone(),
             pool_uuid: pool.uuid.to_string(),
-            r#type: c.kind.clone(),
+            r#type: props::cont_type(&c.kind).into(),
             oclass: c.oclass.clone(),
             dir_oclass: c.dir_oclass.clone(),
             chunk_size: c.chunk_size,
             redundancy_factor: c.rf,
-            checksum: c.checksum.clone(),
+            checksum: props::checksum(&c.checksum).into(),
             props,
             used_bytes: used,
             snapshots: c.snapshots.len() as u32,
@@ -526,7 +526,7 @@ impl Mgmt for MgmtService {
                     uuid: m.uuid.clone(),
                     control_addr: m.control_addr.clone(),
                     data_addr: m.data_addr.clone(),
-                    state: self.member_state(m),
+                    state: self.member_state(m).into(),
                     fault_domain: m.fault_domain.clone(),
                     targets: m.targets,
                     shm_path: m.shm_path.clone(),
@@ -548,14 +548,14 @@ impl Mgmt for MgmtService {
                     Ok(r) => r.into_inner(),
                     Err(e) => RankStorage {
                         rank: m.rank,
-                        state: "unreachable".into(),
+                        state: StorageState::Unreachable.into(),
                         message: e.message().into(),
                         ..Default::default()
                     },
                 },
                 Err(e) => RankStorage {
                     rank: m.rank,
-                    state: "unreachable".into(),
+                    state: StorageState::Unreachable.into(),
                     message: e.message().into(),
                     ..Default::default()
                 },
@@ -744,7 +744,7 @@ impl Mgmt for MgmtService {
             if !self.alive(rank) || m.state != "ready" {
                 return Err(Status::failed_precondition(format!(
                     "rank {rank} is not ready ({})",
-                    self.member_state(m)
+                    props::member_state_word(self.member_state(m))
                 )));
             }
             // Refused at join; a state written before may still hold one.

@@ -2,7 +2,7 @@
 //! takes, and a new container's record resolved from its request.
 
 use super::{ContRec, PoolRec};
-use peregrine_proto::mgmt::ContCreateReq;
+use peregrine_proto::mgmt::{Checksum, ContCreateReq, ContType, MemberState};
 use peregrine_proto::{epoch_now, ObjectClass};
 use std::collections::{BTreeMap, HashMap};
 use tonic::Status;
@@ -57,6 +57,33 @@ pub(super) fn validate_pool_props(props: &HashMap<String, String>) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// A container type as the service keeps it ("POSIX", the only one).
+pub(super) fn cont_type(kind: &str) -> ContType {
+    match kind {
+        "POSIX" => ContType::Posix,
+        _ => ContType::Unspecified,
+    }
+}
+
+/// A checksum type as the service keeps it ("crc32c" or "off").
+pub(super) fn checksum(v: &str) -> Checksum {
+    match v {
+        "crc32c" => Checksum::Crc32c,
+        "off" => Checksum::Off,
+        _ => Checksum::Unspecified,
+    }
+}
+
+/// How a message names a member state.
+pub(super) fn member_state_word(s: MemberState) -> &'static str {
+    match s {
+        MemberState::Joined => "joined",
+        MemberState::Stopped => "stopped",
+        MemberState::Maintenance => "maintenance",
+        MemberState::Unspecified => "unknown",
+    }
 }
 
 pub(super) const CONT_PROPS: &[&str] = &[
