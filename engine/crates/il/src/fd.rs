@@ -77,6 +77,33 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 }
 
 unsafe fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, real: FcntlFn) -> c_int {
+    // A placeholder: the flags it was opened with; locks, leases, seals...
+    // are the real file's (converted first).
+    let before = match tracked(fd) {
+        Some((_b, s)) => match crate::place::of(&s) {
+            Some(p) => match cmd {
+                libc::F_GETFL => Some(Ok(crate::place::f_getfl(p, &s))),
+                libc::F_DUPFD
+                | libc::F_DUPFD_CLOEXEC
+                | libc::F_GETFD
+                | libc::F_SETFD
+                | libc::F_SETFL => None,
+                _ => guarded(Some(Err(libc::EIO)), || {
+                    crate::place::to_kernel(fd).err().map(Err)
+                }),
+            },
+            None => None,
+        },
+        None => None,
+    };
+    match before {
+        Some(Ok(v)) => return v,
+        Some(Err(e)) => {
+            crate::real::set_errno(e);
+            return -1;
+        }
+        None => {}
+    }
     let r = real(fd, cmd, arg);
     if r < 0 || NTRACKED.load(Ordering::Relaxed) == 0 || !enabled() {
         return r;

@@ -1,6 +1,7 @@
 //! Init (the library's constructor), fork handlers and the exit flush.
 
 use crate::mounts::MOUNTS;
+use crate::ns::NSS;
 use crate::real::r_fcntl;
 use crate::report::{enabled, env_on, report, COUNTS, REPORT_FD};
 use crate::table::{Shared, CONTS, FDS, MAPPED};
@@ -20,16 +21,26 @@ extern "C" fn flush_commits() {
 }
 
 extern "C" fn fork_prepare() {
+    // Placeholders become the real files first: parent and child then
+    // share the kernel's open file (and its offset) even if the child
+    // execs (a conversion in the child would give it a file of its own).
+    crate::place::convert_all(true);
     // Hold the tables across fork so the child gets them consistent.
     std::mem::forget(FDS.write());
     std::mem::forget(CONTS.lock());
     std::mem::forget(MOUNTS.lock());
     std::mem::forget(MAPPED.lock());
+    std::mem::forget(NSS.lock());
+    crate::cache::lock_for_fork();
+    crate::nsops::lock_for_fork();
 }
 
 extern "C" fn fork_parent() {
     // SAFETY: locked by fork_prepare in this thread.
     unsafe {
+        crate::nsops::unlock_after_fork();
+        crate::cache::unlock_after_fork();
+        NSS.force_unlock();
         MAPPED.force_unlock();
         MOUNTS.force_unlock();
         CONTS.force_unlock();
@@ -41,6 +52,9 @@ extern "C" fn fork_child() {
     // SAFETY: locked by fork_prepare in the thread that forked (this one).
     // MAPPED is kept: the child inherits the parent's mappings.
     unsafe {
+        crate::nsops::unlock_after_fork();
+        crate::cache::unlock_after_fork();
+        NSS.force_unlock();
         MAPPED.force_unlock();
         MOUNTS.force_unlock();
         CONTS.force_unlock();
@@ -49,6 +63,8 @@ extern "C" fn fork_child() {
     // Connections belong to the parent: leak them (dropping could touch
     // locks held by the parent's other threads, or their sockets).
     std::mem::forget(std::mem::take(&mut *CONTS.lock()));
+    crate::ns::fork_child();
+    MOUNTS.lock().forget_watch();
     // Fresh locks and no File per tracked description (dup'ed fds keep
     // sharing one state); the child reconnects on first use.
     let mut t = FDS.write();
@@ -71,10 +87,12 @@ extern "C" fn fork_child() {
     for c in &COUNTS {
         c.store(0, Ordering::Relaxed);
     }
+    crate::place::note_pid();
 }
 
 extern "C" fn il_init() {
     crate::probe::answer();
+    crate::place::note_pid();
     if !enabled() {
         return;
     }

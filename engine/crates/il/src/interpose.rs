@@ -18,9 +18,13 @@ use crate::track::maybe_track;
 use libc::{c_char, c_int, c_uint, c_void, iovec, off_t, size_t, ssize_t, FILE};
 
 macro_rules! open_like {
-    ($name:ident, $real:ident, ($($a:ident : $t:ty),*), ($($call:expr),*)) => {
+    ($name:ident, $real:ident, ($($a:ident : $t:ty),*), ($($call:expr),*), $served:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            let (d, p, f, m): (c_int, *const c_char, c_int, libc::mode_t) = $served;
+            if let Some(r) = crate::place::open_at(d, p, f, m) {
+                return r;
+            }
             let fd = $real()($($call),*);
             if fd >= 0 && enabled() {
                 maybe_track(fd);
@@ -33,16 +37,20 @@ macro_rules! open_like {
 // SAFETY (all interposers): they have the C prototypes of the glibc
 // functions they replace, forward untouched arguments to the real ones and
 // only dereference caller pointers the way the real function would.
-open_like!(open, r_open, (p: *const c_char, f: c_int, m: c_uint), (p, f, m));
-open_like!(open64, r_open64, (p: *const c_char, f: c_int, m: c_uint), (p, f, m));
-open_like!(openat, r_openat, (d: c_int, p: *const c_char, f: c_int, m: c_uint), (d, p, f, m));
-open_like!(openat64, r_openat64, (d: c_int, p: *const c_char, f: c_int, m: c_uint), (d, p, f, m));
-open_like!(__open_2, r_open_2, (p: *const c_char, f: c_int), (p, f));
-open_like!(__open64_2, r_open64_2, (p: *const c_char, f: c_int), (p, f));
-open_like!(__openat_2, r_openat_2, (d: c_int, p: *const c_char, f: c_int), (d, p, f));
-open_like!(__openat64_2, r_openat64_2, (d: c_int, p: *const c_char, f: c_int), (d, p, f));
-open_like!(creat, r_creat, (p: *const c_char, m: libc::mode_t), (p, m));
-open_like!(creat64, r_creat64, (p: *const c_char, m: libc::mode_t), (p, m));
+// The last argument: (dirfd, path, flags, mode) for the library's own
+// open (`__open_2` & co. are the fortified forms without O_CREAT).
+const CWD: c_int = libc::AT_FDCWD;
+const CREAT: c_int = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+open_like!(open, r_open, (p: *const c_char, f: c_int, m: c_uint), (p, f, m), (CWD, p, f, m));
+open_like!(open64, r_open64, (p: *const c_char, f: c_int, m: c_uint), (p, f, m), (CWD, p, f, m));
+open_like!(openat, r_openat, (d: c_int, p: *const c_char, f: c_int, m: c_uint), (d, p, f, m), (d, p, f, m));
+open_like!(openat64, r_openat64, (d: c_int, p: *const c_char, f: c_int, m: c_uint), (d, p, f, m), (d, p, f, m));
+open_like!(__open_2, r_open_2, (p: *const c_char, f: c_int), (p, f), (CWD, p, f, 0));
+open_like!(__open64_2, r_open64_2, (p: *const c_char, f: c_int), (p, f), (CWD, p, f, 0));
+open_like!(__openat_2, r_openat_2, (d: c_int, p: *const c_char, f: c_int), (d, p, f), (d, p, f, 0));
+open_like!(__openat64_2, r_openat64_2, (d: c_int, p: *const c_char, f: c_int), (d, p, f), (d, p, f, 0));
+open_like!(creat, r_creat, (p: *const c_char, m: libc::mode_t), (p, m), (CWD, p, CREAT, m));
+open_like!(creat64, r_creat64, (p: *const c_char, m: libc::mode_t), (p, m), (CWD, p, CREAT, m));
 
 unsafe fn after_fopen(f: *mut FILE) -> *mut FILE {
     if !f.is_null() && enabled() {
@@ -264,7 +272,7 @@ pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
     if let Some((_b, s)) = tracked(fd) {
         return guarded(-1, || do_truncate(fd, &s, len));
     }
-    r_ftruncate()(fd, len)
+    crate::nsops::after_kernel_change(r_ftruncate()(fd, len))
 }
 
 #[no_mangle]
@@ -272,7 +280,7 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off_t) -> c_int {
     if let Some((_b, s)) = tracked(fd) {
         return guarded(-1, || do_truncate(fd, &s, len));
     }
-    r_ftruncate64()(fd, len)
+    crate::nsops::after_kernel_change(r_ftruncate64()(fd, len))
 }
 
 unsafe fn fstat_any(fd: c_int, st: *mut libc::stat) -> c_int {

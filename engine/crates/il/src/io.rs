@@ -72,6 +72,7 @@ pub(crate) fn do_write(fd: c_int, s: &Shared, data: &[u8], pos: Option<i64>) -> 
         return 0;
     }
     s.dirty.store(true, Ordering::SeqCst);
+    crate::cache::drop_attr(s.h.oid);
     let append = s.append.load(Ordering::Relaxed);
     let r = match pos {
         // pwrite on O_APPEND appends on Linux.
@@ -228,6 +229,10 @@ pub(crate) fn do_lseek(fd: c_int, s: &Shared, off: i64, whence: c_int) -> off_t 
 }
 
 pub(crate) unsafe fn do_fstat(fd: c_int, s: &Shared, st: *mut libc::stat) -> c_int {
+    if let Some(p) = crate::place::of(s) {
+        crate::place::record(s, p);
+        return crate::place::fstat_into(s, p, crate::stat::Out::Stat(st));
+    }
     count(C::Stats, 1);
     invalidate(fd, s);
     if sys_fstat(fd, st) != 0 {
@@ -256,6 +261,7 @@ pub(crate) fn do_truncate(fd: c_int, s: &Shared, len: i64) -> c_int {
     {
         Ok(()) => {
             s.dirty.store(true, Ordering::Release);
+            crate::cache::drop_attr(s.h.oid);
             invalidate(fd, s);
             0
         }

@@ -5,9 +5,12 @@
 //! /proc/self/mountinfo), the library asks the daemon for the file's object
 //! handle (`ioctl(PEREGRINE_IOC_GET_HANDLE)`, include/peregrine_fuse.h) and
 //! from then on moves the file's *data* straight between the program and the
-//! engines through the client library ([`peregrine_dfs::File`]); metadata
-//! (open, create, rename, chmod, stat by path, directories...) stays on
-//! FUSE. Anything it does not handle falls back to the kernel path.
+//! engines through the client library ([`peregrine_dfs::File`]). Like
+//! DAOS's libpil4dfs it also serves path-based metadata calls on files of
+//! a Peregrine mount (stat, access, mkdir, unlink, rmdir, rename) straight
+//! through the POSIX layer ([`peregrine_dfs::Dfs`]) with a per-process
+//! cache; see "Path calls" below. Anything it does not handle falls back
+//! to the kernel path.
 //!
 //! # What is intercepted
 //! * open, open64, openat, openat64, creat, creat64, `__open_2` & co.,
@@ -33,6 +36,100 @@
 //!   unbuffered I/O through the store. Other stdio calls (fgets, fprintf,
 //!   getc, ...) keep using glibc's buffer and the kernel path; that stays
 //!   consistent because of the offset rule below.
+//!
+//! # Path calls (metadata)
+//! * Served: stat, stat64, lstat, lstat64, fstatat(64), statx, `__xstat`,
+//!   `__lxstat`, `__fxstatat` (and 64), access, faccessat, euidaccess,
+//!   eaccess, mkdir, mkdirat, unlink, unlinkat, rmdir, rename, renameat,
+//!   renameat2 (NOREPLACE, EXCHANGE). The answers are the kernel's for
+//!   the same path through the mount: same st_dev, the daemon's inode
+//!   numbers (`stat::ino_of`), link counts, block size, statx mask and
+//!   attributes, the same errnos (tests/meta.rs compares them field by
+//!   field).
+//! * Which paths: absolute, or relative to the cwd (`getcwd` each call),
+//!   whose longest mount point prefix in /proc/self/mountinfo is a
+//!   `fuse.peregrine` mount (reread when the kernel signals a change of
+//!   the mount table). The walk below the mount point is the library's
+//!   (`walk.rs`): `.` and `..` are handled; a symlink on the way, `..`
+//!   above the mount root, paths relative to a directory fd, flags it does
+//!   not know, trailing slashes on changes: the kernel path. Permission
+//!   checks are the kernel's (search on each directory, write+search on
+//!   the parent, the sticky bit, write on a directory moved elsewhere);
+//!   what the mode bits deny goes to the kernel, which may still allow it
+//!   (capabilities), so the library never grants or denies differently.
+//!   Mounts without `allow_other` serve only their owner.
+//! * The container: the daemon hands it out only for an open regular
+//!   file, so the library learns a mount's container from the first
+//!   regular file the process opens there through the kernel, or by
+//!   opening one it finds in the mount's first directories (`ns.rs`); an
+//!   empty mount is served on the kernel path until a file exists.
+//! * The cache (`cache.rs`): directory entries and attributes (sizes
+//!   included), each kept for at most `PEREGRINE_IL_CACHE_MS` (default
+//!   1000 ms, the daemon's default `--attr-timeout`/`--dentry-timeout`;
+//!   0 turns it off). **Bound:** another client's change (another process
+//!   on this node included: each process has its own cache) is seen by a
+//!   path call through the library at most that long after it happened,
+//!   as the kernel's own caches do on the FUSE path; this process's own
+//!   changes are seen at once (the library updates or drops what it
+//!   touched; its writes through tracked fds drop the file's attributes;
+//!   chmod, chown, truncate, utimes, link, symlink, mknod and any change
+//!   it hands to the kernel drop the whole cache). No negative entries:
+//!   a name made elsewhere is seen at once.
+//! * The kernel's caches: a name the library removes or renames can still
+//!   be served by the kernel's dentry cache to kernel-path calls (of this
+//!   process or others on the node) for up to the daemon's
+//!   `--dentry-timeout` (default 1 s), and a directory's attributes
+//!   (mtime, link count) for up to `--attr-timeout`: the same bound as a
+//!   change made by another client. (Closing it needs the daemon to drop
+//!   the kernel's entry: `notify_inval_entry` behind an ioctl that takes a
+//!   directory and a name; the current `PEREGRINE_IOC_INVALIDATE` drops an
+//!   open file's attributes and pages only.)
+//! * Opens (`place.rs`): open, open64, openat(64), creat(64), `__open_2`
+//!   & co. of a file they create write-only (O_CREAT on a free name,
+//!   O_WRONLY; read-write creates go to the kernel, see place.rs) or of
+//!   an existing regular file read-only are served with no
+//!   kernel or daemon round trip; the descriptor is a *placeholder*, a
+//!   memfd the library serves wholly (the kernel keeps its offset, so
+//!   dup, fork and stdio share it as usual; fstat, statx and fstatat with
+//!   AT_EMPTY_PATH and F_GETFL answer for the file). It becomes the real
+//!   file (opened through the mount by its path, at the same offset, on
+//!   the same descriptor numbers) before exec (execve, execv, execvp,
+//!   execvpe, fexecve: those not close-on-exec; posix_spawn(p), system,
+//!   popen: all), mmap, fcntl locks/leases/seals, flock, ioctl, fchmod,
+//!   fchown, futimens, f*xattr, fstatfs, fstatvfs, fallocate,
+//!   posix_fallocate, splice, tee, syncfs, readahead. Writes to an
+//!   existing file, O_TRUNC of one, O_PATH, O_DIRECTORY, O_TMPFILE,
+//!   directories, symlinks and special files: the kernel. A written
+//!   placeholder records size and mtime in the entry at close, fsync and
+//!   fstat (a file made and written within one 4 ms clock tick keeps the
+//!   mtime it was made with, as Linux's coarse file times would). Reads
+//!   and fstat of a placeholder ask the store for the size, as for tracked
+//!   descriptors (the cache's bound is for path calls): processes sharing
+//!   a file through the library see each other's writes at once. Not
+//!   covered: exec through execl/execlp/
+//!   execle and glibc's internal spawns (those calls are variadic or
+//!   inside glibc): a placeholder inherited that way is an empty memfd in
+//!   the new program; `/proc/self/fd/N` of a placeholder names the memfd.
+//!   vfork is a fork (convert.rs explains why), so that shells that
+//!   redirect in the parent and vfork (dash) hand the real file over.
+//! * Removals (unlink, rmdir, the source of a rename) are served only for
+//!   names this process made through the library and never opened on the
+//!   kernel path: the kernel cannot hold a directory entry for those. A
+//!   removal behind the kernel's back of a name it holds would leave that
+//!   entry pointing at the removed object for up to `--dentry-timeout`,
+//!   and a kernel-path open of the name (in any process of the node)
+//!   would open the removed file instead of making a new one. So other
+//!   removals, and renames onto an existing name, go to the kernel.
+//! * Removing or replacing a file this process has open (tracked) or
+//!   mapped goes to the kernel, so that the daemon keeps its data until
+//!   the last close; a file open in *another* process is punched at once
+//!   by a removal through the library (as with two clients of DFS).
+//! * `PEREGRINE_IL_METADATA=0`: path calls go to the kernel; data calls
+//!   are still intercepted. Counted in the report as `path_stats`,
+//!   `path_access`, `mkdirs`, `unlinks`, `rmdirs`, `renames` (served) and
+//!   `path_fallbacks` (paths in a served mount handed to the kernel).
+//! * fork: the child keeps the cache and the mounts' containers (as
+//!   handles) and reconnects on first use; exec starts afresh.
 //!
 //! # Design
 //! * A global `RwLock<Vec<Option<Arc<Shared>>>>` indexed by fd; dup'ed fds
@@ -110,13 +207,17 @@
 //! * `report.rs`: the switches, the re-entrancy flag and the counters.
 //! * `handle.rs`: the daemon's object handle and the ioctl numbers.
 //! * `table.rs`: the tracked descriptors, mapped files and connections.
-//! * `mounts.rs`: which devices are Peregrine mounts.
+//! * `mounts.rs`: which devices are Peregrine mounts, and where.
 //! * `track.rs`: taking a file onto the library's path after an open.
 //! * `mmap.rs`: handing a file back to the kernel path before a mapping.
 //! * `io.rs`: reads, writes, seeks, stat, truncate and sync through the store.
 //! * `interpose.rs`: the open, read, write, seek, sync, truncate and stat
 //!   interposers; `fd.rs`: close, dup, fcntl, copy_file_range, sendfile;
 //!   `stdio.rs`: the `FILE*` ones.
+//! * Path calls: `ns.rs` (a mount's [`peregrine_dfs::Dfs`]), `cache.rs`,
+//!   `walk.rs` (locating and walking paths, permissions), `stat.rs` (stat
+//!   and access), `nsops.rs` (mkdir, unlink, rmdir, rename, umask, and
+//!   the calls that drop the cache).
 //! * `init.rs`: the constructor, fork handlers and exit flush.
 //!
 //! # Not handled (kernel path, documented)
@@ -143,6 +244,8 @@
 #[macro_use]
 mod real;
 
+mod cache;
+mod convert;
 mod fd;
 mod handle;
 mod init;
@@ -150,8 +253,13 @@ mod interpose;
 mod io;
 mod mmap;
 mod mounts;
+mod ns;
+mod nsops;
+mod place;
 mod probe;
 mod report;
+mod stat;
 mod stdio;
 mod table;
 mod track;
+mod walk;

@@ -34,6 +34,9 @@ fn before_map(fd: c_int) {
         },
     };
     count(C::Mmaps, 1);
+    // Its placeholders become the real file first: retired below, they
+    // must still be descriptors of the file.
+    crate::place::convert_key(key);
     let retired: Vec<(c_int, Arc<Shared>)> = {
         let mut t = FDS.write();
         MAPPED.lock().insert(key);
@@ -94,6 +97,11 @@ unsafe fn mmap_any(
     if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 && enabled() {
         if let Some(_b) = Busy::enter() {
             let e = *libc::__errno_location();
+            // A placeholder maps the real file.
+            if let Err(x) = guarded(Err(libc::EIO), || crate::place::to_kernel(fd)) {
+                set_errno(x);
+                return libc::MAP_FAILED;
+            }
             guarded((), || before_map(fd));
             set_errno(e);
         }

@@ -1,9 +1,35 @@
-//! Which devices are Peregrine mounts (`fuse.peregrine` in
-//! /proc/self/mountinfo).
+//! Which devices are Peregrine mounts, and where they are mounted
+//! (`fuse.peregrine` in /proc/self/mountinfo).
+//!
+//! The table is reread when the kernel says the mount table changed: an
+//! fd on /proc/self/mountinfo polls `POLLPRI` after every mount or unmount
+//! in the namespace (one `poll` with a zero timeout per path-based call).
 
 use crate::real::{r_close, r_open, r_read};
-use libc::c_void;
+use libc::{c_int, c_void};
 use parking_lot::Mutex;
+
+/// One `fuse.peregrine` mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Mnt {
+    /// st_dev (major, minor).
+    pub(crate) dev: (u32, u32),
+    /// The mount id (mountinfo's first field; statx's `stx_mnt_id`).
+    pub(crate) id: u64,
+    /// Where the mount's root is in the container (`/` unless a bind
+    /// mount of a subdirectory), as components.
+    pub(crate) root: Vec<Vec<u8>>,
+    /// Without `allow_other`, the kernel lets only the mounting user
+    /// (`user_id=`) in: the library serves no one else.
+    pub(crate) only: Option<u32>,
+}
+
+/// A mount point in mountinfo order; `pg` when it is a Peregrine mount.
+#[derive(Debug)]
+struct Point {
+    comps: Vec<Vec<u8>>,
+    pg: Option<Mnt>,
+}
 
 pub(crate) struct Mounts {
     /// st_dev (major, minor) of `fuse.peregrine` mounts.
@@ -11,12 +37,18 @@ pub(crate) struct Mounts {
     /// Anonymous devices known not to be Peregrine mounts.
     other: Vec<(u32, u32)>,
     loaded: bool,
+    /// Every mount point (for path-based calls), in mountinfo order.
+    points: Vec<Point>,
+    /// The fd polled for changes (-1: none yet).
+    watch: c_int,
 }
 
 pub(crate) static MOUNTS: Mutex<Mounts> = Mutex::new(Mounts {
     peregrine: Vec::new(),
     other: Vec::new(),
     loaded: false,
+    points: Vec::new(),
+    watch: -1,
 });
 
 /// /proc/self/mountinfo through the real open/read/close.
@@ -45,26 +77,191 @@ fn read_mountinfo() -> Vec<u8> {
     out
 }
 
-/// Devices of the `fuse.peregrine` mounts in a mountinfo text.
-fn peregrine_devs(text: &[u8]) -> Vec<(u32, u32)> {
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'\\'
+            && i + 3 < s.len()
+            && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (s[i + 1] - b'0') as u32 * 64
+                + (s[i + 2] - b'0') as u32 * 8
+                + (s[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The components of a path ("" and "/" have none).
+pub(crate) fn comps(p: &[u8]) -> Vec<Vec<u8>> {
+    p.split(|&c| c == b'/')
+        .filter(|c| !c.is_empty())
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+/// `user_id` of a FUSE mount's super options unless `allow_other`.
+fn only_user(opts: &[u8]) -> Option<u32> {
+    let mut uid = None;
+    for o in opts.split(|&c| c == b',') {
+        if o == b"allow_other" {
+            return None;
+        }
+        if let Some(v) = o.strip_prefix(b"user_id=") {
+            uid = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok());
+        }
+    }
+    // Unreadable: nobody but root (uid 0 owns every mount made by mount(2)).
+    Some(uid.unwrap_or(0))
+}
+
+/// The mount points of a mountinfo text.
+fn parse(text: &[u8]) -> Vec<Point> {
     let mut v = Vec::new();
     for line in text.split(|&c| c == b'\n') {
         let f: Vec<&[u8]> = line.split(|&c| c == b' ').collect();
         let Some(sep) = f.iter().position(|x| *x == b"-") else {
             continue;
         };
-        if f.get(sep + 1) != Some(&&b"fuse.peregrine"[..]) || f.len() < 3 {
+        if f.len() < 5 || sep < 5 {
             continue;
         }
-        let dev = std::str::from_utf8(f[2]).ok().and_then(|d| {
-            let (a, b) = d.split_once(':')?;
-            Some((a.parse().ok()?, b.parse().ok()?))
-        });
-        if let Some(d) = dev {
-            v.push(d);
-        }
+        let comps = comps(&unescape(f[4]));
+        let pg = (f.get(sep + 1) == Some(&&b"fuse.peregrine"[..]))
+            .then(|| {
+                let (a, b) = std::str::from_utf8(f[2]).ok()?.split_once(':')?;
+                Some(Mnt {
+                    dev: (a.parse().ok()?, b.parse().ok()?),
+                    id: std::str::from_utf8(f[0]).ok()?.parse().ok()?,
+                    root: self::comps(&unescape(f[3])),
+                    only: only_user(f.get(sep + 3).copied().unwrap_or(b"")),
+                })
+            })
+            .flatten();
+        v.push(Point { comps, pg });
     }
     v
+}
+
+impl Mounts {
+    fn reload(&mut self) {
+        self.points = parse(&read_mountinfo());
+        self.peregrine = self
+            .points
+            .iter()
+            .filter_map(|p| p.pg.as_ref().map(|m| m.dev))
+            .collect();
+        self.loaded = true;
+    }
+
+    /// Reread the table if the kernel reports a change (or on first use).
+    fn fresh(&mut self) {
+        if self.watch < 0 {
+            // SAFETY: real open of a proc file, moved out of the way of
+            // the program's low descriptors.
+            unsafe {
+                let fd = r_open()(
+                    c"/proc/self/mountinfo".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                    0,
+                );
+                if fd >= 0 {
+                    let hi = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 800);
+                    if hi >= 0 {
+                        r_close()(fd);
+                        self.watch = hi;
+                    } else {
+                        self.watch = fd;
+                    }
+                    // Consume the initial "changed" state.
+                    let mut p = libc::pollfd {
+                        fd: self.watch,
+                        events: libc::POLLPRI,
+                        revents: 0,
+                    };
+                    libc::poll(&mut p, 1, 0);
+                }
+            }
+            self.reload();
+            return;
+        }
+        let mut p = libc::pollfd {
+            fd: self.watch,
+            events: libc::POLLPRI,
+            revents: 0,
+        };
+        // SAFETY: poll of one pollfd with no wait.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n != 0 || !self.loaded {
+            if p.revents & libc::POLLNVAL != 0 {
+                // Closed by the program (closefrom): watch again.
+                self.watch = -1;
+                return self.fresh();
+            }
+            self.reload();
+        }
+    }
+
+    /// After fork: the child shares the parent's watch descriptor, whose
+    /// change state is per open file; it gets its own.
+    pub(crate) fn forget_watch(&mut self) {
+        if self.watch >= 0 {
+            // SAFETY: our own descriptor.
+            unsafe { r_close()(self.watch) };
+        }
+        self.watch = -1;
+        self.loaded = false;
+    }
+}
+
+/// The Peregrine mount an absolute path leads to, and its components
+/// below the mount point; None if the path's mount (the longest mount
+/// point that is a prefix of it, the latest such mount) is not a
+/// Peregrine mount. Lexical: a path through a symlink into a mount is not
+/// recognised (the caller then uses the kernel path, which is right).
+pub(crate) fn mount_of(abs: &[u8]) -> Option<(Mnt, Vec<Vec<u8>>)> {
+    let path = comps(abs);
+    let mut m = MOUNTS.lock();
+    m.fresh();
+    if m.peregrine.is_empty() {
+        return None;
+    }
+    let (mnt, at) = pick(&m.points, &path)?;
+    Some((mnt, path[at..].to_vec()))
+}
+
+/// The Peregrine mount with device `dev`.
+pub(crate) fn by_dev(dev: (u32, u32)) -> Option<Mnt> {
+    let mut m = MOUNTS.lock();
+    m.fresh();
+    m.points
+        .iter()
+        .rev()
+        .find_map(|p| p.pg.as_ref().filter(|g| g.dev == dev).cloned())
+}
+
+/// The mount of `path` (components): the longest mount point that is a
+/// prefix of it, the latest of equal ones (mounted on top); with the
+/// number of components the mount point takes, if it is a Peregrine mount.
+fn pick(points: &[Point], path: &[Vec<u8>]) -> Option<(Mnt, usize)> {
+    let mut best: Option<&Point> = None;
+    for p in points {
+        if p.comps.len() <= path.len()
+            && p.comps[..] == path[..p.comps.len()]
+            && best.is_none_or(|b| p.comps.len() >= b.comps.len())
+        {
+            best = Some(p);
+        }
+    }
+    let b = best?;
+    Some((b.pg.clone()?, b.comps.len()))
 }
 
 /// Is `dev` a Peregrine mount? Reread mountinfo on a miss (once per
@@ -81,8 +278,7 @@ pub(crate) fn is_peregrine_dev(dev: (u32, u32)) -> bool {
     if m.loaded && m.other.contains(&dev) {
         return false;
     }
-    m.peregrine = peregrine_devs(&read_mountinfo());
-    m.loaded = true;
+    m.reload();
     if m.peregrine.contains(&dev) {
         m.other.retain(|d| *d != dev);
         return true;
@@ -101,7 +297,32 @@ mod tests {
     fn mountinfo_devices() {
         let t = b"22 1 0:21 / /proc rw - proc proc rw\n\
                   99 30 0:77 / /mnt/a\\040b rw,nosuid - fuse.peregrine peregrine rw,user_id=0\n\
-                  100 30 0:78 / /mnt/c rw - fuse.sshfs x rw\n";
-        assert_eq!(peregrine_devs(t), vec![(0, 77)]);
+                  100 30 0:78 / /mnt/c rw - fuse.sshfs x rw\n\
+                  101 99 0:79 / /mnt/a\\040b/t rw - tmpfs t rw\n\
+                  102 30 0:80 /sub /mnt/d rw - fuse.peregrine peregrine rw\n";
+        let p = parse(t);
+        let devs: Vec<_> = p
+            .iter()
+            .filter_map(|p| p.pg.as_ref().map(|m| m.dev))
+            .collect();
+        assert_eq!(devs, vec![(0, 77), (0, 80)]);
+        assert_eq!(p[1].comps, vec![b"mnt".to_vec(), b"a b".to_vec()]);
+        assert_eq!(p[1].pg.as_ref().unwrap().id, 99);
+        assert_eq!(p[4].pg.as_ref().unwrap().root, vec![b"sub".to_vec()]);
+        assert_eq!(p[1].pg.as_ref().unwrap().only, Some(0));
+        assert_eq!(
+            only_user(b"rw,user_id=1000,group_id=1000,allow_other"),
+            None
+        );
+        assert_eq!(only_user(b"rw,user_id=1000,group_id=1000"), Some(1000));
+        assert_eq!(unescape(b"a\\134b\\011"), b"a\\b\t");
+        let at = |x: &[u8]| pick(&p, &comps(x)).map(|(m, n)| (m.dev, n));
+        assert_eq!(at(b"/mnt/a b/x/y"), Some(((0, 77), 2)));
+        assert_eq!(at(b"/mnt/a b"), Some(((0, 77), 2)));
+        // A tmpfs mounted inside the Peregrine mount shadows it.
+        assert_eq!(at(b"/mnt/a b/t/y"), None);
+        assert_eq!(at(b"/mnt/c/y"), None);
+        assert_eq!(at(b"/etc"), None);
+        assert_eq!(at(b"//mnt//d/"), Some(((0, 80), 2)));
     }
 }

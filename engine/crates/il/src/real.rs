@@ -71,6 +71,14 @@ type FtellFn = unsafe extern "C" fn(*mut FILE) -> off_t;
 type FileFn = unsafe extern "C" fn(*mut FILE) -> c_int;
 type FtellLongFn = unsafe extern "C" fn(*mut FILE) -> libc::c_long;
 type FseekLongFn = unsafe extern "C" fn(*mut FILE, libc::c_long, c_int) -> c_int;
+type StatFn = unsafe extern "C" fn(*const c_char, *mut libc::stat) -> c_int;
+type XstatFn = unsafe extern "C" fn(c_int, *const c_char, *mut libc::stat) -> c_int;
+type FstatatFn = unsafe extern "C" fn(c_int, *const c_char, *mut libc::stat, c_int) -> c_int;
+type FxstatatFn =
+    unsafe extern "C" fn(c_int, c_int, *const c_char, *mut libc::stat, c_int) -> c_int;
+type StatxFn = unsafe extern "C" fn(c_int, *const c_char, c_int, c_uint, *mut libc::statx) -> c_int;
+type AccessFn = unsafe extern "C" fn(*const c_char, c_int) -> c_int;
+type FaccessatFn = unsafe extern "C" fn(c_int, *const c_char, c_int, c_int) -> c_int;
 pub(crate) type MmapFn =
     unsafe extern "C" fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void;
 
@@ -134,6 +142,131 @@ real!(r_ftello64, "ftello64", FtellFn);
 real!(r_fclose, "fclose", FileFn);
 real!(r_fflush, "fflush", FileFn);
 real!(r_mmap, "mmap", MmapFn);
+real!(r_stat, "stat", StatFn);
+real!(r_stat64, "stat64", StatFn);
+real!(r_lstat, "lstat", StatFn);
+real!(r_lstat64, "lstat64", StatFn);
+real!(r_xstat, "__xstat", XstatFn);
+real!(r_xstat64, "__xstat64", XstatFn);
+real!(r_lxstat, "__lxstat", XstatFn);
+real!(r_lxstat64, "__lxstat64", XstatFn);
+real!(r_fstatat, "fstatat", FstatatFn);
+real!(r_fstatat64, "fstatat64", FstatatFn);
+real!(r_fxstatat, "__fxstatat", FxstatatFn);
+real!(r_fxstatat64, "__fxstatat64", FxstatatFn);
+real!(r_statx, "statx", StatxFn);
+real!(r_access, "access", AccessFn);
+real!(
+    r_umask,
+    "umask",
+    unsafe extern "C" fn(libc::mode_t) -> libc::mode_t
+);
+type PathModeFn = unsafe extern "C" fn(*const c_char, libc::mode_t) -> c_int;
+type PathFn = unsafe extern "C" fn(*const c_char) -> c_int;
+type Path2Fn = unsafe extern "C" fn(*const c_char, *const c_char) -> c_int;
+type OwnFn = unsafe extern "C" fn(*const c_char, libc::uid_t, libc::gid_t) -> c_int;
+real!(r_mkdir, "mkdir", PathModeFn);
+real!(
+    r_mkdirat,
+    "mkdirat",
+    unsafe extern "C" fn(c_int, *const c_char, libc::mode_t) -> c_int
+);
+real!(r_unlink, "unlink", PathFn);
+real!(r_rmdir, "rmdir", PathFn);
+real!(
+    r_unlinkat,
+    "unlinkat",
+    unsafe extern "C" fn(c_int, *const c_char, c_int) -> c_int
+);
+real!(r_rename, "rename", Path2Fn);
+real!(
+    r_renameat,
+    "renameat",
+    unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char) -> c_int
+);
+real!(
+    r_renameat2,
+    "renameat2",
+    unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char, c_uint) -> c_int
+);
+real!(r_chmod, "chmod", PathModeFn);
+real!(
+    r_fchmod,
+    "fchmod",
+    unsafe extern "C" fn(c_int, libc::mode_t) -> c_int
+);
+real!(
+    r_fchmodat,
+    "fchmodat",
+    unsafe extern "C" fn(c_int, *const c_char, libc::mode_t, c_int) -> c_int
+);
+real!(r_chown, "chown", OwnFn);
+real!(r_lchown, "lchown", OwnFn);
+real!(
+    r_fchown,
+    "fchown",
+    unsafe extern "C" fn(c_int, libc::uid_t, libc::gid_t) -> c_int
+);
+real!(
+    r_fchownat,
+    "fchownat",
+    unsafe extern "C" fn(c_int, *const c_char, libc::uid_t, libc::gid_t, c_int) -> c_int
+);
+real!(
+    r_truncate,
+    "truncate",
+    unsafe extern "C" fn(*const c_char, off_t) -> c_int
+);
+real!(
+    r_truncate64,
+    "truncate64",
+    unsafe extern "C" fn(*const c_char, off_t) -> c_int
+);
+real!(
+    r_utimensat,
+    "utimensat",
+    unsafe extern "C" fn(c_int, *const c_char, *const libc::timespec, c_int) -> c_int
+);
+real!(
+    r_futimens,
+    "futimens",
+    unsafe extern "C" fn(c_int, *const libc::timespec) -> c_int
+);
+real!(
+    r_utimes,
+    "utimes",
+    unsafe extern "C" fn(*const c_char, *const libc::timeval) -> c_int
+);
+real!(
+    r_utime,
+    "utime",
+    unsafe extern "C" fn(*const c_char, *const libc::utimbuf) -> c_int
+);
+real!(r_symlink, "symlink", Path2Fn);
+real!(
+    r_symlinkat,
+    "symlinkat",
+    unsafe extern "C" fn(*const c_char, c_int, *const c_char) -> c_int
+);
+real!(r_link, "link", Path2Fn);
+real!(
+    r_linkat,
+    "linkat",
+    unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char, c_int) -> c_int
+);
+real!(
+    r_mknod,
+    "mknod",
+    unsafe extern "C" fn(*const c_char, libc::mode_t, libc::dev_t) -> c_int
+);
+real!(
+    r_mknodat,
+    "mknodat",
+    unsafe extern "C" fn(c_int, *const c_char, libc::mode_t, libc::dev_t) -> c_int
+);
+real!(r_faccessat, "faccessat", FaccessatFn);
+real!(r_euidaccess, "euidaccess", AccessFn);
+real!(r_eaccess, "eaccess", AccessFn);
 real!(r_mmap64, "mmap64", MmapFn);
 
 /// The kernel's fstat (same `struct stat` as glibc's on x86-64), without

@@ -36,6 +36,33 @@ pub(crate) fn enabled() -> bool {
     }
 }
 
+/// 0 unknown, 1 on, 2 off (`PEREGRINE_IL_METADATA=0`).
+static META: AtomicU8 = AtomicU8::new(0);
+
+/// Path calls (stat, access, mkdir, unlink, rmdir, rename, open) served
+/// through the library: on unless `PEREGRINE_IL_METADATA=0` (or the whole
+/// library is off). Data interception does not depend on it.
+#[inline]
+pub(crate) fn meta_enabled() -> bool {
+    match META.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            // SAFETY: getenv with a NUL-terminated name; read at once.
+            let off = unsafe {
+                let p = libc::getenv(c"PEREGRINE_IL_METADATA".as_ptr());
+                !p.is_null() && {
+                    let v = std::ffi::CStr::from_ptr(p).to_bytes();
+                    v == b"0" || v.eq_ignore_ascii_case(b"false") || v == b"no" || v == b"off"
+                }
+            };
+            let on = enabled() && !off;
+            META.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
 thread_local! {
     static BUSY: Cell<bool> = const { Cell::new(false) };
 }
@@ -84,6 +111,17 @@ pub(crate) enum C {
     Invalidates,
     Fallbacks,
     Mmaps,
+    /// Path calls served by the library.
+    PathStats,
+    PathAccess,
+    Mkdirs,
+    Unlinks,
+    Rmdirs,
+    Renames,
+    PathOpens,
+    PathCreates,
+    /// Path calls into a Peregrine mount handed to the kernel.
+    PathFallbacks,
     N,
 }
 
@@ -116,7 +154,8 @@ pub(crate) extern "C" fn report() {
     let line = format!(
         "peregrine-il[{}]: intercepted opens={} reads={} writes={} bytes_read={} bytes_written={} \
          seeks={} stats={} syncs={} truncates={} dups={} closes={} stdio={} invalidates={} \
-         fallbacks={} mmaps={}{first_failure}\n",
+         fallbacks={} mmaps={} path_stats={} path_access={} mkdirs={} unlinks={} rmdirs={} \
+         renames={} path_opens={} path_creates={} path_fallbacks={}{first_failure}\n",
         std::process::id(),
         c[C::Opens as usize],
         c[C::Reads as usize],
@@ -133,6 +172,15 @@ pub(crate) extern "C" fn report() {
         c[C::Invalidates as usize],
         c[C::Fallbacks as usize],
         c[C::Mmaps as usize],
+        c[C::PathStats as usize],
+        c[C::PathAccess as usize],
+        c[C::Mkdirs as usize],
+        c[C::Unlinks as usize],
+        c[C::Rmdirs as usize],
+        c[C::Renames as usize],
+        c[C::PathOpens as usize],
+        c[C::PathCreates as usize],
+        c[C::PathFallbacks as usize],
     );
     let fd = match REPORT_FD.load(Ordering::Relaxed) {
         -1 => 2,

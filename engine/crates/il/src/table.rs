@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     /// update of the kernel offset).
     pub(crate) io: Mutex<()>,
     pub(crate) file: Mutex<Option<Arc<File>>>,
+    /// A placeholder descriptor opened by the library (place.rs).
+    pub(crate) ph: Option<Arc<crate::place::Placeholder>>,
 }
 
 impl Shared {
@@ -47,6 +49,7 @@ impl Shared {
             sync: self.sync,
             io: Mutex::new(()),
             file: Mutex::new(None),
+            ph: self.ph.clone(),
         }
     }
 
@@ -90,7 +93,7 @@ fn uuid_str(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).to_string()
 }
 
-fn container(h: &Handle) -> Result<peregrine::Container, c_int> {
+pub(crate) fn container(h: &Handle) -> Result<peregrine::Container, c_int> {
     let key = (h.mgmt.clone(), h.pool, h.cont);
     let mut t = CONTS.lock();
     if let Some((_, c)) = t.iter().find(|(k, _)| *k == key) {

@@ -71,6 +71,8 @@ fn track(fd: c_int) {
         count(C::Fallbacks, 1);
         return;
     };
+    crate::ns::learn((key.0, key.1), &h);
+    crate::nsops::kernel_knows(h.oid);
     let s = Shared {
         h,
         key,
@@ -82,6 +84,7 @@ fn track(fd: c_int) {
         sync: fl & libc::O_DSYNC != 0,
         io: Mutex::new(()),
         file: Mutex::new(None),
+        ph: None,
     };
     // Connect now: a failure leaves the fd on the kernel path.
     if s.file().is_err() {
@@ -95,6 +98,10 @@ fn track(fd: c_int) {
 
 /// Make the kernel's view right after writes behind its back.
 pub(crate) fn invalidate(fd: c_int, s: &Shared) {
+    if let Some(p) = crate::place::of(s) {
+        // No kernel file behind it: record size and mtime in the entry.
+        return crate::place::record(s, p);
+    }
     if s.dirty.swap(false, Ordering::AcqRel) {
         count(C::Invalidates, 1);
         // SAFETY: argument-less ioctl.

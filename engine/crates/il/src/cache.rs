@@ -1,0 +1,127 @@
+//! The per-process cache of path calls: directory entries (parent object,
+//! name) -> [`Node`] and attributes by object -> [`Stat`], each kept for at
+//! most the TTL (`PEREGRINE_IL_CACHE_MS`, default 1000 ms: the daemon's
+//! default `--attr-timeout` and `--dentry-timeout`, so the library sees
+//! other clients' changes within the bound the kernel path has). This
+//! process's own changes through the library update or drop the entries
+//! they touch at once; writes through tracked descriptors drop the file's
+//! attributes. `PEREGRINE_IL_CACHE_MS=0` turns the cache off.
+
+use peregrine::ObjectId;
+use peregrine_dfs::{Node, Stat};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// More entries than this: start over (a cache, not a copy of the namespace).
+const MAX_ENTRIES: usize = 65536;
+
+type Dents = HashMap<(ObjectId, Vec<u8>), (u64, Node, Instant)>;
+type Attrs = HashMap<ObjectId, (u64, Stat, Instant)>;
+
+static DENTS: Mutex<Option<Dents>> = Mutex::new(None);
+static ATTRS: Mutex<Option<Attrs>> = Mutex::new(None);
+
+/// TTL in ms + 1 (0: not read yet).
+static TTL: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn ttl() -> Duration {
+    let mut t = TTL.load(Ordering::Relaxed);
+    if t == 0 {
+        // SAFETY: getenv with a NUL-terminated name; read at once.
+        let ms = unsafe {
+            let p = libc::getenv(c"PEREGRINE_IL_CACHE_MS".as_ptr());
+            if p.is_null() {
+                None
+            } else {
+                std::ffi::CStr::from_ptr(p)
+                    .to_str()
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+            }
+        };
+        t = ms.unwrap_or(1000).min(3_600_000) + 1;
+        TTL.store(t, Ordering::Relaxed);
+    }
+    Duration::from_millis(t - 1)
+}
+
+fn fresh(at: Instant) -> bool {
+    at.elapsed() < ttl()
+}
+
+/// The cached entry `name` of directory `parent` in mount `dev`.
+pub(crate) fn dent(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Node> {
+    let g = DENTS.lock();
+    let (d, n, at) = g.as_ref()?.get(&(parent, name.to_vec()))?;
+    (*d == dev && fresh(*at)).then(|| n.clone())
+}
+
+pub(crate) fn put_dent(dev: u64, n: &Node) {
+    if ttl().is_zero() {
+        return;
+    }
+    let mut g = DENTS.lock();
+    let m = g.get_or_insert_with(HashMap::new);
+    if m.len() >= MAX_ENTRIES {
+        m.clear();
+    }
+    m.insert((n.parent, n.name.clone()), (dev, n.clone(), Instant::now()));
+}
+
+pub(crate) fn drop_dent(parent: ObjectId, name: &[u8]) {
+    if let Some(m) = DENTS.lock().as_mut() {
+        m.remove(&(parent, name.to_vec()));
+    }
+}
+
+/// The cached attributes of object `oid` in mount `dev`.
+pub(crate) fn attr(dev: u64, oid: ObjectId) -> Option<Stat> {
+    let g = ATTRS.lock();
+    let (d, s, at) = g.as_ref()?.get(&oid)?;
+    (*d == dev && fresh(*at)).then(|| s.clone())
+}
+
+pub(crate) fn put_attr(dev: u64, st: &Stat) {
+    if ttl().is_zero() {
+        return;
+    }
+    let mut g = ATTRS.lock();
+    let m = g.get_or_insert_with(HashMap::new);
+    if m.len() >= MAX_ENTRIES {
+        m.clear();
+    }
+    m.insert(st.oid, (dev, st.clone(), Instant::now()));
+}
+
+/// Forget the attributes of `oid` (in any mount): it changed here.
+pub(crate) fn drop_attr(oid: ObjectId) {
+    if let Some(m) = ATTRS.lock().as_mut() {
+        m.remove(&oid);
+    }
+}
+
+/// Forget everything (a change on the kernel path this process made and
+/// the library cannot place, e.g. a rename relative to a directory fd).
+pub(crate) fn clear() {
+    if let Some(m) = DENTS.lock().as_mut() {
+        m.clear();
+    }
+    if let Some(m) = ATTRS.lock().as_mut() {
+        m.clear();
+    }
+}
+
+/// fork: hold both caches across it (prepare), release them after.
+pub(crate) fn lock_for_fork() {
+    std::mem::forget(DENTS.lock());
+    std::mem::forget(ATTRS.lock());
+}
+
+/// SAFETY: only after [`lock_for_fork`] in this thread.
+pub(crate) unsafe fn unlock_after_fork() {
+    ATTRS.force_unlock();
+    DENTS.force_unlock();
+}

@@ -1,0 +1,323 @@
+//! Path resolution for the path calls the library serves: which mount a
+//! path is in, its components below the mount point, and the walk through
+//! them with the kernel's permission checks (search permission on every
+//! directory walked). Whatever the walk cannot settle as the kernel would
+//! (a symlink on the way, `..` above the mount root, a relative path
+//! against a directory fd, a permission the mode bits deny: capabilities
+//! may still allow it) makes the caller use the kernel path: [`W::Fall`].
+
+use crate::cache;
+use crate::mounts::{comps, mount_of};
+use crate::ns::{self, Ns};
+use libc::{c_char, c_int};
+use peregrine_dfs::{Entry, Node};
+use std::sync::Arc;
+
+/// What a step of a path call came to.
+pub(crate) enum W<T> {
+    /// Use the kernel path.
+    Fall,
+    /// Fail with this errno (what the kernel would answer).
+    Err(c_int),
+    Ok(T),
+}
+
+/// `?` for [`W`].
+macro_rules! w {
+    ($e:expr) => {
+        match $e {
+            $crate::walk::W::Ok(v) => v,
+            $crate::walk::W::Fall => return $crate::walk::W::Fall,
+            $crate::walk::W::Err(e) => return $crate::walk::W::Err(e),
+        }
+    };
+}
+pub(crate) use w;
+
+/// Errors the library answers itself; any other (a transport or engine
+/// failure) sends the call to the kernel path, or for a change that may
+/// have happened, EIO.
+pub(crate) fn posix(code: c_int) -> bool {
+    matches!(
+        code,
+        libc::ENOENT
+            | libc::EEXIST
+            | libc::ENOTDIR
+            | libc::EISDIR
+            | libc::ENOTEMPTY
+            | libc::ENAMETOOLONG
+            | libc::EINVAL
+            | libc::EROFS
+            | libc::ENOSPC
+            | libc::EDQUOT
+            | libc::EACCES
+            | libc::EPERM
+            | libc::EXDEV
+            | libc::EBUSY
+    )
+}
+
+/// A path in a Peregrine mount the library serves.
+pub(crate) struct Loc {
+    pub(crate) ns: Arc<Ns>,
+    /// Components below the mount point.
+    pub(crate) comps: Vec<Vec<u8>>,
+    /// The path ends with `/`.
+    pub(crate) slash: bool,
+}
+
+fn cwd() -> Option<Vec<u8>> {
+    let mut b = vec![0u8; 4096];
+    // SAFETY: getcwd into our buffer (the system call: no interposer).
+    let n = unsafe { libc::syscall(libc::SYS_getcwd, b.as_mut_ptr(), b.len()) };
+    if n <= 0 || b[0] != b'/' {
+        return None; // unreachable cwd ("(unreachable)/...") or error
+    }
+    b.truncate(n as usize - 1);
+    Some(b)
+}
+
+/// Where `path` (relative to `dirfd`) lies, if in a Peregrine mount the
+/// library can serve.
+pub(crate) unsafe fn locate(dirfd: c_int, path: *const c_char) -> Option<Loc> {
+    if path.is_null() {
+        return None;
+    }
+    let p = std::ffi::CStr::from_ptr(path).to_bytes();
+    if p.is_empty() || p.len() >= libc::PATH_MAX as usize {
+        return None;
+    }
+    let abs = if p[0] == b'/' {
+        p.to_vec()
+    } else if dirfd == libc::AT_FDCWD {
+        let mut a = cwd()?;
+        a.push(b'/');
+        a.extend_from_slice(p);
+        a
+    } else {
+        return None;
+    };
+    let (mnt, rest) = mount_of(&abs)?;
+    if let Some(uid) = mnt.only {
+        if libc::geteuid() != uid {
+            return None;
+        }
+    }
+    let all = comps(&abs);
+    let point = all[..all.len() - rest.len()].concat_path();
+    let ns = ns::get(&mnt, &point)?;
+    Some(Loc {
+        ns,
+        comps: rest,
+        slash: p.ends_with(b"/"),
+    })
+}
+
+trait ConcatPath {
+    fn concat_path(&self) -> Vec<u8>;
+}
+
+impl ConcatPath for [Vec<u8>] {
+    fn concat_path(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        for c in self {
+            v.push(b'/');
+            v.extend_from_slice(c);
+        }
+        if v.is_empty() {
+            v.push(b'/');
+        }
+        v
+    }
+}
+
+/// The entry `name` of directory `dir` (None: no such entry).
+pub(crate) fn lookup(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
+    if let Some(n) = cache::dent(ns.key(), dir.oid(), name) {
+        return W::Ok(Some(n));
+    }
+    match ns.dfs.lookup(dir, name) {
+        Ok(n) => {
+            cache::put_dent(ns.key(), &n);
+            W::Ok(Some(n))
+        }
+        Err(e) if -e.code == libc::ENOENT => W::Ok(None),
+        Err(e) if -e.code == libc::ENAMETOOLONG => W::Err(libc::ENAMETOOLONG),
+        Err(_) => W::Fall,
+    }
+}
+
+/// The mount's root directory (the container's root, or the subdirectory
+/// a bind mount shows), as fresh as the cache allows.
+fn root(ns: &Ns) -> W<Node> {
+    let r = ns.dfs.root();
+    let mut n = match cache::dent(ns.key(), r.parent, &r.name) {
+        Some(n) => n,
+        None => match ns.dfs.refresh(&r) {
+            Ok(n) => {
+                cache::put_dent(ns.key(), &n);
+                n
+            }
+            Err(_) => return W::Fall,
+        },
+    };
+    for c in &ns.mnt.root {
+        n = match w!(lookup(ns, &n, c)) {
+            Some(x) if x.is_dir() => x,
+            _ => return W::Fall,
+        };
+    }
+    W::Ok(n)
+}
+
+/// The caller's identity for permission checks: effective ids (fsuid and
+/// fsgid, as the kernel uses), or the real ones (access(2)).
+pub(crate) struct Cred {
+    uid: u32,
+    gid: u32,
+}
+
+impl Cred {
+    pub(crate) fn effective() -> Cred {
+        // SAFETY: id queries.
+        unsafe {
+            Cred {
+                uid: libc::geteuid(),
+                gid: libc::getegid(),
+            }
+        }
+    }
+    pub(crate) fn real() -> Cred {
+        // SAFETY: id queries.
+        unsafe {
+            Cred {
+                uid: libc::getuid(),
+                gid: libc::getgid(),
+            }
+        }
+    }
+    pub(crate) fn uid(&self) -> u32 {
+        self.uid
+    }
+    pub(crate) fn gid(&self) -> u32 {
+        self.gid
+    }
+
+    fn in_group(&self, g: u32) -> bool {
+        if g == self.gid {
+            return true;
+        }
+        let mut v = [0 as libc::gid_t; 256];
+        // SAFETY: getgroups into our buffer.
+        let n = unsafe { libc::getgroups(v.len() as c_int, v.as_mut_ptr()) };
+        n > 0 && v[..n as usize].contains(&g)
+    }
+
+    /// Do the mode bits of `e` grant `mask` (4 read, 2 write, 1 search or
+    /// execute)? No capability is assumed, root's included: a "no" sends
+    /// the call to the kernel, which knows the capabilities.
+    pub(crate) fn may(&self, e: &Entry, mask: u32) -> bool {
+        let bits = if self.uid == e.uid {
+            e.mode >> 6
+        } else if self.in_group(e.gid) {
+            e.mode >> 3
+        } else {
+            e.mode
+        };
+        bits & mask & 7 == mask
+    }
+}
+
+/// Where a walk ended.
+pub(crate) struct At {
+    /// The directories from the mount root to the last one walked into
+    /// (the parent of `name`, or the node itself when `name` is None).
+    pub(crate) chain: Vec<Node>,
+    /// The last component when it is a name (not `.` or `..`).
+    pub(crate) name: Option<Vec<u8>>,
+}
+
+impl At {
+    pub(crate) fn dir(&self) -> &Node {
+        self.chain.last().expect("the chain holds the mount root")
+    }
+}
+
+/// Walk every component but the last, checking search permission on each
+/// directory walked into; the last is named, not looked up.
+pub(crate) fn walk_parent(ns: &Ns, comps: &[Vec<u8>], cred: &Cred) -> W<At> {
+    let mut chain = vec![w!(root(ns))];
+    let Some((last, dirs)) = comps.split_last() else {
+        return W::Ok(At { chain, name: None });
+    };
+    for c in dirs {
+        w!(step(ns, &mut chain, c, cred));
+    }
+    match last.as_slice() {
+        b"." => W::Ok(At { chain, name: None }),
+        b".." => {
+            if chain.len() < 2 {
+                return W::Fall; // leaves the mount
+            }
+            chain.pop();
+            W::Ok(At { chain, name: None })
+        }
+        _ => {
+            if !cred.may(&chain.last().unwrap().entry, 1) {
+                return W::Fall;
+            }
+            W::Ok(At {
+                chain,
+                name: Some(last.clone()),
+            })
+        }
+    }
+}
+
+fn step(ns: &Ns, chain: &mut Vec<Node>, c: &[u8], cred: &Cred) -> W<()> {
+    match c {
+        b"." => W::Ok(()),
+        b".." => {
+            if chain.len() < 2 {
+                return W::Fall;
+            }
+            chain.pop();
+            W::Ok(())
+        }
+        _ => {
+            let dir = chain.last().unwrap();
+            if !cred.may(&dir.entry, 1) {
+                return W::Fall;
+            }
+            match w!(lookup(ns, dir, c)) {
+                None => W::Err(libc::ENOENT),
+                Some(n) if n.is_dir() => {
+                    chain.push(n);
+                    W::Ok(())
+                }
+                Some(n) if n.entry.is_symlink() => W::Fall,
+                Some(_) => W::Err(libc::ENOTDIR),
+            }
+        }
+    }
+}
+
+/// Resolve a whole path to its node: (the walk, the node). A symlink at
+/// the end is the node itself when `follow` is false, else the kernel's.
+pub(crate) fn resolve(loc: &Loc, follow: bool, cred: &Cred) -> W<(At, Node)> {
+    let at = w!(walk_parent(&loc.ns, &loc.comps, cred));
+    let node = match &at.name {
+        None => at.dir().clone(),
+        Some(name) => match w!(lookup(&loc.ns, at.dir(), name)) {
+            None => return W::Err(libc::ENOENT),
+            Some(n) => n,
+        },
+    };
+    if node.entry.is_symlink() && (follow || loc.slash) {
+        return W::Fall;
+    }
+    if loc.slash && !node.is_dir() {
+        return W::Err(libc::ENOTDIR);
+    }
+    W::Ok((at, node))
+}

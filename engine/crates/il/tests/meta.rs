@@ -1,0 +1,313 @@
+//! Issue 19, point 6: path calls (stat, access, mkdir, unlink, rmdir,
+//! rename, open) on files of a Peregrine mount served by
+//! libperegrine_il.so through the POSIX layer, against real engines and a
+//! real peregrine-fuse mount. Each step runs a real program with the
+//! library and compares its output with the same program on the kernel
+//! path (no library), and checks from the report that the library served
+//! the calls.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+fn fuse_ok() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: /dev/fuse is absent; the interception tests need a FUSE mount");
+        return false;
+    }
+    true
+}
+
+fn cluster() -> Cluster {
+    Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 512,
+            scm_mib: 128,
+        },
+        300,
+        "SX",
+        "crc32c",
+    )
+}
+
+/// The daemon's default attribute and entry timeout, the bound of the
+/// kernel's caches and of the library's (PEREGRINE_IL_CACHE_MS default).
+const TTL: Duration = Duration::from_millis(1000);
+
+/// stat, lstat, fstatat, statx and access of files, directories, a
+/// symlink, a FIFO, missing names and paths through a file, through the
+/// library and on the kernel path: the same answers, field by field.
+#[test]
+fn stat_and_access_match_the_kernel() {
+    if !fuse_ok() {
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let tmp = c.dir.path().join("local");
+    fs::create_dir_all(&tmp).unwrap();
+    let bin = cc("metatest", &tmp);
+    sh(
+        &m.dir,
+        "mkdir -p d/e/g && echo hello > d/f && printf 12345678 > d/e/big && ln -s f d/l \
+         && ln -s nowhere d/dangling && mkfifo d/p && chmod 640 d/f && chmod 700 d/e/g \
+         && chmod 1777 d/e",
+    );
+    // The kernel's cached attributes of what was just made expire.
+    std::thread::sleep(TTL + Duration::from_millis(200));
+    let paths = "d d/ d/e d/e/g d/f d/e/big d/l d/dangling d/p d/nope d/f/x d/e/../f \
+                 ./d/./e/big d/e/g/.. . ..";
+    let cmd = format!(
+        "{} stat {paths} && {} stat {}/d/f {}",
+        bin.display(),
+        bin.display(),
+        m.dir.display(),
+        m.dir.display()
+    );
+    let want = sh(&m.dir, &cmd);
+    let (got, r) = il_sh(&m.dir, &cmd);
+    eprintln!("stat through the library: {r:?}");
+    assert_same(&got, &want, "metatest stat");
+    assert!(r.path_stats >= 40 && r.path_access >= 40, "{r:?}");
+    // Symlinks followed, `..` above the mount: the kernel's.
+    assert!(r.path_fallbacks >= 1, "{r:?}");
+
+    // coreutils and python3 agree too.
+    let cmd = "stat -c '%d %i %f %h %u %g %s %b %B %o %x %y %z %n' d d/e d/f d/e/big d/p \
+               && ls -la d d/e && test -e d/f && ! test -e d/nope && test -d d/e";
+    let want = sh(&m.dir, cmd);
+    let (got, r) = il_sh(&m.dir, cmd);
+    assert_same(&got, &want, "coreutils");
+    assert!(r.path_stats >= 5, "{r:?}");
+    if have("python3") {
+        let py = "python3 -c 'import os\nfor p in [\"d\", \"d/f\", \"d/l\", \"d/nope\"]:\n  \
+                  try:\n    s = os.stat(p); print(p, s.st_ino, s.st_mode, s.st_size, \
+                  s.st_nlink, s.st_mtime_ns, os.access(p, os.W_OK))\n  \
+                  except OSError as e: print(p, e.errno)\n'";
+        let want = sh(&m.dir, py);
+        let (got, r) = il_sh(&m.dir, py);
+        assert_same(&got, &want, "python3");
+        assert!(r.path_stats >= 3, "{r:?}");
+    }
+    assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+}
+
+/// mkdir, rename, renameat2 (NOREPLACE, EXCHANGE), unlink, unlinkat and
+/// rmdir with their failures (EEXIST, ENOENT, ENOTDIR, EISDIR, ENOTEMPTY,
+/// EINVAL for a directory into itself), and umask: tests/c/metatest.c
+/// gives the same answers through the library as on the kernel path, and
+/// the kernel path then shows the tree the library made.
+#[test]
+fn namespace_changes_match_the_kernel() {
+    if !fuse_ok() {
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let tmp = c.dir.path().join("local");
+    fs::create_dir_all(&tmp).unwrap();
+    let bin = cc("metatest", &tmp);
+    // A regular file the library finds the mount's container through.
+    sh(&m.dir, "echo seed > seed && mkdir k l");
+    let want = sh(&m.dir, &format!("{} ns k", bin.display()));
+    let (got, r) = il_sh(&m.dir, &format!("{} ns l", bin.display()));
+    eprintln!("ns through the library: {r:?}");
+    assert_same(&got, &want, "metatest ns");
+    assert!(r.mkdirs >= 6 && r.renames >= 2 && r.rmdirs >= 2, "{r:?}");
+    // On the kernel path, after its caches expire, the trees are the same.
+    std::thread::sleep(TTL + Duration::from_millis(200));
+    let tree = |d: &str| {
+        sh(
+            &m.dir,
+            &format!("cd {d} && find . -printf '%p %M %n %s\\n' | sort"),
+        )
+    };
+    assert_same(&tree("l"), &tree("k"), "trees");
+    // coreutils through the library agree with the kernel path too.
+    let script = "mkdir -p p/q/r && mv p/q p/s && touch p/s/t && rm p/s/t && rmdir p/s/r p/s \
+                  && mkdir p/u && mv -T p/u p/v && ls -la p | awk '{print $1, $2, $NF}'";
+    let want = sh(&m.p("k"), script);
+    let (got, r) = il_sh(&m.p("l"), script);
+    assert_same(&got, &want, "coreutils");
+    // mv and rmdir are other processes than mkdir: the names are not
+    // theirs, the kernel removes and renames them (see nsops.rs).
+    assert!(r.mkdirs >= 1 && r.path_stats >= 1, "{r:?}");
+    assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+}
+
+/// PEREGRINE_IL_METADATA=0: path calls go to the kernel (nothing served,
+/// nothing counted), data calls are still intercepted. (mkdir, mv and
+/// rmdir are separate processes: only mkdir is served when on.)
+#[test]
+fn metadata_switch_off_keeps_data_interception() {
+    if !fuse_ok() {
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    sh(&m.dir, "echo hello > f && mkdir d");
+    let script = "stat -c '%s %F' f d && mkdir d/e && mv d/e d/g && rmdir d/g && cat f";
+    let want = sh(&m.dir, script);
+    let off = [("PEREGRINE_IL_METADATA", "0")];
+    let (got, r) = il_sh_env(&m.dir, script, &off);
+    assert_same(&got, &want, "metadata off");
+    assert_eq!(
+        (
+            r.path_stats,
+            r.mkdirs,
+            r.renames,
+            r.rmdirs,
+            r.path_fallbacks
+        ),
+        (0, 0, 0, 0, 0),
+        "{r:?}"
+    );
+    assert!(
+        r.opens >= 1 && r.bytes_read == 6,
+        "data still intercepted: {r:?}"
+    );
+    let (got, r) = il_sh(&m.dir, script);
+    assert_same(&got, &want, "metadata on");
+    assert!(
+        r.path_stats >= 2 && r.mkdirs == 1 && r.path_opens == 1,
+        "{r:?}"
+    );
+}
+
+/// Another client's changes (a second mount of the container, another
+/// daemon) reach a process that cached the file within the bound: the
+/// library's TTL (the daemon's default attribute timeout), plus slack for
+/// a loaded machine.
+#[test]
+fn other_clients_changes_are_seen_within_the_bound() {
+    if !fuse_ok() || !have("python3") {
+        eprintln!("SKIP: needs /dev/fuse and python3");
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let m2 = Mount::start(&c, &c.dir.path().join("mnt2"));
+    sh(&m.dir, "echo 1234 > f && mkdir d");
+    let py = r#"
+import os, sys, time
+def wait(what, cond):
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > 10:
+            print(what, "never"); sys.stdout.flush(); return
+    print(what, "%.3f" % (time.monotonic() - t0)); sys.stdout.flush()
+def size():
+    try: return os.stat("f").st_size
+    except FileNotFoundError: return -1
+for k in range(200):
+    size()
+print("ready"); sys.stdout.flush()
+sys.stdin.readline()
+wait("size", lambda: size() == 11)
+sys.stdin.readline()
+wait("unlink", lambda: size() == -1)
+sys.stdin.readline()
+wait("mkdir", lambda: os.path.isdir("d/new"))
+"#;
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("python3")
+        .args(["-c", py])
+        .current_dir(&m.dir)
+        .env("LD_PRELOAD", il_so())
+        .env("PEREGRINE_IL_REPORT", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let mut step = |change: &str| -> f64 {
+        sh(&m2.dir, change);
+        stdin.write_all(b"go\n").unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        eprintln!("{change}: seen after {line}");
+        let secs: f64 = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap_or(99.0);
+        assert!(
+            secs <= TTL.as_secs_f64() + 0.5,
+            "{change}: seen after {line} (bound {TTL:?})"
+        );
+        secs
+    };
+    step("echo 1234567890 > f");
+    step("rm f");
+    step("mkdir d/new");
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    let r = parse_report(&String::from_utf8_lossy(&o.stderr));
+    assert!(r.path_stats >= 200, "served through the library: {r:?}");
+}
+
+/// Opens the library serves (files it creates, read-only opens) behind
+/// placeholder descriptors: read, write, dup, fstat, statx and fstatat
+/// with AT_EMPTY_PATH, F_GETFL, O_APPEND, fork (the offset shared with the
+/// child), exec (sh writes to an inherited placeholder, converted before
+/// execvp), mmap and locks (converted first), a name made, removed and
+/// made again, a rename: tests/c/metatest.c prints the same through the
+/// library as on the kernel path, and the files read back on the kernel
+/// path from another process are the same.
+#[test]
+fn opens_fork_and_exec_match_the_kernel() {
+    if !fuse_ok() {
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let tmp = c.dir.path().join("local");
+    fs::create_dir_all(&tmp).unwrap();
+    let bin = cc("metatest", &tmp);
+    sh(&m.dir, "echo seed > seed && mkdir k l");
+    let want = sh(&m.dir, &format!("{} files k", bin.display()));
+    let (got, r) = il_sh(&m.dir, &format!("{} files l", bin.display()));
+    eprintln!("files through the library: {r:?}");
+    assert_same(&got, &want, "metatest files");
+    assert!(r.path_creates >= 6 && r.path_opens >= 2, "{r:?}");
+    // The unlink and rename of names this process made.
+    assert!(r.unlinks >= 1 && r.renames >= 1, "{r:?}");
+    assert_eq!(r.fallbacks, 0, "{r:?}");
+    let files = "cat a b c d e f h | od -c | head -20; stat -c '%n %s %f' a b c d e f h";
+    assert_same(
+        &sh(&m.p("l"), files),
+        &sh(&m.p("k"), files),
+        "files on the kernel path",
+    );
+    // A second process right away (well within the kernel's entry
+    // timeout) reads, lists and removes them on the kernel path.
+    let tree = "ls -l | awk '{print $1, $5, $NF}' && rm a b c d e f h && ls";
+    assert_same(
+        &sh(&m.p("l"), tree),
+        &sh(&m.p("k"), tree),
+        "kernel path after",
+    );
+    // python3 and coreutils: a file written and read back in one process.
+    if have("python3") {
+        let py = "python3 -c 'import os\nwith open(\"p.txt\", \"w\") as f: f.write(\"x\" * 5000)\n\
+                  print(os.stat(\"p.txt\").st_size, len(open(\"p.txt\").read()))\n\
+                  os.rename(\"p.txt\", \"q.txt\"); os.remove(\"q.txt\"); print(os.path.exists(\"q.txt\"))'";
+        let want = sh(&m.p("k"), py);
+        let (got, r) = il_sh(&m.p("l"), py);
+        assert_same(&got, &want, "python3");
+        assert!(r.path_creates >= 1 && r.unlinks >= 1, "{r:?}");
+    }
+    assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+}
