@@ -7,7 +7,9 @@
 # interception library (if engine/target/release/libperegrine_il.so exists), and (c) on
 # a raw device file of the same kind in the same directory (engine idle); the
 # sequential writes also with an fdatasync after each write, through the library (b')
-# and on the raw file (c'); then peregrine-mdtest on the mount. The sequential jobs run
+# and on the raw file (c'); then peregrine-mdtest on the mount, on the mount through the
+# library (LD_PRELOAD: its path calls, issue 19 point 6) and on a local directory of
+# --dir's file system (ext4 here), one after the other. The sequential jobs run
 # --rounds times, the paths one after the other in each round, so that each round's
 # ratios compare runs seconds apart (the speed of a VM's disk and CPUs changes from
 # minute to minute: the table shows the CPU time the hypervisor stole during each run). Prints one table; writes
@@ -18,7 +20,12 @@
 # writes into fresh blocks also commits the file system's journal, on both sides).
 #
 #   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 8] [--device-size 8GiB] [--sparse]
-#                  [--dir /var/tmp] [--items 1000] [--threads 4] [--no-build] [--no-raw]
+#                  [--dir /var/tmp] [--items 1000] [--threads 4] [--procs 1] [--md-sizes 0,3901]
+#                  [--md-layout unique,shared] [--md-only] [--no-build] [--no-raw]
+#
+# mdtest runs --procs processes of --threads threads, --items files each per phase;
+# --md-only skips fio (the metadata table alone). The issue's metadata goal:
+#   bench/posix.sh --md-only --procs 2 --threads 1 --items 5000 --md-sizes 3901 --md-layout unique
 #
 # Needs fio, fuse3 (hack/install-deps.sh installs them), python3 (for the table), /dev/fuse,
 # and a filesystem with O_DIRECT for --dir (not tmpfs).
@@ -42,10 +49,14 @@ TARGETS=2
 PARENT=${TMPDIR:-/var/tmp}
 ITEMS=1000
 THREADS=4
+PROCS=1
+MD_SIZES=0,3901
+MD_LAYOUT=unique,shared
+MD_ONLY=0
 BUILD=1
 RAW=1
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "posix-bench: $*" >&2
   exit 1
@@ -60,6 +71,10 @@ while (($#)); do
     --dir) PARENT=$2; shift 2 ;;
     --items) ITEMS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
+    --procs) PROCS=$2; shift 2 ;;
+    --md-sizes) MD_SIZES=$2; shift 2 ;;
+    --md-layout) MD_LAYOUT=$2; shift 2 ;;
+    --md-only) MD_ONLY=1; shift ;;
     --no-build) BUILD=0; shift ;;
     --no-raw) RAW=0; shift ;;
     --sparse) DEVICE_WRITTEN=0; shift ;;
@@ -71,6 +86,8 @@ done
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds wants a positive number, got $ROUNDS"
 [[ $ITEMS =~ ^[1-9][0-9]*$ ]] || die "--items wants a positive number, got $ITEMS"
 [[ $THREADS =~ ^[1-9][0-9]*$ ]] || die "--threads wants a positive number, got $THREADS"
+[[ $PROCS =~ ^[1-9][0-9]*$ ]] || die "--procs wants a positive number, got $PROCS"
+((MD_ONLY)) && RAW=0
 
 export PEREGRINE_MGMT=127.0.0.1:10001
 # shellcheck source=hack/engines.sh
@@ -80,7 +97,7 @@ source "$ROOT/hack/engines.sh"
 if ((BUILD)); then
   echo "==> cargo build --release"
   (cd "$ROOT/engine" && cargo build --release -p peregrine-engine -p peregrine-cli \
-    -p peregrine-bench -p peregrine-fuse) || die "build failed"
+    -p peregrine-bench -p peregrine-fuse -p peregrine-il) || die "build failed"
 fi
 for b in "$PEREGRINE" "$ENGINE" "$FUSE" "$MDTEST"; do
   [[ -x "$b" ]] || die "$b is missing (run without --no-build)"
@@ -305,6 +322,7 @@ fi
 HAVE_IL=0
 [[ -f $IL ]] && HAVE_IL=1
 ((HAVE_IL)) || echo "==> interception library not built: (b) skipped ($IL is absent)"
+((MD_ONLY)) && ROUNDS=0
 for ((r = 1; r <= ROUNDS; r++)); do
   echo "==> sequential round $r of $ROUNDS"
   run_fio "seq-a-$r" seq_jobs "$MNT/fio.data"
@@ -318,21 +336,40 @@ for ((r = 1; r <= ROUNDS; r++)); do
     run_fio "seq-cp-$r" seq_jobs_placed "$WORK/raw.img"
   fi
 done
-run_fio rand-a rand_jobs "$MNT/fio.data"
-if ((HAVE_IL)); then run_il rand-b rand_jobs; fi
-if ((RAW)); then run_fio rand-c rand_jobs "$WORK/raw.img"; fi
+if ((!MD_ONLY)); then
+  run_fio rand-a rand_jobs "$MNT/fio.data"
+  if ((HAVE_IL)); then run_il rand-b rand_jobs; fi
+  if ((RAW)); then run_fio rand-c rand_jobs "$WORK/raw.img"; fi
+fi
 
-echo "==> peregrine-mdtest on $MNT ($THREADS threads x $ITEMS files)"
-# Its own table goes to a file; the summary below repeats it.
-"$MDTEST" --dir "$MNT" --threads "$THREADS" --items "$ITEMS" --json-out "$WORK/mdtest.json" >"$WORK/mdtest.out"
+# run_md NAME DIR [ENV...]: peregrine-mdtest in DIR, JSON to $WORK/NAME.json, its
+# stderr (the library's report lines) to $WORK/NAME.err.
+run_md() {
+  local name=$1 dir=$2
+  shift 2
+  echo "==> peregrine-mdtest ($name) in $dir: $PROCS processes x $THREADS threads x $ITEMS files"
+  # Its own table goes to a file; the summary below repeats it.
+  env "$@" "$MDTEST" --dir "$dir" --threads "$THREADS" --procs "$PROCS" --items "$ITEMS" \
+    --sizes "$MD_SIZES" --layout "$MD_LAYOUT" --json-out "$WORK/$name.json" \
+    >"$WORK/$name.out" 2>"$WORK/$name.err" || { cat "$WORK/$name.err" >&2; die "mdtest ($name) failed"; }
+}
+run_md mdtest "$MNT"
+if ((HAVE_IL)); then
+  run_md mdtest-il "$MNT" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
+  grep "peregrine-il.*path_creates=[1-9]" "$WORK/mdtest-il.err" | tail -n "$PROCS" ||
+    die "the library served no creates of mdtest: $(grep peregrine-il "$WORK/mdtest-il.err" | tail -n 3)"
+fi
+mkdir -p "$WORK/local-md"
+run_md mdtest-local "$WORK/local-md"
+LOCAL_FS=$(stat -f -c %T "$WORK/local-md")
 unmount
 engines_stop
 
 # ---- the table and the JSON ----
 mkdir -p "$RESULTS"
-python3 - "$WORK" "$RESULTS/posix.json" "$SIZE" "$SECS" "$ROUNDS" <<'PY'
+python3 - "$WORK" "$RESULTS/posix.json" "$SIZE" "$SECS" "$ROUNDS" "$LOCAL_FS" "$MD_ONLY" <<'PY'
 import json, os, statistics, sys
-work, out, size, secs, rounds = sys.argv[1:6]
+work, out, size, secs, rounds, local_fs, md_only = sys.argv[1:8]
 rounds = int(rounds)
 
 
@@ -400,6 +437,8 @@ def med(xs):
 
 
 result = {"size": size, "secs": secs, "rounds": rounds, "fio": {}, "mdtest": None}
+if md_only == "1":
+    rounds = 0
 print("\nPOSIX: peregrine-fuse mount vs raw device file (fio, O_DIRECT, psync)")
 print("ratio = share of raw, per round (paths run seconds apart) and their median; "
       "steal = CPU time the hypervisor took, per round")
@@ -485,20 +524,32 @@ print("CPU s per round of seq write + read (median): " + ", ".join(
     f"({k}) engine+daemon {fmt(cpu[PATHS[k]]['engine_daemon_s'])} fio {fmt(cpu[PATHS[k]]['fio_s'])}"
     for k in ["a", "b", "c"]))
 
-md = load("mdtest")
+# mdtest: one row per phase and path (mount, mount through the library, local
+# directory), one column per (size, layout); the library's share of local.
+mds = {"mount": load("mdtest"), "mount + il": load("mdtest-il"), f"local {local_fs}": load("mdtest-local")}
+md = mds["mount"]
 if md:
-    result["mdtest"] = md
-    print(f"\nmdtest on the mount: {md['threads']} threads x {md['items_per_thread']} files, ops/s")
+    result["mdtest"] = {k: v for k, v in mds.items() if v}
+    print(f"\nmdtest: {md.get('procs', 1)} processes x {md['threads']} threads x "
+          f"{md['items_per_thread']} files, ops/s; il/local = the library's share of the local rate")
     runs = []
     for x in md["results"]:
         k = (x["size"], x["layout"])
         if k not in runs:
             runs.append(k)
     names = [("empty" if s == 0 else f"{s}B") + " " + l for s, l in runs]
-    print(f"{'phase':<8}" + "".join(f" {n:>14}" for n in names))
+    print(f"{'phase':<8} {'path':<14}" + "".join(f" {n:>14}" for n in names))
     for ph in ["create", "stat", "read", "delete"]:
-        vals = {(x["size"], x["layout"]): x["ops_per_sec"] for x in md["results"] if x["phase"] == ph}
-        print(f"{ph:<8}" + "".join(f" {vals[k]:>14.0f}" for k in runs))
+        vals = {}
+        for path, doc in mds.items():
+            if not doc:
+                continue
+            vals[path] = {(x["size"], x["layout"]): x["ops_per_sec"] for x in doc["results"]
+                          if x["phase"] == ph}
+            print(f"{ph:<8} {path:<14}" + "".join(f" {vals[path][k]:>14.0f}" for k in runs))
+        il, loc = vals.get("mount + il"), vals.get(f"local {local_fs}")
+        if il and loc:
+            print(f"{ph:<8} {'il/local':<14}" + "".join(f" {il[k] / loc[k]:>14.2f}" for k in runs))
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")

@@ -158,15 +158,20 @@ fn changed_err(e: &Error) -> c_int {
 }
 
 /// Is object `n` open or mapped in this process (a tracked descriptor,
-/// or a file handed to the kernel path by mmap)?
+/// or a file handed to the kernel path by mmap)? Its placeholders are
+/// then made real files: the change goes to the kernel, and the daemon
+/// keeps a removed file's data until the kernel's last close only for
+/// opens it knows of (and a placeholder reopened by its path after a
+/// rename would find another file).
 fn open_here(loc: &Loc, n: &Node) -> bool {
     let oid = n.oid();
+    let (a, b) = loc.ns.mnt.dev;
+    let key = (a, b, ino_of(oid, loc.ns.root_oid));
     if FDS.read().iter().flatten().any(|s| s.h.oid == oid) {
+        crate::place::convert_key(key);
         return true;
     }
-    let (a, b) = loc.ns.mnt.dev;
-    let ino = ino_of(oid, loc.ns.root_oid);
-    MAPPED.lock().contains(&(a, b, ino))
+    MAPPED.lock().contains(&key)
 }
 
 /// May `cred` remove or replace `child` in `dir` (write and search on the
@@ -319,7 +324,11 @@ unsafe fn rename_at(
         if flags & libc::RENAME_EXCHANGE != 0 {
             return W::Err(libc::ENOENT); // nothing to exchange with
         }
-        if !may_remove(&cred, sp, Some(&src)) || !cred.may(&dp.entry, 3) || ns.read_only() {
+        if !may_remove(&cred, sp, Some(&src))
+            || !cred.may(&dp.entry, 3)
+            || ns.read_only()
+            || open_here(from, &src)
+        {
             return W::Fall;
         }
         // A directory moved elsewhere has its `..` rewritten: write

@@ -251,7 +251,7 @@ fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_i
         ph: Some(Arc::new(Placeholder {
             dev: ns.mnt.dev,
             node,
-            path,
+            path: path.clone(),
             flags,
             created,
             converted: AtomicBool::new(false),
@@ -263,8 +263,18 @@ fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_i
         let st = ns.dfs.stat_of(&s.ph.as_ref().unwrap().node.entry, 0);
         cache::put_attr(ns.key(), &st);
     }
-    insert(fd, Arc::new(s));
-    fd
+    if insert(fd, Arc::new(s)) {
+        return fd;
+    }
+    // Mapped meanwhile by another thread: the file is the kernel's now.
+    let mut c = path.clone();
+    c.push(0);
+    // SAFETY: our own memfd; a NUL-terminated path (raw system calls).
+    unsafe {
+        libc::syscall(libc::SYS_close, fd);
+        let f = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+        libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c.as_ptr(), f, 0) as c_int
+    }
 }
 
 /// The attributes of a placeholder's file: the size from the store (as

@@ -263,7 +263,8 @@ wait("mkdir", lambda: os.path.isdir("d/new"))
 /// with AT_EMPTY_PATH, F_GETFL, O_APPEND, fork (the offset shared with the
 /// child), exec (sh writes to an inherited placeholder, converted before
 /// execvp), mmap and locks (converted first), a name made, removed and
-/// made again, a rename: tests/c/metatest.c prints the same through the
+/// made again, a rename, a file removed while open (still readable and
+/// writable through its descriptors): tests/c/metatest.c prints the same through the
 /// library as on the kernel path, and the files read back on the kernel
 /// path from another process are the same.
 #[test]

@@ -279,6 +279,17 @@ static void cmd_files(const char *dir)
 	write(fd, "new", 3);
 	close(fd);
 	printf("rename g h: %d\n", rename("g", "h"));
+	/* Removed while open: still readable and writable through its fds. */
+	int u = open("u", O_CREAT | O_WRONLY | O_EXCL, 0644);
+	write(u, "kept", 4);
+	int v = open("u", O_RDONLY);
+	printf("unlink u while open: %d\n", unlink("u"));
+	write(u, "+more", 5);
+	memset(b, 0, sizeof b);
+	printf("read unlinked: %zd [%s]\n", pread(v, b, sizeof b - 1, 0), b);
+	close(u);
+	close(v);
+	printf("u after close: %d\n", access("u", F_OK) == 0 ? 0 : errno);
 	const char *names[] = {"a", "b", "c", "d", "e", "f", "g", "h"};
 	for (unsigned i = 0; i < sizeof names / sizeof *names; i++)
 		show(names[i]);
