@@ -2,6 +2,8 @@
 //!
 //! - [`mgmt`]: the management gRPC API (generated from `proto/mgmt.proto`).
 //! - [`data`]: data-plane messages (generated from `proto/data.proto`).
+//! - [`ms`]: the management service's persistent state (generated from
+//!   `proto/ms_state.proto`; only the engine's management service uses it).
 //! - [`frame`]: the versioned, length-checked framing around data messages.
 //! - [`oclass`]: object classes and 128-bit object ids.
 //! - [`shm`]: the shared-memory data plane's handshake and mapping (one node).
@@ -17,6 +19,10 @@ pub mod mgmt {
 
 pub mod data {
     tonic::include_proto!("peregrine.data.v1");
+}
+
+pub mod ms {
+    include!(concat!(env!("OUT_DIR"), "/ms/peregrine.ms.v1.rs"));
 }
 
 pub use oclass::{ObjectClass, ObjectId, Redundancy};

@@ -7,7 +7,7 @@
 //! the service keeps its mark and reports [`ContState::ContCopyFailed`]:
 //! whoever asked destroys it and asks again.
 
-use super::props::{cont_record, validate_label};
+use super::props::{self, cont_record, validate_label};
 use super::{ContRec, MgmtService, PoolRec};
 use peregrine_proto::mgmt::{ContCreateReq, ContInfo, ContState};
 use tonic::Status;
@@ -58,7 +58,7 @@ impl MgmtService {
             };
             or(&mut r.oclass, &src.oclass);
             or(&mut r.dir_oclass, &src.dir_oclass);
-            or(&mut r.checksum, &src.checksum);
+            or(&mut r.checksum, props::checksum_name(src.checksum));
             if r.chunk_size == 0 {
                 r.chunk_size = src.chunk_size;
             }

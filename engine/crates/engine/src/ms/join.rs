@@ -6,6 +6,7 @@
 
 use crate::config::{MAX_TARGETS, MAX_UNIX_PATH};
 use peregrine_proto::mgmt::JoinReq;
+use peregrine_proto::ms::EngineState;
 use tonic::Status;
 
 /// Longest `control_addr` / `data_addr` ("host:port"; a DNS name is at most
@@ -87,6 +88,17 @@ pub fn validate_join(j: &JoinReq, system: &str) -> Result<(), Status> {
     text("fault_domain", &j.fault_domain, MAX_FAULT_DOMAIN)?;
     text("shm_path", &j.shm_path, MAX_UNIX_PATH)?;
     check_targets(j.rank, j.targets).map(|_| ())
+}
+
+/// The state a join keeps of a member, from the words of a join that
+/// `validate_join` let through ("ready" or "maintenance"; a stopping engine
+/// is not kept).
+pub(super) fn engine_state(word: &str) -> EngineState {
+    if word == "ready" {
+        EngineState::Ready
+    } else {
+        EngineState::Maintenance
+    }
 }
 
 /// A rank's target count, which a pool divides its space by: 1..=MAX_TARGETS.
@@ -255,12 +267,12 @@ mod tests {
                     data_addr: "d".repeat(MAX_JOIN_ADDR),
                     fault_domain: "f".repeat(MAX_FAULT_DOMAIN),
                     targets: MAX_TARGETS,
-                    state: "maintenance".into(),
+                    state: EngineState::Maintenance,
                     shm_path: String::new(),
                 },
             );
         }
-        let len = s.encode().unwrap().len();
+        let len = s.encode().len();
         assert!(len < 1 << 20, "{len} bytes");
     }
 }

@@ -1,15 +1,18 @@
 //! The management service (MS): system map, pools and containers.
 //!
 //! It runs in the engine named first in `mgmt_svc_replicas`. Its state is
-//! one small serialized record, stored durably through that engine's
-//! storage (A/B slots with sequence numbers, see `peregrine_vos`) after
-//! every change and before the change is acknowledged. Before that engine is
+//! one small record (protobuf, `proto/ms_state.proto`: it grows fields, see
+//! `persist`), stored durably through that engine's storage (A/B slots with
+//! sequence numbers, see `peregrine_vos`) after every change and before the
+//! change is acknowledged. Before that engine is
 //! formatted the state lives in memory only (it holds nothing but the
 //! members that joined). Raft replication will later replace the single
 //! host without changing the API.
 
 mod clone;
 mod join;
+mod legacy;
+mod persist;
 mod pool_map;
 mod props;
 mod quota;
@@ -19,12 +22,12 @@ pub use join::{check_targets, validate_join, MAX_MEMBERS};
 use peregrine_proto::mgmt::engine_client::EngineClient;
 use peregrine_proto::mgmt::mgmt_server::Mgmt;
 use peregrine_proto::mgmt::*;
+use peregrine_proto::ms::EngineState;
 use peregrine_proto::{epoch_now, ObjectClass};
 pub use pool_map::{spawn_pool_watch, REINTEGRATION_MARGIN};
 use pool_map::{RankOut, Reintegration};
 use props::{cont_record, props_map, sync_mode, validate_label, validate_pool_props, CONT_PROPS};
 pub use quota::spawn_quota_watch;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -47,7 +50,7 @@ pub const DEFAULT_TIER_RATIO: f64 = 0.06;
 /// engine aggregated past the epoch between its choice and its arrival).
 const SNAP_ATTEMPTS: u32 = 5;
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 struct MemberRec {
     rank: u32,
     uuid: String,
@@ -55,29 +58,29 @@ struct MemberRec {
     data_addr: String,
     fault_domain: String,
     targets: u32,
-    state: String,
-    /// Shared-memory socket. Not persisted (the state is bincode, which has
-    /// no optional fields): engines re-announce it with every heartbeat.
-    #[serde(skip)]
+    /// Ready or Maintenance, as it said when it joined.
+    state: EngineState,
+    /// Shared-memory socket. Not persisted: engines re-announce it with
+    /// every heartbeat.
     shm_path: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 struct ContRec {
     uuid: Uuid,
     label: String,
-    kind: String,
+    kind: ContType,
     oclass: String,
     dir_oclass: String,
     chunk_size: u64,
     rf: u32,
-    checksum: String,
+    checksum: Checksum,
     props: BTreeMap<String, String>,
     snapshots: Vec<SnapRec>,
     create_epoch: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 struct SnapRec {
     epoch: u64,
     name: String,
@@ -94,7 +97,7 @@ impl From<&SnapRec> for Snapshot {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 struct PoolRec {
     uuid: Uuid,
     label: String,
@@ -108,48 +111,16 @@ struct PoolRec {
     conts: BTreeMap<Uuid, ContRec>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// The service's state, persisted whole after every change (`persist`:
+/// [`MsState::encode`], [`MsState::decode`]).
+#[derive(Clone, Debug, Default, PartialEq)]
 struct MsState {
     system: String,
     map_version: u64,
     members: BTreeMap<u32, MemberRec>,
     pools: BTreeMap<Uuid, PoolRec>,
-    /// Per pool, the ranks whose targets are not up-and-in (see `pool_map`;
-    /// records written before it existed: [`MsState::decode`]).
+    /// Per pool, the ranks whose targets are not up-and-in (see `pool_map`).
     pool_out: BTreeMap<Uuid, BTreeMap<u32, RankOut>>,
-}
-
-/// Prefix of the persisted state from the version that added `pool_out`
-/// on; the byte after "PRGMS" is the encoding version. Records without it
-/// are the first encoding (every target up-and-in).
-const STATE_MAGIC: &[u8] = b"PRGMS\x02";
-
-impl MsState {
-    fn encode(&self) -> Result<Vec<u8>, bincode::Error> {
-        let mut blob = STATE_MAGIC.to_vec();
-        bincode::serialize_into(&mut blob, self)?;
-        Ok(blob)
-    }
-
-    fn decode(blob: &[u8]) -> Result<MsState, bincode::Error> {
-        if let Some(rest) = blob.strip_prefix(STATE_MAGIC) {
-            return bincode::deserialize(rest);
-        }
-        type First = (
-            String,
-            u64,
-            BTreeMap<u32, MemberRec>,
-            BTreeMap<Uuid, PoolRec>,
-        );
-        let (system, map_version, members, pools): First = bincode::deserialize(blob)?;
-        Ok(MsState {
-            system,
-            map_version,
-            members,
-            pools,
-            pool_out: BTreeMap::new(),
-        })
-    }
 }
 
 pub struct MgmtService {
@@ -207,6 +178,14 @@ impl MgmtService {
             {
                 state = MsState::decode(&blob)
                     .map_err(|e| format!("management state is undecodable: {e}"))?;
+                if !persist::is_current(&blob) {
+                    // Migrated once: from now on the state is in the current encoding.
+                    st.mgmt_store(&state.encode())
+                        .map_err(|e| format!("rewrite management state: {e}"))?;
+                    tracing::info!(
+                        "management service: state of an earlier encoding rewritten in the current one"
+                    );
+                }
                 tracing::info!(
                     "management service: loaded {} members, {} pools",
                     state.members.len(),
@@ -232,9 +211,7 @@ impl MgmtService {
     fn persist(&self, state: &MsState) -> Result<(), Status> {
         match self.node.storage() {
             Ok(st) => {
-                let blob = state
-                    .encode()
-                    .map_err(|e| Status::internal(format!("encode management state: {e}")))?;
+                let blob = state.encode();
                 st.mgmt_store(&blob)
                     .map_err(|e| Status::internal(format!("persist management state: {e}")))
             }
@@ -254,10 +231,9 @@ impl MgmtService {
     fn member_state(&self, m: &MemberRec) -> MemberState {
         if !self.alive(m.rank) {
             MemberState::Stopped
-        } else if m.state == "ready" {
+        } else if m.state == EngineState::Ready {
             MemberState::Joined
         } else {
-            // The only other state a join keeps (JOIN_STATES; "stopping" is never kept).
             MemberState::Maintenance
         }
     }
@@ -403,12 +379,12 @@ impl MgmtService {
             uuid: c.uuid.to_string(),
             label: c.label.clone(),
             pool_uuid: pool.uuid.to_string(),
-            r#type: props::cont_type(&c.kind).into(),
+            r#type: c.kind.into(),
             oclass: c.oclass.clone(),
             dir_oclass: c.dir_oclass.clone(),
             chunk_size: c.chunk_size,
             redundancy_factor: c.rf,
-            checksum: props::checksum(&c.checksum).into(),
+            checksum: c.checksum.into(),
             props,
             used_bytes: used,
             snapshots: c.snapshots.len() as u32,
@@ -595,7 +571,7 @@ impl Mgmt for MgmtService {
                 Ok(rs) => {
                     ranks.push(rs);
                     if let Some(mm) = self.state.lock().await.members.get_mut(&m.rank) {
-                        mm.state = "ready".into();
+                        mm.state = EngineState::Ready;
                     }
                 }
                 Err(e) => failures.push(e.message().to_string()),
@@ -619,6 +595,7 @@ impl Mgmt for MgmtService {
         let j = req.into_inner();
         let mut s = self.state.lock().await;
         validate_join(&j, &s.system)?;
+        let state = join::engine_state(&j.state);
         if j.state == STATE_STOPPING {
             // Counted as stopped from now: the pool watch excludes its
             // targets on its next round. Only the member itself may say so.
@@ -638,7 +615,7 @@ impl Mgmt for MgmtService {
                 m.control_addr != j.control_addr
                     || m.data_addr != j.data_addr
                     || m.uuid != j.uuid
-                    || m.state != j.state
+                    || m.state != state
                     || m.targets != j.targets
             }
             None => true,
@@ -660,7 +637,7 @@ impl Mgmt for MgmtService {
                     data_addr: j.data_addr,
                     fault_domain: j.fault_domain,
                     targets: j.targets,
-                    state: j.state,
+                    state,
                     shm_path: j.shm_path,
                 },
             );
@@ -722,7 +699,7 @@ impl Mgmt for MgmtService {
         let ranks: Vec<u32> = if r.ranks.is_empty() {
             s.members
                 .values()
-                .filter(|m| self.alive(m.rank) && m.state == "ready")
+                .filter(|m| self.alive(m.rank) && m.state == EngineState::Ready)
                 .map(|m| m.rank)
                 .collect()
         } else {
@@ -741,7 +718,7 @@ impl Mgmt for MgmtService {
             let m = s.members.get(&rank).ok_or_else(|| {
                 Status::not_found(format!("rank {rank}: not a member of the system"))
             })?;
-            if !self.alive(rank) || m.state != "ready" {
+            if !self.alive(rank) || m.state != EngineState::Ready {
                 return Err(Status::failed_precondition(format!(
                     "rank {rank} is not ready ({})",
                     props::member_state_word(self.member_state(m))
@@ -1009,13 +986,12 @@ impl Mgmt for MgmtService {
         for (k, v) in &r.props {
             match k.as_str() {
                 "checksum" => {
-                    let v = v.to_ascii_lowercase();
-                    if v != "crc32c" && v != "off" {
-                        return Err(Status::invalid_argument(format!(
-                            "checksum {v:?}: must be crc32c or off"
-                        )));
-                    }
-                    c.checksum = v;
+                    c.checksum = props::parse_checksum(v).ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "checksum {:?}: must be crc32c or off",
+                            v.to_ascii_lowercase()
+                        ))
+                    })?;
                 }
                 "sync" => {
                     c.props.insert(k.clone(), sync_mode(v)?);

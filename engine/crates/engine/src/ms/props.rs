@@ -59,20 +59,21 @@ pub(super) fn validate_pool_props(props: &HashMap<String, String>) -> Result<(),
     Ok(())
 }
 
-/// A container type as the service keeps it ("POSIX", the only one).
-pub(super) fn cont_type(kind: &str) -> ContType {
-    match kind {
-        "POSIX" => ContType::Posix,
-        _ => ContType::Unspecified,
+/// A checksum type as users name it ("crc32c" or "off", any case).
+pub(super) fn parse_checksum(v: &str) -> Option<Checksum> {
+    match v.to_ascii_lowercase().as_str() {
+        "crc32c" => Some(Checksum::Crc32c),
+        "off" => Some(Checksum::Off),
+        _ => None,
     }
 }
 
-/// A checksum type as the service keeps it ("crc32c" or "off").
-pub(super) fn checksum(v: &str) -> Checksum {
-    match v {
-        "crc32c" => Checksum::Crc32c,
-        "off" => Checksum::Off,
-        _ => Checksum::Unspecified,
+/// How users name a checksum type.
+pub(super) fn checksum_name(c: Checksum) -> &'static str {
+    match c {
+        Checksum::Crc32c => "crc32c",
+        Checksum::Off => "off",
+        Checksum::Unspecified => "",
     }
 }
 
@@ -117,12 +118,7 @@ pub(super) fn cont_record(
     pool: &PoolRec,
     engines: usize,
 ) -> Result<ContRec, Status> {
-    let kind = if req.r#type.is_empty() {
-        "POSIX".to_string()
-    } else {
-        req.r#type.to_ascii_uppercase()
-    };
-    if kind != "POSIX" {
+    if !req.r#type.is_empty() && !req.r#type.eq_ignore_ascii_case("POSIX") {
         return Err(Status::invalid_argument(format!(
             "container type {:?}: only POSIX is supported",
             req.r#type
@@ -170,16 +166,15 @@ pub(super) fn cont_record(
         )));
     }
     let checksum = if req.checksum.is_empty() {
-        "crc32c".to_string()
+        Checksum::Crc32c
     } else {
-        req.checksum.to_ascii_lowercase()
+        parse_checksum(&req.checksum).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "checksum {:?}: must be crc32c or off",
+                req.checksum
+            ))
+        })?
     };
-    if checksum != "crc32c" && checksum != "off" {
-        return Err(Status::invalid_argument(format!(
-            "checksum {:?}: must be crc32c or off",
-            req.checksum
-        )));
-    }
     let mut props: BTreeMap<String, String> = req.props.clone().into_iter().collect();
     if let Some(v) = props.get_mut("sync") {
         *v = sync_mode(v)?;
@@ -192,7 +187,7 @@ pub(super) fn cont_record(
     Ok(ContRec {
         uuid: Uuid::new_v4(),
         label: req.label.clone(),
-        kind,
+        kind: ContType::Posix,
         oclass: oclass.name().into(),
         dir_oclass: dir_oclass.name().into(),
         chunk_size,
