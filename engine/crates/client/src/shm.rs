@@ -96,6 +96,10 @@ pub struct ShmConn {
     /// this process (the one that connected: not a forked child, whose
     /// addresses the engine would read in the parent).
     direct: Option<u32>,
+    /// The hello's probe word: the engine reads it again with every direct
+    /// read (a process that exec'd since would not hold it), so it lives as
+    /// long as the connection.
+    _nonce: Box<u64>,
 }
 
 /// Updates with at least this many bytes of values let the engine read
@@ -192,7 +196,6 @@ pub fn connect(
     };
     let (ack, fds) = setup().map_err(|e| io_err(&format!("shm handshake with {path}"), &e))?;
     let (engine_addr, flags) = wire::check_ack(&ack).map_err(|m| Error::new(-libc::EPROTO, m))?;
-    drop(nonce);
     let [wake, page]: [OwnedFd; 2] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
         proto_err(format!(
             "the ack came with {} descriptors, expected the target's eventfd and page",
@@ -218,6 +221,7 @@ pub fn connect(
         target_page,
         engine_addr,
         direct: (cfg.direct_reads && flags & wire::ACK_CMA != 0).then(std::process::id),
+        _nonce: nonce,
     })
 }
 

@@ -3,6 +3,9 @@
 //! Parsing is strict: unknown keys and impossible values are rejected at
 //! start with a message naming the key, so a typo never silently falls back
 //! to a default.
+//!
+//! The limits (`data_plane`, `shm`, `control_plane`) and who may use the
+//! shared-memory socket are described together in `docs/engine-limits.md`.
 
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -56,6 +59,128 @@ pub struct Config {
     /// Limits of the TCP data plane (see [`DataPlaneConfig`]).
     #[serde(default)]
     pub data_plane: DataPlaneConfig,
+    /// Access to and limits of the shared-memory data plane (see [`ShmConfig`]).
+    #[serde(default)]
+    pub shm: ShmConfig,
+    /// Limits of the gRPC control service (see [`ControlPlaneConfig`]).
+    #[serde(default)]
+    pub control_plane: ControlPlaneConfig,
+}
+
+/// Who may use the shared-memory data plane's unix socket, and its limits:
+///
+/// ```yaml
+/// shm:
+///   socket_mode: "0660"     # quoted octal; the socket file's permissions
+///   socket_group: peregrine # group name or number owning the socket; default: the engine's
+///   allowed_uids: [0, 1000] # peers (SO_PEERCRED uid) allowed to connect; empty: any
+///   max_connections: 256    # one thread each; more are closed at once
+///   hello_timeout_ms: 10000 # a new connection must send its hello by then
+/// ```
+///
+/// Connecting to a unix socket needs write permission on its file, so the
+/// mode decides who gets as far as the engine's own checks: the peer's
+/// uid (`allowed_uids`), then, for direct reads of the client's memory, the
+/// pidfd taken when it connected (see `peregrine_engine::shm`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShmConfig {
+    pub socket_mode: Mode,
+    pub socket_group: Option<String>,
+    pub allowed_uids: Vec<u32>,
+    pub max_connections: usize,
+    pub hello_timeout_ms: u64,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            socket_mode: Mode(0o660),
+            socket_group: None,
+            allowed_uids: Vec::new(),
+            max_connections: 256,
+            hello_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// File permissions in octal, as a string: `"0660"` (or a bare `0660`,
+/// which YAML reads as that string). A YAML number (`660`, `0o660`) is
+/// refused rather than guessed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mode(pub u32);
+
+impl<'de> Deserialize<'de> for Mode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        let bad = |v: &dyn std::fmt::Display| {
+            serde::de::Error::custom(format!(
+                "invalid mode {v}: write it as a quoted octal string such as \"0660\""
+            ))
+        };
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Err(bad(&n)),
+            Raw::S(s) => {
+                let digits = s.strip_prefix("0o").unwrap_or(&s);
+                match u32::from_str_radix(digits, 8) {
+                    Ok(m) if m <= 0o777 && !digits.is_empty() => Ok(Mode(m)),
+                    _ => Err(bad(&format!("{s:?}"))),
+                }
+            }
+        }
+    }
+}
+
+/// Limits of the gRPC control service (management and engine services),
+/// so that idle or greedy callers cannot hold its memory or tasks:
+///
+/// ```yaml
+/// control_plane:
+///   max_connections: 1024            # more are closed at once
+///   max_message_bytes: 16MiB         # larger requests are refused (ResourceExhausted)
+///   concurrency_per_connection: 64   # requests running at once on one connection
+///   max_concurrent_requests: 1024    # requests running at once on all of them
+///   request_timeout_s: 120           # a call still running then is cancelled
+///   keepalive_s: 30                  # HTTP/2 ping and TCP keepalive interval
+///   keepalive_timeout_s: 20          # a ping unanswered that long closes the connection
+///   max_connection_age_s: 3600       # then the connection is closed gracefully (GOAWAY)
+/// ```
+///
+/// A new connection must also send its first byte (the HTTP/2 preface)
+/// within 10 s. Connections that completed it and stay idle are bounded by
+/// `max_connections` and their age (peers answer keepalive pings; clients
+/// reconnect after a GOAWAY).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlPlaneConfig {
+    pub max_connections: usize,
+    pub max_message_bytes: Size,
+    pub concurrency_per_connection: usize,
+    pub max_concurrent_requests: usize,
+    pub request_timeout_s: u64,
+    pub keepalive_s: u64,
+    pub keepalive_timeout_s: u64,
+    pub max_connection_age_s: u64,
+}
+
+impl Default for ControlPlaneConfig {
+    fn default() -> Self {
+        ControlPlaneConfig {
+            max_connections: 1024,
+            max_message_bytes: Size(16 << 20),
+            concurrency_per_connection: 64,
+            max_concurrent_requests: 1024,
+            request_timeout_s: 120,
+            keepalive_s: 30,
+            keepalive_timeout_s: 20,
+            max_connection_age_s: 3600,
+        }
+    }
 }
 
 /// Limits of the TCP data plane, so that no client (or many) can hold the
@@ -334,6 +459,68 @@ impl Config {
                 dp.max_queued_request_bytes.0
             ));
         }
+        let sh = &self.shm;
+        if !(1..=65_536).contains(&sh.max_connections) {
+            return Err(format!(
+                "shm.max_connections: {} is out of range 1..=65536",
+                sh.max_connections
+            ));
+        }
+        if !(100..=600_000).contains(&sh.hello_timeout_ms) {
+            return Err(format!(
+                "shm.hello_timeout_ms: {} is out of range 100..=600000",
+                sh.hello_timeout_ms
+            ));
+        }
+        if sh.socket_mode.0 & 0o200 == 0 {
+            return Err(format!(
+                "shm.socket_mode: {:04o} leaves the owner unable to connect (needs 0200)",
+                sh.socket_mode.0
+            ));
+        }
+        if let Some(g) = &sh.socket_group {
+            if g.is_empty() || g.len() > 64 {
+                return Err(format!("shm.socket_group: {g:?} is not a group name or id"));
+            }
+        }
+        let cp = &self.control_plane;
+        for (key, v, max) in [
+            ("max_connections", cp.max_connections, 1 << 20),
+            (
+                "concurrency_per_connection",
+                cp.concurrency_per_connection,
+                1 << 16,
+            ),
+            (
+                "max_concurrent_requests",
+                cp.max_concurrent_requests,
+                1 << 20,
+            ),
+        ] {
+            if !(1..=max).contains(&v) {
+                return Err(format!(
+                    "control_plane.{key}: {v} is out of range 1..={max}"
+                ));
+            }
+        }
+        if cp.max_message_bytes.0 < 1 << 20 || cp.max_message_bytes.0 > 1 << 30 {
+            return Err(format!(
+                "control_plane.max_message_bytes: {} bytes is out of range 1MiB..=1GiB",
+                cp.max_message_bytes.0
+            ));
+        }
+        for (key, v, lo, hi) in [
+            ("request_timeout_s", cp.request_timeout_s, 1, 86_400),
+            ("keepalive_s", cp.keepalive_s, 1, 3_600),
+            ("keepalive_timeout_s", cp.keepalive_timeout_s, 1, 3_600),
+            ("max_connection_age_s", cp.max_connection_age_s, 10, 604_800),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err(format!(
+                    "control_plane.{key}: {v} is out of range {lo}..={hi}"
+                ));
+            }
+        }
         if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
             return Err(format!(
                 "log_level: {:?} is not one of error, warn, info, debug, trace",
@@ -454,6 +641,28 @@ mgmt_svc_replicas: [\"127.0.0.1:10001\"]
                 format!("{GOOD}data_plane: {{idle_timeout: 5}}\n"),
                 "idle_timeout",
             ),
+            (format!("{GOOD}shm: {{socket_mode: 660}}\n"), "quoted octal"),
+            (
+                format!("{GOOD}shm: {{socket_mode: 0o660}}\n"),
+                "quoted octal",
+            ),
+            (format!("{GOOD}shm: {{socket_mode: \"0980\"}}\n"), "0980"),
+            (
+                format!("{GOOD}shm: {{socket_mode: \"0060\"}}\n"),
+                "shm.socket_mode",
+            ),
+            (
+                format!("{GOOD}shm: {{max_connections: 0}}\n"),
+                "shm.max_connections",
+            ),
+            (
+                format!("{GOOD}control_plane: {{max_message_bytes: 1KiB}}\n"),
+                "control_plane.max_message_bytes",
+            ),
+            (
+                format!("{GOOD}control_plane: {{keepalive_s: 0}}\n"),
+                "control_plane.keepalive_s",
+            ),
         ];
         for (text, key) in cases {
             let err = Config::parse(&text).unwrap_err();
@@ -476,6 +685,27 @@ mgmt_svc_replicas: [\"127.0.0.1:10001\"]
         assert_eq!(c.data_plane.idle_timeout_s, 0);
         assert_eq!(c.data_plane.max_unread_reply_bytes.0, 16 << 20);
         assert_eq!(c.data_plane.target_queue_depth, 1024);
+    }
+
+    #[test]
+    fn shm_and_control_plane_limits() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.shm.socket_mode, Mode(0o660));
+        assert!(c.shm.socket_group.is_none() && c.shm.allowed_uids.is_empty());
+        assert_eq!(c.control_plane.max_message_bytes.0, 16 << 20);
+        let c = Config::parse(&format!(
+            "{GOOD}shm: {{socket_mode: \"0o600\", socket_group: \"1234\", allowed_uids: [0, 1000]}}\ncontrol_plane: {{max_connections: 8}}\n"
+        ))
+        .unwrap();
+        assert_eq!(c.shm.socket_mode, Mode(0o600));
+        assert_eq!(c.shm.socket_group.as_deref(), Some("1234"));
+        assert_eq!(c.shm.allowed_uids, [0, 1000]);
+        assert_eq!(c.control_plane.max_connections, 8);
+        // A bare leading-zero mode reads as the octal it looks like.
+        let c = Config::parse(&format!("{GOOD}shm: {{socket_mode: 0640}}\n")).unwrap();
+        assert_eq!(c.shm.socket_mode, Mode(0o640));
+        let c = Config::parse(&format!("{GOOD}shm: {{socket_mode: \"0o600\"}}\n")).unwrap();
+        assert_eq!(c.shm.socket_mode, Mode(0o600));
     }
 
     #[test]

@@ -10,9 +10,13 @@ use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::mgmt_server::MgmtServer;
 use peregrine_proto::mgmt::{ContShardSnapshotsReq, JoinReq, JoinResp};
 use peregrine_vos::StorageError;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
@@ -30,6 +34,217 @@ struct Args {
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 /// How long in-flight control calls get to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How long a new control connection gets to send its first byte (the
+/// HTTP/2 preface) before it is closed.
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The control service's connections (`control_plane` in the
+/// configuration): at most `max` at once, one more is closed as soon as it
+/// is accepted (with a warning); each with TCP keepalive, and closed if its
+/// first byte does not come within `first_byte`.
+struct CappedIncoming {
+    listener: tokio::net::TcpListener,
+    open: Arc<AtomicUsize>,
+    max: usize,
+    keepalive: Duration,
+    first_byte: Duration,
+}
+
+impl tokio_stream::Stream for CappedIncoming {
+    type Item = std::io::Result<Capped>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            let (io, peer) = match this.listener.poll_accept(cx) {
+                Poll::Pending => return Poll::Pending,
+                // tonic logs and goes on.
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Ok(a)) => a,
+            };
+            if this.open.load(Ordering::Relaxed) >= this.max {
+                tracing::warn!(
+                    "control connection from {peer} closed: {} connections already open (control_plane.max_connections)",
+                    this.max
+                );
+                continue;
+            }
+            let _ = io.set_nodelay(true);
+            set_keepalive(&io, this.keepalive);
+            this.open.fetch_add(1, Ordering::Relaxed);
+            return Poll::Ready(Some(Ok(Capped {
+                io,
+                open: this.open.clone(),
+                first: Some(Box::pin(tokio::time::sleep(this.first_byte))),
+            })));
+        }
+    }
+}
+
+/// TCP keepalive probes after `idle` without traffic, every `idle` after.
+fn set_keepalive(io: &tokio::net::TcpStream, idle: Duration) {
+    use std::os::fd::AsRawFd;
+    let secs = idle.as_secs().clamp(1, 3600) as libc::c_int;
+    let set = |level, opt, v: libc::c_int| {
+        // SAFETY: setsockopt of an int on a socket we hold.
+        unsafe {
+            libc::setsockopt(
+                io.as_raw_fd(),
+                level,
+                opt,
+                &v as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
+}
+
+/// One control connection, counted while it lives.
+struct Capped {
+    io: tokio::net::TcpStream,
+    open: Arc<AtomicUsize>,
+    /// Until the first byte arrives: when the connection is closed without one.
+    first: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Drop for Capped {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl tonic::transport::server::Connected for Capped {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Capped {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Some(first) = &mut this.first {
+            match &r {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => this.first = None,
+                Poll::Pending if first.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no HTTP/2 preface in time",
+                    )))
+                }
+                _ => {}
+            }
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for Capped {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A gRPC service whose calls, with those of the other services sharing
+/// `permits`, run at most `control_plane.max_concurrent_requests` at once:
+/// one more is answered `ResourceExhausted` at once.
+#[derive(Clone)]
+struct Limited<S> {
+    inner: S,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl<S> Limited<S> {
+    fn new(inner: S, permits: &Arc<tokio::sync::Semaphore>) -> Self {
+        Limited {
+            inner,
+            permits: permits.clone(),
+        }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Limited<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type BoxResponse = Pin<
+    Box<
+        dyn Future<
+                Output = Result<
+                    tonic::codegen::http::Response<tonic::body::BoxBody>,
+                    std::convert::Infallible,
+                >,
+            > + Send,
+    >,
+>;
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Limited<S>
+where
+    S: tonic::codegen::Service<
+        tonic::codegen::http::Request<B>,
+        Response = tonic::codegen::http::Response<tonic::body::BoxBody>,
+        Error = std::convert::Infallible,
+    >,
+    S::Future: Send + 'static,
+{
+    type Response = tonic::codegen::http::Response<tonic::body::BoxBody>;
+    type Error = std::convert::Infallible;
+    type Future = BoxResponse;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            let st = tonic::Status::resource_exhausted(
+                "too many control calls at once (control_plane.max_concurrent_requests); retry",
+            );
+            return Box::pin(std::future::ready(Ok(st.into_http())));
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            drop(permit);
+            r
+        })
+    }
+}
 
 fn init_logging(cfg: &Config) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -229,13 +444,35 @@ async fn run(node: Arc<Node>, metrics_listen: Option<SocketAddr>) -> Result<(), 
             )
         })?;
 
+    let cp = &cfg.control_plane;
+    let max_msg = cp.max_message_bytes.0 as usize;
+    let calls = Arc::new(tokio::sync::Semaphore::new(cp.max_concurrent_requests));
+    let keepalive = Duration::from_secs(cp.keepalive_s);
     let mut router = tonic::transport::Server::builder()
-        .add_service(EngineServer::new(EngineService { node: node.clone() }));
+        .concurrency_limit_per_connection(cp.concurrency_per_connection)
+        .max_concurrent_streams(cp.concurrency_per_connection as u32)
+        .timeout(Duration::from_secs(cp.request_timeout_s))
+        .max_connection_age(Duration::from_secs(cp.max_connection_age_s))
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(Duration::from_secs(cp.keepalive_timeout_s)))
+        .http2_max_header_list_size(64 << 10)
+        .http2_max_pending_accept_reset_streams(Some(64))
+        .add_service(Limited::new(
+            EngineServer::new(EngineService { node: node.clone() })
+                .max_decoding_message_size(max_msg)
+                .max_encoding_message_size(max_msg),
+            &calls,
+        ));
     if cfg.hosts_mgmt() {
         let ms = MgmtService::new(node.clone())?;
         peregrine_engine::ms::spawn_pool_watch(ms.clone());
         peregrine_engine::ms::spawn_quota_watch(ms.clone());
-        router = router.add_service(MgmtServer::from_arc(ms));
+        router = router.add_service(Limited::new(
+            MgmtServer::from_arc(ms)
+                .max_decoding_message_size(max_msg)
+                .max_encoding_message_size(max_msg),
+            &calls,
+        ));
         tracing::info!("management service on {}", cfg.control_addr());
     }
     tokio::spawn(peregrine_engine::dataplane::serve(node.clone(), data));
@@ -248,7 +485,13 @@ async fn run(node: Arc<Node>, metrics_listen: Option<SocketAddr>) -> Result<(), 
         .as_ref()
         .map(|s| s.path().display().to_string())
         .unwrap_or_default();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(control);
+    let incoming = CappedIncoming {
+        listener: control,
+        open: Arc::new(AtomicUsize::new(0)),
+        max: cp.max_connections,
+        keepalive,
+        first_byte: FIRST_BYTE_TIMEOUT,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopping = node.clone();
     tokio::spawn(async move {

@@ -18,6 +18,41 @@
 //! one was answered is a protocol violation and closes the connection, as
 //! does anything malformed (handshake, memfd, lengths, frame, a request for
 //! another target), with a logged reason.
+//!
+//! Who may connect: the socket file has the mode and group of the `shm`
+//! section of the configuration (default 0660, the engine's group), and a
+//! peer whose uid (SO_PEERCRED, taken by the kernel at connect) is not in
+//! `shm.allowed_uids` (when given) is closed at once, with a logged reason.
+//! Right after accept, before reading anything, the engine takes the
+//! peer's credentials and a pidfd of the process that connected
+//! (SO_PEERPIDFD, else `pidfd_open` of its pid). At most
+//! `shm.max_connections` are served (one thread each); the hello must come
+//! within `shm.hello_timeout_ms`.
+//!
+//! Direct reads of the client's memory (`process_vm_readv`, see
+//! [`peregrine_proto::shm`]) are allowed only if the process behind that
+//! pidfd still has the credentials it connected with when the hello is
+//! probed (its `/proc/PID/status` Uid and Gid lines, read while the pidfd
+//! shows it alive: the pid was not reused), and every direct read re-reads
+//! the hello's probe word in the same system call: a process that has
+//! changed since (an exec, of a setuid binary or anything else, keeps the
+//! pid and the pidfd but not the nonce) has its request refused and its
+//! connection closed. Otherwise the connection works without direct reads:
+//! the client copies its values through the request region.
+//!
+//! A direct read that could wait never runs on the target's thread. The
+//! target reads values itself (straight into its buffers, one copy) only
+//! when `/proc/PID/pagemap` shows every page of them resident private
+//! anonymous memory, whose reading waits on nothing; anything else (an
+//! mmap of a file, on a hung FUSE mount or on Peregrine's own, shared
+//! memory, pages swapped out or never touched, a userfaultfd range) goes to
+//! the connection's own thread, which reads the values into the request
+//! region (past the request's message) and gives the request back to the
+//! target, which then copies them as any in-region update. Memory whose
+//! faults do not resolve stalls that thread, so that connection only, never
+//! the target or its other clients. (A client remapping its buffer between
+//! the check and the read could still make the target wait; see
+//! `docs/engine-limits.md`.)
 
 use crate::dataplane;
 use crate::metrics::IoMetrics;
@@ -28,18 +63,20 @@ use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK,
 use peregrine_proto::shm::{self as wire, Hello, Mapping, RemotePart};
 use peregrine_vos::{Bulk, Gather, Polled, ReplyArea, ReplyRef, Request, SharedBytes, Source};
 use prost::Message;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-/// Most shared-memory connections served at once (one thread each).
-pub const MAX_CONNECTIONS: usize = 256;
-/// How long a new connection gets to send its hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.
+const SO_PEERPIDFD: libc::c_int = 77;
+/// Remote bulks up to this size are checked for residency (a pagemap read
+/// of 2 KiB per MiB) and, when resident, read by the target itself; larger
+/// ones go to the connection's thread.
+const RESIDENT_CHECK_MAX: u64 = 16 << 20;
 
 #[derive(Default, Debug)]
 pub struct ShmStats {
@@ -90,7 +127,31 @@ pub fn serve(node: Arc<Node>, path: &Path) -> Result<ShmServer, String> {
         std::fs::remove_file(path).map_err(|e| format!("remove stale {shown}: {e}"))?;
         tracing::info!("removed stale shm socket {shown}");
     }
-    let listener = UnixListener::bind(path).map_err(|e| format!("bind {shown}: {e}"))?;
+    // Bound under a private name, given its mode and group, then renamed
+    // into place: nobody can connect before the permissions hold.
+    let cfg = node.cfg.shm.clone();
+    let gid = cfg.socket_group.as_deref().map(group_id).transpose()?;
+    let tmp = path.with_extension(format!("sock.{}.new", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(|e| format!("bind {}: {e}", tmp.display()))?;
+    let placed = (|| {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(gid) = gid {
+            std::os::unix::fs::chown(&tmp, None, Some(gid)).map_err(|e| {
+                format!(
+                    "shm.socket_group: chown {} to gid {gid}: {e}",
+                    tmp.display()
+                )
+            })?;
+        }
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(cfg.socket_mode.0))
+            .map_err(|e| format!("shm.socket_mode: chmod {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("rename {} to {shown}: {e}", tmp.display()))
+    })();
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     let ino = std::fs::symlink_metadata(path)
         .map(|m| m.ino())
         .map_err(|e| format!("stat {shown}: {e}"))?;
@@ -100,7 +161,16 @@ pub fn serve(node: Arc<Node>, path: &Path) -> Result<ShmServer, String> {
         .name("shm-accept".into())
         .spawn(move || accept_loop(node, listener, st))
         .map_err(|e| format!("spawn shm accept thread: {e}"))?;
-    tracing::info!("shared-memory data plane on {shown}");
+    tracing::info!(
+        "shared-memory data plane on {shown} (mode {:04o}{}{})",
+        cfg.socket_mode.0,
+        gid.map(|g| format!(", group {g}")).unwrap_or_default(),
+        if cfg.allowed_uids.is_empty() {
+            String::new()
+        } else {
+            format!(", uids {:?}", cfg.allowed_uids)
+        }
+    );
     Ok(ShmServer {
         path: path.to_path_buf(),
         ino,
@@ -108,8 +178,34 @@ pub fn serve(node: Arc<Node>, path: &Path) -> Result<ShmServer, String> {
     })
 }
 
+/// The gid of `shm.socket_group`: a number, or a group name.
+fn group_id(g: &str) -> Result<u32, String> {
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(n);
+    }
+    let name = std::ffi::CString::new(g).map_err(|_| format!("shm.socket_group: {g:?}"))?;
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: getgrnam_r into our own group struct and buffer.
+    unsafe {
+        let mut grp: libc::group = std::mem::zeroed();
+        let mut out: *mut libc::group = std::ptr::null_mut();
+        let r = libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut out,
+        );
+        if r != 0 || out.is_null() {
+            return Err(format!("shm.socket_group: no group {g:?} on this node"));
+        }
+        Ok(grp.gr_gid)
+    }
+}
+
 fn accept_loop(node: Arc<Node>, listener: UnixListener, stats: Arc<ShmStats>) {
     let active = Arc::new(AtomicUsize::new(0));
+    let cfg = node.cfg.shm.clone();
     for sock in listener.incoming() {
         let sock = match sock {
             Ok(s) => s,
@@ -119,10 +215,29 @@ fn accept_loop(node: Arc<Node>, listener: UnixListener, stats: Arc<ShmStats>) {
                 continue;
             }
         };
-        let pid = peer_pid(&sock);
-        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+        // Who connected, before anything is read from them.
+        let peer = match Peer::of(&sock) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("shm connection refused: peer credentials: {e}");
+                stats.rejected.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        let pid = peer.pid;
+        if !cfg.allowed_uids.is_empty() && !cfg.allowed_uids.contains(&peer.uid) {
             tracing::warn!(
-                "shm connection from pid {pid} refused: {MAX_CONNECTIONS} connections already open"
+                "shm connection from pid {pid} refused: uid {} is not in shm.allowed_uids {:?}",
+                peer.uid,
+                cfg.allowed_uids
+            );
+            stats.rejected.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        if active.load(Ordering::Relaxed) >= cfg.max_connections {
+            tracing::warn!(
+                "shm connection from pid {pid} refused: {} connections already open (shm.max_connections)",
+                cfg.max_connections
             );
             stats.rejected.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -132,7 +247,7 @@ fn accept_loop(node: Arc<Node>, listener: UnixListener, stats: Arc<ShmStats>) {
         let spawned = std::thread::Builder::new()
             .name(format!("shm-pid{pid}"))
             .spawn(move || {
-                connection(&node, sock, pid, stats);
+                connection(&node, sock, peer, stats);
                 act.fetch_sub(1, Ordering::Relaxed);
             });
         if let Err(e) = spawned {
@@ -142,24 +257,91 @@ fn accept_loop(node: Arc<Node>, listener: UnixListener, stats: Arc<ShmStats>) {
     }
 }
 
-fn peer_pid(sock: &UnixStream) -> i32 {
-    // SAFETY: getsockopt into a properly sized ucred.
-    unsafe {
-        let mut cred: libc::ucred = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        if libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        ) == 0
-        {
-            cred.pid
+/// The process at the other end of a connection, as the kernel recorded it
+/// when it connected, and a pidfd of that process, both taken at accept.
+struct Peer {
+    pid: i32,
+    uid: u32,
+    gid: u32,
+    /// The process that connected, or why there is none to read from.
+    pidfd: Result<OwnedFd, String>,
+}
+
+impl Peer {
+    fn of(sock: &UnixStream) -> std::io::Result<Peer> {
+        let fd = sock.as_raw_fd();
+        // SAFETY: getsockopt into a properly sized ucred / int.
+        let cred = unsafe {
+            let mut cred: libc::ucred = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+            if libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                &mut cred as *mut _ as *mut libc::c_void,
+                &mut len,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            cred
+        };
+        let pidfd = if cred.pid <= 0 {
+            Err("the client's pid is not visible in this pid namespace".to_string())
         } else {
-            -1
-        }
+            // SAFETY: as above; a pidfd received is a new fd we own.
+            unsafe {
+                let mut pfd: libc::c_int = -1;
+                let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                if libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    SO_PEERPIDFD,
+                    &mut pfd as *mut _ as *mut libc::c_void,
+                    &mut len,
+                ) == 0
+                    && pfd >= 0
+                {
+                    Ok(OwnedFd::from_raw_fd(pfd))
+                } else {
+                    // Older kernels: the pid as it is now, right after accept.
+                    let pfd = libc::syscall(libc::SYS_pidfd_open, cred.pid, 0);
+                    if pfd < 0 {
+                        Err(format!("pidfd_open: {}", std::io::Error::last_os_error()))
+                    } else {
+                        Ok(OwnedFd::from_raw_fd(pfd as i32))
+                    }
+                }
+            }
+        };
+        Ok(Peer {
+            pid: cred.pid,
+            uid: cred.uid,
+            gid: cred.gid,
+            pidfd,
+        })
     }
+}
+
+/// Whether the process behind `pidfd` has exited (pid possibly reused).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll of one pollfd we own, without waiting.
+    unsafe { libc::poll(&mut p, 1, 0) != 0 }
+}
+
+/// The four ids (real, effective, saved, filesystem) of a `/proc/PID/status` line.
+fn status_ids(status: &str, key: &str) -> Option<[u32; 4]> {
+    let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+    let v: Vec<u32> = line
+        .split_whitespace()
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    v.try_into().ok()
 }
 
 /// One mapped connection.
@@ -171,54 +353,140 @@ struct Conn {
 }
 
 /// A client process whose memory the engine reads with `process_vm_readv`.
-/// Its pidfd tells whether it is still the same process: a pid is only
-/// reused once its process is gone, so a read followed by a look at the
-/// pidfd that finds the process alive read that process and no other.
+/// Its pidfd (taken at connect) tells whether it is still the process that
+/// connected: a pid is only reused once its process is gone, so a read
+/// followed by a look at the pidfd that finds the process alive read that
+/// process and no other. The probe word, read again with every read, tells
+/// whether that process still runs the program that sent the hello.
 struct Cma {
     pid: i32,
-    pidfd: std::os::fd::OwnedFd,
+    pidfd: OwnedFd,
+    probe: u64,
+    nonce: u64,
+    /// `/proc/PID/pagemap`, to tell whether values are resident anonymous memory.
+    pagemap: std::fs::File,
+}
+
+/// Why a direct read failed: the client's memory (its fault), or a client
+/// process that is no longer the one that sent the hello.
+enum CmaError {
+    Read(std::io::Error),
+    Changed(String),
 }
 
 impl Cma {
-    /// Read `out.len()` bytes from `remote` in the client's memory.
-    fn read(&self, remote: &[(u64, usize)], out: &mut [u8]) -> std::io::Result<()> {
-        wire::read_remote(self.pid, remote, out)?;
-        let mut p = libc::pollfd {
-            fd: self.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: poll of one pollfd we own, without waiting.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
-        if n != 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                format!("client process {} exited during the read", self.pid),
+    /// Read `out.len()` bytes from `remote` in the client's memory, and the
+    /// probe word in the same system call.
+    fn read(&self, remote: &[(u64, usize)], out: &mut [u8]) -> Result<(), CmaError> {
+        let mut word = [0u8; 8];
+        let mut all = Vec::with_capacity(remote.len() + 1);
+        all.push((self.probe, 8));
+        all.extend_from_slice(remote);
+        let (done, r) = wire::read_remote_into(self.pid, &all, &mut [&mut word, out]);
+        if exited(&self.pidfd) {
+            return Err(CmaError::Changed(format!(
+                "client process {} exited during the read",
+                self.pid
+            )));
+        }
+        if done < 8 {
+            let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+            return Err(CmaError::Changed(format!(
+                "the hello's probe word is no longer readable ({e}): the process has changed (exec?)"
+            )));
+        }
+        if u64::from_ne_bytes(word) != self.nonce {
+            return Err(CmaError::Changed(
+                "the hello's probe word no longer holds its nonce: the process has changed (exec?)"
+                    .into(),
             ));
         }
-        Ok(())
+        r.map_err(CmaError::Read)
     }
 
-    /// The client's process, if the hello's probe reads back its nonce.
-    fn probe(pid: i32, hello: &Hello) -> Result<Cma, String> {
-        if hello.probe == 0 || pid <= 0 {
-            return Err("no probe, or the client's pid is not visible here".into());
+    /// Whether every page of `parts` is resident private anonymous memory
+    /// of the client (`/proc/PID/pagemap`: present, neither a file page nor
+    /// shared): a read of it cannot wait on a file system or a fault
+    /// handler, so the target may do it on its own thread. Anything else
+    /// (not yet touched, swapped out, an mmap of a file, shared memory, a
+    /// userfaultfd range) is read on the connection's thread.
+    fn resident(&self, parts: &[RemotePart]) -> bool {
+        use std::os::unix::fs::FileExt;
+        const PRESENT: u64 = 1 << 63;
+        const FILE_OR_SHARED: u64 = 1 << 61;
+        let page = 4096u64;
+        let mut total = 0u64;
+        let mut buf = [0u8; 8 * 512];
+        for p in parts.iter().filter(|p| p.len > 0) {
+            let Some(end) = p.addr.checked_add(p.len) else {
+                return false;
+            };
+            total += p.len;
+            if total > RESIDENT_CHECK_MAX {
+                return false;
+            }
+            let (mut at, last) = (p.addr / page, (end - 1) / page);
+            while at <= last {
+                let n = ((last - at + 1) as usize).min(512);
+                let b = &mut buf[..8 * n];
+                if self.pagemap.read_exact_at(b, at * 8).is_err() {
+                    return false;
+                }
+                let bad = b.chunks_exact(8).any(|e| {
+                    let e = u64::from_ne_bytes(e.try_into().expect("8 bytes"));
+                    e & PRESENT == 0 || e & FILE_OR_SHARED != 0
+                });
+                if bad {
+                    return false;
+                }
+                at += n as u64;
+            }
         }
-        // SAFETY: pidfd_open of a pid; the result is a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(format!("pidfd_open: {}", std::io::Error::last_os_error()));
+        true
+    }
+
+    /// The client's process, if it still has the credentials it connected
+    /// with and the hello's probe reads back its nonce.
+    fn probe(peer: &Peer, hello: &Hello) -> Result<Cma, String> {
+        if hello.probe == 0 {
+            return Err("the hello offers no probe".into());
+        }
+        let pidfd = peer.pidfd.as_ref().map_err(|e| e.clone())?;
+        let pid = peer.pid;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_err(|e| format!("/proc/{pid}/status: {e}"))?;
+        let (uids, gids) = (status_ids(&status, "Uid:"), status_ids(&status, "Gid:"));
+        // Read while the pidfd shows the process alive: the status read was
+        // of the process that connected, not of a later one with its pid.
+        if exited(pidfd) {
+            return Err("the process that connected has exited".into());
+        }
+        if uids != Some([peer.uid; 4]) || gids != Some([peer.gid; 4]) {
+            return Err(format!(
+                "its credentials changed since it connected as uid {} gid {} (now uids {uids:?}, gids {gids:?})",
+                peer.uid, peer.gid
+            ));
+        }
+        // SAFETY: a duplicate of a pidfd we own, for the connection to keep.
+        let dup = unsafe { libc::fcntl(pidfd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(format!("dup pidfd: {}", std::io::Error::last_os_error()));
         }
         // SAFETY: a fresh fd we own.
-        let pidfd =
-            unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
-        let cma = Cma { pid, pidfd };
-        let mut got = [0u8; 8];
-        cma.read(&[(hello.probe, 8)], &mut got)
-            .map_err(|e| format!("reading the probe: {e}"))?;
-        if u64::from_ne_bytes(got) != hello.nonce {
-            return Err("the probe does not hold the hello's nonce".into());
-        }
+        let pidfd = unsafe { OwnedFd::from_raw_fd(dup) };
+        let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))
+            .map_err(|e| format!("/proc/{pid}/pagemap: {e}"))?;
+        let cma = Cma {
+            pid,
+            pidfd,
+            probe: hello.probe,
+            nonce: hello.nonce,
+            pagemap,
+        };
+        cma.read(&[], &mut []).map_err(|e| match e {
+            CmaError::Read(e) => format!("reading the probe: {e}"),
+            CmaError::Changed(m) => m,
+        })?;
         Ok(cma)
     }
 }
@@ -241,8 +509,9 @@ impl Conn {
     }
 }
 
-fn handshake(sock: &UnixStream, pid: i32) -> Result<Conn, String> {
-    sock.set_read_timeout(Some(HELLO_TIMEOUT))
+fn handshake(sock: &UnixStream, peer: &Peer, hello_timeout: Duration) -> Result<Conn, String> {
+    let pid = peer.pid;
+    sock.set_read_timeout(Some(hello_timeout))
         .map_err(|e| e.to_string())?;
     let mut buf = [0u8; wire::HELLO_LEN];
     let (n, fds) = wire::recv_with_fds(sock.as_raw_fd(), &mut buf)
@@ -264,8 +533,14 @@ fn handshake(sock: &UnixStream, pid: i32) -> Result<Conn, String> {
     let map = Mapping::map(fd.as_raw_fd(), hello.total).map_err(|e| e.to_string())?;
     drop(fd); // the mapping keeps the memory
     sock.set_read_timeout(None).map_err(|e| e.to_string())?;
-    let cma = Cma::probe(pid, &hello)
-        .map_err(|e| tracing::debug!("shm pid {pid}: no direct reads of its memory: {e}"))
+    let cma = Cma::probe(peer, &hello)
+        .map_err(|e| {
+            if hello.probe == 0 {
+                tracing::debug!("shm pid {pid}: no direct reads of its memory: {e}");
+            } else {
+                tracing::info!("shm pid {pid}: no direct reads of its memory: {e}");
+            }
+        })
         .ok();
     Ok(Conn { hello, map, cma })
 }
@@ -281,6 +556,33 @@ struct Live {
     busy: AtomicBool,
     /// The client hung up, or broke the protocol: the target drops the channel.
     closed: AtomicBool,
+    /// A direct read the target handed to the connection's thread.
+    pull: Mutex<PullSlot>,
+    /// Wakes the connection's thread for a pull.
+    pull_wanted: OwnedFd,
+    /// The pull is done: the target takes the request back.
+    pulled: AtomicBool,
+    /// The target's wake-up eventfd (a duplicate), rung when a pull is done.
+    target_wake: OnceLock<OwnedFd>,
+    /// A pull was logged for this connection.
+    pulled_once: AtomicBool,
+}
+
+/// An update whose values are in the client's memory ([`wire::FLAG_BULK_REMOTE`]).
+struct Pull {
+    header: Header,
+    /// The update, its values not there yet.
+    req: Request,
+    parts: Vec<RemotePart>,
+    len: usize,
+    /// Where in the mapping the values go: past the request's message.
+    off: u64,
+}
+
+enum PullSlot {
+    Empty,
+    Wanted(Pull),
+    Done(Pull, Result<(), String>),
 }
 
 impl Live {
@@ -316,6 +618,69 @@ impl Live {
             }
         }
     }
+
+    /// Hand `pull` to the connection's thread (from the target's thread:
+    /// never blocks, the slot's lock is only held to move a value in or out).
+    fn want(&self, pull: Pull) {
+        *self.pull.lock().unwrap_or_else(|e| e.into_inner()) = PullSlot::Wanted(pull);
+        ring(&self.pull_wanted);
+    }
+
+    /// On the connection's thread: read the values of the pull wanted, if
+    /// any, into the request region, and give it back to the target.
+    fn do_pull(&self) {
+        let slot = std::mem::replace(
+            &mut *self.pull.lock().unwrap_or_else(|e| e.into_inner()),
+            PullSlot::Empty,
+        );
+        let PullSlot::Wanted(pull) = slot else {
+            return;
+        };
+        let Some(cma) = &self.conn.cma else {
+            return self.close("a pull on a connection without direct reads");
+        };
+        let r = match self.conn.map.addr(pull.off, pull.len) {
+            None => Err(format!(
+                "a remote bulk of {} bytes does not fit the request region past its message",
+                pull.len
+            )),
+            Some(dst) => {
+                let remote: Vec<(u64, usize)> = pull
+                    .parts
+                    .iter()
+                    .map(|p| (p.addr, p.len as usize))
+                    .collect();
+                // SAFETY: `dst` is `len` bytes inside the mapping, which
+                // lives as long as `self`; the target does not look at the
+                // region while the request is with this thread (busy), and
+                // the engine only ever writes these bytes through this slice.
+                let out = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, pull.len) };
+                match cma.read(&remote, out) {
+                    Ok(()) => Ok(()),
+                    Err(CmaError::Changed(why)) => {
+                        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                        return self.close(&format!("direct read refused: {why}"));
+                    }
+                    Err(CmaError::Read(e)) => Err(format!(
+                        "reading the client's memory (pid {}): {e}",
+                        cma.pid
+                    )),
+                }
+            }
+        };
+        *self.pull.lock().unwrap_or_else(|e| e.into_inner()) = PullSlot::Done(pull, r);
+        self.pulled.store(true, Ordering::SeqCst);
+        if let Some(w) = self.target_wake.get() {
+            ring(w);
+        }
+    }
+}
+
+/// Add one to an eventfd.
+fn ring(efd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: 8 bytes to an eventfd we hold.
+    unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
 }
 
 /// A connection as its target sees it.
@@ -338,6 +703,7 @@ impl Drop for Channel {
 impl Source for Channel {
     fn pending(&self) -> bool {
         self.live.closed.load(Ordering::Acquire)
+            || self.live.pulled.load(Ordering::SeqCst)
             || self.live.conn.word(wire::REQ_STATE).load(Ordering::Acquire) == wire::REQ_PENDING
     }
 
@@ -345,6 +711,32 @@ impl Source for Channel {
         let live = &self.live;
         if live.closed.load(Ordering::Acquire) {
             return Polled::Closed;
+        }
+        if live.pulled.swap(false, Ordering::SeqCst) {
+            let slot = std::mem::replace(
+                &mut *live.pull.lock().unwrap_or_else(|e| e.into_inner()),
+                PullSlot::Empty,
+            );
+            let PullSlot::Done(pull, r) = slot else {
+                return Polled::Idle;
+            };
+            if let Err(e) = r {
+                live.reply(
+                    &pull.header,
+                    owned(dataplane::error_reply(-libc::EINVAL, e)),
+                );
+                return Polled::Idle;
+            }
+            let Request::Update(u, _) = pull.req else {
+                return Polled::Idle;
+            };
+            let values = ShmBulk {
+                live: live.clone(),
+                off: pull.off,
+                len: pull.len,
+            };
+            let req = Request::Update(u, Bulk::Shared(Box::new(values)));
+            return self.dispatch(pull.header, req);
         }
         let state = live.conn.word(wire::REQ_STATE);
         if state.load(Ordering::Acquire) != wire::REQ_PENDING {
@@ -357,7 +749,7 @@ impl Source for Channel {
         }
         state.store(wire::REQ_TAKEN, Ordering::Release);
         let len = live.conn.word(wire::REQ_LEN).load(Ordering::Acquire);
-        let (header, req) = match decode_one(live, len) {
+        let decoded = match decode_one(live, len) {
             Ok(d) => d,
             Err(e) => {
                 live.stats.rejected.fetch_add(1, Ordering::Relaxed);
@@ -366,10 +758,32 @@ impl Source for Channel {
             }
         };
         live.busy.store(true, Ordering::Release);
-        let Some(req) = req else {
-            live.reply(&header, owned(dataplane::error_reply(0, String::new())));
-            return Polled::Idle;
-        };
+        match decoded {
+            Decoded::Pull(pull) => {
+                // The client's memory is read off this thread: a fault
+                // there may take for ever.
+                if !live.pulled_once.swap(true, Ordering::Relaxed) {
+                    tracing::info!(
+                        "shm pid {}: update values not in resident anonymous memory: read on the connection's thread",
+                        live.pid
+                    );
+                }
+                live.want(pull);
+                Polled::Idle
+            }
+            Decoded::Now(header, None) => {
+                live.reply(&header, owned(dataplane::error_reply(0, String::new())));
+                Polled::Idle
+            }
+            Decoded::Now(header, Some(req)) => self.dispatch(header, req),
+        }
+    }
+}
+
+impl Channel {
+    /// Admit a decoded request and give it to the target.
+    fn dispatch(&mut self, header: Header, req: Request) -> Polled {
+        let live = &self.live;
         // Polled on the target's own thread: admitted requests queue in order
         // with the drain that follows a pool map change (see `crate::poolmap`).
         let mut track = self.io.track(&req);
@@ -415,8 +829,9 @@ impl Source for Channel {
     }
 }
 
-/// An update's values in the client's own memory ([`wire::FLAG_BULK_REMOTE`]),
-/// read by the target straight into its buffers.
+/// An update's values in the client's own memory, resident (see
+/// [`Cma::resident`]): read by the target straight into its buffers, with
+/// the probe word in the same system call.
 struct RemoteBulk {
     live: Arc<Live>,
     parts: Vec<RemotePart>,
@@ -445,11 +860,16 @@ impl SharedBytes for RemoteBulk {
             remote.push((p.addr + skip as u64, n));
             want -= n;
         }
-        cma.read(&remote, out).map_err(|e| {
-            std::io::Error::new(
+        cma.read(&remote, out).map_err(|e| match e {
+            CmaError::Changed(why) => {
+                self.live.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                self.live.close(&format!("direct read refused: {why}"));
+                std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)
+            }
+            CmaError::Read(e) => std::io::Error::new(
                 e.kind(),
                 format!("reading the client's memory (pid {}): {e}", cma.pid),
-            )
+            ),
         })
     }
 }
@@ -477,19 +897,27 @@ impl SharedBytes for ShmBulk {
     }
 }
 
-fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
+fn connection(node: &Node, sock: UnixStream, peer: Peer, stats: Arc<ShmStats>) {
+    let pid = peer.pid;
     let refuse = |why: String| {
         stats.rejected.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("shm pid {pid}: closing connection: handshake: {why}");
     };
-    let conn = match handshake(&sock, pid) {
+    let hello_timeout = Duration::from_millis(node.cfg.shm.hello_timeout_ms);
+    let conn = match handshake(&sock, &peer, hello_timeout) {
         Ok(c) => c,
         Err(e) => return refuse(e),
     };
+    drop(peer);
     let storage = match node.storage() {
         Ok(s) => s,
         Err(st) => return refuse(st.message().to_string()),
     };
+    // SAFETY: a new eventfd; -1 on failure.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if efd < 0 {
+        return refuse(format!("eventfd: {}", std::io::Error::last_os_error()));
+    }
     let target = conn.hello.target;
     let (hello_req, hello_resp) = (conn.hello.req_len, conn.hello.resp_len);
     let live = Arc::new(Live {
@@ -499,6 +927,12 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
         stats: stats.clone(),
         busy: AtomicBool::new(false),
         closed: AtomicBool::new(false),
+        pull: Mutex::new(PullSlot::Empty),
+        // SAFETY: the fresh eventfd, ours.
+        pull_wanted: unsafe { OwnedFd::from_raw_fd(efd) },
+        pulled: AtomicBool::new(false),
+        target_wake: OnceLock::new(),
+        pulled_once: AtomicBool::new(false),
     });
     let channel = Box::new(Channel {
         live: live.clone(),
@@ -510,6 +944,14 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
         Ok(fds) => fds,
         Err(e) => return refuse(e.to_string()),
     };
+    // SAFETY: a duplicate of the target's eventfd (open while `storage` is held).
+    let dup = unsafe { libc::fcntl(wake_fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        live.close(&format!("dup eventfd: {}", std::io::Error::last_os_error()));
+        return;
+    }
+    // SAFETY: the fresh duplicate, ours.
+    let _ = live.target_wake.set(unsafe { OwnedFd::from_raw_fd(dup) });
     let flags = if live.conn.cma.is_some() {
         wire::ACK_CMA
     } else {
@@ -531,29 +973,44 @@ fn connection(node: &Node, sock: UnixStream, pid: i32, stats: Arc<ShmStats>) {
 }
 
 /// Wait for the client to hang up (it sends nothing on the socket after the
-/// hello), then mark the connection closed for its target.
+/// hello), then mark the connection closed for its target; meanwhile do the
+/// direct reads the target hands over.
 fn watch(live: &Live) {
     let fd = live.sock.as_raw_fd();
     while !live.closed.load(Ordering::Acquire) {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN | libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: one pollfd that lives across the call. poll's wake-ups are
+        let mut p = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: live.pull_wanted.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two pollfds that live across the call. poll's wake-ups are
         // filtered by event, unlike a blocked recv's: the client consuming a
         // reply doorbell does not wake this thread.
-        let n = unsafe { libc::poll(&mut p, 1, -1) };
+        let n = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             break;
         }
-        if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        if p[1].revents & libc::POLLIN != 0 {
+            let mut b = [0u8; 8];
+            // SAFETY: reading the eventfd's counter into 8 bytes of ours.
+            unsafe { libc::read(live.pull_wanted.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+            live.do_pull();
+        }
+        let r = p[0].revents;
+        if r & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
             break;
         }
-        if p.revents & libc::POLLIN != 0 {
+        if r & libc::POLLIN != 0 {
             live.stats.rejected.fetch_add(1, Ordering::Relaxed);
             live.close("the client wrote to the socket after its hello");
             return;
@@ -563,9 +1020,17 @@ fn watch(live: &Live) {
     let _ = live.sock.shutdown(std::net::Shutdown::Both);
 }
 
+/// A request taken from the request region.
+enum Decoded {
+    /// Ready for the target (None: a ping).
+    Now(Header, Option<Request>),
+    /// An update whose values the connection's thread must read first.
+    Pull(Pull),
+}
+
 /// Copy out, check and decode the request of `len` bytes in the request
 /// region; an update's bulk stays there ([`ShmBulk`]).
-fn decode_one(live: &Arc<Live>, len: u64) -> Result<(Header, Option<Request>), String> {
+fn decode_one(live: &Arc<Live>, len: u64) -> Result<Decoded, String> {
     let c = &live.conn;
     let h = &c.hello;
     if len < HEADER_LEN as u64 || len > h.req_len {
@@ -599,19 +1064,17 @@ fn decode_one(live: &Arc<Live>, len: u64) -> Result<(Header, Option<Request>), S
     let update = header.op() == peregrine_proto::frame::Opcode::Update;
     let remote = header.flags & wire::FLAG_BULK_REMOTE != 0;
     // An update's values stay where they are until its target copies them.
-    let (bulk, values): (Vec<u8>, Option<Box<dyn SharedBytes>>) = match (update, remote) {
+    let (bulk, values, parts) = match (update, remote) {
         (true, true) if c.cma.is_some() => {
             let parts = RemotePart::decode_all(&read_bulk()?)?;
-            let len = parts.iter().map(|p| p.len as usize).sum();
-            let live = live.clone();
-            (Vec::new(), Some(Box::new(RemoteBulk { live, parts, len })))
+            (Vec::new(), None, Some(parts))
         }
         (true, false) => {
             let (live, off) = (live.clone(), bulk_off);
-            let values = ShmBulk { live, off, len: bulk_len };
-            (Vec::new(), Some(Box::new(values)))
+            let values: Box<dyn SharedBytes> = Box::new(ShmBulk { live, off, len: bulk_len });
+            (Vec::new(), Some(values), None)
         }
-        (false, false) => (read_bulk()?, None),
+        (false, false) => (read_bulk()?, None, None),
         _ => {
             return Err(
                 "a remote bulk on a request other than an update, or on a connection without direct reads"
@@ -621,11 +1084,32 @@ fn decode_one(live: &Arc<Live>, len: u64) -> Result<(Header, Option<Request>), S
     };
     let req = dataplane::decode_request(Frame { header, msg, bulk })
         .map_err(|e| format!("request frame: {e}"))?;
-    let req = match (req, values) {
-        (Some(Request::Update(u, _)), Some(v)) => Some(Request::Update(u, Bulk::Shared(v))),
-        (r, _) => r,
-    };
-    Ok((header, req))
+    Ok(match (req, values, parts) {
+        // Resident anonymous memory: the target reads it straight into its
+        // buffers (one copy).
+        (Some(Request::Update(u, _)), _, Some(parts))
+            if c.cma.as_ref().is_some_and(|cma| cma.resident(&parts)) =>
+        {
+            let len = parts.iter().map(|p| p.len as usize).sum();
+            let live = live.clone();
+            let values = RemoteBulk { live, parts, len };
+            Decoded::Now(
+                header,
+                Some(Request::Update(u, Bulk::Shared(Box::new(values)))),
+            )
+        }
+        (Some(Request::Update(u, b)), _, Some(parts)) => Decoded::Pull(Pull {
+            header,
+            req: Request::Update(u, b),
+            len: parts.iter().map(|p| p.len as usize).sum(),
+            parts,
+            off: bulk_off,
+        }),
+        (Some(Request::Update(u, _)), Some(v), _) => {
+            Decoded::Now(header, Some(Request::Update(u, Bulk::Shared(v))))
+        }
+        (r, _, _) => Decoded::Now(header, r),
+    })
 }
 
 fn write_response(

@@ -39,6 +39,11 @@
 //! own memory ([`FLAG_BULK_REMOTE`], [`RemotePart`]s), and the target reads
 //! them straight into its device buffers: one copy, by the kernel
 //! (cross-memory attach, as MPI libraries move large messages on a node).
+//! The probe word must hold its nonce for as long as the connection lives:
+//! the engine reads it again with every direct read, in the same system
+//! call, and closes the connection of a process that no longer holds it
+//! (one that exec'd since its hello: same pid, other program). Version 4
+//! made that a rule.
 //!
 //! Both "sleeps" checks pair a store, a full fence and a load on each side
 //! (as a Dekker lock): either the sleeper sees the work, or the worker sees
@@ -54,7 +59,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const MAGIC: [u8; 4] = *b"PRGS";
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Response frame flag (shared memory only): the bulk sits at
 /// [`BULK_PAGE_OFF`] from the frame's start, the message right after it.
 pub const FLAG_BULK_AT_PAGE: u32 = 1 << 8;
@@ -305,55 +310,73 @@ pub fn check_ack(b: &[u8; ACK_LEN]) -> Result<(String, u64), String> {
 /// kernel. Fails with the errno (EFAULT for memory the process does not
 /// have, EPERM without the right to read it, ESRCH once it is gone).
 pub fn read_remote(pid: i32, remote: &[(u64, usize)], out: &mut [u8]) -> io::Result<()> {
-    if remote.iter().map(|r| r.1).sum::<usize>() != out.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "remote pieces and local buffer differ in length",
-        ));
-    }
-    let mut done = 0usize;
-    let mut skip = 0usize;
-    let mut first = 0usize;
-    while done < out.len() {
-        // The remote pieces not read yet (the kernel may stop at a page fault).
-        let mut rest = Vec::with_capacity(remote.len());
-        let mut s = skip;
-        for &(a, l) in &remote[first..] {
-            rest.push(libc::iovec {
-                iov_base: (a as usize + s) as *mut libc::c_void,
-                iov_len: l - s,
-            });
-            s = 0;
+    read_remote_into(pid, remote, &mut [out]).1
+}
+
+/// The iovecs of `parts` (address, length) from byte `skip` of their
+/// concatenation on.
+fn iovecs_from(parts: impl Iterator<Item = (usize, usize)>, mut skip: usize) -> Vec<libc::iovec> {
+    let mut v = Vec::new();
+    for (a, l) in parts {
+        if skip >= l {
+            skip -= l;
+            continue;
         }
-        let local = libc::iovec {
-            iov_base: out[done..].as_mut_ptr().cast(),
-            iov_len: out.len() - done,
+        v.push(libc::iovec {
+            iov_base: (a + skip) as *mut libc::c_void,
+            iov_len: l - skip,
+        });
+        skip = 0;
+    }
+    v
+}
+
+/// Read process `pid`'s memory at `remote` into the `local` buffers, in
+/// order, with as few `process_vm_readv` calls as the kernel allows (one,
+/// unless it stops at a page fault). Returns how many bytes arrived, and
+/// whether all did: a caller that put a probe word first can tell whether
+/// the probe itself was unreadable (fewer bytes than the probe's).
+pub fn read_remote_into(
+    pid: i32,
+    remote: &[(u64, usize)],
+    local: &mut [&mut [u8]],
+) -> (usize, io::Result<()>) {
+    let total: usize = local.iter().map(|l| l.len()).sum();
+    if remote.iter().map(|r| r.1).sum::<usize>() != total {
+        return (
+            0,
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "remote pieces and local buffers differ in length",
+            )),
+        );
+    }
+    if remote.len() > 1000 || local.len() > 16 {
+        return (0, Err(io::ErrorKind::InvalidInput.into()));
+    }
+    let locals: Vec<(usize, usize)> = local
+        .iter_mut()
+        .map(|l| (l.as_mut_ptr() as usize, l.len()))
+        .collect();
+    let mut done = 0usize;
+    while done < total {
+        // What is not read yet (the kernel may stop at a page fault).
+        let r = iovecs_from(remote.iter().map(|&(a, l)| (a as usize, l)), done);
+        let l = iovecs_from(locals.iter().copied(), done);
+        // SAFETY: the local iovecs cover the caller's own buffers (borrowed
+        // mutably for the call); the remote side is only read.
+        let n = unsafe {
+            libc::process_vm_readv(pid, l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
         };
-        // SAFETY: `local` is our own buffer; the remote side is only read.
-        let n =
-            unsafe { libc::process_vm_readv(pid, &local, 1, rest.as_ptr(), rest.len() as _, 0) };
         if n < 0 {
-            return Err(io::Error::last_os_error());
+            return (done, Err(io::Error::last_os_error()));
         }
         if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+            return (done, Err(io::Error::from_raw_os_error(libc::EFAULT)));
         }
         done += n as usize;
-        // Advance over what was read.
-        let mut n = n as usize;
-        while n > 0 {
-            let left = remote[first].1 - skip;
-            if n >= left {
-                n -= left;
-                first += 1;
-                skip = 0;
-            } else {
-                skip += n;
-                n = 0;
-            }
-        }
     }
-    Ok(())
+    (done, Ok(()))
 }
 
 fn last_os(what: &str) -> io::Error {
