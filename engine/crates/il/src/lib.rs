@@ -41,7 +41,7 @@
 //! * Served: stat, stat64, lstat, lstat64, fstatat(64), statx, `__xstat`,
 //!   `__lxstat`, `__fxstatat` (and 64), access, faccessat, euidaccess,
 //!   eaccess, mkdir, mkdirat, unlink, unlinkat, rmdir, rename, renameat,
-//!   renameat2 (NOREPLACE, EXCHANGE). The answers are the kernel's for
+//!   renameat2 (NOREPLACE), and opens (below). The answers are the kernel's for
 //!   the same path through the mount: same st_dev, the daemon's inode
 //!   numbers (`stat::ino_of`), link counts, block size, statx mask and
 //!   attributes, the same errnos (tests/meta.rs compares them field by
@@ -75,27 +75,33 @@
 //!   chmod, chown, truncate, utimes, link, symlink, mknod and any change
 //!   it hands to the kernel drop the whole cache). No negative entries:
 //!   a name made elsewhere is seen at once.
-//! * The kernel's caches: a name the library removes or renames can still
-//!   be served by the kernel's dentry cache to kernel-path calls (of this
-//!   process or others on the node) for up to the daemon's
-//!   `--dentry-timeout` (default 1 s), and a directory's attributes
-//!   (mtime, link count) for up to `--attr-timeout`: the same bound as a
-//!   change made by another client. (Closing it needs the daemon to drop
-//!   the kernel's entry: `notify_inval_entry` behind an ioctl that takes a
-//!   directory and a name; the current `PEREGRINE_IOC_INVALIDATE` drops an
-//!   open file's attributes and pages only.)
+//! * The kernel's caches: the library changes the namespace behind the
+//!   kernel's back, so kernel-path calls (of this process or others on the
+//!   node) can see the kernel's older view for up to the daemon's
+//!   timeouts, the same bound as a change made by another client: a
+//!   directory's attributes (mtime, link count) for `--attr-timeout`, and
+//!   for `--dentry-timeout` an entry the kernel still holds for a name
+//!   another client removed and the library made again. Removals are kept
+//!   to names the kernel cannot hold (below), because a stale entry left
+//!   by a removal would make a kernel-path open of the name open the
+//!   removed file. (Closing this needs the daemon: `notify_inval_entry`
+//!   behind an ioctl that takes a directory and a name, or ESTALE from
+//!   OPEN of an inode whose entry is gone, which makes the kernel look the
+//!   name up again; `PEREGRINE_IOC_INVALIDATE` drops an open file's
+//!   attributes and pages only.)
 //! * Opens (`place.rs`): open, open64, openat(64), creat(64), `__open_2`
 //!   & co. of a file they create write-only (O_CREAT on a free name,
 //!   O_WRONLY; read-write creates go to the kernel, see place.rs) or of
 //!   an existing regular file read-only are served with no
 //!   kernel or daemon round trip; the descriptor is a *placeholder*, a
 //!   memfd the library serves wholly (the kernel keeps its offset, so
-//!   dup, fork and stdio share it as usual; fstat, statx and fstatat with
+//!   dup and stdio share it as usual; fstat, statx and fstatat with
 //!   AT_EMPTY_PATH and F_GETFL answer for the file). It becomes the real
 //!   file (opened through the mount by its path, at the same offset, on
-//!   the same descriptor numbers) before exec (execve, execv, execvp,
-//!   execvpe, fexecve: those not close-on-exec; posix_spawn(p), system,
-//!   popen: all), mmap, fcntl locks/leases/seals, flock, ioctl, fchmod,
+//!   the same descriptor numbers) before fork (all: parent and child then
+//!   share the kernel's open file, whatever the child execs), exec
+//!   (execve, execv, execvp, execvpe, fexecve: those not close-on-exec;
+//!   posix_spawn(p), system, popen: all), mmap, fcntl locks/leases/seals, flock, ioctl, fchmod,
 //!   fchown, futimens, f*xattr, fstatfs, fstatvfs, fallocate,
 //!   posix_fallocate, splice, tee, syncfs, readahead. Writes to an
 //!   existing file, O_TRUNC of one, O_PATH, O_DIRECTORY, O_TMPFILE,
@@ -106,10 +112,11 @@
 //!   and fstat of a placeholder ask the store for the size, as for tracked
 //!   descriptors (the cache's bound is for path calls): processes sharing
 //!   a file through the library see each other's writes at once. Not
-//!   covered: exec through execl/execlp/
-//!   execle and glibc's internal spawns (those calls are variadic or
-//!   inside glibc): a placeholder inherited that way is an empty memfd in
-//!   the new program; `/proc/self/fd/N` of a placeholder names the memfd.
+//!   covered: exec through execl, execlp and execle and glibc's internal
+//!   spawns (variadic, or inside glibc) without a fork before them: a
+//!   placeholder inherited that way is an empty memfd in the new program;
+//!   `/proc/self/fd/N` of a placeholder names the memfd; calls on a
+//!   placeholder the library does not intercept see the memfd.
 //!   vfork is a fork (convert.rs explains why), so that shells that
 //!   redirect in the parent and vfork (dash) hand the real file over.
 //! * Removals (unlink, rmdir, the source of a rename) are served only for
@@ -120,16 +127,20 @@
 //!   and a kernel-path open of the name (in any process of the node)
 //!   would open the removed file instead of making a new one. So other
 //!   removals, and renames onto an existing name, go to the kernel.
-//! * Removing or replacing a file this process has open (tracked) or
-//!   mapped goes to the kernel, so that the daemon keeps its data until
-//!   the last close; a file open in *another* process is punched at once
-//!   by a removal through the library (as with two clients of DFS).
+//! * Removing or renaming a file this process has open (tracked or a
+//!   placeholder, which becomes the real file first) or mapped goes to the
+//!   kernel, so that the daemon keeps its data until the last close; a
+//!   file open in *another* process is punched at once by a removal
+//!   through the library (as with two clients of DFS).
 //! * `PEREGRINE_IL_METADATA=0`: path calls go to the kernel; data calls
 //!   are still intercepted. Counted in the report as `path_stats`,
-//!   `path_access`, `mkdirs`, `unlinks`, `rmdirs`, `renames` (served) and
-//!   `path_fallbacks` (paths in a served mount handed to the kernel).
-//! * fork: the child keeps the cache and the mounts' containers (as
-//!   handles) and reconnects on first use; exec starts afresh.
+//!   `path_access`, `mkdirs`, `unlinks`, `rmdirs`, `renames`,
+//!   `path_opens`, `path_creates` (served; served opens count in `opens`
+//!   too) and `path_fallbacks` (paths in a served mount handed to the
+//!   kernel).
+//! * fork: placeholders become real files first; the child keeps the
+//!   cache and the mounts' containers (as handles) and reconnects on first
+//!   use; exec starts afresh.
 //!
 //! # Design
 //! * A global `RwLock<Vec<Option<Arc<Shared>>>>` indexed by fd; dup'ed fds
