@@ -10,6 +10,7 @@
 //! (a punch hides versions at its own epoch too). For arrays, later epochs win
 //! per byte; between extents of equal epoch the later write wins.
 
+use crate::compact::{bytes, Key, SmallMap};
 use crate::dtx::{DtxTable, TxId};
 use crate::error::Errno;
 use crate::superblock::BLOCK;
@@ -50,7 +51,8 @@ pub(crate) struct DevExtent {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Payload {
-    Inline(Vec<u8>),
+    /// Serialized as a `Vec<u8>` always was (read whole, see [`bytes`]).
+    Inline(#[serde(with = "bytes")] Vec<u8>),
     Device(DevExtent),
 }
 
@@ -84,7 +86,7 @@ pub(crate) struct Tomb {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct AkeyTree {
-    pub singles: BTreeMap<u64, Version>,
+    pub singles: SmallMap<u64, Version>,
     /// Sorted by epoch; equal epochs in write order.
     pub extents: Vec<Version>,
     pub punches: Vec<Tomb>,
@@ -92,13 +94,13 @@ pub(crate) struct AkeyTree {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DkeyTree {
-    pub akeys: BTreeMap<Vec<u8>, AkeyTree>,
+    pub akeys: SmallMap<Key, AkeyTree>,
     pub punches: Vec<Tomb>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ObjTree {
-    pub dkeys: BTreeMap<Vec<u8>, DkeyTree>,
+    pub dkeys: SmallMap<Key, DkeyTree>,
     pub punches: Vec<Tomb>,
 }
 
@@ -529,7 +531,7 @@ impl Page {
 /// Keys of `map` strictly after `anchor` for which `visible` holds: up to
 /// `max`, and whether the listing is complete.
 fn list_keys<'a, V: 'a>(
-    map: &'a BTreeMap<Vec<u8>, V>,
+    map: &'a SmallMap<Key, V>,
     anchor: &[u8],
     max: usize,
     visible: impl Fn(&V) -> bool,
@@ -537,15 +539,15 @@ fn list_keys<'a, V: 'a>(
     let start = if anchor.is_empty() {
         Bound::Unbounded
     } else {
-        Bound::Excluded(anchor.to_vec())
+        Bound::Excluded(anchor)
     };
     let mut keys = Vec::new();
-    for (k, v) in map.range((start, Bound::Unbounded)) {
+    for (k, v) in map.range::<[u8], _>((start, Bound::Unbounded)) {
         if visible(v) {
             if keys.len() == max {
                 return (keys, false);
             }
-            keys.push(k.clone());
+            keys.push(k.to_vec());
         }
     }
     (keys, true)
@@ -841,10 +843,10 @@ impl TargetIndex {
                     }
                     continue;
                 }
-                let from = after.map_or(Bound::Unbounded, |d| Bound::Excluded(d.clone()));
-                for (dk, d) in o.dkeys.range((from, Bound::Unbounded)) {
+                let from = after.map_or(Bound::Unbounded, |d| Bound::Excluded(d.as_slice()));
+                for (dk, d) in o.dkeys.range::<[u8], _>((from, Bound::Unbounded)) {
                     if (punched || dkey_changed(d, since))
-                        && page.push((*cid, *ok, dk.clone())).is_err()
+                        && page.push((*cid, *ok, dk.to_vec())).is_err()
                     {
                         return (page.keys, false);
                     }
@@ -913,7 +915,7 @@ impl TargetIndex {
                 let rec = data::Record {
                     kind: K::RecordValue as i32,
                     epoch: v.epoch,
-                    akey: ak.clone(),
+                    akey: ak.to_vec(),
                     value_kind: data::ValueKind::Single as i32,
                     offset: 0,
                     len: v.len,
@@ -939,7 +941,7 @@ impl TargetIndex {
                 let rec = data::Record {
                     kind: K::RecordValue as i32,
                     epoch: x.epoch,
-                    akey: ak.clone(),
+                    akey: ak.to_vec(),
                     value_kind: data::ValueKind::Array as i32,
                     offset: x.offset,
                     len: x.len,
@@ -1005,8 +1007,7 @@ impl TargetIndex {
                     .entry(obj)
                     .or_default()
                     .dkeys
-                    .entry(dkey.clone())
-                    .or_default();
+                    .entry_or_default(Key::new(&dkey));
                 let mut add = Released::default();
                 let mut old = Released::default();
                 for nv in values {
@@ -1023,7 +1024,7 @@ impl TargetIndex {
                         payload: nv.payload,
                     };
                     add.version(&v);
-                    let a = d.akeys.entry(nv.akey).or_default();
+                    let a = d.akeys.entry_or_default(Key::from(nv.akey));
                     match nv.kind {
                         Kind::Single => {
                             // Same epoch: the new value replaces the old one in place.
@@ -1033,6 +1034,8 @@ impl TargetIndex {
                         }
                         Kind::Array => {
                             let pos = a.extents.partition_point(|x| x.epoch <= epoch);
+                            // Room for exactly one more (a first push makes room for 4).
+                            a.extents.reserve_exact(1);
                             a.extents.insert(pos, v);
                         }
                     }
@@ -1063,20 +1066,23 @@ impl TargetIndex {
                 };
                 let mut charged = 0;
                 if dkey.is_empty() {
+                    o.punches.reserve_exact(1);
                     o.punches.push(Tomb {
                         epoch,
                         scm: REC_OVERHEAD,
                     });
                     charged += REC_OVERHEAD;
-                } else if let Some(d) = o.dkeys.get_mut(&dkey) {
+                } else if let Some(d) = o.dkeys.get_mut(dkey.as_slice()) {
                     if akeys.is_empty() {
                         let scm = REC_OVERHEAD + dkey.len() as u64;
+                        d.punches.reserve_exact(1);
                         d.punches.push(Tomb { epoch, scm });
                         charged += scm;
                     } else {
                         for ak in akeys {
-                            if let Some(a) = d.akeys.get_mut(&ak) {
+                            if let Some(a) = d.akeys.get_mut(ak.as_slice()) {
                                 let scm = value_scm(&dkey, &ak, 0);
+                                a.punches.reserve_exact(1);
                                 a.punches.push(Tomb { epoch, scm });
                                 charged += scm;
                             }
@@ -1393,8 +1399,7 @@ mod tests {
         );
         let mut rel = Released::default();
         ix.apply(WalOp::Aggregate { pool }, &mut rel);
-        let a =
-            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        let a = &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d"[..]].akeys[&b"a"[..]];
         assert_eq!(
             a.extents.iter().map(|x| x.epoch).collect::<Vec<_>>(),
             vec![10, 30, 40]
@@ -1413,8 +1418,7 @@ mod tests {
             &mut Released::default(),
         );
         ix.apply(WalOp::Aggregate { pool }, &mut Released::default());
-        let a =
-            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        let a = &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d"[..]].akeys[&b"a"[..]];
         assert_eq!(
             a.extents.iter().map(|x| x.epoch).collect::<Vec<_>>(),
             vec![30, 40]
@@ -1443,8 +1447,7 @@ mod tests {
         let used = ix.cont(&pool, &cont).unwrap().scm_used;
         let mut rel = Released::default();
         ix.apply(WalOp::AggregateTo { pool, upto: 15 }, &mut rel);
-        let a =
-            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        let a = &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d"[..]].akeys[&b"a"[..]];
         assert_eq!(
             a.extents
                 .iter()
@@ -1491,9 +1494,9 @@ mod tests {
         );
         ix.apply(WalOp::Aggregate { pool }, &mut Released::default());
         let c = ix.cont(&pool, &cont).unwrap();
-        let d = &c.objs[&obj].dkeys[&b"d".to_vec()];
+        let d = &c.objs[&obj].dkeys[&b"d"[..]];
         assert!(d.punches.is_empty(), "punch with nothing below is dropped");
-        assert_eq!(d.akeys[&b"a".to_vec()].singles.len(), 1);
+        assert_eq!(d.akeys[&b"a"[..]].singles.len(), 1);
         let used = c.scm_used;
         ix.recount();
         assert_eq!(
@@ -1513,8 +1516,7 @@ mod tests {
         let mut rel = Released::default();
         ix.apply(WalOp::AggregateTo { pool, upto: 25 }, &mut rel);
         assert_eq!(ix.aggregated_to, 25);
-        let a =
-            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        let a = &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d"[..]].akeys[&b"a"[..]];
         // Hidden at 25 (and so at every later epoch): only v1 goes.
         assert_eq!(
             a.singles.keys().copied().collect::<Vec<_>>(),
@@ -1543,8 +1545,7 @@ mod tests {
             WalOp::AggregateTo { pool, upto: 50 },
             &mut Released::default(),
         );
-        let a =
-            &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d".to_vec()].akeys[&b"a".to_vec()];
+        let a = &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d"[..]].akeys[&b"a"[..]];
         assert_eq!(a.singles.keys().copied().collect::<Vec<_>>(), vec![30, 40]);
         assert_eq!(read(&ix, pool, cont, obj, Kind::Single, 0, 0, 35).1, b"v3");
         // The horizon only grows (an older one replayed later does not lower it).
@@ -1571,6 +1572,108 @@ mod tests {
             Some(ix)
         );
         assert_eq!(TargetIndex::decode(b"\xff\xff"), None);
+    }
+
+    /// The compact trees (crate::compact) serialize exactly as the
+    /// `BTreeMap<Vec<u8>, _>` trees and `Vec<u8>` values before them: a
+    /// checkpoint of either kind loads in the other.
+    #[test]
+    fn checkpoints_keep_their_shape_across_the_compact_trees() {
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        enum OldPayload {
+            Inline(Vec<u8>),
+            Device(DevExtent),
+        }
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct OldVersion {
+            epoch: u64,
+            offset: u64,
+            len: u64,
+            crc: Option<u32>,
+            payload: OldPayload,
+            scm: u64,
+        }
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct OldAkey {
+            singles: BTreeMap<u64, OldVersion>,
+            extents: Vec<OldVersion>,
+            punches: Vec<Tomb>,
+        }
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct OldDkey {
+            akeys: BTreeMap<Vec<u8>, OldAkey>,
+            punches: Vec<Tomb>,
+        }
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct OldObj {
+            dkeys: BTreeMap<Vec<u8>, OldDkey>,
+            punches: Vec<Tomb>,
+        }
+        let (mut ix, pool, cont, obj) = setup();
+        // Names short and long (inline and boxed keys), one and many akeys
+        // and dkeys (vector and tree maps), singles, extents and punches.
+        for i in 0..20u64 {
+            let dkey = if i % 3 == 0 {
+                format!("a-long-dkey-name-past-the-inline-limit-{i}")
+            } else {
+                format!("d{i}")
+            };
+            let values: Vec<NewValue> = (0..1 + i % 12)
+                .map(|j| NewValue {
+                    akey: format!("akey{j}").into_bytes(),
+                    kind: if j % 2 == 0 {
+                        Kind::Single
+                    } else {
+                        Kind::Array
+                    },
+                    offset: j,
+                    len: 3,
+                    crc: Some(j as u32),
+                    payload: if j == 3 {
+                        Payload::Device(DevExtent {
+                            block: 7,
+                            nblocks: 1,
+                            csums: vec![1, 2],
+                        })
+                    } else {
+                        inline(b"xyz")
+                    },
+                })
+                .collect();
+            for epoch in [10 + i, 40 + i] {
+                ix.apply(
+                    WalOp::Update {
+                        pool,
+                        cont,
+                        obj,
+                        dkey: dkey.clone().into_bytes(),
+                        epoch,
+                        values: values.clone(),
+                    },
+                    &mut Released::default(),
+                );
+            }
+            ix.apply(
+                WalOp::Punch {
+                    pool,
+                    cont,
+                    obj,
+                    dkey: dkey.into_bytes(),
+                    akeys: vec![b"akey0".to_vec()],
+                    epoch: 30 + i,
+                },
+                &mut Released::default(),
+            );
+        }
+        let o = &ix.cont(&pool, &cont).unwrap().objs[&obj];
+        let enc = bincode::serialize(o).unwrap();
+        let old: OldObj = bincode::deserialize(&enc).unwrap();
+        assert_eq!(old.dkeys.len(), 20);
+        assert_eq!(bincode::serialize(&old).unwrap(), enc, "same bytes");
+        let back: ObjTree = bincode::deserialize(&enc).unwrap();
+        assert_eq!(&back, o);
+        let back = TargetIndex::decode(&bincode::serialize(&ix).unwrap()).unwrap();
+        assert_eq!(back, ix);
     }
 
     #[test]

@@ -171,6 +171,7 @@
 mod alloc;
 mod bufpool;
 mod bulk;
+mod compact;
 mod condition;
 mod counters;
 mod device;

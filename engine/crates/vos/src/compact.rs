@@ -1,0 +1,523 @@
+//! Compact containers for the index trees (issue 19, point 7).
+//!
+//! Most levels of the index hold one entry (one akey per dkey, one version
+//! per akey), and a `BTreeMap` allocates a whole node (room for 11 keys and
+//! values, about 1 KiB here) even for one; a `Vec` grows to 4 elements on
+//! its first push. [`SmallMap`] keeps up to [`SMALL`] entries in a sorted
+//! vector of exactly their size and turns into a `BTreeMap` past that (a
+//! directory's names); [`Key`] holds keys of up to 22 bytes inline (no
+//! allocation: akeys, chunk indexes, most file names).
+//!
+//! Both serialize exactly as the types they replace (`BTreeMap<K, V>` and
+//! `Vec<u8>`), so checkpoints written before them load, and theirs load in
+//! an engine of before them.
+
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::borrow::Borrow;
+use std::cmp::Ordering;
+use std::collections::{btree_map, BTreeMap};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Bound, Deref, RangeBounds};
+
+/// Keys up to this many bytes are held inline.
+const INLINE: usize = 22;
+
+/// Bytes of a dkey or akey: inline up to 22 bytes, boxed beyond (24 bytes
+/// either way, against 24 for a `Vec<u8>` plus its allocation).
+#[derive(Clone)]
+pub(crate) enum Key {
+    Inline { len: u8, buf: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+impl Key {
+    pub(crate) fn new(b: &[u8]) -> Key {
+        if b.len() <= INLINE {
+            let mut buf = [0u8; INLINE];
+            buf[..b.len()].copy_from_slice(b);
+            Key::Inline {
+                len: b.len() as u8,
+                buf,
+            }
+        } else {
+            Key::Heap(b.into())
+        }
+    }
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, buf } => &buf[..*len as usize],
+            Key::Heap(b) => b,
+        }
+    }
+}
+
+impl From<Vec<u8>> for Key {
+    fn from(v: Vec<u8>) -> Key {
+        if v.len() <= INLINE {
+            Key::new(&v)
+        } else {
+            Key::Heap(v.into_boxed_slice())
+        }
+    }
+}
+
+impl From<&[u8]> for Key {
+    fn from(b: &[u8]) -> Key {
+        Key::new(b)
+    }
+}
+
+impl Deref for Key {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl Borrow<[u8]> for Key {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, o: &Key) -> bool {
+        self.as_bytes() == o.as_bytes()
+    }
+}
+impl Eq for Key {}
+impl PartialOrd for Key {
+    fn partial_cmp(&self, o: &Key) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, o: &Key) -> Ordering {
+        self.as_bytes().cmp(o.as_bytes())
+    }
+}
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_bytes().hash(h)
+    }
+}
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+/// As a `Vec<u8>` serializes in bincode (see [`bytes`]).
+impl Serialize for Key {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.as_bytes())
+    }
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
+        d.deserialize_bytes(BytesVisitor).map(Key::from)
+    }
+}
+
+/// Byte strings read whole: bincode writes a `Vec<u8>` (a sequence of
+/// bytes) and a byte string the same way, a length then the bytes, but
+/// reads a sequence one byte per call. For `#[serde(with = "bytes")]` on
+/// `Vec<u8>` fields of checkpoints and WAL records: same bytes, loaded at
+/// the speed of a copy.
+pub(crate) mod bytes {
+    use super::BytesVisitor;
+    use serde::{Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(b)
+    }
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_byte_buf(BytesVisitor)
+    }
+}
+
+/// Bytes however the format hands them over (whole, or as a sequence).
+struct BytesVisitor;
+
+impl<'de> Visitor<'de> for BytesVisitor {
+    type Value = Vec<u8>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("bytes")
+    }
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+        Ok(v.to_vec())
+    }
+    fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+        Ok(v)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Vec<u8>, A::Error> {
+        let mut v = Vec::with_capacity(a.size_hint().unwrap_or(0).min(1 << 16));
+        while let Some(b) = a.next_element()? {
+            v.push(b);
+        }
+        Ok(v)
+    }
+}
+
+/// Entries a [`SmallMap`] keeps in its sorted vector; one more makes it a tree.
+pub(crate) const SMALL: usize = 8;
+
+/// A sorted map: a vector of exactly its entries up to [`SMALL`] of them,
+/// a `BTreeMap` beyond. Equality is by content, whatever the form.
+#[derive(Clone)]
+pub(crate) enum SmallMap<K, V> {
+    Vec(Vec<(K, V)>),
+    Tree(BTreeMap<K, V>),
+}
+
+impl<K, V> Default for SmallMap<K, V> {
+    fn default() -> Self {
+        SmallMap::Vec(Vec::new())
+    }
+}
+
+/// Ascending entries of a [`SmallMap`] (either end).
+pub(crate) enum Iter<'a, K, V> {
+    Vec(std::slice::Iter<'a, (K, V)>),
+    Tree(btree_map::Range<'a, K, V>),
+}
+
+impl<'a, K, V> Iterator for Iter<'a, K, V> {
+    type Item = (&'a K, &'a V);
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Iter::Vec(i) => i.next().map(|(k, v)| (k, v)),
+            Iter::Tree(i) => i.next(),
+        }
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            Iter::Vec(i) => i.size_hint(),
+            Iter::Tree(i) => i.size_hint(),
+        }
+    }
+}
+
+impl<K, V> DoubleEndedIterator for Iter<'_, K, V> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            Iter::Vec(i) => i.next_back().map(|(k, v)| (k, v)),
+            Iter::Tree(i) => i.next_back(),
+        }
+    }
+}
+
+impl<K: Ord, V> SmallMap<K, V> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            SmallMap::Vec(v) => v.len(),
+            SmallMap::Tree(t) => t.len(),
+        }
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Position of `k` in the vector form (Ok: found).
+    fn find<Q>(v: &[(K, V)], k: &Q) -> Result<usize, usize>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        v.binary_search_by(|(x, _)| x.borrow().cmp(k))
+    }
+    pub(crate) fn get<Q>(&self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        match self {
+            SmallMap::Vec(v) => Self::find(v, k).ok().map(|i| &v[i].1),
+            SmallMap::Tree(t) => t.get(k),
+        }
+    }
+    pub(crate) fn get_mut<Q>(&mut self, k: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        match self {
+            SmallMap::Vec(v) => Self::find(v, k).ok().map(|i| &mut v[i].1),
+            SmallMap::Tree(t) => t.get_mut(k),
+        }
+    }
+    /// The value of `k`, inserted from `new` when absent.
+    pub(crate) fn get_or_insert_with(&mut self, k: K, new: impl FnOnce() -> V) -> &mut V {
+        if let SmallMap::Vec(v) = self {
+            if v.len() >= SMALL && Self::find(v, &k).is_err() {
+                let t: BTreeMap<K, V> = std::mem::take(v).into_iter().collect();
+                *self = SmallMap::Tree(t);
+            }
+        }
+        match self {
+            SmallMap::Vec(v) => {
+                let i = match Self::find(v, &k) {
+                    Ok(i) => i,
+                    Err(i) => {
+                        // Exactly one more: a first push would make room for 4.
+                        v.reserve_exact(1);
+                        v.insert(i, (k, new()));
+                        i
+                    }
+                };
+                &mut v[i].1
+            }
+            SmallMap::Tree(t) => t.entry(k).or_insert_with(new),
+        }
+    }
+    pub(crate) fn entry_or_default(&mut self, k: K) -> &mut V
+    where
+        V: Default,
+    {
+        self.get_or_insert_with(k, V::default)
+    }
+    /// Insert or replace; the value replaced.
+    pub(crate) fn insert(&mut self, k: K, val: V) -> Option<V> {
+        if let SmallMap::Vec(v) = self {
+            if let Ok(i) = Self::find(v, &k) {
+                return Some(std::mem::replace(&mut v[i].1, val));
+            }
+        }
+        let mut val = Some(val);
+        let slot = self.get_or_insert_with(k, || val.take().unwrap());
+        val.map(|v| std::mem::replace(slot, v))
+    }
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn remove<Q>(&mut self, k: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        match self {
+            SmallMap::Vec(v) => {
+                let i = Self::find(v, k).ok()?;
+                let (_, val) = v.remove(i);
+                v.shrink_to_fit();
+                Some(val)
+            }
+            SmallMap::Tree(t) => t.remove(k),
+        }
+    }
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
+        match self {
+            SmallMap::Vec(v) => {
+                v.retain_mut(|(k, val)| keep(k, val));
+                v.shrink_to_fit();
+            }
+            SmallMap::Tree(t) => t.retain(|k, val| keep(k, val)),
+        }
+    }
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn clear(&mut self) {
+        *self = SmallMap::default();
+    }
+    /// Entries with keys in `r`, ascending.
+    pub(crate) fn range<Q, R>(&self, r: R) -> Iter<'_, K, V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+        R: RangeBounds<Q>,
+    {
+        match self {
+            SmallMap::Vec(v) => {
+                let lo = match r.start_bound() {
+                    Bound::Unbounded => 0,
+                    Bound::Included(s) => v.partition_point(|(k, _)| k.borrow() < s),
+                    Bound::Excluded(s) => v.partition_point(|(k, _)| k.borrow() <= s),
+                };
+                let hi = match r.end_bound() {
+                    Bound::Unbounded => v.len(),
+                    Bound::Included(e) => v.partition_point(|(k, _)| k.borrow() <= e),
+                    Bound::Excluded(e) => v.partition_point(|(k, _)| k.borrow() < e),
+                };
+                Iter::Vec(v[lo..hi.max(lo)].iter())
+            }
+            SmallMap::Tree(t) => Iter::Tree(t.range::<Q, R>(r)),
+        }
+    }
+    pub(crate) fn iter(&self) -> Iter<'_, K, V> {
+        match self {
+            SmallMap::Vec(v) => Iter::Vec(v.iter()),
+            SmallMap::Tree(t) => Iter::Tree(t.range::<K, _>(..)),
+        }
+    }
+    pub(crate) fn keys(&self) -> impl DoubleEndedIterator<Item = &K> {
+        self.iter().map(|(k, _)| k)
+    }
+    pub(crate) fn values(&self) -> impl DoubleEndedIterator<Item = &V> {
+        self.iter().map(|(_, v)| v)
+    }
+}
+
+impl<'a, K: Ord, V> IntoIterator for &'a SmallMap<K, V> {
+    type Item = (&'a K, &'a V);
+    type IntoIter = Iter<'a, K, V>;
+    fn into_iter(self) -> Iter<'a, K, V> {
+        self.iter()
+    }
+}
+
+impl<K: Ord, V> FromIterator<(K, V)> for SmallMap<K, V> {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(i: I) -> Self {
+        let mut m = SmallMap::default();
+        for (k, v) in i {
+            m.insert(k, v);
+        }
+        m
+    }
+}
+
+impl<K, V, Q> std::ops::Index<&Q> for SmallMap<K, V>
+where
+    K: Ord + Borrow<Q>,
+    Q: Ord + ?Sized,
+{
+    type Output = V;
+    fn index(&self, k: &Q) -> &V {
+        self.get(k).expect("no entry for the key in SmallMap")
+    }
+}
+
+impl<K: Ord, V: PartialEq> PartialEq for SmallMap<K, V> {
+    fn eq(&self, o: &Self) -> bool {
+        self.len() == o.len() && self.iter().eq(o.iter())
+    }
+}
+impl<K: Ord, V: Eq> Eq for SmallMap<K, V> {}
+
+impl<K: Ord + fmt::Debug, V: fmt::Debug> fmt::Debug for SmallMap<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+/// As a `BTreeMap` serializes: a map, ascending.
+impl<K: Ord + Serialize, V: Serialize> Serialize for SmallMap<K, V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // The length up front (bincode needs it; a tree's range iterator
+        // does not tell it exactly).
+        let mut m = s.serialize_map(Some(self.len()))?;
+        for (k, v) in self.iter() {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de, K, V> Deserialize<'de> for SmallMap<K, V>
+where
+    K: Ord + Deserialize<'de>,
+    V: Deserialize<'de>,
+{
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V_<K, V>(PhantomData<(K, V)>);
+        impl<'de, K, V> Visitor<'de> for V_<K, V>
+        where
+            K: Ord + Deserialize<'de>,
+            V: Deserialize<'de>,
+        {
+            type Value = SmallMap<K, V>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+                let n = a.size_hint().unwrap_or(0);
+                if n <= SMALL {
+                    // Read straight into the vector (no tree node built
+                    // and dropped per map); sorted as written.
+                    let mut v: Vec<(K, V)> = Vec::with_capacity(n);
+                    while let Some(e) = a.next_entry()? {
+                        v.push(e);
+                    }
+                    if v.len() <= SMALL && v.windows(2).all(|w| w[0].0 < w[1].0) {
+                        v.shrink_to_fit();
+                        return Ok(SmallMap::Vec(v));
+                    }
+                    return Ok(v.into_iter().collect());
+                }
+                let mut t = BTreeMap::new();
+                while let Some((k, v)) = a.next_entry()? {
+                    t.insert(k, v);
+                }
+                Ok(SmallMap::Tree(t))
+            }
+        }
+        d.deserialize_map(V_(PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_map_behaves_as_a_btreemap() {
+        let mut m: SmallMap<u64, u64> = SmallMap::default();
+        let mut b: BTreeMap<u64, u64> = BTreeMap::new();
+        // Pseudo-random inserts, replacements and removals across the switch.
+        let mut x = 7u64;
+        for i in 0..400 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let k = (x >> 33) % 24;
+            match i % 5 {
+                0..=2 => assert_eq!(m.insert(k, i), b.insert(k, i)),
+                3 => assert_eq!(m.remove(&k), b.remove(&k)),
+                _ => {
+                    m.retain(|k, v| (k + *v) % 7 != 0);
+                    b.retain(|k, v| (k + *v) % 7 != 0);
+                }
+            }
+            assert!(m.iter().eq(b.iter()));
+            assert_eq!(m.len(), b.len());
+            for lo in [0, 5, 11] {
+                assert!(m.range(lo..).eq(b.range(lo..)));
+                assert!(m.range(..=lo).rev().eq(b.range(..=lo).rev()));
+                assert!(m
+                    .range((Bound::Excluded(lo), Bound::Unbounded))
+                    .eq(b.range((Bound::Excluded(lo), Bound::Unbounded))));
+            }
+            assert_eq!(m.get(&3), b.get(&3));
+            *m.entry_or_default(k + 100) += 1;
+            *b.entry(k + 100).or_default() += 1;
+            // Same bytes as the BTreeMap, and back.
+            let enc = bincode::serialize(&m).unwrap();
+            assert_eq!(enc, bincode::serialize(&b).unwrap());
+            let back: SmallMap<u64, u64> = bincode::deserialize(&enc).unwrap();
+            assert_eq!(back, m);
+        }
+    }
+
+    #[test]
+    fn keys_serialize_as_vectors_and_order_as_bytes() {
+        for len in [0, 1, 21, 22, 23, 300] {
+            let v: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
+            let k = Key::from(v.clone());
+            assert_eq!(k.as_bytes(), &v[..]);
+            let enc = bincode::serialize(&k).unwrap();
+            assert_eq!(enc, bincode::serialize(&v).unwrap());
+            assert_eq!(bincode::deserialize::<Key>(&enc).unwrap(), k);
+            #[derive(Serialize, Deserialize, PartialEq, Debug)]
+            struct Whole(#[serde(with = "bytes")] Vec<u8>);
+            assert_eq!(bincode::serialize(&Whole(v.clone())).unwrap(), enc);
+            assert_eq!(bincode::deserialize::<Whole>(&enc).unwrap(), Whole(v));
+        }
+        assert!(Key::new(b"ab") < Key::new(b"abc"));
+        assert!(Key::new(&[0xff; 30]) > Key::new(b"z"));
+        assert_eq!(std::mem::size_of::<Key>(), 24);
+        // One small akey map with one entry costs exactly that entry.
+        let mut m: SmallMap<Key, u64> = SmallMap::default();
+        m.insert(Key::new(b"inode"), 1);
+        let SmallMap::Vec(v) = &m else { panic!() };
+        assert_eq!(v.capacity(), 1);
+    }
+}
