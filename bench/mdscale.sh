@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Metadata at scale (issue 19, point 7): one local engine on a sparse device
+# file, peregrine-mdscale creating --files files of --size bytes in a tree
+# (--per-dir per directory) through the POSIX layer (no FUSE), with the create
+# and stat rates per decade (10^4, 10^5, 10^6) and the engine's RSS per file;
+# then the engine is SIGKILLed and restarted on the same device, and the time
+# until the tree serves again (a stat of the last file) is printed.
+#
+#   bench/mdscale.sh [--files 1000000] [--size 3901] [--per-dir 1000] [--threads 4]
+#                    [--stats 20000] [--targets N] [--dir /var/tmp] [--no-build] [--keep]
+#
+# --targets defaults to what the run's metadata needs: a target keeps at most
+# 512 MiB of metadata and small values (its checkpoint slot holds 1 GiB), and
+# values below 4 KiB (a 3901-byte file) live in the engine's RAM. Each target
+# gets an 8 GiB slice of the sparse device (only what is written takes disk:
+# up to ~1.5 GiB per target for the WAL and the two checkpoint slots).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN="${CARGO_TARGET_DIR:-$ROOT/engine/target}/release"
+PEREGRINE="$BIN/peregrine"
+ENGINE="$BIN/peregrine-engine"
+MDSCALE="$BIN/peregrine-mdscale"
+
+FILES=1000000
+SIZE=3901
+PER_DIR=1000
+THREADS=4
+STATS=20000
+TARGETS=
+PARENT=${TMPDIR:-/var/tmp}
+BUILD=1
+KEEP=0
+
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+die() {
+  echo "mdscale: $*" >&2
+  exit 1
+}
+
+while (($#)); do
+  case $1 in
+    --files) FILES=$2; shift 2 ;;
+    --size) SIZE=$2; shift 2 ;;
+    --per-dir) PER_DIR=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --stats) STATS=$2; shift 2 ;;
+    --targets) TARGETS=$2; shift 2 ;;
+    --dir) PARENT=$2; shift 2 ;;
+    --no-build) BUILD=0; shift ;;
+    --keep) KEEP=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option $1" ;;
+  esac
+done
+for v in FILES SIZE PER_DIR THREADS STATS; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || die "--${v,,} wants a number, got ${!v}"
+done
+
+# Metadata and small values per file as the pool accounts them: the entry
+# (~200 bytes), the parent directory's entry rewritten per create (kept until
+# aggregation, ~200), the file's data when below 4 KiB (size + ~80).
+PER_FILE=400
+((SIZE < 4096)) && PER_FILE=$((PER_FILE + SIZE + 80))
+SCM_NEED=$((FILES * PER_FILE + (256 << 20)))
+BUDGET=$((512 << 20)) # per target
+if [[ -z $TARGETS ]]; then
+  TARGETS=$(((SCM_NEED + BUDGET - 1) / BUDGET))
+  ((TARGETS < 2)) && TARGETS=2
+fi
+[[ $TARGETS =~ ^[1-9][0-9]*$ ]] || die "--targets wants a positive number, got $TARGETS"
+DEVICE_BYTES=$((TARGETS * (8 << 30) + (64 << 20)))
+SCM=$((TARGETS * BUDGET))
+NVME=$((TARGETS * (4 << 30)))
+
+export PEREGRINE_MGMT=127.0.0.1:10001
+# shellcheck source=hack/engines.sh
+source "$ROOT/hack/engines.sh"
+
+if ((BUILD)); then
+  echo "==> cargo build --release"
+  (cd "$ROOT/engine" && cargo build --release -p peregrine-engine -p peregrine-cli -p peregrine-bench) \
+    || die "build failed"
+fi
+for b in "$PEREGRINE" "$ENGINE" "$MDSCALE"; do
+  [[ -x "$b" ]] || die "$b is missing (run without --no-build)"
+done
+engines_check_ports_free || die "refusing to start"
+
+WORK=$(mktemp -d "$PARENT/peregrine-mdscale.XXXXXX")
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  if ((rc != 0)); then
+    echo "mdscale: FAILED (exit $rc); engine logs follow" >&2
+    engines_dump_logs
+  fi
+  if ((KEEP)); then
+    echo "mdscale: --keep: engine still running; stop with: kill ${ENGINE_PIDS[*]}; rm -rf $WORK"
+    exit "$rc"
+  fi
+  engines_stop
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "==> 1 engine, $TARGETS targets, $((DEVICE_BYTES >> 30)) GiB sparse device, in $WORK"
+engines_start 1 "$DEVICE_BYTES" "$TARGETS" "$SCM"
+engines_up 1 || die "engine did not come up"
+"$PEREGRINE" pool create mdscale --scm-size "$SCM" --nvme-size "$NVME" >/dev/null
+"$PEREGRINE" cont create mdscale fs --oclass S1 --dir-oclass S1 >/dev/null
+echo "==> pool mdscale, POSIX container fs (oclass S1)"
+
+CMD=("$MDSCALE" --pool mdscale --cont fs --files "$FILES" --size "$SIZE" --per-dir "$PER_DIR" --threads "$THREADS" --stats "$STATS")
+echo "==> ${CMD[*]##*/} --engine-pid ${ENGINE_PIDS[0]}"
+"${CMD[@]}" --engine-pid "${ENGINE_PIDS[0]}"
+echo "==> engine device: $(du -sh --apparent-size "$WORK/nvme0.img" | cut -f1) apparent, $(du -sh "$WORK/nvme0.img" | cut -f1) written"
+
+# kill -9, then the same engine on the same device; time until it serves the tree.
+echo "==> kill -9 the engine, restart it"
+kill -KILL "${ENGINE_PIDS[0]}"
+wait "${ENGINE_PIDS[0]}" 2>/dev/null || true
+ENGINE_PIDS=()
+"$ENGINE" --config "$WORK/engine0.yaml" >>"$WORK/engine0.out" 2>&1 &
+ENGINE_PIDS+=($!)
+RESTART=$(date +%s.%N)
+"${CMD[@]}" --wait-serving 600
+# Where the restart went: when the process started, each target's replay
+# (checkpoint, then WAL records) and the storage open, from the engine's log.
+echo "==> engine log of the restart (process started at $(date -u -d "@$RESTART" +%T.%3N) UTC)"
+grep -E '"replayed"|replayed|storage open|ready|serving' "$WORK/engine0.log" | tail -n "$((TARGETS + 4))" | cut -c1-220
+echo "==> engine RSS after the restart: $(awk '/VmRSS/ {printf "%.0f MiB", $2 / 1024}' "/proc/${ENGINE_PIDS[0]}/status")"
