@@ -41,19 +41,23 @@ pub const MAX_SHARDS: usize = 64;
 /// Most transactions one commit request names (engines refuse more).
 const MAX_DECIDE: usize = 1024;
 
-/// A fresh transaction over `shards` (the first is the leader).
-fn new_dtx(map: &PoolMap, shards: &[ShardLoc]) -> Dtx {
+/// A fresh transaction over `shards` (the first is the leader), each
+/// listed once per request it gets (`per_shard[i]` for `shards[i]`: a
+/// shard prepared only in part is never committed).
+fn new_dtx(map: &PoolMap, shards: &[ShardLoc], per_shard: &[usize]) -> Dtx {
     let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
     Dtx {
         id: Some(DtxId { hi, lo }),
         shards: shards
             .iter()
-            .map(|l| {
+            .zip(per_shard)
+            .flat_map(|(l, &n)| {
                 let t = &map.targets[l.target];
-                DtxShard {
+                let s = DtxShard {
                     rank: t.rank,
                     target: t.index,
-                }
+                };
+                std::iter::repeat_n(s, n)
             })
             .collect(),
     }
@@ -81,11 +85,12 @@ impl Object {
         live: &[ShardLoc],
         prepare: &(dyn Fn(&ShardLoc, Option<&Dtx>) -> Result<()> + Sync),
     ) -> Result<()> {
-        self.run_dtx(map, live, live, |l, tx| prepare(l, tx))
+        self.run_dtx(map, live, live, |l| l.target, |l, tx| prepare(l, tx))
     }
 
-    /// The protocol: `prepare` each of `jobs` (a request to one shard of
-    /// `shards`, the transaction's shards, leader first) in parallel;
+    /// The protocol: `prepare` each of `jobs` (a request to the shard on
+    /// target `target_of(job)`, one of `shards`, the transaction's shards,
+    /// leader first) in parallel;
     /// committed if they all succeed, else aborted. One job alone needs no
     /// transaction (`None`); several on one shard do (applied one by one,
     /// a failure of the last would leave the first, and a condition of a
@@ -95,12 +100,23 @@ impl Object {
         map: &PoolMap,
         shards: &[ShardLoc],
         jobs: &[J],
+        target_of: impl Fn(&J) -> usize,
         prepare: impl Fn(&J, Option<&Dtx>) -> Result<()> + Sync,
     ) -> Result<()> {
         if let [job] = jobs {
             return prepare(job, None);
         }
-        let dtx = new_dtx(map, shards);
+        if jobs.len() > MAX_SHARDS {
+            return Err(Error::inval(format!(
+                "a transaction of {} requests (at most {MAX_SHARDS})",
+                jobs.len()
+            )));
+        }
+        let per_shard: Vec<usize> = shards
+            .iter()
+            .map(|s| jobs.iter().filter(|j| target_of(j) == s.target).count())
+            .collect();
+        let dtx = new_dtx(map, shards, &per_shard);
         let id = dtx.id.expect("set by new_dtx");
         let prepared = crate::object::par_map(jobs, |j| prepare(j, Some(&dtx)));
         if let Some(e) = prepared.into_iter().find_map(|r| r.err()) {

@@ -223,32 +223,38 @@ impl Transaction {
                     }
                 }
             }
-            first.run_dtx(map, &shards, &jobs, |(i, loc), tx| {
-                let c = &self.changes[*i];
-                let (o, dkey) = (&c.obj, c.dkey.as_slice());
-                let conditions = conds[*i].clone();
-                match &c.kind {
-                    Kind::Update(vs) => {
-                        let iods = vs
-                            .iter()
-                            .map(|(a, v)| o.iod(a, ValueKind::Single, 0, &[v]))
-                            .collect();
-                        let bulk: Vec<&[u8]> = vs.iter().map(|(_, v)| v.as_slice()).collect();
-                        let req = data::UpdateReq {
-                            conditions,
-                            ..o.update_req(map, loc, tx, epoch, dkey, iods)
-                        };
-                        o.call(map, loc, Opcode::Update, &req, &bulk).map(|_| ())
+            first.run_dtx(
+                map,
+                &shards,
+                &jobs,
+                |(_, l)| l.target,
+                |(i, loc), tx| {
+                    let c = &self.changes[*i];
+                    let (o, dkey) = (&c.obj, c.dkey.as_slice());
+                    let conditions = conds[*i].clone();
+                    match &c.kind {
+                        Kind::Update(vs) => {
+                            let iods = vs
+                                .iter()
+                                .map(|(a, v)| o.iod(a, ValueKind::Single, 0, &[v]))
+                                .collect();
+                            let bulk: Vec<&[u8]> = vs.iter().map(|(_, v)| v.as_slice()).collect();
+                            let req = data::UpdateReq {
+                                conditions,
+                                ..o.update_req(map, loc, tx, epoch, dkey, iods)
+                            };
+                            o.call(map, loc, Opcode::Update, &req, &bulk).map(|_| ())
+                        }
+                        Kind::Punch(akeys) => {
+                            let req = data::PunchReq {
+                                conditions,
+                                ..o.punch_req(map, loc, tx, epoch, dkey, akeys)
+                            };
+                            o.call(map, loc, Opcode::Punch, &req, &[]).map(|_| ())
+                        }
                     }
-                    Kind::Punch(akeys) => {
-                        let req = data::PunchReq {
-                            conditions,
-                            ..o.punch_req(map, loc, tx, epoch, dkey, akeys)
-                        };
-                        o.call(map, loc, Opcode::Punch, &req, &[]).map(|_| ())
-                    }
-                }
-            })
+                },
+            )
         })
     }
 }

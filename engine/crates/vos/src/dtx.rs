@@ -79,8 +79,15 @@ impl From<TxId> for data::DtxId {
     }
 }
 
-/// The shards of a transaction as (rank, target), leader first.
+/// The shards of a transaction as (rank, target), leader first, one entry
+/// per change sent to the shard (see `Dtx.shards`).
 pub(crate) type Shards = Vec<(u32, u32)>;
+
+/// How many changes of a transaction over `shards` shard `me` must hold
+/// to be prepared (transactions of before the count: each shard once).
+fn expected_ops(shards: &Shards, me: (u32, u32)) -> usize {
+    shards.iter().filter(|s| **s == me).count().max(1)
+}
 
 /// A transaction prepared here and not decided yet.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -720,8 +727,9 @@ pub(crate) fn decide<'a>(
 /// on its way must be refused).
 pub(crate) fn query<'a>(
     ix: &TargetIndex,
-    in_flight: impl Iterator<Item = &'a WalOp>,
+    in_flight: impl Iterator<Item = &'a WalOp> + Clone,
     pool: Uuid,
+    me: (u32, u32),
     req: &data::DtxQueryReq,
     now: u64,
 ) -> Result<(DtxState, Option<WalOp>), Errno> {
@@ -730,8 +738,11 @@ pub(crate) fn query<'a>(
         .as_ref()
         .map(TxId::from)
         .ok_or_else(|| Errno::inval("dtx query: missing transaction id"))?;
-    let st = state_with(ix, in_flight, id);
-    let abort = req.resolve && st == DtxState::DtxUnknown;
+    let st = state_with(ix, in_flight.clone(), id);
+    // Prepared with a change still missing: a prepare on its way is
+    // refused once this is aborted, so the client cannot count it committed.
+    let partial = st == DtxState::DtxPrepared && incomplete(ix, in_flight, id, me);
+    let abort = req.resolve && (st == DtxState::DtxUnknown || partial);
     if !abort {
         return Ok((st, None));
     }
@@ -744,12 +755,30 @@ pub(crate) fn query<'a>(
     Ok((DtxState::DtxAborted, Some(op)))
 }
 
+/// Whether shard `me` holds fewer changes of `id` (logged or in flight)
+/// than the transaction's shards list names for it.
+fn incomplete<'a>(
+    ix: &TargetIndex,
+    in_flight: impl Iterator<Item = &'a WalOp>,
+    id: TxId,
+    me: (u32, u32),
+) -> bool {
+    let Some(p) = ix.dtx.pending.get(&id) else {
+        return false;
+    };
+    let arriving = in_flight
+        .filter(|op| matches!(op, WalOp::Prepare { id: i, .. } if *i == id))
+        .count();
+    p.ops.len() + arriving < expected_ops(&p.shards, me)
+}
+
 /// The transactions of `pool` held prepared here for at least
 /// `older_than_ms`, oldest first, at most `max` (0: [`PENDING_DEFAULT`],
 /// capped at [`PENDING_MAX`]).
 pub(crate) fn pending(
     ix: &TargetIndex,
     pool: &Uuid,
+    me: (u32, u32),
     req: &data::DtxPendingReq,
     now: u64,
 ) -> data::DtxPendingResp {
@@ -777,6 +806,7 @@ pub(crate) fn pending(
                     .collect(),
             }),
             age_ms: now.saturating_sub(p.at_ms),
+            incomplete: p.ops.len() < expected_ops(&p.shards, me),
         })
         .collect();
     data::DtxPendingResp { pending }

@@ -1466,7 +1466,8 @@ impl Target {
                 let known = self
                     .pool_addr(q.addr.as_ref(), "dtx query")
                     .and_then(|pool| {
-                        dtx::query(&self.index, self.in_flight(), pool, &q, dtx::now_ms())
+                        let me = (self.sb.rank, self.id);
+                        dtx::query(&self.index, self.in_flight(), pool, me, &q, dtx::now_ms())
                     });
                 match known {
                     Ok((state, None)) => Ok((dtx_state_response(state), Vec::new())),
@@ -1477,7 +1478,8 @@ impl Target {
                 }
             }
             Request::DtxPending(p) => self.pool_addr(p.addr.as_ref(), "dtx pending").map(|pool| {
-                let pending = dtx::pending(&self.index, &pool, &p, dtx::now_ms());
+                let me = (self.sb.rank, self.id);
+                let pending = dtx::pending(&self.index, &pool, me, &p, dtx::now_ms());
                 let body = data::response::Body::DtxPending(pending);
                 (ok_response(Some(body)), Vec::new())
             }),

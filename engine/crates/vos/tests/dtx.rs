@@ -699,3 +699,51 @@ fn list_changed_lists_a_dkey_with_only_a_held_change() {
     let (all, _) = keys(None, 0);
     assert_eq!(all.len(), 2, "a and c");
 }
+
+/// A transaction that lists this target twice (it sends it two changes) is
+/// prepared here only with both: with one, it reports itself incomplete to
+/// the resolver, and a resolving query aborts it (the other change, still
+/// on its way, is then refused), so it is never committed with a change
+/// missing (a client killed between its two requests).
+#[test]
+fn a_shard_holding_part_of_its_changes_is_incomplete_and_aborted() {
+    let e = env(64, 1);
+    let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    let twice = |lo: u64| Dtx {
+        id: Some(id(lo)),
+        shards: vec![
+            DtxShard { rank: 0, target: 0 },
+            DtxShard { rank: 0, target: 0 },
+            DtxShard { rank: 3, target: 1 },
+        ],
+    };
+    let send = |lo: u64, dkey: &str, v: &[u8]| {
+        wait(
+            &st,
+            update_req(&o, 20, dkey, vec![single("s", v)], Some(twice(lo))),
+        )
+        .map(|_| ())
+    };
+    // Both changes: complete, prepared, committed whole.
+    send(1, "a", b"a1").unwrap();
+    send(1, "b", b"b1").unwrap();
+    let held = pending(&st, pool, 0, 0);
+    assert_eq!((held.len(), held[0].incomplete), (1, false));
+    assert_eq!(query(&st, pool, 1, true), DtxState::DtxPrepared);
+    decide(&st, pool, &[1], true, true).unwrap();
+    assert_eq!(get_single(&st, &o, LATEST, "b", "s").unwrap(), b"b1");
+
+    // One of two: incomplete; resolving aborts it; the late one is refused.
+    send(2, "a", b"a2").unwrap();
+    let held = pending(&st, pool, 0, 0);
+    assert_eq!((held.len(), held[0].incomplete), (1, true));
+    assert_eq!(query(&st, pool, 2, false), DtxState::DtxPrepared);
+    assert_eq!(query(&st, pool, 2, true), DtxState::DtxAborted);
+    let err = send(2, "b", b"b2").unwrap_err();
+    assert_eq!(err.code, -libc::ECANCELED, "{err}");
+    assert_eq!(get_single(&st, &o, LATEST, "a", "s").unwrap(), b"a1");
+    assert_eq!(get_single(&st, &o, LATEST, "b", "s").unwrap(), b"b1");
+    assert!(pending(&st, pool, 0, 0).is_empty());
+    st.close();
+}

@@ -11,6 +11,8 @@
 //!   Committed or aborted anywhere decides; all prepared means committed.
 //!   A shard the pool map counts down does not count (reintegration brings
 //!   it up to date); one that does not answer yet, does: wait.
+//! - held with a change missing (a shard listed k times holds fewer than
+//!   k): aborted at once, by whichever shard finds it so.
 //! - otherwise the leader is asked: its decision is followed; while it holds
 //!   the transaction undecided, it is the one settling it.
 //! - a leader that does not answer and that the pool map counts down is
@@ -87,7 +89,12 @@ fn round(node: &Node, st: &Storage, maps: &mut Maps) {
                 let ask = |s: &DtxShard, resolve: bool| {
                     peregrine::dtx::query(client.transport().as_ref(), &map, s, &id, resolve)
                 };
-                let outcome = if *leader == me {
+                let outcome = if p.incomplete {
+                    // A change never arrived: the client cannot have seen
+                    // every prepare succeed, nor can the leader find every
+                    // shard prepared here.
+                    Some(false)
+                } else if *leader == me {
                     settle(&map, &dtx.shards, &me, &ask)
                 } else {
                     match ask(leader, true) {
