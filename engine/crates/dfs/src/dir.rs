@@ -1,7 +1,7 @@
 //! Directory listing: [`DirHandle`] (the names, snapshot at opendir) and
 //! readdir.
 
-use crate::{Dfs, Entry, Node, COUNT_DKEY, READDIR_PARALLEL};
+use crate::{Dfs, Entry, Node, Stat, COUNT_DKEY, READDIR_PARALLEL};
 use peregrine::{ObjectId, Result};
 
 /// A snapshot of a directory's names taken at open: cookies are positions
@@ -46,47 +46,84 @@ impl Dfs {
     }
 
     /// Up to `max` entries after `cookie` (0 = from the start); entries
-    /// removed since opendir are skipped. Entries are fetched in parallel.
+    /// removed since opendir are skipped. Entries are fetched in parallel;
+    /// a hard link shows its inode record's attributes.
     pub fn readdir(&self, h: &DirHandle, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        Ok(self
+            .readdir_nodes(h, cookie, max)?
+            .into_iter()
+            .map(|(cookie, name, node)| DirEntry {
+                name,
+                cookie,
+                entry: node.entry,
+            })
+            .collect())
+    }
+
+    /// Like [`Dfs::readdir`], each entry with its node and attributes (as
+    /// [`Dfs::lookup`] and [`Dfs::stat_node`] give them): what
+    /// READDIRPLUS answers, so a listing needs no lookup per entry. The
+    /// attributes (a file's size is a query of its object) are read in
+    /// parallel.
+    pub fn readdir_plus(
+        &self,
+        h: &DirHandle,
+        cookie: u64,
+        max: usize,
+    ) -> Result<Vec<(DirEntry, Node, Stat)>> {
+        let nodes = self.readdir_nodes(h, cookie, max)?;
+        let stats = par_chunks(&nodes, |(_, _, n)| self.stat_node(n));
+        nodes
+            .into_iter()
+            .zip(stats)
+            .map(|((cookie, name, node), st)| {
+                let e = DirEntry {
+                    name,
+                    cookie,
+                    entry: node.entry.clone(),
+                };
+                Ok((e, node, st?))
+            })
+            .collect()
+    }
+
+    /// (cookie, name, node) of up to `max` entries after `cookie`, fetched
+    /// in parallel; a hard link resolved to its inode record.
+    fn readdir_nodes(
+        &self,
+        h: &DirHandle,
+        cookie: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Vec<u8>, Node)>> {
         let start = (cookie as usize).min(h.names.len());
         let end = start.saturating_add(max).min(h.names.len());
         let idx: Vec<usize> = (start..end).collect();
-        let fetched: Vec<Result<Option<Entry>>> = if idx.len() <= 1 {
-            idx.iter()
-                .map(|&i| self.fetch_entry(h.dir, &h.names[i]))
-                .collect()
-        } else {
-            let per = idx.len().div_ceil(READDIR_PARALLEL);
-            std::thread::scope(|s| {
-                let hs: Vec<_> = idx
-                    .chunks(per)
-                    .map(|part| {
-                        s.spawn(move || {
-                            part.iter()
-                                .map(|&i| self.fetch_entry(h.dir, &h.names[i]))
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .flat_map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            })
-        };
+        let fetched = par_chunks(&idx, |&i| self.fetch_entry(h.dir, &h.names[i]));
         let mut out = Vec::with_capacity(idx.len());
         for (i, r) in idx.into_iter().zip(fetched) {
-            if let Some(mut entry) = r? {
-                if entry.linked {
-                    // A hard link: the attributes are its record's.
-                    entry = self.resolve(h.dir, &h.names[i], entry)?.entry;
-                }
-                out.push(DirEntry {
-                    name: h.names[i].clone(),
-                    cookie: i as u64 + 1,
-                    entry,
-                });
+            if let Some(entry) = r? {
+                let node = self.resolve(h.dir, &h.names[i], entry)?;
+                out.push((i as u64 + 1, h.names[i].clone(), node));
             }
         }
         Ok(out)
     }
+}
+
+/// `f` over `items`, in up to [`READDIR_PARALLEL`] threads, results in order.
+fn par_chunks<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let per = items.len().div_ceil(READDIR_PARALLEL);
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = items
+            .chunks(per)
+            .map(|part| s.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
+            .collect();
+        hs.into_iter()
+            .flat_map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }

@@ -7,11 +7,13 @@
 //! reading requests from /dev/fuse and calling into the Dfs, so requests
 //! proceed in parallel.
 
+mod list;
+
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
-    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use peregrine::{Error, ObjectId};
@@ -459,6 +461,10 @@ impl Filesystem for PeregrineFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
+        // READDIRPLUS when the kernel offers it, and its choice of when
+        // (plain READDIR once a listing is not followed by lookups).
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
@@ -905,50 +911,31 @@ impl Filesystem for PeregrineFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let h = tryr!(reply, self.handle(fh));
-        let Handle::Dir(d) = &*h else {
-            reply.error(Errno::from_i32(libc::ENOTDIR));
-            return;
-        };
-        // Offsets: 1 after ".", 2 after "..", 2 + c after snapshot cookie c.
-        let mut off = offset;
-        if off == 0 {
-            if reply.add(ino, 1, FileType::Directory, ".") {
-                reply.ok();
-                return;
-            }
-            off = 1;
+        let r = self.list(ino, fh, offset, false, |ino, off, kind, name, _| {
+            reply.add(ino, off, kind, name)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
         }
-        if off == 1 {
-            let parent = self.node(ino).map(|n| self.ino(n.parent)).unwrap_or(ino.0);
-            let parent = if ino.0 == 1 { 1 } else { parent };
-            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
-                reply.ok();
-                return;
-            }
-            off = 2;
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.opts.entry_ttl;
+        let r = self.list(ino, fh, offset, true, |ino, off, _, name, attr| {
+            reply.add(ino, off, name, &ttl, attr, Generation(0))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
         }
-        let mut cookie = off - 2;
-        loop {
-            let es = tryr!(reply, self.dfs.readdir(d, cookie, 128));
-            if es.is_empty() {
-                break;
-            }
-            for e in &es {
-                let full = reply.add(
-                    INodeNo(self.ino(e.entry.oid)),
-                    e.cookie + 2,
-                    kind_of(e.entry.mode),
-                    OsStr::from_bytes(&e.name),
-                );
-                if full {
-                    reply.ok();
-                    return;
-                }
-            }
-            cookie = es.last().unwrap().cookie;
-        }
-        reply.ok();
     }
 
     fn releasedir(
