@@ -3,6 +3,7 @@
 //! client that must only ever lose its own connection.
 
 mod common;
+mod shmraw;
 use common::*;
 use peregrine::shm::{ShmConfig, ShmTransport};
 use peregrine::transport::{MultiTransport, TcpTransport};
@@ -10,25 +11,9 @@ use peregrine::{Client, ObjectClass, ObjectId, TransportKind};
 use peregrine_proto::frame::{self, Header, Opcode, HEADER_LEN};
 use peregrine_proto::mgmt::SystemQueryReq;
 use peregrine_proto::shm::{self as wire, Hello, Mapping, REGION_LEN};
+use shmraw::*;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-fn socket(c: &Cluster) -> PathBuf {
-    c.dir.path().join("peregrine-rank0.sock")
-}
-
-fn wait_log(c: &Cluster, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.engines[0].log_text().contains(needle) {
-        if Instant::now() > deadline {
-            panic!("engine log lacks {needle:?}:\n{}", c.logs());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use std::sync::atomic::Ordering;
 
 fn spec() -> ClusterSpec {
     ClusterSpec {
@@ -172,121 +157,6 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
     // A clean stop removes it.
     c.engines[0].stop();
     assert!(!sock.exists(), "socket left behind after SIGTERM");
-}
-
-/// Connect and send a hello (with `fds`) as a hostile client would.
-fn raw_hello(sock: &PathBuf, hello: &Hello, fds: &[&OwnedFd]) -> UnixStream {
-    let s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    let fds: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    wire::send_with_fds(s.as_raw_fd(), &hello.encode(), &fds).unwrap();
-    s
-}
-
-/// A connection that speaks the protocol by hand, for the abuse below.
-struct Raw {
-    s: UnixStream,
-    map: Mapping,
-    hello: Hello,
-    wake: OwnedFd,
-    page: OwnedFd,
-    ack_flags: u64,
-}
-
-/// A well-behaved handshake with target `target`.
-fn raw_connect(sock: &PathBuf, target: u32) -> Raw {
-    raw_connect_with(sock, Hello::standard(REGION_LEN, target))
-}
-
-fn raw_connect_with(sock: &PathBuf, hello: Hello) -> Raw {
-    let fd = wire::memfd_sealed("hostile", hello.total).unwrap();
-    let s = raw_hello(sock, &hello, &[&fd]);
-    let mut ack = [0u8; wire::ACK_LEN];
-    let (n, fds) = wire::recv_with_fds(s.as_raw_fd(), &mut ack).unwrap();
-    assert_eq!(n, wire::ACK_LEN);
-    let (_, ack_flags) = wire::check_ack(&ack).unwrap();
-    let [wake, page]: [OwnedFd; 2] = fds.try_into().unwrap();
-    let map = Mapping::map(fd.as_raw_fd(), hello.total).unwrap();
-    Raw {
-        s,
-        map,
-        hello,
-        wake,
-        page,
-        ack_flags,
-    }
-}
-
-impl Raw {
-    fn word(&self, at: u64) -> &AtomicU64 {
-        self.map.word(self.hello.ctl_off + at).unwrap()
-    }
-
-    /// Put `bytes` in the request region.
-    fn write(&self, bytes: &[u8]) {
-        self.map.write(self.hello.req_off, bytes).unwrap();
-    }
-
-    /// Mark a request of `len` bytes pending and wake the target.
-    fn post(&self, len: u64) {
-        self.word(wire::REQ_LEN).store(len, Ordering::Relaxed);
-        self.word(wire::RESP_STATE)
-            .store(wire::RESP_WAITING, Ordering::Relaxed);
-        self.word(wire::REQ_STATE)
-            .store(wire::REQ_PENDING, Ordering::SeqCst);
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: 8 bytes to the target's eventfd.
-        assert_eq!(
-            unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) },
-            8
-        );
-    }
-
-    /// The reply's length, or None if the engine closed the connection.
-    fn reply(&self) -> Option<u64> {
-        let st = self.word(wire::RESP_STATE);
-        if st
-            .compare_exchange(
-                wire::RESP_WAITING,
-                wire::RESP_SLEEPING,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            )
-            .is_ok()
-        {
-            let mut db = [0u8; 8];
-            match wire::recv_exact(self.s.as_raw_fd(), &mut db) {
-                Ok(true) => {}
-                Ok(false) => return None,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
-                Err(e) => panic!("waiting for a reply: {e}"),
-            }
-        }
-        assert_eq!(st.load(Ordering::SeqCst), wire::RESP_DONE);
-        Some(self.word(wire::RESP_LEN).load(Ordering::SeqCst))
-    }
-
-    fn ping(&self, id: u64) -> bool {
-        let f = frame::encode_frame(Opcode::Ping, 0, id, &[], &[]).unwrap();
-        self.write(&f);
-        self.post(f.len() as u64);
-        let Some(n) = self.reply() else {
-            return false;
-        };
-        let buf = self.map.read_vec(self.hello.resp_off, n as usize).unwrap();
-        let (f, _) = frame::decode_frame(&buf).unwrap();
-        f.header.request_id == id && f.header.flags & frame::FLAG_RESPONSE != 0
-    }
-}
-
-/// The engine must close the connection: end of stream, not an answer or a hang.
-fn expect_closed(s: &UnixStream, what: &str) {
-    let mut b = [0u8; 64];
-    match wire::recv_exact(s.as_raw_fd(), &mut b[..8]) {
-        Ok(false) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-        other => panic!("{what}: expected the connection closed, got {other:?}"),
-    }
 }
 
 fn expect_refused(raw: &Raw, what: &str) {
@@ -436,123 +306,6 @@ fn hostile_shm_client_loses_only_its_connection() {
         "engine panicked:\n{}",
         c.logs()
     );
-}
-
-impl Raw {
-    /// Post the frame already in the request region and return the
-    /// response frame's status and body.
-    fn call(&self, len: u64) -> (peregrine_proto::data::Response, Vec<u8>) {
-        self.post(len);
-        let n = self.reply().expect("the engine answered");
-        let buf = self.map.read_vec(self.hello.resp_off, n as usize).unwrap();
-        let h = Header::decode(buf[..HEADER_LEN].try_into().unwrap()).unwrap();
-        // A fetch read straight into the region has its bulk at BULK_PAGE_OFF.
-        let (b, m) = if h.flags & wire::FLAG_BULK_AT_PAGE != 0 {
-            let b = wire::BULK_PAGE_OFF as usize;
-            (b, b + h.bulk_len as usize)
-        } else {
-            (HEADER_LEN + h.msg_len as usize, HEADER_LEN)
-        };
-        let msg = &buf[m..m + h.msg_len as usize];
-        let bulk = buf[b..b + h.bulk_len as usize].to_vec();
-        (prost::Message::decode(msg).unwrap(), bulk)
-    }
-}
-
-/// A frame that writes the whole of `value` (with its CRC) as array akey
-/// "a" of `dkey` at `addr`, at `epoch`; `bulk` is its bulk section (the
-/// value itself, or a list of remote parts with `flags`). Returns the frame
-/// and the length of its message.
-fn update_frame(
-    addr: &peregrine_proto::data::Address,
-    dkey: &[u8],
-    epoch: u64,
-    value: &[u8],
-    bulk: &[u8],
-    flags: u32,
-) -> (Vec<u8>, usize) {
-    use peregrine_proto::data::{self, ValueKind};
-    let req = data::UpdateReq {
-        addr: Some(addr.clone()),
-        epoch,
-        dkey: dkey.to_vec(),
-        iods: vec![data::Iod {
-            akey: b"a".to_vec(),
-            kind: ValueKind::Array as i32,
-            offset: 0,
-            len: value.len() as u64,
-            crc: peregrine_isal::crc32c(value),
-            has_crc: true,
-            ..Default::default()
-        }],
-        insert_only: false,
-        sync: false,
-        dtx: None,
-        conditions: Vec::new(),
-    };
-    let msg = prost::Message::encode_to_vec(&req);
-    let mut f = frame::encode_frame(Opcode::Update, 0, epoch, &msg, &[bulk]).unwrap();
-    // The flags are part of the header (and of its checksum).
-    let mut h = Header::decode(f[..HEADER_LEN].try_into().unwrap()).unwrap();
-    h.flags |= flags;
-    f[..HEADER_LEN].copy_from_slice(&h.encode());
-    (f, msg.len())
-}
-
-/// The address of object 0.77 of the cluster's container, on target 0.
-fn object_address(c: &Cluster) -> peregrine_proto::data::Address {
-    let client = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Tcp).unwrap();
-    let pool = client.pool_connect("pool").unwrap();
-    let cont = pool.cont_open("cont").unwrap();
-    peregrine_proto::data::Address {
-        pool: pool.uuid().as_bytes().to_vec(),
-        cont: cont.uuid().as_bytes().to_vec(),
-        oid: Some(peregrine_proto::data::ObjectId { hi: 0, lo: 77 }),
-        shard: 0,
-        target: 0,
-        map_version: pool.map().version,
-    }
-}
-
-impl Raw {
-    /// Fetch `len` bytes at `offset` of array akey "a" of `dkey`: the
-    /// value's answer and the bytes, and whether they came in place.
-    fn fetch(
-        &self,
-        addr: &peregrine_proto::data::Address,
-        dkey: &[u8],
-        offset: u64,
-        len: u64,
-    ) -> (peregrine_proto::data::FetchedValue, Vec<u8>) {
-        use peregrine_proto::data::{self, ValueKind};
-        let fetch = data::FetchReq {
-            addr: Some(addr.clone()),
-            epoch: u64::MAX,
-            dkey: dkey.to_vec(),
-            iods: vec![data::Iod {
-                akey: b"a".to_vec(),
-                kind: ValueKind::Array as i32,
-                offset,
-                len,
-                ..Default::default()
-            }],
-        };
-        let msg = prost::Message::encode_to_vec(&fetch);
-        let f = frame::encode_frame(Opcode::Fetch, 0, 7, &msg, &[]).unwrap();
-        self.write(&f);
-        let (resp, bulk) = self.call(f.len() as u64);
-        let Some(data::response::Body::Fetch(mut got)) = resp.body else {
-            panic!("fetch reply {resp:?}");
-        };
-        (got.values.remove(0), bulk)
-    }
-
-    /// Whether the last reply's bulk was read straight into the region.
-    fn last_in_place(&self) -> bool {
-        let buf = self.map.read_vec(self.hello.resp_off, HEADER_LEN).unwrap();
-        let h = Header::decode(buf[..].try_into().unwrap()).unwrap();
-        h.flags & wire::FLAG_BULK_AT_PAGE != 0
-    }
 }
 
 /// Fetches of whole chunks go from the device straight into the client's

@@ -256,7 +256,8 @@ fn a_client_that_execs_after_its_hello_is_refused() {
     raw.write(&f);
     let (resp, _) = raw.call(f.len() as u64);
     assert_eq!(resp.status.map_or(0, |s| s.code), 0, "{}", c.logs());
-    let (st, size, bytes) = fetch(&raw, &addr, b"before", 8);
+    let (v, bytes) = raw.fetch(&addr, b"before", 0, 8);
+    let (st, size) = (v.status, v.size);
     assert_eq!((st, size, &bytes[..]), (0, 8, &value[..]));
 
     // The child execs /bin/sleep: same pid, other program.
@@ -285,7 +286,8 @@ fn a_client_that_execs_after_its_hello_is_refused() {
     let log = c.engines[0].log_text();
     assert!(log.contains("probe word"), "{log}");
     let good = raw_connect(&sock, 0);
-    let (st, size, _) = fetch(&good, &addr, b"after", 8);
+    let (v, _) = good.fetch(&addr, b"after", 0, 8);
+    let (st, size) = (v.status, v.size);
     assert_eq!((st, size), (0, 0), "nothing stored after the exec");
     assert!(good.ping(4));
     let _ = child.kill();
@@ -311,7 +313,8 @@ fn a_changed_probe_word_closes_the_connection() {
     assert_ne!(raw.ack_flags & wire::ACK_CMA, 0);
     let value = pattern(4, 256 << 10);
     assert_eq!(raw.update_remote(&addr, b"d1", 1, &value), Some(0));
-    let (st, _, bytes) = fetch(&raw, &addr, b"d1", value.len() as u64);
+    let (v, bytes) = raw.fetch(&addr, b"d1", 0, value.len() as u64);
+    let (st, _) = (v.status, v.size);
     assert!(st == 0 && bytes == value);
     // SAFETY: a volatile write to our own box, which the engine reads.
     unsafe { std::ptr::write_volatile(&mut *nonce, 7) };
@@ -319,7 +322,7 @@ fn a_changed_probe_word_closes_the_connection() {
     refused_and_closed(&raw, code, "a direct read with the probe word changed");
     wait_log(&c, "no longer holds its nonce");
     let good = raw_connect(&sock, 0);
-    assert_eq!(fetch(&good, &addr, b"d2", 16).1, 0, "nothing stored");
+    assert_eq!(good.fetch(&addr, b"d2", 0, 16).0.size, 0, "nothing stored");
     assert!(good.ping(1));
 }
 
@@ -480,7 +483,8 @@ fn a_hung_client_mapping_never_stalls_the_target() {
         other.write(&f);
         let (resp, _) = other.call(f.len() as u64);
         assert_eq!(resp.status.map_or(0, |s| s.code), 0);
-        let (st, _, bytes) = fetch(&other, &addr, &dkey, value.len() as u64);
+        let (v, bytes) = other.fetch(&addr, &dkey, 0, value.len() as u64);
+        let (st, _) = (v.status, v.size);
         assert!(st == 0 && bytes == value);
         assert!(other.ping(rounds));
         slowest = slowest.max(r.elapsed());
@@ -522,7 +526,8 @@ fn a_hung_client_mapping_never_stalls_the_target() {
     drop(hung.uffd);
     let (resp, _) = stuck.response().expect("the stalled update is answered");
     assert_eq!(resp.status.map_or(0, |s| s.code), 0, "{}", c.logs());
-    let (st, _, bytes) = fetch(&stuck, &addr, b"hung", zeros.len() as u64);
+    let (v, bytes) = stuck.fetch(&addr, b"hung", 0, zeros.len() as u64);
+    let (st, _) = (v.status, v.size);
     assert!(st == 0 && bytes == zeros);
     assert!(stuck.ping(99));
 }

@@ -251,33 +251,53 @@ pub fn object_address(c: &Cluster) -> peregrine_proto::data::Address {
     }
 }
 
-/// Fetch `len` bytes of array akey "a" of `dkey` over `raw`: status, the
-/// value's size and the bytes.
-pub fn fetch(
-    raw: &Raw,
-    addr: &peregrine_proto::data::Address,
-    dkey: &[u8],
-    len: u64,
-) -> (i32, u64, Vec<u8>) {
-    use peregrine_proto::data::{self, ValueKind};
-    let req = data::FetchReq {
-        addr: Some(addr.clone()),
-        epoch: u64::MAX,
-        dkey: dkey.to_vec(),
-        iods: vec![data::Iod {
-            akey: b"a".to_vec(),
-            kind: ValueKind::Array as i32,
-            offset: 0,
-            len,
-            ..Default::default()
-        }],
-    };
-    let msg = prost::Message::encode_to_vec(&req);
-    let f = frame::encode_frame(Opcode::Fetch, 0, 7, &msg, &[]).unwrap();
-    raw.write(&f);
-    let (resp, bulk) = raw.call(f.len() as u64);
-    match resp.body {
-        Some(data::response::Body::Fetch(got)) => (got.values[0].status, got.values[0].size, bulk),
-        _ => (resp.status.map_or(-1, |s| s.code), 0, bulk),
+impl Raw {
+    /// Fetch `len` bytes at `offset` of array akey "a" of `dkey`: the
+    /// value's answer and the bytes, and whether they came in place.
+    pub fn fetch(
+        &self,
+        addr: &peregrine_proto::data::Address,
+        dkey: &[u8],
+        offset: u64,
+        len: u64,
+    ) -> (peregrine_proto::data::FetchedValue, Vec<u8>) {
+        use peregrine_proto::data::{self, ValueKind};
+        let fetch = data::FetchReq {
+            addr: Some(addr.clone()),
+            epoch: u64::MAX,
+            dkey: dkey.to_vec(),
+            iods: vec![data::Iod {
+                akey: b"a".to_vec(),
+                kind: ValueKind::Array as i32,
+                offset,
+                len,
+                ..Default::default()
+            }],
+        };
+        let msg = prost::Message::encode_to_vec(&fetch);
+        let f = frame::encode_frame(Opcode::Fetch, 0, 7, &msg, &[]).unwrap();
+        self.write(&f);
+        let (resp, bulk) = self.call(f.len() as u64);
+        match resp.body {
+            Some(data::response::Body::Fetch(mut got)) => (got.values.remove(0), bulk),
+            // Refused whole: the status says why.
+            _ => {
+                let status = resp.status.map_or(-1, |s| s.code);
+                (
+                    data::FetchedValue {
+                        status,
+                        ..Default::default()
+                    },
+                    bulk,
+                )
+            }
+        }
+    }
+
+    /// Whether the last reply's bulk was read straight into the region.
+    pub fn last_in_place(&self) -> bool {
+        let buf = self.map.read_vec(self.hello.resp_off, HEADER_LEN).unwrap();
+        let h = Header::decode(buf[..].try_into().unwrap()).unwrap();
+        h.flags & wire::FLAG_BULK_AT_PAGE != 0
     }
 }
