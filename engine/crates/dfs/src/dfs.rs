@@ -9,7 +9,7 @@ use crate::{
     err, now_ns, show, Entry, File, Node, SetAttr, Stat, StatFs, COUNT_DKEY, INODE, LOCKS, NAME_MAX,
 };
 use parking_lot::{Mutex, MutexGuard};
-use peregrine::{Container, Error, Expect, Object, ObjectClass, ObjectId, Result};
+use peregrine::{Container, Error, Expect, Object, ObjectClass, ObjectId, Result, Transaction};
 use peregrine_proto::mgmt::{ContQueryReq, PoolQueryReq};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -202,16 +202,17 @@ impl Dfs {
         }
     }
 
-    /// Remove the entry at (parent, name) if it is still the version read
-    /// at `epoch` (`EBUSY` otherwise: another client renamed or replaced it
-    /// meanwhile, and removing what is there now could punch an object that
-    /// another name holds).
-    pub(crate) fn remove_entry(&self, parent: ObjectId, name: &[u8], epoch: u64) -> Result<()> {
+    /// A transaction that removes the entry at (parent, name) only if it
+    /// is still the version read at `epoch` (`EBUSY` otherwise: another
+    /// client renamed or replaced it meanwhile, and removing what is there
+    /// now could punch an object that another name holds). The caller may
+    /// add to it before committing.
+    pub(crate) fn removal(&self, parent: ObjectId, name: &[u8], epoch: u64) -> Result<Transaction> {
         let o = self.obj(parent)?;
         let mut tx = self.container().transaction();
         tx.punch_dkey(&o, name)
             .expect(&o, name, INODE, Expect::UnchangedSince(epoch));
-        tx.commit()
+        Ok(tx)
     }
 
     /// Write a new entry only if the name is free (conditional insert,
@@ -582,10 +583,7 @@ impl Dfs {
                 ));
             }
             self.settle_from(&e)?;
-            let o = self.obj(parent.oid())?;
-            let mut tx = self.container().transaction();
-            tx.punch_dkey(&o, name)
-                .expect(&o, name, INODE, Expect::UnchangedSince(epoch));
+            let mut tx = self.removal(parent.oid(), name, epoch)?;
             let last = match e.linked {
                 true => self.unlink_record_in(&mut tx, e.oid)?,
                 false => Some(e),
@@ -642,7 +640,7 @@ impl Dfs {
                 .ok_or_else(|| err(libc::ENOENT, format!("{:?}: no such entry", show(name))))?;
             self.check_empty_dir(&e, name)?;
             self.settle_from(&e)?;
-            self.remove_entry(parent.oid(), name, epoch)?;
+            self.removal(parent.oid(), name, epoch)?.commit()?;
             Ok(e)
         })?;
         self.release_object(&e)
