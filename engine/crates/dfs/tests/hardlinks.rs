@@ -135,3 +135,43 @@ fn concurrent_links_keep_the_count() {
     assert_eq!(read_all(&b, &b.lookup_path("/f").unwrap()), b"data");
     assert_eq!(names(&a, &root), vec![b"f".to_vec()]);
 }
+
+/// Names added and removed while an engine of a replicated container is
+/// down, the engine then back: the count and the names are as written
+/// during the outage, read through a new mount after the return.
+#[test]
+fn links_made_during_an_engine_outage_hold_after_it_returns() {
+    use peregrine_proto::mgmt::ContCreateReq;
+    let mut c = Cluster::start(ClusterSpec {
+        engines: 3,
+        targets: 1,
+        device_mib: 256,
+        scm_mib: 64,
+    });
+    c.format();
+    c.create_pool(384, "RP_3G1", "crc32c");
+    let mut mg = c.mgmt();
+    c.rt.block_on(mg.cont_create(ContCreateReq {
+        pool: "pool".into(),
+        label: "rp".into(),
+        oclass: "RP_3G1".into(),
+        dir_oclass: "RP_3G1".into(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let a = mount(&c, "rp", false);
+    let root = a.root();
+    let (f, _) = a.create(&root, b"f", 0o644, 0, 0, true).unwrap();
+    a.open(&f).unwrap().write_at(0, b"kept").unwrap();
+    a.link(&f, &root, b"g").unwrap();
+    c.engines[2].kill9();
+    // During the outage: one name more, one less.
+    let n = a.lookup(&root, b"g").unwrap();
+    a.link(&n, &root, b"h").unwrap();
+    a.unlink(&root, b"f").unwrap();
+    c.restart(2);
+    let b = mount(&c, "rp", false);
+    assert_eq!(names(&b, &b.root()), vec![b"g".to_vec(), b"h".to_vec()]);
+    assert_eq!(stat(&b, "/g").nlink, 2);
+    assert_eq!(read_all(&b, &b.lookup_path("/h").unwrap()), b"kept");
+}
