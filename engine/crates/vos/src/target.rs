@@ -1725,7 +1725,8 @@ impl Target {
             }
             parsed.push((iod, kind, range, large));
         }
-        {
+        // Only conditional updates pay for this (not a name per update).
+        if u.insert_only || !u.conditions.is_empty() {
             let own = tx.as_ref().map(|t| t.0);
             let at = (&pool, &cont, &obj, u.dkey.as_slice());
             let absent: Vec<data::Condition> = if u.insert_only {
