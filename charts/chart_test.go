@@ -115,6 +115,7 @@ func key(o *unstructured.Unstructured) string {
 var explicitDefaults = []string{
 	"--status-refresh=30s", "--zap-log-level=info", "--webhook-port=9443",
 	"--webhook-namespace=" + namespace, "--il-host-dir=/var/lib/peregrine/il",
+	"--cert-lifetime=2160h", "--ca-lifetime=43800h", "--ca-rotation-dwell=3m",
 }
 
 // normalize drops what may differ between the chart and kustomize without changing what runs:

@@ -55,12 +55,12 @@ func (r *ContainerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		before = cont.DeepCopy()
 	}
 
-	pool, addr, why := r.resolvePool(ctx, cont)
+	pool, target, why := r.resolvePool(ctx, cont)
 	if why != "" {
 		setReady(cont, metav1.ConditionFalse, storagev1.ReasonPoolNotReady, why)
 		return s.finish(ctx, cont, before, ctrl.Result{RequeueAfter: 5 * time.Second}, nil)
 	}
-	ms, err := r.MS.Client(addr)
+	ms, err := r.MS.Client(target)
 	if err != nil {
 		return s.finish(ctx, cont, before, ctrl.Result{}, err)
 	}
@@ -89,22 +89,22 @@ func containerLabel(c *storagev1.Container) string {
 }
 
 // resolvePool returns the container's Pool and its management service, or why it cannot yet.
-func (r *ContainerReconciler) resolvePool(ctx context.Context, cont *storagev1.Container) (*storagev1.Pool, string, string) {
+func (r *ContainerReconciler) resolvePool(ctx context.Context, cont *storagev1.Container) (*storagev1.Pool, mgmtTarget, string) {
 	pool := &storagev1.Pool{}
 	if err := r.Get(ctx, types.NamespacedName{Namespace: cont.Namespace, Name: cont.Spec.PoolRef.Name}, pool); err != nil {
-		return nil, "", fmt.Sprintf("pool %q: %v", cont.Spec.PoolRef.Name, err)
+		return nil, mgmtTarget{}, fmt.Sprintf("pool %q: %v", cont.Spec.PoolRef.Name, err)
 	}
 	if pool.Status.UUID == "" {
-		return nil, "", fmt.Sprintf("pool %q has no pool in the store yet", pool.Name)
+		return nil, mgmtTarget{}, fmt.Sprintf("pool %q has no pool in the store yet", pool.Name)
 	}
 	if !pool.DeletionTimestamp.IsZero() && cont.Status.UUID == "" {
-		return nil, "", fmt.Sprintf("pool %q is being deleted", pool.Name)
+		return nil, mgmtTarget{}, fmt.Sprintf("pool %q is being deleted", pool.Name)
 	}
-	addr, err := serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
+	target, err := serverSetTarget(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
 	if err != nil {
-		return nil, "", fmt.Sprintf("pool %q: %v", pool.Name, err)
+		return nil, mgmtTarget{}, fmt.Sprintf("pool %q: %v", pool.Name, err)
 	}
-	return pool, addr, ""
+	return pool, target, ""
 }
 
 // ensureContainer finds the container (by recorded UUID, else by label: adoption) or creates it.
@@ -194,12 +194,12 @@ func markContainerLost(cont *storagev1.Container, pool *storagev1.Pool, label st
 func (r *ContainerReconciler) reconcileDelete(ctx context.Context, cont, before *storagev1.Container) (ctrl.Result, error) {
 	return r.store().reconcileDelete(ctx, cont, before, storeDeletion{
 		kind: "container", label: containerLabel(cont), uuid: cont.Status.UUID, reclaim: cont.Spec.ReclaimPolicy,
-		address: func(ctx context.Context) (string, error) {
+		address: func(ctx context.Context) (mgmtTarget, error) {
 			pool := &storagev1.Pool{}
 			if err := r.Get(ctx, types.NamespacedName{Namespace: cont.Namespace, Name: cont.Spec.PoolRef.Name}, pool); err != nil {
-				return "", err
+				return mgmtTarget{}, err
 			}
-			return serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
+			return serverSetTarget(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
 		},
 		destroy: func(ctx context.Context, ms mgmtpb.MgmtClient) error {
 			_, err := ms.ContDestroy(ctx, &mgmtpb.ContDestroyReq{Pool: cont.Status.PoolUUID, Id: cont.Status.UUID})

@@ -17,8 +17,13 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+	"github.com/peregrine-storage/peregrine/pkg/pki"
 )
 
 // engineProcess is one real peregrine-engine on a sparse device file: either a one-engine
@@ -75,9 +80,19 @@ func startEngine(name string, foreign bool) *engineProcess {
 	Expect(f.Close()).To(Succeed())
 	cp, dp := freePort(), freePort()
 	addr := fmt.Sprintf("127.0.0.1:%d", cp)
+	// The ServerSet of the same name adopts this CA (its Secret made here, before the ServerSet).
+	tlsLine := ""
+	if engineTLS {
+		ca := testCA(name)
+		tlsDir := filepath.Join(dir, "tls")
+		writeTLSDir(tlsDir, ca, pki.EngineIdentity(name, 0))
+		writeTLSDir(filepath.Join(dir, "admin-tls"), ca, pki.Identity{System: name, Role: pki.RoleAdmin, Name: "test"})
+		tlsLine = "tls_dir: " + tlsDir + "\n"
+	}
+	registerEngineSystem(addr, name, filepath.Join(dir, "admin-tls"))
 	cfg := fmt.Sprintf("name: %s\nrank: 0\nfault_domain: /host0\ncontrol_port: %d\ndata_port: %d\ntargets: 2\nhugepages: false\n"+
 		"scm: {class: ram, size: 256MiB}\nbdev: {class: file, path: %s, size: 256MiB}\nmgmt_svc_replicas: [%q]\n"+
-		"log_level: info\nlog_file: %s\n", name, cp, dp, device, addr, filepath.Join(dir, "engine.log"))
+		"log_level: info\nlog_file: %s\n%s", name, cp, dp, device, addr, filepath.Join(dir, "engine.log"), tlsLine)
 	cfgPath := filepath.Join(dir, "engine.yaml")
 	Expect(os.WriteFile(cfgPath, []byte(cfg), 0o644)).To(Succeed())
 	out, err := os.Create(filepath.Join(dir, "engine.out"))
@@ -140,6 +155,23 @@ func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, 
 	devices := filepath.Join(workDir, sts.Name+"-devices")
 	Expect(os.MkdirAll(devices, 0o755)).To(Succeed())
 	tmpl := strings.ReplaceAll(cm.Data["engine.yaml.in"], deviceMountPath+"/", devices+"/")
+	// The certificate volume: this rank's Secret, as the kubelet projects it (RANK/ca.crt, ...).
+	adminDir := filepath.Join(dir, "admin-tls")
+	if strings.Contains(tmpl, "tls_dir: ") {
+		tlsRoot := filepath.Join(dir, "tls")
+		sec := &corev1.Secret{}
+		Eventually(func() error {
+			return k8s.Get(ctx, client.ObjectKey{Namespace: sts.Namespace, Name: fmt.Sprintf("%s-%d-tls", sts.Name, ordinal)}, sec)
+		}, 20*time.Second).Should(Succeed())
+		rankDir := filepath.Join(tlsRoot, strconv.Itoa(ordinal))
+		Expect(os.MkdirAll(rankDir, 0o700)).To(Succeed())
+		for _, k := range []string{pki.CAFile, pki.CertFile, pki.KeyFile} {
+			Expect(os.WriteFile(filepath.Join(rankDir, k), sec.Data[k], 0o600)).To(Succeed())
+		}
+		tmpl = strings.ReplaceAll(tmpl, tlsMountPath+"/", tlsRoot+"/")
+		writeTLSDir(adminDir, testCA(sts.Name), pki.Identity{System: sts.Name, Role: pki.RoleAdmin, Name: "test"})
+	}
+	registerEngineSystem(msAddr, sts.Name, adminDir)
 	// Cluster DNS: the other ranks' names behind the headless Service.
 	peer := regexp.MustCompile(`"` + regexp.QuoteMeta(sts.Name) + `-(\d+)\.` + regexp.QuoteMeta(sts.Spec.ServiceName+"."+sts.Namespace+".svc") + `:`)
 	tmpl = peer.ReplaceAllStringFunc(tmpl, func(m string) string {
@@ -193,10 +225,64 @@ func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, 
 
 var testMS = &ManagementServices{CallTimeout: 30 * time.Second}
 
+var (
+	systemsMu sync.Mutex
+	// engineSystems: the ServerSet (= system) name of the engines at each management address;
+	// adminDirs: an administrator's certificate directory for it (the CLI's --tls-dir).
+	engineSystems = map[string]string{}
+	adminDirs     = map[string]string{}
+)
+
+func registerEngineSystem(addr, system, adminDir string) {
+	systemsMu.Lock()
+	defer systemsMu.Unlock()
+	engineSystems[addr], adminDirs[addr] = system, adminDir
+}
+
+// msClient is a client of the management service at addr with the operator's certificate of its
+// ServerSet's CA, as the reconcilers have.
 func msClient(addr string) mgmtpb.MgmtClient {
-	c, err := testMS.Client(addr)
+	systemsMu.Lock()
+	system := engineSystems[addr]
+	systemsMu.Unlock()
+	Expect(system).NotTo(BeEmpty(), "no engine system registered at %s", addr)
+	if testMS.Certs == nil {
+		testMS.Certs = &AdminCerts{Reader: k8s}
+	}
+	c, err := testMS.Client(mgmtTarget{Addr: addr, ServerSet: types.NamespacedName{Namespace: "default", Name: system}, System: system,
+		Insecure: !engineTLS})
 	Expect(err).NotTo(HaveOccurred())
 	return c
+}
+
+// testCA is the CA of ServerSet name in namespace default: the operator's when it made one,
+// else one made here and stored as the operator would (which it then adopts).
+func testCA(name string) *pki.CA {
+	sec := &corev1.Secret{}
+	err := k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-ca"}, sec)
+	if err == nil {
+		ca, err := parseCASecret(sec)
+		Expect(err).NotTo(HaveOccurred())
+		return ca.signer
+	}
+	Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%v", err)
+	ca, err := pki.NewCA(name, time.Now(), 48*time.Hour)
+	Expect(err).NotTo(HaveOccurred())
+	keyPEM, err := ca.KeyPEM()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-ca", Namespace: "default"},
+		Data: map[string][]byte{pki.CAFile: ca.CertPEM(), pki.CAKeyFile: keyPEM}})).To(Succeed())
+	return ca
+}
+
+// writeTLSDir writes ca.crt, tls.crt and tls.key of a certificate of ca for id into dir.
+func writeTLSDir(dir string, ca *pki.CA, id pki.Identity) {
+	leaf, err := ca.Issue(id, time.Now(), 24*time.Hour)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(os.MkdirAll(dir, 0o700)).To(Succeed())
+	for f, b := range map[string][]byte{pki.CAFile: ca.CertPEM(), pki.CertFile: leaf.CertPEM, pki.KeyFile: leaf.KeyPEM} {
+		Expect(os.WriteFile(filepath.Join(dir, f), b, 0o600)).To(Succeed())
+	}
 }
 
 // stop kills the engine, as a crashed or powered-off node would leave it.

@@ -64,8 +64,14 @@ func putObject(msAddr, pool, cont, oid string, value []byte) {
 	f := filepath.Join(GinkgoT().TempDir(), "value")
 	Expect(os.WriteFile(f, value, 0o644)).To(Succeed())
 	cli := filepath.Join(filepath.Dir(engineBin), "peregrine")
-	out, err := exec.Command(cli, "--mgmt", msAddr, "--timeout", "30", "obj", "put", pool, cont, oid, "d", "a",
-		"--array", "--file", f).CombinedOutput()
+	systemsMu.Lock()
+	tlsDir := adminDirs[msAddr]
+	systemsMu.Unlock()
+	args := []string{"--mgmt", msAddr, "--timeout", "30", "obj", "put", pool, cont, oid, "d", "a", "--array", "--file", f}
+	if engineTLS {
+		args = append([]string{"--tls-dir", tlsDir}, args...)
+	}
+	out, err := exec.Command(cli, args...).CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "%s obj put: %s", cli, out)
 }
 

@@ -5,53 +5,109 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/types"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+	"github.com/peregrine-storage/peregrine/pkg/pki"
 )
 
-// ManagementServices hands out management API clients, one gRPC connection per address, kept
-// across reconciles (gRPC reconnects by itself when an engine restarts).
+// ManagementServices hands out management API clients, one gRPC connection per address and
+// identity, kept across reconciles (gRPC reconnects by itself when an engine restarts).
 type ManagementServices struct {
 	// CallTimeout bounds one management call (default 30 s: a format or a pool create touches
 	// every engine).
 	CallTimeout time.Duration
+	// Certs issues the operator's own certificate for each system (mutual TLS); nil: only
+	// insecure targets (and targets with their own Source) can be reached.
+	Certs *AdminCerts
 
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	mu         sync.Mutex
+	conns      map[string]*grpc.ClientConn
+	warnedOnce sync.Map
 }
 
-// Client returns a client of the management service at addr ("host:port").
-func (m *ManagementServices) Client(addr string) (mgmtpb.MgmtClient, error) {
+// mgmtTarget is a management service and how to reach it.
+type mgmtTarget struct {
+	Addr string
+	// ServerSet whose CA issues the operator's certificate, and its engines' system name.
+	ServerSet types.NamespacedName
+	System    string
+	// Insecure: the ServerSet's engines serve gRPC without TLS (spec.insecureControlPlane).
+	Insecure bool
+	// Source, when set, is the client certificate and CAs to use instead of the operator's
+	// (tests, and engines outside the operator's CAs).
+	Source pki.Source
+}
+
+// targetOf is the management service of ss at addr.
+func targetOf(ss *storagev1.ServerSet, addr string) mgmtTarget {
+	return mgmtTarget{Addr: addr, ServerSet: types.NamespacedName{Namespace: ss.Namespace, Name: ss.Name},
+		System: systemName(ss), Insecure: ss.Spec.InsecureControlPlane}
+}
+
+func (t mgmtTarget) connKey() string {
+	if t.Insecure {
+		return t.Addr + "|insecure"
+	}
+	return t.Addr + "|" + t.ServerSet.String() + "|" + t.System
+}
+
+// Client returns a client of the management service t: mutual TLS with the operator's
+// certificate for t's system (or t.Source), or plain TCP for an insecure ServerSet.
+func (m *ManagementServices) Client(t mgmtTarget) (mgmtpb.MgmtClient, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if c, ok := m.conns[addr]; ok {
+	key := t.connKey()
+	if c, ok := m.conns[key]; ok {
 		return mgmtpb.NewMgmtClient(c), nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var creds credentials.TransportCredentials
+	switch {
+	case t.Insecure:
+		if _, warned := m.warnedOnce.LoadOrStore(t.ServerSet.String(), true); !warned {
+			ctrllog.Log.WithName("mgmt").Info("WARNING: talking to the engines of an insecure control plane without TLS (spec.insecureControlPlane)",
+				"serverset", t.ServerSet.String(), "address", t.Addr)
+		}
+		creds = insecure.NewCredentials()
+	case t.Source != nil:
+		creds = pki.Credentials(t.Source)
+	case m.Certs != nil:
+		creds = pki.Credentials(m.Certs.Source(t.ServerSet, t.System))
+	default:
+		return nil, fmt.Errorf("management service %s: no client certificate for system %q", t.Addr, t.System)
+	}
+	c, err := grpc.NewClient(t.Addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
-		return nil, fmt.Errorf("management service %s: %w", addr, err)
+		return nil, fmt.Errorf("management service %s: %w", t.Addr, err)
 	}
 	if m.conns == nil {
 		m.conns = map[string]*grpc.ClientConn{}
 	}
-	m.conns[addr] = c
+	m.conns[key] = c
 	return mgmtpb.NewMgmtClient(c), nil
 }
 
-// Forget drops the connection to addr: the next Client dials again (and resolves the name again).
+// Forget drops the connections to addr: the next Client dials again (and resolves the name
+// again, and loads the certificates again).
 func (m *ManagementServices) Forget(addr string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if c, ok := m.conns[addr]; ok {
-		_ = c.Close()
-		delete(m.conns, addr)
+	for k, c := range m.conns {
+		if strings.HasPrefix(k, addr+"|") {
+			_ = c.Close()
+			delete(m.conns, k)
+		}
 	}
 }
 

@@ -31,6 +31,9 @@ type EnginePolicy struct {
 	AllowedImages    []string
 	AllowedHostPaths []string
 	AllowedDevices   []string
+	// AllowInsecureControlPlane lets a ServerSet ask for spec.insecureControlPlane (engines
+	// serving gRPC without TLS); --allow-insecure-control-plane.
+	AllowInsecureControlPlane bool
 }
 
 // Defaults of the operator's flags, the chart's values and config/manager: the engine image
@@ -95,6 +98,10 @@ func (p EnginePolicy) Check(ss *storagev1.ServerSet) field.ErrorList {
 			errs = append(errs, field.Forbidden(f, fmt.Sprintf(
 				"host path %q is not one of, or below, the operator's --allowed-host-paths (%s)", e.HostPath, list(p.AllowedHostPaths))))
 		}
+	}
+	if ss.Spec.InsecureControlPlane && !p.AllowInsecureControlPlane {
+		errs = append(errs, field.Forbidden(spec.Child("insecureControlPlane"),
+			"engines without TLS on their control plane are not allowed by the operator (--allow-insecure-control-plane is off)"))
 	}
 	if n := ss.Spec.Storage.Nvme; n != nil {
 		f := st.Child("nvme", "device")

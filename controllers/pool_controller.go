@@ -56,12 +56,12 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		before = pool.DeepCopy()
 	}
 
-	addr, err := serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
+	target, err := serverSetTarget(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
 	if err != nil {
 		setReady(pool, metav1.ConditionFalse, storagev1.ReasonServerSetNotFound, err.Error())
 		return s.finish(ctx, pool, before, ctrl.Result{RequeueAfter: 10 * time.Second}, nil)
 	}
-	ms, err := r.MS.Client(addr)
+	ms, err := r.MS.Client(target)
 	if err != nil {
 		return s.finish(ctx, pool, before, ctrl.Result{}, err)
 	}
@@ -186,20 +186,20 @@ func (r *PoolReconciler) syncProps(ctx context.Context, pool *storagev1.Pool, ms
 	return updated, nil
 }
 
-// serverSetMgmtAddress finds the management service of a ServerSet: its status when the
-// ServerSet controller has published it, else the address derived from the ServerSet.
-func serverSetMgmtAddress(ctx context.Context, c client.Client, ns, name string) (string, error) {
+// serverSetTarget finds the management service of a ServerSet: its address from the status when
+// the ServerSet controller has published it, else the address derived from the ServerSet.
+func serverSetTarget(ctx context.Context, c client.Client, ns, name string) (mgmtTarget, error) {
 	ss := &storagev1.ServerSet{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, ss); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", fmt.Errorf("serverset %q not found", name)
+			return mgmtTarget{}, fmt.Errorf("serverset %q not found", name)
 		}
-		return "", err
+		return mgmtTarget{}, err
 	}
 	if ss.Status.MgmtAddress != "" {
-		return ss.Status.MgmtAddress, nil
+		return targetOf(ss, ss.Status.MgmtAddress), nil
 	}
-	return mgmtAddress(ss), nil
+	return targetOf(ss, mgmtAddress(ss)), nil
 }
 
 // SetupWithManager registers the reconciler; a Container's changes wake its Pool (deletion

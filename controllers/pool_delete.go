@@ -44,8 +44,8 @@ func (r *PoolReconciler) reconcileDelete(ctx context.Context, pool, before *stor
 	}
 	return r.store().reconcileDelete(ctx, pool, before, storeDeletion{
 		kind: "pool", label: poolLabel(pool), uuid: pool.Status.UUID, reclaim: pool.Spec.ReclaimPolicy,
-		address: func(ctx context.Context) (string, error) {
-			return serverSetMgmtAddress(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
+		address: func(ctx context.Context) (mgmtTarget, error) {
+			return serverSetTarget(ctx, r.Client, pool.Namespace, pool.Spec.ServerSetRef.Name)
 		},
 		destroy: func(ctx context.Context, ms mgmtpb.MgmtClient) error {
 			_, err := ms.PoolDestroy(ctx, &mgmtpb.PoolDestroyReq{Id: pool.Status.UUID})

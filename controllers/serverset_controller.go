@@ -31,6 +31,12 @@ type ServerSetReconciler struct {
 	Refresh time.Duration
 	// Policy limits the engine images and node paths a ServerSet may use (policy.go).
 	Policy EnginePolicy
+	// TLS: the control plane's certificates (serverset_tls.go).
+	TLS TLSOptions
+	// APIReader reads Secrets from the API server (nil: Client; see serverset_tls.go).
+	APIReader client.Reader
+	// Now is the clock of certificate decisions (nil: time.Now).
+	Now func() time.Time
 }
 
 // No delete verb on what the operator renders: it never deletes them itself; the garbage
@@ -76,7 +82,16 @@ func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, nil
 	}
 
-	live, replicas, rollHold, err := r.applyWorkload(ctx, ss)
+	tlsOut, err := r.controlPlaneTLS(ctx, ss)
+	if err != nil {
+		setCondition(&ss.Status.Conditions, ss.Generation, storagev1.ConditionControlPlaneTLS, metav1.ConditionFalse, storagev1.ReasonCertificateError, err.Error())
+		if perr := r.Status().Patch(ctx, ss, client.MergeFrom(before)); perr != nil {
+			log.Error(perr, "status patch after a certificate error")
+		}
+		r.emitConditionEvents(ss, before)
+		return ctrl.Result{}, err
+	}
+	live, replicas, rollHold, err := r.applyWorkload(ctx, ss, tlsOut.hash)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -88,6 +103,7 @@ func (r *ServerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		log.Info("management service unreachable", "address", ss.Status.MgmtAddress, "error", msErr.Error())
 	}
 	r.setConditions(ss, live, replicas, rollHold, msErr)
+	setCondition(&ss.Status.Conditions, ss.Generation, storagev1.ConditionControlPlaneTLS, tlsOut.status(), tlsOut.reason, tlsOut.msg)
 	ss.Status.ObservedGeneration = ss.Generation
 
 	if err := r.Status().Patch(ctx, ss, client.MergeFrom(before)); err != nil {
@@ -119,7 +135,7 @@ func (r *ServerSetReconciler) refresh() time.Duration {
 // It returns the StatefulSet as last observed (its status tells how far a roll has come), the
 // replicas it asked for, and, when a rolling upgrade holds only because the system is not whole
 // again (rollGate), what it waits for.
-func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.ServerSet) (*appsv1.StatefulSet, int32, string, error) {
+func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.ServerSet, tlsHash string) (*appsv1.StatefulSet, int32, string, error) {
 	cm := renderConfigMap(ss)
 	if err := r.apply(ctx, ss, cm, func(existing client.Object) {
 		existing.(*corev1.ConfigMap).Data = cm.Data
@@ -152,7 +168,7 @@ func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.S
 	case !apierrors.IsNotFound(err):
 		return nil, 0, "", err
 	}
-	desiredHash := templateHash(renderStatefulSet(ss, replicas, 0, configHash(cm)).Spec.Template)
+	desiredHash := templateHash(renderStatefulSet(ss, replicas, 0, configHash(cm), tlsHash).Spec.Template)
 	partition, rollHold := int32(0), ""
 	if found {
 		s := rollState{
@@ -172,7 +188,7 @@ func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.S
 			rollHold = s.systemMessage
 		}
 	}
-	sts := renderStatefulSet(ss, replicas, partition, configHash(cm))
+	sts := renderStatefulSet(ss, replicas, partition, configHash(cm), tlsHash)
 	sts.Annotations = map[string]string{templateHashKey: desiredHash}
 	if err := r.apply(ctx, ss, sts, func(existing client.Object) {
 		e := existing.(*appsv1.StatefulSet)

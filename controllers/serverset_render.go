@@ -137,6 +137,12 @@ func engineConfigTemplate(ss *storagev1.ServerSet) string {
 	}
 	fmt.Fprintf(&b, "mgmt_svc_replicas: [%s]\n", strings.Join(addrs, ", "))
 	fmt.Fprintf(&b, "log_level: %s\n", logLevel)
+	if ss.Spec.InsecureControlPlane {
+		b.WriteString("allow_insecure: true\n")
+	} else {
+		// This rank's directory of the projected certificate volume (renderStatefulSet).
+		fmt.Fprintf(&b, "tls_dir: %s/@RANK@\n", tlsMountPath)
+	}
 	return b.String()
 }
 
@@ -151,6 +157,15 @@ ulimit -l unlimited 2>/dev/null || echo "start-engine: memlock limit stays $(uli
 mkdir -p /run/peregrine
 sed -e "s|@RANK@|${rank}|g" -e "s|@POD_IP@|${POD_IP}|g" -e "s|@NODE_NAME@|${NODE_NAME}|g" \
     -e "s|\"${self}:|\"${POD_IP}:|g" /etc/peregrine/engine.yaml.in >/run/peregrine/engine.yaml
+# An engine that predates TLS on its control plane refuses both keys (unknown fields): it may
+# run insecure as asked (it cannot do otherwise), but never in place of TLS.
+if ! grep -q allow_insecure "$(command -v peregrine-engine)"; then
+    if grep -q '^tls_dir:' /run/peregrine/engine.yaml; then
+        echo "start-engine: this engine image has no TLS on its control plane; use a newer image, or set the ServerSet's spec.insecureControlPlane" >&2
+        exit 1
+    fi
+    sed -i '/^allow_insecure:/d' /run/peregrine/engine.yaml
+fi
 # Metrics on the pod IP, as the control and data ports (pods of the host network share the node's
 # addresses), unless the image's engine predates the flag (it would refuse to start).
 if [ -n "${METRICS_PORT:-}" ] && peregrine-engine --help | grep -q -- --metrics-listen; then
@@ -244,8 +259,8 @@ func engineResources(ss *storagev1.ServerSet) corev1.ResourceRequirements {
 }
 
 // renderStatefulSet renders the engines; replicas is what the reconciler decided (it refuses to
-// scale down).
-func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHash string) *appsv1.StatefulSet {
+// scale down); tlsHash is the certificates' (serverset_tls.go; "" for an insecure control plane).
+func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHash, tlsHash string) *appsv1.StatefulSet {
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
@@ -289,6 +304,19 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 			HostPath: &corev1.HostPathVolumeSource{Path: ss.Spec.Storage.Emulated.HostPath, Type: ptr.To(corev1.HostPathDirectoryOrCreate)},
 		}})
 	}
+	annotations := map[string]string{
+		configHashKey: cfgHash,
+		// For Prometheus set up to scrape annotated pods (the chart's PodMonitor uses the port name).
+		"prometheus.io/scrape": "true",
+		"prometheus.io/port":   fmt.Sprint(metricsPort(ss)),
+		"prometheus.io/path":   "/metrics",
+	}
+	if tlsHash != "" {
+		mounts = append(mounts, corev1.VolumeMount{Name: "tls", MountPath: tlsMountPath, ReadOnly: true})
+		volumes = append(volumes, tlsVolume(ss, replicas))
+		// The engines read their certificates at start: a renewal or a CA rotation step rolls them.
+		annotations[tlsHashKey] = tlsHash
+	}
 	dnsPolicy := corev1.DNSClusterFirst
 	if ss.Spec.HostNetwork {
 		dnsPolicy = corev1.DNSClusterFirstWithHostNet
@@ -312,13 +340,7 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 				},
 			},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{
-					configHashKey: cfgHash,
-					// For Prometheus set up to scrape annotated pods (the chart's PodMonitor uses the port name).
-					"prometheus.io/scrape": "true",
-					"prometheus.io/port":   fmt.Sprint(metricsPort(ss)),
-					"prometheus.io/path":   "/metrics",
-				}},
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations},
 				Spec: corev1.PodSpec{
 					HostNetwork:                   ss.Spec.HostNetwork,
 					DNSPolicy:                     dnsPolicy,
@@ -377,4 +399,26 @@ func engineSecurityContext(ss *storagev1.ServerSet) *corev1.SecurityContext {
 			Add:  []corev1.Capability{"IPC_LOCK"},
 		},
 	}
+}
+
+// tlsVolume projects the certificate Secret of every rank into one directory per rank
+// (RANK/ca.crt, RANK/tls.crt, RANK/tls.key): a StatefulSet has one pod template for all its pods,
+// so a pod cannot mount only its own rank's Secret; its start script points the engine at its own
+// directory. Every engine pod of the ServerSet therefore holds every rank's key (docs/tls.md).
+func tlsVolume(ss *storagev1.ServerSet, replicas int32) corev1.Volume {
+	sources := make([]corev1.VolumeProjection, 0, replicas)
+	for r := int32(0); r < replicas; r++ {
+		dir := fmt.Sprint(r)
+		sources = append(sources, corev1.VolumeProjection{Secret: &corev1.SecretProjection{
+			LocalObjectReference: corev1.LocalObjectReference{Name: engineTLSSecretName(ss, r)},
+			Items: []corev1.KeyToPath{
+				{Key: corev1.ServiceAccountRootCAKey, Path: dir + "/ca.crt"},
+				{Key: corev1.TLSCertKey, Path: dir + "/tls.crt"},
+				{Key: corev1.TLSPrivateKeyKey, Path: dir + "/tls.key"},
+			},
+		}})
+	}
+	return corev1.Volume{Name: "tls", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		Sources: sources, DefaultMode: ptr.To[int32](0o400),
+	}}}
 }

@@ -21,7 +21,7 @@ import (
 // storage on first start. It returns an error only when the management service cannot be asked;
 // a refused format is a condition, not an error.
 func (r *ServerSetReconciler) observeSystem(ctx context.Context, ss *storagev1.ServerSet) error {
-	ms, err := r.MS.Client(ss.Status.MgmtAddress)
+	ms, err := r.MS.Client(targetOf(ss, ss.Status.MgmtAddress))
 	if err != nil {
 		return err
 	}
@@ -287,14 +287,14 @@ func (r *ServerSetReconciler) setConditions(ss *storagev1.ServerSet, live *appsv
 
 // emitConditionEvents records an event for each condition that changed status or reason.
 func (r *ServerSetReconciler) emitConditionEvents(ss, before *storagev1.ServerSet) {
-	for _, t := range []string{storagev1.ConditionReady, storagev1.ConditionDegraded} {
+	for _, t := range []string{storagev1.ConditionReady, storagev1.ConditionDegraded, storagev1.ConditionControlPlaneTLS} {
 		a := meta.FindStatusCondition(ss.Status.Conditions, t)
 		b := meta.FindStatusCondition(before.Status.Conditions, t)
 		if a == nil || (b != nil && a.Status == b.Status && a.Reason == b.Reason) {
 			continue
 		}
 		kind := corev1.EventTypeNormal
-		if (t == storagev1.ConditionReady && a.Status != metav1.ConditionTrue) || (t == storagev1.ConditionDegraded && a.Status == metav1.ConditionTrue) {
+		if (t != storagev1.ConditionDegraded && a.Status != metav1.ConditionTrue) || (t == storagev1.ConditionDegraded && a.Status == metav1.ConditionTrue) {
 			kind = corev1.EventTypeWarning
 		}
 		r.Recorder.Event(ss, kind, a.Reason, fmt.Sprintf("%s=%s: %s", t, a.Status, a.Message))

@@ -39,6 +39,8 @@ func newServerSet(name, mgmtAddr string, engines int32) *storagev1.ServerSet {
 	if mgmtAddr != "" {
 		ss.Annotations = map[string]string{storagev1.AnnotationMgmtAddress: mgmtAddr}
 	}
+	// Engines without TLS (built before it) can only run insecure.
+	ss.Spec.InsecureControlPlane = !engineTLS
 	return ss
 }
 
@@ -187,7 +189,7 @@ var _ = Describe("ServerSet", func() {
 		ss := newServerSet("nvme", "", 1)
 		ss.Spec.Storage.Emulated = nil
 		ss.Spec.Storage.Nvme = &storagev1.NvmeStorage{Device: "/dev/disk/by-id/nvme-eui.0001"}
-		sts := renderStatefulSet(ss, 1, 0, "h")
+		sts := renderStatefulSet(ss, 1, 0, "h", "")
 		var vol corev1.Volume
 		for _, v := range sts.Spec.Template.Spec.Volumes {
 			if v.Name == "nvme" {

@@ -86,7 +86,7 @@ func currentPartition(sts *appsv1.StatefulSet) int32 {
 // be asked.
 func (r *ServerSetReconciler) systemHealthy(ctx context.Context, ss *storagev1.ServerSet, replicas int32) (bool, string) {
 	addr := mgmtAddress(ss)
-	ms, err := r.MS.Client(addr)
+	ms, err := r.MS.Client(targetOf(ss, addr))
 	if err != nil {
 		return false, fmt.Sprintf("management service %s: %v", addr, err)
 	}

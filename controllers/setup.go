@@ -15,16 +15,17 @@ import (
 
 // Setup registers the indexes and the three reconcilers with mgr, sharing one set of
 // management-service connections; refresh is how often status is re-read from the store, policy
-// what ServerSets may run (policy.go).
-func Setup(mgr ctrl.Manager, refresh time.Duration, policy EnginePolicy) error {
+// what ServerSets may run (policy.go), tls the control plane's certificates (serverset_tls.go).
+func Setup(mgr ctrl.Manager, refresh time.Duration, policy EnginePolicy, tls TLSOptions) error {
 	if err := policy.Validate(); err != nil {
 		return err
 	}
 	if err := SetupIndexes(context.Background(), mgr); err != nil {
 		return err
 	}
-	ms := &ManagementServices{}
+	ms := &ManagementServices{Certs: &AdminCerts{Reader: mgr.GetAPIReader()}}
 	if err := (&ServerSetReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), MS: ms, Refresh: refresh, Policy: policy,
+		TLS: tls, APIReader: mgr.GetAPIReader(),
 		Recorder: mgr.GetEventRecorderFor("serverset-controller")}).SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -89,7 +89,7 @@ type storeDeletion struct {
 	label, uuid string
 	reclaim     storagev1.ReclaimPolicy
 	// address finds the management service; its error means there is no store to release from.
-	address func(context.Context) (string, error)
+	address func(context.Context) (mgmtTarget, error)
 	// destroy asks the management service to destroy it.
 	destroy func(context.Context, mgmtpb.MgmtClient) error
 	// forgetMetrics drops the object's metrics.
@@ -124,7 +124,7 @@ func (s storeReconciler) reconcileDelete(ctx context.Context, o, before storeObj
 }
 
 // destroy destroys the store's object; one the store does not have is destroyed already.
-func (s storeReconciler) destroy(ctx context.Context, o storeObject, addr string, d *storeDeletion) error {
+func (s storeReconciler) destroy(ctx context.Context, o storeObject, addr mgmtTarget, d *storeDeletion) error {
 	ms, err := s.ms.Client(addr)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
+	"github.com/peregrine-storage/peregrine/internal/testengine"
 )
 
 // The suite runs the reconcilers against a real kube-apiserver and etcd (KUBEBUILDER_ASSETS, from
@@ -31,6 +33,8 @@ var (
 	cancel    context.CancelFunc
 	engineBin string
 	workDir   string
+	// engineTLS: the engine binary does TLS on its control plane (testengine.KnowsTLS).
+	engineTLS bool
 )
 
 func TestControllers(t *testing.T) {
@@ -70,7 +74,11 @@ var _ = BeforeSuite(func() {
 	// The operator's defaults, and the image names the suites use.
 	policy := DefaultEnginePolicy()
 	policy.AllowedImages = append(policy.AllowedImages, "peregrine:")
-	Expect(Setup(mgr, time.Second, policy)).To(Succeed())
+	// Engines built before TLS on the control plane run insecure ServerSets (newServerSet).
+	engineTLS = testengine.KnowsTLS(engineBin)
+	policy.AllowInsecureControlPlane = !engineTLS
+	GinkgoWriter.Printf("engine %s has TLS on its control plane: %t\n", engineBin, engineTLS)
+	Expect(Setup(mgr, time.Second, policy, testTLSOptions)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(ctx)).To(Succeed())
@@ -86,3 +94,8 @@ var _ = AfterSuite(func() {
 	}
 	stopAllEngines()
 })
+
+// testTLSOptions: the CSI driver's certificates for the ServerSet "csi-tls" (serverset_tls_test.go).
+// A CA rotation steps as soon as the (simulated) engines restarted.
+var testTLSOptions = TLSOptions{CSINamespace: "csi-system", CSIServerSet: types.NamespacedName{Namespace: "default", Name: "csi-tls"},
+	StageDwell: time.Second}

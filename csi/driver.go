@@ -15,11 +15,13 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+	"github.com/peregrine-storage/peregrine/pkg/pki"
 )
 
 // Mode says which CSI services one process serves.
@@ -58,6 +60,13 @@ type Config struct {
 	MgmtAddr string
 	// DefaultPool serves StorageClasses that name no pool ("": the parameter is required).
 	DefaultPool string
+	// TLSDir holds the driver's certificate (ca.crt, tls.crt, tls.key: the operator's Secret
+	// peregrine-csi-controller-tls or peregrine-csi-node-tls, mounted); it is read again at every
+	// connection, so renewals and CA rotations need no restart.
+	TLSDir string
+	// Insecure talks to the engines without TLS (their ServerSet has spec.insecureControlPlane);
+	// exactly one of TLSDir and Insecure.
+	Insecure bool
 	// Node is the node service's configuration (ModeNode, ModeAll).
 	Node NodeConfig
 }
@@ -77,7 +86,11 @@ func NewDriver(cfg Config) (*Driver, error) {
 	if cfg.MgmtAddr == "" {
 		return nil, errors.New("csi: no management service address")
 	}
-	conn, err := grpc.NewClient(cfg.MgmtAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := transportCredentials(cfg)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(cfg.MgmtAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, fmt.Errorf("csi: management service %s: %w", cfg.MgmtAddr, err)
 	}
@@ -88,6 +101,7 @@ func NewDriver(cfg Config) (*Driver, error) {
 		if nc.MgmtAddr == "" {
 			nc.MgmtAddr = cfg.MgmtAddr
 		}
+		nc.TLSDir, nc.Insecure = cfg.TLSDir, cfg.Insecure
 		if nc.Ephemeral == nil {
 			nc.Ephemeral = d.ctrl
 		}
@@ -97,6 +111,25 @@ func NewDriver(cfg Config) (*Driver, error) {
 		}
 	}
 	return d, nil
+}
+
+// transportCredentials are mutual TLS from cfg.TLSDir, or none with cfg.Insecure (logged as a
+// warning); one of them is required, so that no driver talks in the clear by omission.
+func transportCredentials(cfg Config) (credentials.TransportCredentials, error) {
+	switch {
+	case cfg.Insecure && cfg.TLSDir != "":
+		return nil, errors.New("csi: --tls-dir and --insecure-control-plane exclude each other")
+	case cfg.Insecure:
+		slog.Warn("csi: WARNING: talking to the engines without TLS (--insecure-control-plane): anyone on the network path can read and forge management calls")
+		return insecure.NewCredentials(), nil
+	case cfg.TLSDir != "":
+		// Checked once here so that a missing mount fails the start, not the first call.
+		if _, err := pki.LoadDir(cfg.TLSDir); err != nil {
+			slog.Warn("csi: the TLS directory is not readable yet; calls fail until it is", "error", err)
+		}
+		return pki.Credentials(pki.DirSource(cfg.TLSDir)), nil
+	}
+	return nil, errors.New("csi: no TLS directory (--tls-dir) for the engines' control plane; --insecure-control-plane talks to them without TLS")
 }
 
 // Close drops the management connection.
@@ -141,6 +174,9 @@ func (d *Driver) Run(ctx context.Context) error {
 		return err
 	}
 	s := d.Server()
+	if d.node != nil {
+		go d.node.keepTLS(ctx, 30*time.Second)
+	}
 	go func() {
 		<-ctx.Done()
 		s.GracefulStop()

@@ -52,6 +52,11 @@ type NodeConfig struct {
 	// daemons are moved to, so that the container runtime stopping the plugin's cgroup leaves
 	// them running. Empty: they stay in the plugin's cgroup.
 	FuseCgroup string
+	// TLSDir is the node plugin's certificate (role client); the daemons get a copy kept under
+	// StateDir/tls (syncTLS). Insecure starts them with --insecure. Neither: the daemons' own
+	// default (tests of the node service alone).
+	TLSDir   string
+	Insecure bool
 }
 
 // NodeServer implements the CSI node service. It embeds csi.UnsafeNodeServer (a nil
@@ -63,6 +68,9 @@ type NodeServer struct {
 	cfg NodeConfig
 
 	lock *os.File // flock on StateDir/lock: one node service per state directory
+
+	// fuseTLS: the FUSE daemon binary has the control plane's TLS flags (checkTLS).
+	fuseTLS bool
 
 	mu   sync.RWMutex
 	vols map[string]*volume // by CSI volume ID
@@ -113,6 +121,10 @@ func NewNodeServer(cfg NodeConfig) (*NodeServer, error) {
 		return nil, fmt.Errorf("csi node: state directory %s is in use by another node plugin: %w", dir, err)
 	}
 	ns := &NodeServer{cfg: cfg, lock: lock, vols: map[string]*volume{}, busy: map[string]bool{}}
+	if err := ns.checkTLS(); err != nil {
+		_ = lock.Close()
+		return nil, err
+	}
 	for _, st := range ns.loadStates() {
 		ns.readopt(context.Background(), st)
 	}

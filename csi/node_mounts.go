@@ -457,7 +457,7 @@ func (ns *NodeServer) startDaemon(ctx context.Context, st *volState) (*daemon, e
 		logStart = fi.Size()
 	}
 	fmt.Fprintf(logf, "--- %s: starting peregrine-fuse for volume %s on %s\n", time.Now().Format(time.RFC3339), st.VolumeID, st.StagingPath)
-	args := st.Opts.args(ns.cfg.MgmtAddr, st.StagingPath)
+	args := append(ns.securityArgs(), st.Opts.args(ns.cfg.MgmtAddr, st.StagingPath)...)
 	cmd := exec.Command(ns.cfg.FuseBin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = "/"

@@ -87,7 +87,9 @@ func ntCleanup(t *testing.T, root string) {
 }
 
 func (e *ntEnv) config() NodeConfig {
-	return NodeConfig{NodeID: "node-1", MgmtAddr: e.sys.MgmtAddr, FuseBin: e.fuseBin, StateDir: filepath.Join(e.root, "state")}
+	// Role client, as the node plugin's Secret: mounts are what it may do.
+	return NodeConfig{NodeID: "node-1", MgmtAddr: e.sys.MgmtAddr, FuseBin: e.fuseBin, StateDir: filepath.Join(e.root, "state"),
+		TLSDir: e.sys.ClientTLSDir}
 }
 
 func (e *ntEnv) node(t *testing.T) *NodeServer {
@@ -510,7 +512,7 @@ func TestNodeRestartRemount(t *testing.T) {
 }
 
 // The node plugin as a separate process (TestNodePluginKilled): the test binary run again with
-// PEREGRINE_CSI_NODE_HELPER=MGMT|FUSEBIN|STATEDIR|STAGING|TARGET stages and publishes p/c,
+// PEREGRINE_CSI_NODE_HELPER=MGMT|FUSEBIN|STATEDIR|STAGING|TARGET|TLSDIR stages and publishes p/c,
 // writes a file, prints the daemon's pid and waits to be killed.
 func init() {
 	h := os.Getenv("PEREGRINE_CSI_NODE_HELPER")
@@ -519,7 +521,7 @@ func init() {
 	}
 	a := strings.Split(h, "|")
 	fail := func(err error) { fmt.Println("ERROR", err); os.Exit(1) }
-	ns, err := NewNodeServer(NodeConfig{NodeID: "n1", MgmtAddr: a[0], FuseBin: a[1], StateDir: a[2]})
+	ns, err := NewNodeServer(NodeConfig{NodeID: "n1", MgmtAddr: a[0], FuseBin: a[1], StateDir: a[2], TLSDir: a[5]})
 	if err != nil {
 		fail(err)
 	}
@@ -548,7 +550,7 @@ func TestNodePluginKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	plugin := exec.Command(exe, "-test.run=^$")
-	plugin.Env = append(os.Environ(), "PEREGRINE_CSI_NODE_HELPER="+strings.Join([]string{e.sys.MgmtAddr, e.fuseBin, e.config().StateDir, staging, target}, "|"))
+	plugin.Env = append(os.Environ(), "PEREGRINE_CSI_NODE_HELPER="+strings.Join([]string{e.sys.MgmtAddr, e.fuseBin, e.config().StateDir, staging, target, e.sys.ClientTLSDir}, "|"))
 	plugin.Stderr = os.Stderr
 	out, err := plugin.StdoutPipe()
 	if err != nil {

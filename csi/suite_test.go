@@ -54,6 +54,7 @@ func startDriver(t *testing.T, engines int, pool string, poolSize uint64) *drive
 	}
 	d, err := NewDriver(Config{
 		Mode: ModeAll, Version: "test", Endpoint: "unix://" + filepath.Join(dir, "csi.sock"), MgmtAddr: sys.MgmtAddr,
+		TLSDir: sys.AdminTLSDir, Insecure: sys.AdminTLSDir == "",
 		Node: NodeConfig{NodeID: "node-a", StateDir: filepath.Join(dir, "state"), FuseBin: fuse},
 	})
 	if err != nil {

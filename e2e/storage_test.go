@@ -285,6 +285,7 @@ i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/stea
 		Expect(strings.TrimSpace(logs)).To(MatchRegexp(`^\d{2,}$`))
 	})
 
+	controlPlaneSpecs(ctx)
 	metricsSpecs(ctx) // before engineRestartSpecs: a restarted engine counts from zero
 	engineRestartSpecs(ctx)
 	expansionAndSnapshotSpecs(ctx)

@@ -48,15 +48,30 @@ var cliRuns int
 // administrator would.
 func storeContainers(ctx context.Context, pool string) ([]string, error) {
 	cliRuns++
-	mgmt := fmt.Sprintf("%s-0.%s.%s.svc:10001", storeName, storeName, storeNS)
+	// An administrator's certificate of the store's CA (tls_test.go), unless the store runs
+	// without TLS.
+	var (
+		vols   []corev1.Volume
+		mounts []corev1.VolumeMount
+		cmd    = []string{"peregrine", "--mgmt", storeMgmt(), "--tls-dir", "/tls", "--json", "cont", "list", pool}
+	)
+	if storeInsecure(ctx) {
+		cmd = append([]string{"/bin/sh", "-c", insecureCLI, "sh"}, cmd[1:3]...)
+		cmd = append(cmd, "--json", "cont", "list", pool)
+	} else {
+		ensureAdminSecret(ctx)
+		vols, mounts = tlsVolume(adminTLSSecret)
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cont-list-%d", cliRuns), Namespace: ns},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{
 				Name: "main", Image: engineImage, ImagePullPolicy: corev1.PullIfNotPresent,
-				Command: []string{"peregrine", "--mgmt", mgmt, "--json", "cont", "list", pool},
+				Command:      cmd,
+				VolumeMounts: mounts,
 			}},
+			Volumes: vols,
 		},
 	}
 	if err := k8s.Create(ctx, pod); err != nil {

@@ -23,6 +23,10 @@ const (
 	ConditionStorageFormatted ConditionType = "StorageFormatted"
 	// ConditionDeletionBlocked is True while a finalizer holds a deletion back (the reason says why).
 	ConditionDeletionBlocked ConditionType = "DeletionBlocked"
+	// ConditionControlPlaneTLS (ServerSet) is True when the engines' gRPC API runs with mutual
+	// TLS from the ServerSet's CA and every certificate is in place; the reason says whether a CA
+	// rotation is under way, or why not (InsecureControlPlane, CertificateError).
+	ConditionControlPlaneTLS ConditionType = "ControlPlaneTLS"
 )
 
 // Finalizer held by Pools and Containers until the store has released (or retained) them.

@@ -88,6 +88,13 @@ type ServerSetSpec struct {
 	// +kubebuilder:validation:Enum=error;warn;info;debug;trace
 	LogLevel string `json:"logLevel,omitempty"`
 
+	// InsecureControlPlane runs the engines' gRPC API (management, joins) without TLS: anyone
+	// who reaches a control port may then administer the system and join as any rank. Without
+	// it the operator keeps a CA for the ServerSet and mutual TLS certificates for every rank
+	// (Secrets NAME-ca and NAME-RANK-tls). Refused unless the operator runs with
+	// --allow-insecure-control-plane.
+	// +optional
+	InsecureControlPlane bool `json:"insecureControlPlane,omitempty"`
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 	// +optional

@@ -125,6 +125,25 @@ const (
 	ReasonNotAllowed ConditionReason = "NotAllowed"
 )
 
+// ServerSet control-plane TLS reasons (ControlPlaneTLS, and the events about certificates).
+const (
+	// ReasonCertificatesReady: the CA and every certificate are valid and in place.
+	ReasonCertificatesReady ConditionReason = "CertificatesReady"
+	// ReasonCARotating: a new CA is being rolled out (trusted everywhere, then signing, then the
+	// old one dropped); the message names the stage.
+	ReasonCARotating ConditionReason = "CARotating"
+	// ReasonInsecureControlPlane: spec.insecureControlPlane; the engines serve gRPC without TLS.
+	ReasonInsecureControlPlane ConditionReason = "InsecureControlPlane"
+	// ReasonCertificateError: a certificate could not be issued or stored.
+	ReasonCertificateError ConditionReason = "CertificateError"
+	// Events: a CA made, a certificate issued or replaced (the message says why: missing,
+	// forged, wrong identity, expired), a mass renewal, a CA rotation step.
+	ReasonCAIssued            ConditionReason = "CAIssued"
+	ReasonCertificateIssued   ConditionReason = "CertificateIssued"
+	ReasonCertificateReplaced ConditionReason = "CertificateReplaced"
+	ReasonCertificatesRenewed ConditionReason = "CertificatesRenewed"
+)
+
 // StatusConditions is the Pool's conditions, for the helpers its reconciler shares with the
 // Container's.
 func (p *Pool) StatusConditions() *[]metav1.Condition { return &p.Status.Conditions }

@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -34,6 +36,8 @@ type config struct {
 	refresh                 time.Duration
 	policy                  controllers.EnginePolicy
 	watchNamespaces         listFlag
+	tls                     controllers.TLSOptions
+	csiServerSet            string
 	webhookEnable           bool
 	webhook                 ilwebhook.Options
 	// skipNameValidation lets tests run several managers in one process (controller names are
@@ -57,6 +61,14 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 		"comma-separated node directories a ServerSet's emulated storage hostPath must be, or be below")
 	fs.Var((*listFlag)(&c.policy.AllowedDevices), "allowed-devices",
 		"comma-separated prefixes a ServerSet's NVMe device path must start with (e.g. /dev/nvme)")
+	fs.BoolVar(&c.policy.AllowInsecureControlPlane, "allow-insecure-control-plane", false,
+		"let ServerSets ask for spec.insecureControlPlane: engines serving their gRPC API without TLS (logged as a warning); off: such ServerSets are refused")
+	fs.DurationVar(&c.tls.CALifetime, "ca-lifetime", controllers.DefaultCALifetime, "validity of a new CA of a ServerSet (rotated two thirds in)")
+	fs.DurationVar(&c.tls.CertLifetime, "cert-lifetime", controllers.DefaultCertLifetime, "validity of the engines' and the CSI driver's certificates (renewed two thirds in)")
+	fs.DurationVar(&c.tls.StageDwell, "ca-rotation-dwell", controllers.DefaultStageDwell,
+		"least time between the steps of a CA rotation, beyond the engines' restart (mounted Secrets reach running pods within the kubelet's sync period)")
+	fs.StringVar(&c.tls.CSINamespace, "csi-tls-namespace", "", "namespace of the CSI driver's certificate Secrets ("+controllers.CSIControllerSecret+", "+controllers.CSINodeSecret+"); empty: none issued")
+	fs.StringVar(&c.csiServerSet, "csi-serverset", "", "NAMESPACE/NAME of the ServerSet whose system the CSI driver serves (its certificates are for that system)")
 	fs.Var(&c.watchNamespaces, "watch-namespaces",
 		"comma-separated namespaces whose ServerSets, Pools and Containers the operator reconciles (empty: all; its RBAC can then be Roles in these namespaces)")
 	wh := &c.webhook
@@ -101,6 +113,19 @@ func newManager(cfg *rest.Config, c *config) (ctrl.Manager, error) {
 	if err := c.policy.Validate(); err != nil {
 		return nil, fmt.Errorf("engine policy flags: %w", err)
 	}
+	if c.csiServerSet != "" {
+		ns, name, ok := strings.Cut(c.csiServerSet, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("--csi-serverset %q: want NAMESPACE/NAME", c.csiServerSet)
+		}
+		c.tls.CSIServerSet = types.NamespacedName{Namespace: ns, Name: name}
+		if c.tls.CSINamespace == "" {
+			return nil, errors.New("--csi-serverset needs --csi-tls-namespace (where the CSI driver's Secrets go)")
+		}
+	}
+	if c.policy.AllowInsecureControlPlane {
+		ctrl.Log.WithName("operator").Info("WARNING: --allow-insecure-control-plane: ServerSets may run their engines' gRPC API without TLS (spec.insecureControlPlane)")
+	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(storagev1.AddToScheme(scheme))
@@ -132,7 +157,7 @@ func newManager(cfg *rest.Config, c *config) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("manager: %w", err)
 	}
-	if err := controllers.Setup(mgr, c.refresh, c.policy); err != nil {
+	if err := controllers.Setup(mgr, c.refresh, c.policy, c.tls); err != nil {
 		return nil, fmt.Errorf("reconcilers: %w", err)
 	}
 	if c.webhookEnable {

@@ -4,6 +4,7 @@
 package testengine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,16 +21,60 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+	"github.com/peregrine-storage/peregrine/pkg/pki"
 )
 
-// System is a running set of engines; rank 0 hosts the management service.
+// System is a running set of engines; rank 0 hosts the management service. Its control plane
+// runs with mutual TLS from a CA made for it (pkg/pki, as the operator makes them).
 type System struct {
 	Name    string
 	Dir     string
 	Engines []*exec.Cmd
 	// MgmtAddr is the management service's address (host:port).
 	MgmtAddr string
-	conn     *grpc.ClientConn
+	// AdminTLSDir and ClientTLSDir hold certificates of the system's CA for the roles admin
+	// and client (ca.crt, tls.crt, tls.key), for the clients a test starts; both "" when the
+	// engine has no TLS (KnowsTLS): clients then talk without it.
+	AdminTLSDir, ClientTLSDir string
+	conn                      *grpc.ClientConn
+}
+
+// KnowsTLS reports whether the engine binary bin has TLS on its control plane (its configuration
+// knows tls_dir and allow_insecure). Engines built before it refuse both keys, and their clients
+// speak plain HTTP/2 only: the tests then run without TLS, as before (the transition while the
+// engine side lands; a binary is read once).
+func KnowsTLS(bin string) bool {
+	knowsMu.Lock()
+	defer knowsMu.Unlock()
+	if k, ok := knows[bin]; ok {
+		return k
+	}
+	b, err := os.ReadFile(bin)
+	k := err == nil && bytes.Contains(b, []byte("allow_insecure"))
+	knows[bin] = k
+	return k
+}
+
+var (
+	knowsMu sync.Mutex
+	knows   = map[string]bool{}
+)
+
+// writeTLSDir writes a certificate of ca for id into dir.
+func writeTLSDir(dir string, ca *pki.CA, id pki.Identity) error {
+	leaf, err := ca.Issue(id, time.Now(), 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for f, b := range map[string][]byte{pki.CAFile: ca.CertPEM(), pki.CertFile: leaf.CertPEM, pki.KeyFile: leaf.KeyPEM} {
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // EngineBin is the engine binary: PEREGRINE_ENGINE_BIN, else engine/target/debug/peregrine-engine
@@ -104,6 +149,20 @@ func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
 		return nil, err
 	}
 	s := &System{Name: name, Dir: dir}
+	tls := KnowsTLS(bin)
+	ca, err := pki.NewCA(name, time.Now(), 48*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	if tls {
+		s.AdminTLSDir, s.ClientTLSDir = filepath.Join(dir, "admin-tls"), filepath.Join(dir, "client-tls")
+		if err := writeTLSDir(s.AdminTLSDir, ca, pki.Identity{System: name, Role: pki.RoleAdmin, Name: "test"}); err != nil {
+			return nil, err
+		}
+		if err := writeTLSDir(s.ClientTLSDir, ca, pki.Identity{System: name, Role: pki.RoleClient, Name: "test"}); err != nil {
+			return nil, err
+		}
+	}
 	type ep struct{ cp, dp int }
 	eps := make([]ep, engines)
 	for i := range eps {
@@ -120,6 +179,14 @@ func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
 		if err := os.MkdirAll(edir, 0o755); err != nil {
 			return nil, err
 		}
+		tlsLine := ""
+		if tls {
+			tlsDir := filepath.Join(edir, "tls")
+			if err := writeTLSDir(tlsDir, ca, pki.EngineIdentity(name, int32(i))); err != nil {
+				return nil, err
+			}
+			tlsLine = "tls_dir: " + tlsDir + "\n"
+		}
 		device := filepath.Join(edir, "nvme.img")
 		f, err := os.Create(device)
 		if err != nil {
@@ -131,7 +198,7 @@ func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
 		_ = f.Close()
 		cfg := fmt.Sprintf("name: %s\nrank: %d\nfault_domain: /host%d\ncontrol_port: %d\ndata_port: %d\ntargets: 2\nhugepages: false\n"+
 			"scm: {class: ram, size: 256MiB}\nbdev: {class: file, path: %s, size: %d}\nmgmt_svc_replicas: [%q]\n"+
-			"log_level: info\nlog_file: %s\n", name, i, i, p.cp, p.dp, device, deviceSize, s.MgmtAddr, filepath.Join(edir, "engine.log"))
+			"log_level: info\nlog_file: %s\n%s", name, i, i, p.cp, p.dp, device, deviceSize, s.MgmtAddr, filepath.Join(edir, "engine.log"), tlsLine)
 		cfgPath := filepath.Join(edir, "engine.yaml")
 		if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 			return nil, err
@@ -151,7 +218,11 @@ func Start(name, dir string, engines int, deviceSize int64) (*System, error) {
 		_ = out.Close()
 		s.Engines = append(s.Engines, cmd)
 	}
-	if s.conn, err = grpc.NewClient(s.MgmtAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	creds := insecure.NewCredentials()
+	if tls {
+		creds = pki.Credentials(pki.DirSource(s.AdminTLSDir))
+	}
+	if s.conn, err = grpc.NewClient(s.MgmtAddr, grpc.WithTransportCredentials(creds)); err != nil {
 		s.Stop()
 		return nil, err
 	}

@@ -37,6 +37,28 @@ tank-0.tank.default.svc:10001
 {{- end -}}
 {{- end }}
 
+{{/* NAMESPACE/NAME of the ServerSet the CSI driver serves (controlPlane.serverSetName). */}}
+{{- define "peregrine.csiServerSet" -}}
+{{- $name := .Values.controlPlane.serverSetName -}}
+{{- $ns := .Values.controlPlane.serverSetNamespace -}}
+{{- if not $name -}}
+{{- $name = ternary .Values.serverSet.name "tank" .Values.serverSet.enabled -}}
+{{- end -}}
+{{- if not $ns -}}
+{{- $ns = ternary (include "peregrine.storeNamespace" .) "default" .Values.serverSet.enabled -}}
+{{- end -}}
+{{- printf "%s/%s" $ns $name -}}
+{{- end }}
+
+{{/* The CSI driver's flag for the control plane, its certificate mounted at /etc/peregrine-tls. */}}
+{{- define "peregrine.csiTLSArg" -}}
+{{- if .Values.controlPlane.insecure -}}
+- --insecure-control-plane
+{{- else -}}
+- --tls-dir=/etc/peregrine-tls
+{{- end -}}
+{{- end }}
+
 {{- define "peregrine.imagePullSecrets" -}}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
@@ -80,6 +102,9 @@ ClusterRole has them when operator.watchNamespaces is empty): the Role in each o
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create, get, patch, update]
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [create, get, list, patch, update, watch]
