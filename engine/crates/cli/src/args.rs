@@ -56,6 +56,32 @@ pub enum Command {
     /// Objects: put, get and list keys and values.
     #[command(subcommand)]
     Obj(ObjCmd),
+    /// Make a CA and certificates for a local system (docs/tls.md); no engine is contacted.
+    Certs(CertsArgs),
+}
+
+/// `peregrine certs`: OUT/ca/{ca.crt,ca.key} (an existing one is reused),
+/// OUT/engine-<rank>/, OUT/admin/, OUT/client-<name>/ with ca.crt, tls.crt, tls.key.
+#[derive(Args, Debug)]
+pub struct CertsArgs {
+    /// System name (the engines' `name`), written into every certificate.
+    #[arg(long)]
+    pub system: String,
+    /// Directory to write into.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Engine certificates for ranks 0..N.
+    #[arg(long, value_name = "N", default_value = "0")]
+    pub ranks: u32,
+    /// An admin certificate (the CLI, the operator).
+    #[arg(long)]
+    pub admin: bool,
+    /// Client certificates (FUSE daemons, library users) of these names.
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    pub client: Vec<String>,
+    /// More DNS names or IPs for the engine certificates (besides peregrine-engine).
+    #[arg(long, value_name = "HOST")]
+    pub host: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]

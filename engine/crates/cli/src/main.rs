@@ -43,6 +43,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return clap_error(e),
     };
+    if let Command::Certs(a) = &cli.cmd {
+        return finish(certs(a, cli.json));
+    }
     // The client library is synchronous and runs its own threads, so object
     // commands stay off the tokio runtime the management calls use.
     if let Command::Obj(cmd) = cli.cmd {
@@ -86,9 +89,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Storage(c) => mgmt::storage(&mut m, c, json, &mut o).await?,
         Command::Pool(c) => mgmt::pool(&mut m, c, json, &mut o).await?,
         Command::Cont(c) => mgmt::cont(&mut m, c, json, &mut o).await?,
-        Command::Obj(_) => unreachable!("object commands run before the runtime starts"),
+        Command::Obj(_) | Command::Certs(_) => {
+            unreachable!("object and certs commands run before the runtime starts")
+        }
     }
     o.flush()?;
+    Ok(())
+}
+
+/// `peregrine certs`: print the directories written.
+fn certs(a: &args::CertsArgs, json: bool) -> anyhow::Result<()> {
+    let plan = peregrine::certs::Plan {
+        system: a.system.clone(),
+        ranks: a.ranks,
+        admin: a.admin,
+        clients: a.client.clone(),
+        hosts: a.host.clone(),
+    };
+    let dirs =
+        peregrine::certs::generate(&a.out, &plan).map_err(|e| anyhow::anyhow!("certs: {e}"))?;
+    let stdout = std::io::stdout();
+    let mut o = stdout.lock();
+    if json {
+        let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        writeln!(
+            o,
+            "{}",
+            serde_json::json!({ "system": a.system, "dirs": dirs })
+        )?;
+    } else {
+        for d in dirs {
+            writeln!(o, "{}", d.display())?;
+        }
+    }
     Ok(())
 }
 

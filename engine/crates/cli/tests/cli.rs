@@ -120,3 +120,39 @@ fn help_is_not_an_error() {
     assert_eq!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stdout).contains("pool"));
 }
+
+#[test]
+fn certs_writes_a_ca_and_leaves_with_private_keys() {
+    use std::os::unix::fs::PermissionsExt;
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let o = peregrine(&[
+        "certs", "--system", "tank", "--out", dir, "--ranks", "2", "--admin", "--client", "fuse",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let listed = String::from_utf8_lossy(&o.stdout);
+    for sub in ["ca", "engine-0", "engine-1", "admin", "client-fuse"] {
+        assert!(
+            listed.contains(&format!("{dir}/{sub}")),
+            "{sub} not listed: {listed}"
+        );
+    }
+    for f in [
+        "ca/ca.key",
+        "engine-1/tls.key",
+        "admin/tls.key",
+        "client-fuse/tls.key",
+    ] {
+        let mode = std::fs::metadata(out.path().join(f))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+    for f in ["engine-0/ca.crt", "engine-0/tls.crt", "client-fuse/tls.crt"] {
+        assert!(out.path().join(f).is_file(), "{f}");
+    }
+    let o = peregrine(&["certs", "--system", "bad name", "--out", dir]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(stderr_lines(&o)[0].contains("--system"), "{o:?}");
+}

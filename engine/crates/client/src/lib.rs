@@ -21,6 +21,9 @@
 //! degraded reads) are documented in [`object`].
 
 pub mod capi;
+/// Certificates for local use (`peregrine certs`, test clusters).
+#[cfg(feature = "certgen")]
+pub mod certs;
 pub mod client;
 pub mod clone;
 pub mod container;
@@ -41,6 +44,7 @@ pub mod shm;
 #[cfg(any(test, feature = "testkit"))]
 #[doc(hidden)]
 pub mod testkit;
+pub mod tls;
 pub mod transaction;
 pub mod transport;
 
@@ -51,6 +55,7 @@ pub use mgmt::Mgmt;
 pub use object::{Object, ObjectAt};
 pub use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
 pub use pool::Pool;
+pub use tls::Security;
 pub use transaction::{Expect, Transaction};
 pub use transport::{
     MultiTransport, TcpConfig, TcpTransport, Transport, TransportKind, TransportStats,
