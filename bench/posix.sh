@@ -355,7 +355,7 @@ run_md() {
 }
 run_md mdtest "$MNT"
 if ((HAVE_IL)); then
-  run_md mdtest-il "$MNT" LD_PRELOAD="$IL" PEREGRINE_IL_METADATA=1 PEREGRINE_IL_REPORT=1
+  run_md mdtest-il "$MNT" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
   grep "peregrine-il.*path_creates=[1-9]" "$WORK/mdtest-il.err" | tail -n "$PROCS" ||
     die "the library served no creates of mdtest: $(grep peregrine-il "$WORK/mdtest-il.err" | tail -n 3)"
 fi

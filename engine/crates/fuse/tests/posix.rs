@@ -263,6 +263,15 @@ fn posix_suite_with_and_without_the_interception_library() {
         "closes",
         "stdio",
         "mmaps",
+        // Path calls, served by default (PEREGRINE_IL_METADATA unset).
+        "path_stats",
+        "path_access",
+        "path_opens",
+        "path_creates",
+        "mkdirs",
+        "unlinks",
+        "rmdirs",
+        "renames",
     ] {
         assert!(r[k] > 0, "nothing intercepted for {k}: {r:?}");
     }

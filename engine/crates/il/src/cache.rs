@@ -5,11 +5,14 @@
 //! other clients' changes within the bound the kernel path has). This
 //! process's own changes through the library update or drop the entries
 //! they touch at once; writes through tracked descriptors drop the file's
-//! attributes. `PEREGRINE_IL_CACHE_MS=0` turns the cache off.
+//! attributes. An entry holds a copy of its object's attributes (a
+//! directory's times, a file's mode and mtime), so dropping an object's
+//! attributes also makes its entry stale until it is read again.
+//! `PEREGRINE_IL_CACHE_MS=0` turns the cache off.
 
 use peregrine::ObjectId;
 use peregrine_dfs::{Node, Stat};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,7 +21,12 @@ use parking_lot::Mutex;
 /// More entries than this: start over (a cache, not a copy of the namespace).
 const MAX_ENTRIES: usize = 65536;
 
-type Dents = HashMap<(ObjectId, Vec<u8>), (u64, Node, Instant)>;
+#[derive(Default)]
+struct Dents {
+    map: HashMap<(ObjectId, Vec<u8>), (u64, Node, Instant)>,
+    /// Objects whose attributes changed here since their entry was cached.
+    stale: HashSet<ObjectId>,
+}
 type Attrs = HashMap<ObjectId, (u64, Stat, Instant)>;
 
 static DENTS: Mutex<Option<Dents>> = Mutex::new(None);
@@ -55,8 +63,9 @@ fn fresh(at: Instant) -> bool {
 /// The cached entry `name` of directory `parent` in mount `dev`.
 pub(crate) fn dent(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Node> {
     let g = DENTS.lock();
-    let (d, n, at) = g.as_ref()?.get(&(parent, name.to_vec()))?;
-    (*d == dev && fresh(*at)).then(|| n.clone())
+    let g = g.as_ref()?;
+    let (d, n, at) = g.map.get(&(parent, name.to_vec()))?;
+    (*d == dev && fresh(*at) && !g.stale.contains(&n.oid())).then(|| n.clone())
 }
 
 pub(crate) fn put_dent(dev: u64, n: &Node) {
@@ -64,16 +73,18 @@ pub(crate) fn put_dent(dev: u64, n: &Node) {
         return;
     }
     let mut g = DENTS.lock();
-    let m = g.get_or_insert_with(HashMap::new);
-    if m.len() >= MAX_ENTRIES {
-        m.clear();
+    let g = g.get_or_insert_with(Dents::default);
+    if g.map.len() >= MAX_ENTRIES {
+        g.map.clear();
     }
-    m.insert((n.parent, n.name.clone()), (dev, n.clone(), Instant::now()));
+    g.stale.remove(&n.oid());
+    g.map
+        .insert((n.parent, n.name.clone()), (dev, n.clone(), Instant::now()));
 }
 
 pub(crate) fn drop_dent(parent: ObjectId, name: &[u8]) {
-    if let Some(m) = DENTS.lock().as_mut() {
-        m.remove(&(parent, name.to_vec()));
+    if let Some(g) = DENTS.lock().as_mut() {
+        g.map.remove(&(parent, name.to_vec()));
     }
 }
 
@@ -96,18 +107,29 @@ pub(crate) fn put_attr(dev: u64, st: &Stat) {
     m.insert(st.oid, (dev, st.clone(), Instant::now()));
 }
 
-/// Forget the attributes of `oid` (in any mount): it changed here.
+/// Forget the attributes of `oid` (in any mount), and its entry's copy of
+/// them: it changed here.
 pub(crate) fn drop_attr(oid: ObjectId) {
     if let Some(m) = ATTRS.lock().as_mut() {
         m.remove(&oid);
+    }
+    if let Some(g) = DENTS.lock().as_mut() {
+        if g.stale.len() >= MAX_ENTRIES {
+            g.map.clear();
+            g.stale.clear();
+        }
+        if !g.map.is_empty() {
+            g.stale.insert(oid);
+        }
     }
 }
 
 /// Forget everything (a change on the kernel path this process made and
 /// the library cannot place, e.g. a rename relative to a directory fd).
 pub(crate) fn clear() {
-    if let Some(m) = DENTS.lock().as_mut() {
-        m.clear();
+    if let Some(g) = DENTS.lock().as_mut() {
+        g.map.clear();
+        g.stale.clear();
     }
     if let Some(m) = ATTRS.lock().as_mut() {
         m.clear();

@@ -27,6 +27,9 @@ macro_rules! open_like {
             }
             let fd = $real()($($call),*);
             if fd >= 0 && enabled() {
+                if f & (libc::O_CREAT | libc::O_TRUNC) != 0 {
+                    kernel_made_or_emptied(fd);
+                }
                 maybe_track(fd);
             }
             fd
@@ -52,21 +55,39 @@ open_like!(__openat64_2, r_openat64_2, (d: c_int, p: *const c_char, f: c_int), (
 open_like!(creat, r_creat, (p: *const c_char, m: libc::mode_t), (p, m), (CWD, p, CREAT, m));
 open_like!(creat64, r_creat64, (p: *const c_char, m: libc::mode_t), (p, m), (CWD, p, CREAT, m));
 
-unsafe fn after_fopen(f: *mut FILE) -> *mut FILE {
+/// After a kernel open that may have made or emptied a file: if it is in
+/// a Peregrine mount, what the path-call cache holds of it and of its
+/// directory may be stale (size, entries, directory times).
+fn kernel_made_or_emptied(fd: c_int) {
+    if crate::report::meta_enabled() && crate::track::peregrine_file(fd).is_some() {
+        crate::cache::clear();
+    }
+}
+
+unsafe fn after_fopen(f: *mut FILE, mode: *const c_char) -> *mut FILE {
     if !f.is_null() && enabled() {
-        maybe_track(libc::fileno(f));
+        let fd = libc::fileno(f);
+        // "w" empties or makes, "a" makes.
+        if std::ffi::CStr::from_ptr(mode)
+            .to_bytes()
+            .first()
+            .is_some_and(|&c| c == b'w' || c == b'a')
+        {
+            kernel_made_or_emptied(fd);
+        }
+        maybe_track(fd);
     }
     f
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fopen(p: *const c_char, m: *const c_char) -> *mut FILE {
-    after_fopen(r_fopen()(p, m))
+    after_fopen(r_fopen()(p, m), m)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fopen64(p: *const c_char, m: *const c_char) -> *mut FILE {
-    after_fopen(r_fopen64()(p, m))
+    after_fopen(r_fopen64()(p, m), m)
 }
 
 #[no_mangle]

@@ -132,14 +132,13 @@
 //!   kernel, so that the daemon keeps its data until the last close; a
 //!   file open in *another* process is punched at once by a removal
 //!   through the library (as with two clients of DFS).
-//! * Opt-in: only with `PEREGRINE_IL_METADATA=1`; otherwise path calls go
-//!   to the kernel and data calls are still intercepted. Not the default
-//!   yet: under it the POSIX suite (`fuse/tests/posix.rs`) still fails 11
-//!   checks, among them a file's data gone when its last hard link is
-//!   removed while a placeholder of it is open, a stale size after an
-//!   O_TRUNC open on the kernel path, and stale directory times (the
-//!   library's cache is not dropped by every change made through the
-//!   kernel). Counted in the report as `path_stats`,
+//! * On by default; `PEREGRINE_IL_METADATA=0` sends path calls to the
+//!   kernel while data calls are still intercepted. Changes this process
+//!   makes on the kernel path (opens that create or truncate, chmod,
+//!   removals and renames it does not serve...) drop the cache, and
+//!   removals and renames handed to the kernel first make every live
+//!   placeholder a real file (the name removed may be one of a
+//!   hard-linked file's). Counted in the report as `path_stats`,
 //!   `path_access`, `mkdirs`, `unlinks`, `rmdirs`, `renames`,
 //!   `path_opens`, `path_creates` (served; served opens count in `opens`
 //!   too) and `path_fallbacks` (paths in a served mount handed to the

@@ -213,6 +213,15 @@ unsafe fn serve(
     })
 }
 
+/// Before the kernel removes or renames a name: every live placeholder of
+/// this process becomes a real file first. The name may be one of them
+/// (through another name of a hard-linked file, or a path the library
+/// could not place), and the daemon keeps a removed file's data for the
+/// opens it knows of only.
+fn before_kernel_removal() {
+    crate::place::convert_all(true);
+}
+
 /// After a change on the kernel path that the library did not see
 /// located (relative to a directory fd, outside a served mount): what it
 /// changed may be cached.
@@ -384,6 +393,7 @@ pub unsafe extern "C" fn unlink(p: *const c_char) -> c_int {
     if let Some(r) = remove_at(libc::AT_FDCWD, p, false) {
         return r;
     }
+    before_kernel_removal();
     after_kernel_change(crate::real::r_unlink()(p))
 }
 
@@ -402,6 +412,7 @@ pub unsafe extern "C" fn unlinkat(d: c_int, p: *const c_char, fl: c_int) -> c_in
             return r;
         }
     }
+    before_kernel_removal();
     after_kernel_change(crate::real::r_unlinkat()(d, p, fl))
 }
 
@@ -410,6 +421,7 @@ pub unsafe extern "C" fn rename(o: *const c_char, n: *const c_char) -> c_int {
     if let Some(r) = rename_at(libc::AT_FDCWD, o, libc::AT_FDCWD, n, 0) {
         return r;
     }
+    before_kernel_removal();
     after_kernel_change(crate::real::r_rename()(o, n))
 }
 
@@ -423,6 +435,7 @@ pub unsafe extern "C" fn renameat(
     if let Some(r) = rename_at(od, o, nd, n, 0) {
         return r;
     }
+    before_kernel_removal();
     after_kernel_change(crate::real::r_renameat()(od, o, nd, n))
 }
 
@@ -437,6 +450,7 @@ pub unsafe extern "C" fn renameat2(
     if let Some(r) = rename_at(od, o, nd, n, fl) {
         return r;
     }
+    before_kernel_removal();
     after_kernel_change(crate::real::r_renameat2()(od, o, nd, n, fl))
 }
 

@@ -36,13 +36,13 @@ pub(crate) fn enabled() -> bool {
     }
 }
 
-/// 0 unknown, 1 on (`PEREGRINE_IL_METADATA=1`), 2 off.
+/// 0 unknown, 1 on, 2 off (`PEREGRINE_IL_METADATA=0`).
 static META: AtomicU8 = AtomicU8::new(0);
 
 /// Path calls (stat, access, mkdir, unlink, rmdir, rename, open) served
-/// through the library: only with `PEREGRINE_IL_METADATA=1` (opt-in: the
-/// POSIX suite still finds differences from the kernel path, see "Path
-/// calls" in the crate docs). Data interception does not depend on it.
+/// through the library: on unless `PEREGRINE_IL_METADATA` is `0`, `false`,
+/// `no` or `off` (see "Path calls" in the crate docs). Data interception
+/// does not depend on it.
 #[inline]
 pub(crate) fn meta_enabled() -> bool {
     match META.load(Ordering::Relaxed) {
@@ -50,14 +50,17 @@ pub(crate) fn meta_enabled() -> bool {
         2 => false,
         _ => {
             // SAFETY: getenv with a NUL-terminated name; read at once.
-            let asked = unsafe {
+            let refused = unsafe {
                 let p = libc::getenv(c"PEREGRINE_IL_METADATA".as_ptr());
                 !p.is_null() && {
                     let v = std::ffi::CStr::from_ptr(p).to_bytes();
-                    v == b"1" || v.eq_ignore_ascii_case(b"true") || v == b"yes" || v == b"on"
+                    v == b"0"
+                        || v.eq_ignore_ascii_case(b"false")
+                        || v.eq_ignore_ascii_case(b"no")
+                        || v.eq_ignore_ascii_case(b"off")
                 }
             };
-            let on = enabled() && asked;
+            let on = enabled() && !refused;
             META.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
         }

@@ -140,7 +140,7 @@ fn namespace_changes_match_the_kernel() {
     assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
 }
 
-/// PEREGRINE_IL_METADATA=0 (the default when unset): path calls go to the kernel (nothing served,
+/// PEREGRINE_IL_METADATA=0: path calls go to the kernel (nothing served,
 /// nothing counted), data calls are still intercepted. (mkdir, mv and
 /// rmdir are separate processes: only mkdir is served when on.)
 #[test]
@@ -221,7 +221,7 @@ wait("mkdir", lambda: os.path.isdir("d/new"))
         .current_dir(&m.dir)
         .env("LD_PRELOAD", il_so())
         .env("PEREGRINE_IL_REPORT", "1")
-        .env("PEREGRINE_IL_METADATA", "1")
+        .env_remove("PEREGRINE_IL_METADATA")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

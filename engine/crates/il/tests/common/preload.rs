@@ -201,8 +201,8 @@ pub fn il_sh_env(dir: &Path, script: &str, env: &[(&str, &str)]) -> (String, Rep
         .env("LD_PRELOAD", il_so())
         .env("PEREGRINE_IL_REPORT", "1")
         .env_remove("PEREGRINE_IL_DISABLE")
-        // Path calls served too (opt-in); a test's `env` may say 0.
-        .env("PEREGRINE_IL_METADATA", "1")
+        // Path calls served too (the default); a test's `env` may say 0.
+        .env_remove("PEREGRINE_IL_METADATA")
         .envs(env.iter().copied())
         .output()
         .unwrap();
