@@ -378,6 +378,8 @@ pub struct Storage {
     threads: Vec<JoinHandle<()>>,
     mgmt: Mutex<mgmt::MgmtSlots>,
     lease: std::sync::Arc<AggregationLease>,
+    /// What opening repaired (a superblock copy rewritten), one line each.
+    repairs: Vec<String>,
 }
 
 /// Until when the targets may aggregate on their own (a pool 80% full, or
@@ -498,6 +500,7 @@ impl Storage {
             )));
         }
         let mut f = superblock::open_rw(&opts.bdev.path)?;
+        let repairs = superblock::repair(&f, &name)?;
         let size = superblock::device_size(&mut f, &opts.bdev.path)?;
         if size < sb.device_bytes {
             return Err(StorageError::Invalid(format!(
@@ -563,6 +566,7 @@ impl Storage {
             counters,
             threads,
             lease,
+            repairs,
         };
         for (t, r) in ready.into_iter().enumerate() {
             let res = r.recv().unwrap_or_else(|_| {
@@ -870,6 +874,12 @@ impl Storage {
             .iter()
             .filter_map(|f| f.lock().clone())
             .collect()
+    }
+
+    /// What opening the device repaired, one line each (a damaged or
+    /// missing superblock copy rewritten from the other).
+    pub fn repairs(&self) -> &[String] {
+        &self.repairs
     }
 
     /// What each target publishes for metrics, by target index: read

@@ -2,13 +2,23 @@
 //!
 //! Layout (every offset a multiple of 1 MiB):
 //! ```text
-//! 0        superblock (one 4 KiB block; the first 64 KiB are checked for foreign signatures)
+//! 0        superblock, copy A (one 4 KiB block; the first 64 KiB are checked for foreign signatures)
+//! 512 KiB  superblock, copy B (the same block)
 //! 1 MiB    management blob, slot A (2 MiB) and slot B (2 MiB)
 //! 8 MiB    target 0 region: WAL | checkpoint slot 0 | checkpoint slot 1 | data blocks
 //!          target 1 region ...
 //! ```
 //! The regions split the rest of the device evenly; the superblock stores the
 //! resulting sizes so that a later change of the sizing rule cannot misread a device.
+//!
+//! Two copies of the superblock, each with a generation (header bytes
+//! 20..28, its CRC32C at 28..32; the body's CRC does not cover it): reading
+//! takes the valid copy of the highest generation, and opening rewrites a
+//! copy that is damaged, missing or older from it ([`repair`]), reporting
+//! what it did. Devices formatted with one copy (generation 0, copy B all
+//! zeros) open as before and get their second copy at the first open.
+//! A change writes copy A, flushes, then copy B: a crash in between leaves
+//! one copy of the newer generation, which wins.
 
 use crate::error::StorageError;
 use crate::{BdevClass, BdevSpec, StorageOptions};
@@ -27,6 +37,10 @@ const SB_VERSION: u32 = 2;
 const SB_VERSIONS: [u32; 2] = [1, 2];
 /// Bytes at the start of a device inspected for signatures before formatting.
 const PROBE_BYTES: usize = 64 * 1024;
+/// Device offsets of the two copies of the superblock.
+const SB_COPIES: [u64; 2] = [0, 512 * 1024];
+/// Generation of the superblock a format writes.
+const FIRST_GEN: u64 = 1;
 pub(crate) const MGMT_OFFSET: u64 = MIB;
 pub(crate) const MGMT_SLOT_BYTES: u64 = 2 * MIB;
 const TARGETS_OFFSET: u64 = 8 * MIB;
@@ -81,23 +95,39 @@ impl Superblock {
         self.data_bytes / BLOCK
     }
 
-    fn encode(&self) -> Vec<u8> {
+    fn encode(&self, gen: u64) -> Vec<u8> {
         let body = bincode::serialize(self).expect("superblock serializes");
         let mut b = vec![0u8; BLOCK as usize];
         b[..8].copy_from_slice(SB_MAGIC);
         b[8..12].copy_from_slice(&SB_VERSION.to_le_bytes());
         b[12..16].copy_from_slice(&(body.len() as u32).to_le_bytes());
         b[16..20].copy_from_slice(&peregrine_isal::crc32c(&body).to_le_bytes());
+        b[20..28].copy_from_slice(&gen.to_le_bytes());
+        let gcrc = peregrine_isal::crc32c(&b[20..28]);
+        b[28..32].copy_from_slice(&gcrc.to_le_bytes());
         b[32..32 + body.len()].copy_from_slice(&body);
         b
     }
 
-    /// Decode block 0; `Err` says what is wrong with a block that has our magic.
+    /// Decode one copy; `Err` says what is wrong with a block that has our magic.
     fn decode(b: &[u8]) -> Result<Superblock, String> {
-        let le32 = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        Self::decode_gen(b).map(|(sb, _)| sb)
+    }
+
+    /// Decode one copy with its generation (0: written before there were
+    /// two copies).
+    fn decode_gen(b: &[u8]) -> Result<(Superblock, u64), String> {
         if b.len() < BLOCK as usize {
             return Err("truncated Peregrine superblock".into());
         }
+        let le32 = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let gen = u64::from_le_bytes(b[20..28].try_into().unwrap());
+        let gcrc = le32(28);
+        let gen = match (gen, gcrc) {
+            (0, 0) => 0,
+            (g, c) if peregrine_isal::crc32c(&b[20..28]) == c => g,
+            _ => return Err("Peregrine superblock with bad generation CRC".into()),
+        };
         let version = le32(8);
         if !SB_VERSIONS.contains(&version) {
             return Err(format!("Peregrine superblock of unknown version {version}"));
@@ -110,8 +140,79 @@ impl Superblock {
         if peregrine_isal::crc32c(body) != le32(16) {
             return Err("Peregrine superblock with bad CRC".into());
         }
-        bincode::deserialize(body).map_err(|e| format!("Peregrine superblock undecodable: {e}"))
+        bincode::deserialize(body)
+            .map(|sb| (sb, gen))
+            .map_err(|e| format!("Peregrine superblock undecodable: {e}"))
     }
+}
+
+/// One copy as read: the superblock and its generation, or what is wrong.
+type Copy = Result<(Superblock, u64), String>;
+
+/// The copy to trust: the valid one of the highest generation.
+fn newest(copies: &[Copy]) -> Option<(usize, &Superblock, u64)> {
+    copies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.as_ref().ok().map(|(sb, g)| (i, sb, *g)))
+        .max_by_key(|&(i, _, g)| (g, std::cmp::Reverse(i)))
+}
+
+/// What copy B's block holds.
+fn read_copy(f: &File, i: usize) -> std::io::Result<Copy> {
+    let mut b = vec![0u8; BLOCK as usize];
+    let mut got = 0;
+    while got < b.len() {
+        match f.read_at(&mut b[got..], SB_COPIES[i] + got as u64)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(if b[..8] == SB_MAGIC[..] {
+        Superblock::decode_gen(&b)
+    } else if b.iter().all(|&x| x == 0) {
+        Err("missing (zeros)".into())
+    } else {
+        Err("not a Peregrine superblock".into())
+    })
+}
+
+/// Make both copies hold the newest valid one (`sb`, found by [`scan`]):
+/// rewrite a copy that is damaged, missing or older, and flush. Returns
+/// one line per copy rewritten, saying what was wrong with it.
+pub(crate) fn repair(f: &File, name: &str) -> Result<Vec<String>, StorageError> {
+    let io = |what: &str, e| StorageError::io(format!("device {name}: superblock: {what}"), e);
+    let copies = (0..2)
+        .map(|i| read_copy(f, i))
+        .collect::<std::io::Result<Vec<Copy>>>()
+        .map_err(|e| io("read", e))?;
+    let Some((from, sb, gen)) = newest(&copies) else {
+        return Err(StorageError::Corrupt(format!(
+            "device {name}: no valid superblock copy"
+        )));
+    };
+    let good = sb.encode(gen.max(FIRST_GEN));
+    let mut done = Vec::new();
+    for (i, c) in copies.iter().enumerate() {
+        let why = match c {
+            Err(why) => why.clone(),
+            Ok((_, g)) if *g < gen => format!("generation {g}, older than {gen}"),
+            Ok((_, 0)) => "written before superblocks had two copies".into(),
+            Ok(_) => continue,
+        };
+        f.write_all_at(&good, SB_COPIES[i])
+            .map_err(|e| io("rewrite a copy", e))?;
+        let line = format!(
+            "device {name}: superblock copy at offset {} was {why}; rewritten from the copy at offset {}",
+            SB_COPIES[i], SB_COPIES[from]
+        );
+        tracing::warn!("{line}");
+        done.push(line);
+    }
+    if !done.is_empty() {
+        f.sync_data().map_err(|e| io("flush", e))?;
+    }
+    Ok(done)
 }
 
 /// What `scan` found on a device.
@@ -128,6 +229,30 @@ pub enum ScanState {
 pub(crate) fn device_size(f: &mut File, path: &std::path::Path) -> Result<u64, StorageError> {
     f.seek(SeekFrom::End(0))
         .map_err(|e| StorageError::io(format!("device {}: size", path.display()), e))
+}
+
+/// What the probed start of a device and the block of copy B say: the
+/// newest valid copy wins, unless the start holds another file system's
+/// signature (the device was reused: the copy B left is stale).
+fn classify_copies(probe: &[u8], copy_b: Copy) -> ScanState {
+    let a = if probe.len() >= 8 && &probe[..8] == SB_MAGIC {
+        Superblock::decode_gen(probe)
+    } else {
+        Err(String::new())
+    };
+    // Another file system's signature (not damage to ours: a damaged copy A
+    // or stray bytes leave copy B in charge).
+    let foreign = match classify(probe) {
+        ScanState::Foreign(what) if a.is_err() && !probe.starts_with(SB_MAGIC) => {
+            (!what.starts_with("non-zero data")).then_some(what)
+        }
+        _ => None,
+    };
+    let copies = [a, copy_b];
+    match newest(&copies) {
+        Some((_, sb, _)) if foreign.is_none() => ScanState::Formatted(sb.clone()),
+        _ => classify(probe),
+    }
 }
 
 fn classify(probe: &[u8]) -> ScanState {
@@ -181,7 +306,13 @@ pub fn scan(bdev: &BdevSpec) -> Result<ScanState, StorageError> {
         }
     }
     probe.truncate(got);
-    Ok(classify(&probe))
+    let copy_b = read_copy(&f, 1).map_err(|e| {
+        StorageError::io(
+            format!("device {}: read superblock copy B", bdev.path.display()),
+            e,
+        )
+    })?;
+    Ok(classify_copies(&probe, copy_b))
 }
 
 /// Compute the layout of a device of `bytes` split over `targets`.
@@ -276,10 +407,13 @@ pub fn format(
     };
     let io = |what: &str, e| StorageError::io(format!("device {name}: format: {what}"), e);
     let zero = vec![0u8; BLOCK as usize];
-    // First invalidate the old superblock so a crash mid-format leaves an
-    // unformatted device, never an old superblock over new regions.
-    f.write_all_at(&zero, 0)
-        .map_err(|e| io("clear superblock", e))?;
+    // First invalidate the old superblock (both copies) so a crash
+    // mid-format leaves an unformatted device, never an old superblock
+    // over new regions.
+    for off in SB_COPIES {
+        f.write_all_at(&zero, off)
+            .map_err(|e| io("clear superblock", e))?;
+    }
     f.sync_data().map_err(|e| io("sync", e))?;
     // Clear every slot header a previous format may have left: the management
     // slots, each target's WAL head and checkpoint headers. (Stale records
@@ -295,9 +429,14 @@ pub fn format(
         }
     }
     f.sync_data().map_err(|e| io("sync", e))?;
-    f.write_all_at(&sb.encode(), 0)
-        .map_err(|e| io("write superblock", e))?;
-    f.sync_data().map_err(|e| io("sync", e))?;
+    // Copy A, then copy B: a crash between leaves A, and the next open
+    // writes B from it.
+    let block = sb.encode(FIRST_GEN);
+    for off in SB_COPIES {
+        f.write_all_at(&block, off)
+            .map_err(|e| io("write superblock", e))?;
+        f.sync_data().map_err(|e| io("sync", e))?;
+    }
     tracing::info!(device = %name, system, rank, targets = opts.targets, bytes, "formatted");
     Ok(sb)
 }
@@ -344,8 +483,45 @@ mod tests {
             data_bytes: d,
         };
         assert!(sb.data_offset(1) + d <= 64 << 20);
-        let mut b = sb.encode();
-        assert_eq!(classify(&b), ScanState::Formatted(sb));
+        let mut b = sb.encode(FIRST_GEN);
+        assert_eq!(classify(&b), ScanState::Formatted(sb.clone()));
+        // Two copies: the newest valid wins; a foreign file system at the
+        // start makes copy B stale, a damaged copy A does not.
+        let gen = |b: &[u8], g: u64| {
+            let mut b = b.to_vec();
+            b[20..28].copy_from_slice(&g.to_le_bytes());
+            let c = peregrine_isal::crc32c(&b[20..28]);
+            b[28..32].copy_from_slice(&c.to_le_bytes());
+            b
+        };
+        let newer = Superblock {
+            rank: 4,
+            ..sb.clone()
+        };
+        let b2 = gen(&newer.encode(FIRST_GEN), 2);
+        assert_eq!(
+            classify_copies(&b, Superblock::decode_gen(&b2)),
+            ScanState::Formatted(newer.clone())
+        );
+        let mut damaged = b.clone();
+        damaged[40] ^= 1;
+        assert_eq!(
+            classify_copies(&damaged, Superblock::decode_gen(&b)),
+            ScanState::Formatted(sb.clone())
+        );
+        let mut ext4 = vec![0u8; PROBE_BYTES];
+        ext4[1080] = 0x53;
+        ext4[1081] = 0xEF;
+        assert!(matches!(
+            classify_copies(&ext4, Superblock::decode_gen(&b)),
+            ScanState::Foreign(s) if s.contains("ext4")
+        ));
+        let mut legacy = b.clone();
+        legacy[20..32].fill(0);
+        assert_eq!(Superblock::decode_gen(&legacy).unwrap().1, 0);
+        let mut bad_gen = b.clone();
+        bad_gen[21] ^= 1;
+        assert!(Superblock::decode_gen(&bad_gen).is_err());
         b[40] ^= 1;
         assert!(matches!(classify(&b), ScanState::Foreign(s) if s.contains("CRC")));
         assert!(layout(9 << 20, 1, "x").is_err());

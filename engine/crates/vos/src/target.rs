@@ -32,7 +32,10 @@
 //! and those of every commit before it, and is answered after it; a flush
 //! with nothing to log writes no record. Each record carries the last
 //! flushed sequence number ([`WalOp::Flushed`]), so replay knows from where
-//! on a record may have outlived its data. Besides its queue, the thread
+//! on a record may have outlived its data, and which records may not be
+//! missing (a target idle for a flush interval after a flush writes a
+//! record holding that stamp alone: [`Target::stamp_due`]; [`replay`] says
+//! how it tells a torn tail from damage). Besides its queue, the thread
 //! polls its sources (the shared-memory connections of local clients,
 //! [`crate::Source`]) each turn, and for a while after taking a request from
 //! one it keeps polling rather than sleep. It sleeps in its ring, where a
@@ -94,6 +97,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 use uuid::Uuid;
+
+mod replay;
 
 /// Most messages drained into one group commit.
 const MAX_BATCH: usize = 128;
@@ -388,14 +393,6 @@ fn stamp_of(ops: &[WalOp]) -> Option<u64> {
         .max()
 }
 
-/// The last record `records` (which follow record `base`) say was flushed.
-fn last_stamp(base: u64, records: &[(u64, Vec<WalOp>)]) -> u64 {
-    records
-        .iter()
-        .filter_map(|(_, ops)| stamp_of(ops))
-        .fold(base, u64::max)
-}
-
 /// Give back the regions fetch reads landed in.
 fn release_reads(dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]) {
     for (_, into) in reads {
@@ -505,6 +502,11 @@ pub(crate) struct Target {
     durable: u64,
     /// The highest `durable` written into a record ([`WalOp::Flushed`]).
     stamped: u64,
+    /// The last record holding more than a stamp: an idle target stamps
+    /// the flush that covers it ([`Target::stamp_due`]).
+    last_real: u64,
+    /// When `durable` last rose.
+    flushed_at: Instant,
     /// Records carrying a stamp that are not flushed yet: (seq, stamp).
     stamps: VecDeque<(u64, u64)>,
     /// The highest stamp in a flushed record: replay checks the data of no
@@ -560,6 +562,9 @@ pub(crate) struct Target {
     ckpt_due: bool,
     /// Set by a failed device write: updates are refused from then on.
     broken: Option<Errno>,
+    /// Set by replay finding acknowledged state damaged: every request is
+    /// refused (see [`replay`]).
+    refused: Option<Errno>,
     /// Why updates are refused, for whoever asks the storage (no queue hop).
     fault: Arc<parking_lot::Mutex<Option<String>>>,
     /// Sources polled between the other work (local clients).
@@ -664,6 +669,8 @@ impl Target {
             seq: 0,
             durable: 0,
             stamped: 0,
+            last_real: 0,
+            flushed_at: Instant::now(),
             stamps: VecDeque::new(),
             settled: 0,
             unsettled: Vec::new(),
@@ -693,184 +700,35 @@ impl Target {
             deferred: Vec::new(),
             ckpt_due: false,
             broken: None,
+            refused: None,
             fault,
             sources: Vec::new(),
             poll_until: None,
             lease,
         };
         t.chunk = t.sb.csum_chunk();
-        t.replay()?;
+        match t.replay() {
+            Ok(()) => t.last_real = t.stamped,
+            Err(replay::ReplayError::Storage(e)) => return Err(e),
+            Err(replay::ReplayError::Damaged(msg)) => t.refuse(msg),
+        }
         Ok(t)
+    }
+
+    /// Serve nothing from now on: replay found acknowledged state damaged.
+    /// The index stays empty (no partial state is ever read), nothing is
+    /// written to the device, and every request and control operation
+    /// fails with `msg` (which names the target, where and what).
+    fn refuse(&mut self, msg: String) {
+        tracing::error!(target = self.id, "{msg}");
+        self.index = TargetIndex::default();
+        (self.seq, self.seq_started, self.durable, self.wal_tail) = (0, 0, 0, 0);
+        *self.fault.lock() = Some(msg.clone());
+        self.refused = Some(Errno::new(-libc::EIO, msg));
     }
 
     fn io_err(&self, what: &str, e: std::io::Error) -> StorageError {
         StorageError::io(format!("target {}: {what}", self.id), e)
-    }
-
-    /// Newest valid checkpoint, then every WAL record after it, in order.
-    fn replay(&mut self) -> Result<(), StorageError> {
-        let dev_uuid = self.sb.device_uuid;
-        let mut best: Option<(u64, TargetIndex, usize)> = None;
-        for slot in 0..2 {
-            let off = self.sb.ckpt_offset(self.id, slot);
-            let blk = self
-                .dev
-                .read(off, BLOCK as usize)
-                .map_err(|e| self.io_err("read checkpoint", e))?;
-            let Some(h) = wal::decode_header(CKPT_MAGIC, dev_uuid, &blk) else {
-                continue;
-            };
-            if h.record_bytes() > self.sb.ckpt_bytes || best.as_ref().is_some_and(|b| b.0 >= h.seq)
-            {
-                continue;
-            }
-            let rec = self
-                .dev
-                .read(off, h.record_bytes() as usize)
-                .map_err(|e| self.io_err("read checkpoint", e))?;
-            match wal::payload(&h, &rec).and_then(TargetIndex::decode) {
-                Some(ix) => best = Some((h.seq, ix, slot)),
-                _ => tracing::warn!(
-                    target = self.id,
-                    slot,
-                    "checkpoint slot damaged (torn write?); ignoring it"
-                ),
-            }
-        }
-        if let Some((seq, ix, slot)) = best {
-            self.seq = seq;
-            self.index = ix;
-            self.next_ckpt = slot ^ 1;
-        }
-        let wal_off = self.sb.wal_offset(self.id);
-        let mut tail = 0u64;
-        let mut records: Vec<(u64, Vec<WalOp>)> = Vec::new();
-        let mut seq = self.seq;
-        // Generations of the records taken so far, in order. A record of an
-        // earlier generation after a later one is a leftover of a crash: it
-        // was in flight past the end a restart replayed to (never
-        // acknowledged), and the restart's own records have since reached it.
-        let mut gens: Vec<u64> = Vec::new();
-        while tail + BLOCK <= self.sb.wal_bytes {
-            let blk = self
-                .dev
-                .read(wal_off + tail, BLOCK as usize)
-                .map_err(|e| self.io_err("read WAL", e))?;
-            let Some(h) = wal::decode_header(WAL_MAGIC, dev_uuid, &blk) else {
-                break;
-            };
-            if h.seq != seq + 1 || tail + h.record_bytes() > self.sb.wal_bytes {
-                break;
-            }
-            if gens.last() != Some(&h.gen) {
-                if gens.contains(&h.gen) {
-                    tracing::warn!(target = self.id, seq = h.seq, "WAL record left over from before an earlier restart; the log ends before it");
-                    break;
-                }
-                gens.push(h.gen);
-            }
-            let rec = if h.record_bytes() > BLOCK {
-                self.dev
-                    .read(wal_off + tail, h.record_bytes() as usize)
-                    .map_err(|e| self.io_err("read WAL", e))?
-            } else {
-                blk
-            };
-            let Some(ops) =
-                wal::payload(&h, &rec).and_then(|p| bincode::deserialize::<Vec<WalOp>>(p).ok())
-            else {
-                break;
-            };
-            records.push((tail, ops));
-            seq += 1;
-            tail += h.record_bytes();
-        }
-        // A record after the last one a replayed record says was flushed
-        // (or the checkpoint) may have outlived its data: a crash while its
-        // writes were in flight, a power cut before the flush. Such records
-        // were not flushed, nor was any after them: drop from the first
-        // whose data is not all there on.
-        let base = self.seq;
-        let first = (last_stamp(base, &records) - base).min(records.len() as u64) as usize;
-        for i in first..records.len() {
-            if !self.data_intact(&records[i].1)? {
-                let dropped = records.len() - i;
-                tracing::warn!(target = self.id, seq, dropped, "a WAL batch references data that never reached the device; dropping it and the later batches (none of them was flushed)");
-                tail = records[i].0;
-                seq -= dropped as u64;
-                records.truncate(i);
-                break;
-            }
-        }
-        // Only the stamps of the records kept survive to the next replay:
-        // the blocks freed by every later record keep their bytes until a
-        // flushed stamp covers it, as they would have had the engine run on
-        // (that replay may check the data of those records again).
-        let settled = last_stamp(base, &records);
-        let n = records.len();
-        let mut unsettled = Vec::new();
-        for (i, (_, ops)) in records.into_iter().enumerate() {
-            let rec_seq = base + 1 + i as u64;
-            let mut rel = Released::default();
-            for op in ops {
-                self.index.apply(op, &mut rel);
-            }
-            if rec_seq > settled && !rel.runs.is_empty() {
-                unsettled.push((rec_seq, rel.runs));
-            }
-        }
-        // What replay read may still be in the device's cache only (the
-        // engine was killed, not the power cut): flush it before building on it.
-        self.dev
-            .sync()
-            .map_err(|e| self.io_err("flush the replayed WAL", e))?;
-        self.seq = seq;
-        self.seq_started = seq;
-        self.durable = seq;
-        self.stamped = settled;
-        self.settled = settled;
-        self.wal_tail = tail;
-        self.index.recount();
-        let freed = unsettled.iter().flat_map(|(_, runs)| runs);
-        for &(b, n) in self.index.device_runs().iter().chain(freed) {
-            if !self.alloc.reserve(b, n) {
-                return Err(StorageError::Corrupt(format!(
-                    "target {}: index references blocks {b}..{} twice or beyond the data region",
-                    self.id,
-                    b + n
-                )));
-            }
-        }
-        self.unsettled = unsettled;
-        tracing::info!(
-            target = self.id,
-            records = n,
-            seq = self.seq,
-            pools = self.index.pools.len(),
-            "replayed"
-        );
-        Ok(())
-    }
-
-    fn data_intact(&mut self, ops: &[WalOp]) -> Result<bool, StorageError> {
-        for op in ops {
-            for v in op.update_values() {
-                if let Payload::Device(ext) = &v.payload {
-                    let bytes = self
-                        .dev
-                        .read(self.data_off(ext.block), v.len as usize)
-                        .map_err(|e| self.io_err("verify last WAL batch", e))?;
-                    let ok = bytes
-                        .chunks(self.chunk as usize)
-                        .zip(&ext.csums)
-                        .all(|(c, &crc)| peregrine_isal::crc32c(c) == crc);
-                    if !ok {
-                        return Ok(false);
-                    }
-                }
-            }
-        }
-        Ok(true)
     }
 
     fn data_off(&self, block: u64) -> u64 {
@@ -937,6 +795,12 @@ impl Target {
                     continue;
                 }
                 self.poll_until = None;
+                if self.stamp_due() {
+                    self.open.ops.push(WalOp::Flushed {
+                        through: self.durable,
+                    });
+                    continue;
+                }
                 self.publish(true);
                 if self.sleep_idle(&inbox) {
                     idle_since = Instant::now();
@@ -983,7 +847,7 @@ impl Target {
             "target closing"
         );
         // A checkpoint at close makes the next open fast; failure is harmless.
-        if self.wal_tail > 0 {
+        if self.wal_tail > 0 && self.refused.is_none() {
             if let Err(e) = self.checkpoint() {
                 tracing::warn!(target = self.id, error = %e, "checkpoint at close failed");
             }
@@ -1001,6 +865,9 @@ impl Target {
 
     /// Start (fetches: queue) one data-plane request.
     fn take(&mut self, req: Request, tx: Responder, area: Option<ReplyArea>) {
+        if let Some(e) = &self.refused {
+            return tx.send(Err(e.clone()));
+        }
         if let Err(e) = crate::check_request(&req) {
             return tx.send(Err(e));
         }
@@ -1041,6 +908,14 @@ impl Target {
                 .saturating_sub(t.elapsed())
                 .clamp(Duration::from_millis(1), IDLE_AGGREGATE),
             _ => IDLE_AGGREGATE,
+        };
+        let timeout = match self.stamp_wanted() {
+            true => timeout.min(
+                self.flush_interval
+                    .saturating_sub(self.flushed_at.elapsed())
+                    .max(Duration::from_millis(1)),
+            ),
+            false => timeout,
         };
         let r = self.dev.wait_idle(inbox.wake.fd.as_raw_fd(), timeout);
         inbox.wake.asleep().store(0, Ordering::SeqCst);
@@ -1297,6 +1172,9 @@ impl Target {
     /// stamps in them, and the blocks freed by the records those stamps
     /// cover may be rewritten.
     fn flushed(&mut self, through: u64) {
+        if through > self.durable {
+            self.flushed_at = Instant::now();
+        }
         self.durable = self.durable.max(through);
         self.dirty_since = None;
         while let Some(&(seq, stamp)) = self.stamps.front() {
@@ -1331,6 +1209,23 @@ impl Target {
         if let Err(e) = self.checkpoint() {
             tracing::warn!(target = self.id, error = %e, "checkpoint to reuse freed blocks failed");
         }
+    }
+
+    /// Whether a flush covers records that no record stamps yet: replay
+    /// learns what was flushed from the stamps only, and tells damage from
+    /// a torn tail by them ([`replay`]). A stamp alone needs no stamp of
+    /// its own (that would never end).
+    fn stamp_wanted(&self) -> bool {
+        self.broken.is_none()
+            && self.refused.is_none()
+            && self.stamped < self.durable.min(self.last_real)
+    }
+
+    /// A stamp is wanted and the target was idle for a flush interval
+    /// since the flush (a busy target stamps in its next batch anyway; the
+    /// interval keeps a flush and the check of what it flushed apart).
+    fn stamp_due(&self) -> bool {
+        self.stamp_wanted() && self.flushed_at.elapsed() >= self.flush_interval
     }
 
     /// Whether something acknowledged, or a freed block, waits for a flush.
@@ -2173,6 +2068,9 @@ impl Target {
         self.counters.wal_record();
         self.wal_tail += rec.len() as u64;
         self.note_stamps(self.seq_started, &b.ops);
+        if b.ops.iter().any(|op| !matches!(op, WalOp::Flushed { .. })) {
+            self.last_real = self.seq_started;
+        }
         for (pool, (scm, nvme)) in &b.space {
             let e = self.claimed.entry(*pool).or_default();
             e.0 += scm;
@@ -2359,6 +2257,9 @@ impl Target {
         self.counters.wal_record();
         self.wal_tail += rec.len() as u64;
         self.note_stamps(self.seq, ops);
+        if ops.iter().any(|op| !matches!(op, WalOp::Flushed { .. })) {
+            self.last_real = self.seq;
+        }
         self.flushed(self.seq);
         Ok(())
     }
@@ -2843,6 +2744,11 @@ impl Target {
     }
 
     fn control(&mut self, c: Ctl) -> Result<CtlOut, StorageError> {
+        if let Some(e) = &self.refused {
+            if !matches!(c, Ctl::Stats) {
+                return Err(StorageError::Corrupt(e.msg.clone()));
+            }
+        }
         match c {
             Ctl::PoolCreate { pool, scm, nvme } => {
                 if let Some(p) = self.index.pools.get(&pool) {
