@@ -72,6 +72,9 @@ type TLSOptions struct {
 	// namespace. Empty: none.
 	CSINamespace string
 	CSIServerSet types.NamespacedName
+	// CSINodeRole is the node plugin's role: client (mounts only; the default) or admin, which
+	// inline ephemeral volumes need (the node plugin creates and destroys their containers).
+	CSINodeRole pki.Role
 }
 
 // Defaults of TLSOptions (and of the operator's flags).
@@ -90,6 +93,9 @@ func (o TLSOptions) withDefaults() TLSOptions {
 	}
 	if o.StageDwell <= 0 {
 		o.StageDwell = DefaultStageDwell
+	}
+	if o.CSINodeRole == "" {
+		o.CSINodeRole = pki.RoleClient
 	}
 	return o
 }
@@ -294,7 +300,7 @@ func (r *ServerSetReconciler) reconcileTLS(ctx context.Context, ss *storagev1.Se
 			leafSpec{key: types.NamespacedName{Namespace: opts.CSINamespace, Name: CSIControllerSecret},
 				id: pki.Identity{System: system, Role: pki.RoleAdmin, Name: "csi-controller"}},
 			leafSpec{key: types.NamespacedName{Namespace: opts.CSINamespace, Name: CSINodeSecret},
-				id: pki.Identity{System: system, Role: pki.RoleClient, Name: "csi-node"}})
+				id: pki.Identity{System: system, Role: opts.CSINodeRole, Name: "csi-node"}})
 	}
 	existing := make([]*corev1.Secret, len(leaves))
 	renew := false

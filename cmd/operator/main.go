@@ -25,6 +25,7 @@ import (
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/controllers"
 	ilwebhook "github.com/peregrine-storage/peregrine/csi/webhook"
+	"github.com/peregrine-storage/peregrine/pkg/pki"
 )
 
 // config is what the flags set.
@@ -38,6 +39,7 @@ type config struct {
 	watchNamespaces         listFlag
 	tls                     controllers.TLSOptions
 	csiServerSet            string
+	csiNodeRole             string
 	webhookEnable           bool
 	webhook                 ilwebhook.Options
 	// skipNameValidation lets tests run several managers in one process (controller names are
@@ -68,6 +70,7 @@ func (c *config) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.tls.StageDwell, "ca-rotation-dwell", controllers.DefaultStageDwell,
 		"least time between the steps of a CA rotation, beyond the engines' restart (mounted Secrets reach running pods within the kubelet's sync period)")
 	fs.StringVar(&c.tls.CSINamespace, "csi-tls-namespace", "", "namespace of the CSI driver's certificate Secrets ("+controllers.CSIControllerSecret+", "+controllers.CSINodeSecret+"); empty: none issued")
+	fs.StringVar(&c.csiNodeRole, "csi-node-role", "client", "role of the CSI node plugin's certificate: client (mounts only) or admin (inline ephemeral volumes: the plugin creates their containers)")
 	fs.StringVar(&c.csiServerSet, "csi-serverset", "", "NAMESPACE/NAME of the ServerSet whose system the CSI driver serves (its certificates are for that system)")
 	fs.Var(&c.watchNamespaces, "watch-namespaces",
 		"comma-separated namespaces whose ServerSets, Pools and Containers the operator reconciles (empty: all; its RBAC can then be Roles in these namespaces)")
@@ -122,6 +125,12 @@ func newManager(cfg *rest.Config, c *config) (ctrl.Manager, error) {
 		if c.tls.CSINamespace == "" {
 			return nil, errors.New("--csi-serverset needs --csi-tls-namespace (where the CSI driver's Secrets go)")
 		}
+	}
+	switch r := pki.Role(c.csiNodeRole); r {
+	case pki.RoleClient, pki.RoleAdmin:
+		c.tls.CSINodeRole = r
+	default:
+		return nil, fmt.Errorf("--csi-node-role %q: want client or admin", c.csiNodeRole)
 	}
 	if c.policy.AllowInsecureControlPlane {
 		ctrl.Log.WithName("operator").Info("WARNING: --allow-insecure-control-plane: ServerSets may run their engines' gRPC API without TLS (spec.insecureControlPlane)")
