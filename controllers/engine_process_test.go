@@ -158,17 +158,19 @@ func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, 
 	// The certificate volume: this rank's Secret, as the kubelet projects it (RANK/ca.crt, ...).
 	adminDir := filepath.Join(dir, "admin-tls")
 	if strings.Contains(tmpl, "tls_dir: ") {
-		tlsRoot := filepath.Join(dir, "tls")
+		// What the init container leaves in the in-memory volume: this rank's Secret.
+		Expect(sts.Spec.Template.Spec.InitContainers).To(HaveLen(1))
+		tlsDir := filepath.Join(dir, "tls")
 		sec := &corev1.Secret{}
-		Eventually(func() error {
-			return k8s.Get(ctx, client.ObjectKey{Namespace: sts.Namespace, Name: fmt.Sprintf("%s-%d-tls", sts.Name, ordinal)}, sec)
-		}, 20*time.Second).Should(Succeed())
-		rankDir := filepath.Join(tlsRoot, strconv.Itoa(ordinal))
-		Expect(os.MkdirAll(rankDir, 0o700)).To(Succeed())
-		for _, k := range []string{pki.CAFile, pki.CertFile, pki.KeyFile} {
-			Expect(os.WriteFile(filepath.Join(rankDir, k), sec.Data[k], 0o600)).To(Succeed())
+		Eventually(func() []byte {
+			Expect(client.IgnoreNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: sts.Namespace, Name: sts.Name + "-engine-tls"}, sec))).To(Succeed())
+			return sec.Data[fmt.Sprintf("%d.key", ordinal)]
+		}, 20*time.Second).ShouldNot(BeEmpty())
+		Expect(os.MkdirAll(tlsDir, 0o700)).To(Succeed())
+		for dst, src := range map[string]string{pki.CAFile: pki.CAFile, pki.CertFile: fmt.Sprintf("%d.crt", ordinal), pki.KeyFile: fmt.Sprintf("%d.key", ordinal)} {
+			Expect(os.WriteFile(filepath.Join(tlsDir, dst), sec.Data[src], 0o600)).To(Succeed())
 		}
-		tmpl = strings.ReplaceAll(tmpl, tlsMountPath+"/", tlsRoot+"/")
+		tmpl = strings.ReplaceAll(tmpl, "tls_dir: "+tlsMountPath+"\n", "tls_dir: "+tlsDir+"\n")
 		writeTLSDir(adminDir, testCA(sts.Name), pki.Identity{System: sts.Name, Role: pki.RoleAdmin, Name: "test"})
 	}
 	registerEngineSystem(msAddr, sts.Name, adminDir)

@@ -140,8 +140,8 @@ func engineConfigTemplate(ss *storagev1.ServerSet) string {
 	if ss.Spec.InsecureControlPlane {
 		b.WriteString("allow_insecure: true\n")
 	} else {
-		// This rank's directory of the projected certificate volume (renderStatefulSet).
-		fmt.Fprintf(&b, "tls_dir: %s/@RANK@\n", tlsMountPath)
+		// This rank's certificate, copied there by the pod's init container (tlsInitContainer).
+		fmt.Fprintf(&b, "tls_dir: %s\n", tlsMountPath)
 	}
 	return b.String()
 }
@@ -311,9 +311,12 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 		"prometheus.io/port":   fmt.Sprint(metricsPort(ss)),
 		"prometheus.io/path":   "/metrics",
 	}
+	var initContainers []corev1.Container
 	if tlsHash != "" {
 		mounts = append(mounts, corev1.VolumeMount{Name: "tls", MountPath: tlsMountPath, ReadOnly: true})
-		volumes = append(volumes, tlsVolume(ss, replicas))
+		volumes = append(volumes, tlsVolume(ss), corev1.Volume{Name: "tls", VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))}}})
+		initContainers = append(initContainers, tlsInitContainer(ss))
 		// The engines read their certificates at start: a renewal or a CA rotation step rolls them.
 		annotations[tlsHashKey] = tlsHash
 	}
@@ -348,6 +351,7 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 					Affinity:                      ss.Spec.Affinity,
 					Tolerations:                   ss.Spec.Tolerations,
 					TerminationGracePeriodSeconds: ptr.To[int64](60),
+					InitContainers:                initContainers,
 					Containers: []corev1.Container{{
 						Name:            engineContainerName,
 						Image:           ss.Spec.Image,
@@ -401,24 +405,62 @@ func engineSecurityContext(ss *storagev1.ServerSet) *corev1.SecurityContext {
 	}
 }
 
-// tlsVolume projects the certificate Secret of every rank into one directory per rank
-// (RANK/ca.crt, RANK/tls.crt, RANK/tls.key): a StatefulSet has one pod template for all its pods,
-// so a pod cannot mount only its own rank's Secret; its start script points the engine at its own
-// directory. Every engine pod of the ServerSet therefore holds every rank's key (docs/tls.md).
-func tlsVolume(ss *storagev1.ServerSet, replicas int32) corev1.Volume {
-	sources := make([]corev1.VolumeProjection, 0, replicas)
-	for r := int32(0); r < replicas; r++ {
-		dir := fmt.Sprint(r)
-		sources = append(sources, corev1.VolumeProjection{Secret: &corev1.SecretProjection{
-			LocalObjectReference: corev1.LocalObjectReference{Name: engineTLSSecretName(ss, r)},
-			Items: []corev1.KeyToPath{
-				{Key: corev1.ServiceAccountRootCAKey, Path: dir + "/ca.crt"},
-				{Key: corev1.TLSCertKey, Path: dir + "/tls.crt"},
-				{Key: corev1.TLSPrivateKeyKey, Path: dir + "/tls.key"},
-			},
-		}})
-	}
-	return corev1.Volume{Name: "tls", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-		Sources: sources, DefaultMode: ptr.To[int32](0o400),
+// tlsVolume is every rank's certificate (Secret NAME-engine-tls: ca.crt, RANK.crt, RANK.key): a
+// StatefulSet has one pod template for all its pods, so a pod cannot mount only its own rank's
+// Secret. Only the pod's init container mounts it (tlsInitContainer): the engine container sees
+// its own rank's certificate alone. One Secret rather than a projection of the per-rank ones:
+// a new rank then changes the Secret, not the pod template, and a scale-up rolls nothing.
+func tlsVolume(ss *storagev1.ServerSet) corev1.Volume {
+	return corev1.Volume{Name: "tls-ranks", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: engineBundleSecretName(ss), DefaultMode: ptr.To[int32](0o400),
 	}}}
+}
+
+// tlsRanksMountPath is where the init container sees every rank's certificate.
+const tlsRanksMountPath = "/etc/peregrine-tls-ranks"
+
+// tlsInitScript copies this pod's rank's certificate (the ordinal ends the pod's name) into the
+// in-memory volume the engine reads (tls_dir). A new rank's pod may start before the kubelet has
+// the Secret's update that added it: it waits for it (two minutes, then fails and is restarted).
+const tlsInitScript = `set -eu
+rank="${POD_NAME##*-}"
+src=` + tlsRanksMountPath + `
+n=0
+until [ -s "$src/$rank.crt" ] && [ -s "$src/$rank.key" ]; do
+  n=$((n + 1))
+  [ "$n" -le 120 ] || { echo "tls: no certificate for rank $rank in $src" >&2; exit 1; }
+  sleep 1
+done
+cp "$src/ca.crt" ` + tlsMountPath + `/ca.crt
+cp "$src/$rank.crt" ` + tlsMountPath + `/tls.crt
+cp "$src/$rank.key" ` + tlsMountPath + `/tls.key
+chmod 0400 ` + tlsMountPath + `/*
+`
+
+// tlsInitContainer copies the pod's own certificate out of the volume of every rank's, so that a
+// compromised engine container holds no other rank's key. It runs at every pod start (a roll
+// recreates the pods; a restarted engine container keeps the copy of its pod's start).
+func tlsInitContainer(ss *storagev1.ServerSet) corev1.Container {
+	return corev1.Container{
+		Name:            "tls",
+		Image:           ss.Spec.Image,
+		ImagePullPolicy: ss.Spec.ImagePullPolicy,
+		Command:         []string{"/bin/sh", "-c", tlsInitScript},
+		Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
+		},
+		// Root reads the 0400 files it owns without any capability.
+		SecurityContext: &corev1.SecurityContext{
+			Privileged:               ptr.To(false),
+			AllowPrivilegeEscalation: ptr.To(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: "tls-ranks", MountPath: tlsRanksMountPath, ReadOnly: true},
+			{Name: "tls", MountPath: tlsMountPath},
+		},
+	}
 }

@@ -45,8 +45,8 @@ const (
 	// tlsHashKey (pod template): the CA bundle and generation the pods run with; a change rolls
 	// the engines (they read their certificates at start).
 	tlsHashKey = "storage.peregrine.dev/tls-hash"
-	// tlsMountPath holds one directory per rank (RANK/ca.crt, tls.crt, tls.key); each engine's
-	// tls_dir is its own. Not below /etc/peregrine: that is a read-only ConfigMap volume.
+	// tlsMountPath is the engine's tls_dir: its own rank's ca.crt, tls.crt and tls.key, copied by
+	// the pod's init container. Not below /etc/peregrine: that is a read-only ConfigMap volume.
 	tlsMountPath = "/etc/peregrine-tls"
 	labelTLSRole = "storage.peregrine.dev/tls-role"
 )
@@ -324,10 +324,18 @@ func (r *ServerSetReconciler) reconcileTLS(ctx context.Context, ss *storagev1.Se
 		r.Recorder.Eventf(ss, corev1.EventTypeNormal, string(storagev1.ReasonCertificatesRenewed),
 			"renewing every certificate of system %s (two thirds of their validity are over): generation %d", system, ca.generation)
 	}
+	ranks := make([]map[string][]byte, 0, replicas)
 	for i, l := range leaves {
-		if err := r.ensureLeaf(ctx, ss, ca, l, existing[i], opts, now); err != nil {
+		data, err := r.ensureLeaf(ctx, ss, ca, l, existing[i], opts, now)
+		if err != nil {
 			return nil, err
 		}
+		if l.id.Role == pki.RoleEngine {
+			ranks = append(ranks, data)
+		}
+	}
+	if err := r.ensureEngineBundle(ctx, ss, ca, ranks); err != nil {
+		return nil, err
 	}
 	out := &tlsOutcome{hash: ca.hash(), reason: storagev1.ReasonCertificatesReady,
 		msg: fmt.Sprintf("CA %s valid to %s; %d engine certificate(s), generation %d", pki.Fingerprint(ca.signer.Cert),
@@ -455,7 +463,7 @@ func leafGeneration(sec *corev1.Secret) int64 {
 // ensureLeaf keeps one leaf Secret: kept as it is when its certificate is the CA's, for its
 // identity, of the current generation and not due; its ca.crt brought to the current bundle;
 // reissued otherwise (with a warning event when it was forged, for another identity, or broken).
-func (r *ServerSetReconciler) ensureLeaf(ctx context.Context, ss *storagev1.ServerSet, ca *caState, l leafSpec, sec *corev1.Secret, opts TLSOptions, now time.Time) error {
+func (r *ServerSetReconciler) ensureLeaf(ctx context.Context, ss *storagev1.ServerSet, ca *caState, l leafSpec, sec *corev1.Secret, opts TLSOptions, now time.Time) (map[string][]byte, error) {
 	problem, detail := pki.LeafInvalid, "missing"
 	if sec != nil {
 		problem, detail = pki.CheckLeaf(sec.Data[pki.CertFile], sec.Data[pki.KeyFile], ca.signer.Cert, l.id, now)
@@ -478,19 +486,19 @@ func (r *ServerSetReconciler) ensureLeaf(ctx context.Context, ss *storagev1.Serv
 	}
 	if problem == pki.LeafOK {
 		if bytes.Equal(sec.Data[pki.CAFile], ca.bundlePEM()) {
-			return nil
+			return sec.Data, nil
 		}
 		want.Data = map[string][]byte{pki.CAFile: ca.bundlePEM(), pki.CertFile: sec.Data[pki.CertFile], pki.KeyFile: sec.Data[pki.KeyFile]}
 		_, err := r.writeSecret(ctx, ss, want, sec, l.owned)
-		return err
+		return want.Data, err
 	}
 	leaf, err := ca.signer.Issue(l.id, now, opts.CertLifetime)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	want.Data = map[string][]byte{pki.CAFile: ca.bundlePEM(), pki.CertFile: leaf.CertPEM, pki.KeyFile: leaf.KeyPEM}
 	if _, err := r.writeSecret(ctx, ss, want, sec, l.owned); err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case sec == nil:
@@ -503,7 +511,46 @@ func (r *ServerSetReconciler) ensureLeaf(ctx context.Context, ss *storagev1.Serv
 			"certificate in Secret %s/%s replaced: %s: %s", l.key.Namespace, l.key.Name, problem, detail)
 		logf.FromContext(ctx).Info("replaced a certificate Secret", "secret", l.key.String(), "problem", string(problem), "detail", detail)
 	}
-	return nil
+	return want.Data, nil
+}
+
+// engineBundleSecretName is the Secret the engine pods mount: every rank's certificate in one,
+// so that adding a rank changes its contents and not the pod template (a scale-up rolls nothing).
+func engineBundleSecretName(ss *storagev1.ServerSet) string { return ss.Name + "-engine-tls" }
+
+// ensureEngineBundle keeps NAME-engine-tls equal to the per-rank Secrets: ca.crt, and RANK.crt
+// and RANK.key for each rank.
+func (r *ServerSetReconciler) ensureEngineBundle(ctx context.Context, ss *storagev1.ServerSet, ca *caState, ranks []map[string][]byte) error {
+	data := map[string][]byte{pki.CAFile: ca.bundlePEM()}
+	for rank, d := range ranks {
+		data[fmt.Sprintf("%d.crt", rank)] = d[pki.CertFile]
+		data[fmt.Sprintf("%d.key", rank)] = d[pki.KeyFile]
+	}
+	key := types.NamespacedName{Namespace: ss.Namespace, Name: engineBundleSecretName(ss)}
+	sec, err := r.getSecret(ctx, key)
+	if err != nil {
+		return err
+	}
+	if sec != nil && sec.Type == corev1.SecretTypeOpaque && len(sec.Data) == len(data) {
+		same := true
+		for k, v := range data {
+			if !bytes.Equal(sec.Data[k], v) {
+				same = false
+				break
+			}
+		}
+		if same {
+			return nil
+		}
+	}
+	want := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: tlsLabels(ss, "engines"),
+			Annotations: map[string]string{tlsGenerationKey: strconv.FormatInt(ca.generation, 10)}},
+		Type: corev1.SecretTypeOpaque,
+		Data: data,
+	}
+	_, err = r.writeSecret(ctx, ss, want, sec, true)
+	return err
 }
 
 // writeSecret creates want, or updates existing to it (data, type, labels, annotations), owned

@@ -3,6 +3,10 @@ package controllers
 import (
 	"crypto/x509"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -113,6 +117,35 @@ var _ = Describe("CA rotation decisions", func() {
 	})
 })
 
+var _ = Describe("The engine pod's certificate init script", func() {
+	It("copies the pod's own rank's certificate, and only it, read-only", func() {
+		root := GinkgoT().TempDir()
+		ranks, own := filepath.Join(root, "ranks"), filepath.Join(root, "tls")
+		Expect(os.MkdirAll(ranks, 0o700)).To(Succeed())
+		files := map[string]string{"ca.crt": "bundle", "0.crt": "c0", "0.key": "k0", "12.crt": "c12", "12.key": "k12"}
+		for f, b := range files {
+			Expect(os.WriteFile(filepath.Join(ranks, f), []byte(b), 0o400)).To(Succeed())
+		}
+		Expect(os.MkdirAll(own, 0o700)).To(Succeed())
+		script := strings.NewReplacer(tlsRanksMountPath, ranks, tlsMountPath, own).Replace(tlsInitScript)
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.Env = []string{"POD_NAME=tank-web-12"}
+		out, err := cmd.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "%s", out)
+		entries, err := os.ReadDir(own)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(entries).To(HaveLen(3))
+		for f, want := range map[string]string{"ca.crt": "bundle", "tls.crt": "c12", "tls.key": "k12"} {
+			b, err := os.ReadFile(filepath.Join(own, f))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(string(b)).To(Equal(want))
+			st, err := os.Stat(filepath.Join(own, f))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(st.Mode().Perm()).To(Equal(os.FileMode(0o400)))
+		}
+	})
+})
+
 var _ = Describe("ServerSet control-plane TLS", func() {
 	It("makes a CA and one certificate per rank, mounts them in the engine pods, and replaces forged or expired ones", func() {
 		const name = "tls"
@@ -136,25 +169,50 @@ var _ = Describe("ServerSet control-plane TLS", func() {
 		sec, _ := getSecret("default", name+"-1-tls")()
 		Expect(sec.OwnerReferences).To(ContainElement(HaveField("Name", name)))
 
-		By("the engine pods mount them, each engine reading its own rank's directory")
+		By("the engine pods mount them: the init container every rank's, the engine its own rank's copy")
 		sts := &appsv1.StatefulSet{}
 		Eventually(func() error { return k8s.Get(ctx, key, sts) }, 20*time.Second).Should(Succeed())
 		spec := sts.Spec.Template.Spec
-		var vol *corev1.Volume
-		for i := range spec.Volumes {
-			if spec.Volumes[i].Name == "tls" {
-				vol = &spec.Volumes[i]
-			}
+		vols := map[string]corev1.Volume{}
+		for _, v := range spec.Volumes {
+			vols[v.Name] = v
 		}
-		Expect(vol).NotTo(BeNil())
-		Expect(vol.Projected.Sources).To(HaveLen(2))
-		Expect(vol.Projected.Sources[1].Secret.Name).To(Equal(name + "-1-tls"))
-		Expect(vol.Projected.Sources[1].Secret.Items).To(ContainElement(corev1.KeyToPath{Key: "tls.key", Path: "1/tls.key"}))
+		Expect(vols).To(HaveKey("tls-ranks"))
+		Expect(vols["tls-ranks"].Secret.SecretName).To(Equal(name + "-engine-tls"))
+		Eventually(func() error {
+			b, err := getSecret("default", name+"-engine-tls")()
+			if err != nil {
+				return err
+			}
+			for r := 0; r < 2; r++ {
+				rs, err := getSecret("default", fmt.Sprintf("%s-%d-tls", name, r))()
+				if err != nil {
+					return err
+				}
+				if string(b.Data[fmt.Sprintf("%d.crt", r)]) != string(rs.Data["tls.crt"]) || string(b.Data[fmt.Sprintf("%d.key", r)]) != string(rs.Data["tls.key"]) {
+					return fmt.Errorf("rank %d differs between %s-engine-tls and %s", r, name, rs.Name)
+				}
+			}
+			if string(b.Data["ca.crt"]) != string(caOf(name).bundlePEM()) {
+				return fmt.Errorf("ca.crt of %s-engine-tls is not the bundle", name)
+			}
+			return nil
+		}, 20*time.Second).Should(Succeed())
+		Expect(vols).To(HaveKey("tls"))
+		Expect(vols["tls"].EmptyDir).NotTo(BeNil())
+		Expect(vols["tls"].EmptyDir.Medium).To(Equal(corev1.StorageMediumMemory))
+		Expect(spec.InitContainers).To(HaveLen(1))
+		Expect(spec.InitContainers[0].VolumeMounts).To(ConsistOf(
+			corev1.VolumeMount{Name: "tls-ranks", MountPath: tlsRanksMountPath, ReadOnly: true},
+			corev1.VolumeMount{Name: "tls", MountPath: tlsMountPath}))
 		Expect(spec.Containers[0].VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "tls", MountPath: tlsMountPath, ReadOnly: true}))
+		for _, m := range spec.Containers[0].VolumeMounts {
+			Expect(m.Name).NotTo(Equal("tls-ranks"), "the engine container must not see other ranks' keys")
+		}
 		Expect(sts.Spec.Template.Annotations).To(HaveKeyWithValue(tlsHashKey, ca.hash()))
 		cm := &corev1.ConfigMap{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-config"}, cm)).To(Succeed())
-		Expect(cm.Data["engine.yaml.in"]).To(ContainSubstring("tls_dir: /etc/peregrine-tls/@RANK@\n"))
+		Expect(cm.Data["engine.yaml.in"]).To(ContainSubstring("tls_dir: /etc/peregrine-tls\n"))
 		Expect(cm.Data["engine.yaml.in"]).NotTo(ContainSubstring("allow_insecure"))
 		Eventually(func() metav1.Condition {
 			return condition(getServerSet(name)().Status.Conditions, storagev1.ConditionControlPlaneTLS)
@@ -286,8 +344,9 @@ var _ = Describe("ServerSet control-plane TLS", func() {
 		Expect(cfg).NotTo(ContainSubstring("tls_dir"))
 		sts := renderStatefulSet(ss, 1, 0, "h", "")
 		for _, v := range sts.Spec.Template.Spec.Volumes {
-			Expect(v.Name).NotTo(Equal("tls"))
+			Expect(v.Name).NotTo(HavePrefix("tls"))
 		}
+		Expect(sts.Spec.Template.Spec.InitContainers).To(BeEmpty())
 	})
 })
 

@@ -102,12 +102,12 @@ func controlPlaneSpecs(ctx context.Context) {
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: storeNS, Name: storeName}, sts)).To(Succeed())
 		var tlsVol *corev1.Volume
 		for i, v := range sts.Spec.Template.Spec.Volumes {
-			if v.Name == "tls" {
+			if v.Name == "tls-ranks" {
 				tlsVol = &sts.Spec.Template.Spec.Volumes[i]
 			}
 		}
 		Expect(tlsVol).NotTo(BeNil())
-		Expect(tlsVol.Projected.Sources).To(HaveLen(int(ptr.Deref(sts.Spec.Replicas, 0))))
+		Expect(tlsVol.Secret.SecretName).To(Equal(storeName + "-engine-tls"))
 		for r := 0; r < int(ptr.Deref(sts.Spec.Replicas, 0)); r++ {
 			sec := &corev1.Secret{}
 			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: storeNS, Name: fmt.Sprintf("%s-%d-tls", storeName, r)}, sec)).To(Succeed())
