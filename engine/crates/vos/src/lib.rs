@@ -188,7 +188,7 @@ pub use counters::{TargetCounters, TargetSpace, TierSpace};
 pub use dtx::DTX_STALE_MS;
 pub use error::{Errno, StorageError};
 pub use superblock::{format, scan, ScanState, Superblock};
-pub use target::{ContQuota, QuotaShare};
+pub use target::{ContQuota, QuotaShare, ScrubReport, DEFAULT_SCRUB_RATE};
 
 /// One container's quota as the management service pushes it: `limit` in
 /// stored bytes (`None` lifts it), of which the other engines hold `elsewhere`.
@@ -874,6 +874,26 @@ impl Storage {
             .iter()
             .filter_map(|f| f.lock().clone())
             .collect()
+    }
+
+    /// What each target's scrubber verified and found damaged, by target
+    /// index (a target that does not answer reports nothing).
+    pub fn scrub_reports(&self) -> Vec<ScrubReport> {
+        (0..self.senders.len())
+            .map(|t| match self.ctl(t, Ctl::Scrub(None)) {
+                Ok(CtlOut::Scrub(r)) => r,
+                _ => ScrubReport::default(),
+            })
+            .collect()
+    }
+
+    /// Set every target's scrubbing rate, bytes per second (0: off; the
+    /// default is [`DEFAULT_SCRUB_RATE`]); a target between passes starts
+    /// its next pass now.
+    pub fn set_scrub_rate(&self, bytes_per_sec: u64) {
+        for t in 0..self.senders.len() {
+            let _ = self.ctl(t, Ctl::Scrub(Some(bytes_per_sec)));
+        }
     }
 
     /// What opening the device repaired, one line each (a damaged or

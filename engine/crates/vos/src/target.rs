@@ -99,6 +99,9 @@ use std::time::Instant;
 use uuid::Uuid;
 
 mod replay;
+mod scrub;
+
+pub use scrub::{ScrubReport, DEFAULT_SCRUB_RATE};
 
 /// Most messages drained into one group commit.
 const MAX_BATCH: usize = 128;
@@ -153,6 +156,8 @@ pub(crate) enum Ctl {
     },
     DeviceSpace,
     Stats,
+    /// The scrubber's report, after setting its rate (bytes/s) if given.
+    Scrub(Option<u64>),
     /// A container's quota as this target enforces it (`None`: no quota).
     SetQuota {
         pool: Uuid,
@@ -205,6 +210,7 @@ pub(crate) enum CtlOut {
     /// nvme total, nvme unreserved, scm total, scm unreserved.
     Device([u64; 4]),
     Stats(crate::TargetStats),
+    Scrub(ScrubReport),
 }
 
 pub(crate) enum Msg {
@@ -565,6 +571,8 @@ pub(crate) struct Target {
     /// Set by replay finding acknowledged state damaged: every request is
     /// refused (see [`replay`]).
     refused: Option<Errno>,
+    /// Verifies stored extents while the target is idle ([`scrub`]).
+    scrub: scrub::Scrubber,
     /// Why updates are refused, for whoever asks the storage (no queue hop).
     fault: Arc<parking_lot::Mutex<Option<String>>>,
     /// Sources polled between the other work (local clients).
@@ -701,6 +709,7 @@ impl Target {
             ckpt_due: false,
             broken: None,
             refused: None,
+            scrub: Default::default(),
             fault,
             sources: Vec::new(),
             poll_until: None,
@@ -799,6 +808,10 @@ impl Target {
                     self.open.ops.push(WalOp::Flushed {
                         through: self.durable,
                     });
+                    continue;
+                }
+                if self.scrub_due() {
+                    self.scrub_step();
                     continue;
                 }
                 self.publish(true);
@@ -916,6 +929,10 @@ impl Target {
                     .max(Duration::from_millis(1)),
             ),
             false => timeout,
+        };
+        let timeout = match self.scrub.wait() {
+            Some(d) if self.refused.is_none() => timeout.min(d.max(Duration::from_millis(1))),
+            _ => timeout,
         };
         let r = self.dev.wait_idle(inbox.wake.fd.as_raw_fd(), timeout);
         inbox.wake.asleep().store(0, Ordering::SeqCst);
@@ -2745,7 +2762,7 @@ impl Target {
 
     fn control(&mut self, c: Ctl) -> Result<CtlOut, StorageError> {
         if let Some(e) = &self.refused {
-            if !matches!(c, Ctl::Stats) {
+            if !matches!(c, Ctl::Stats | Ctl::Scrub(_)) {
                 return Err(StorageError::Corrupt(e.msg.clone()));
             }
         }
@@ -2877,6 +2894,12 @@ impl Target {
                     self.auto_aggregate(pool, "quota reached");
                 }
                 Ok(CtlOut::Done)
+            }
+            Ctl::Scrub(rate) => {
+                if let Some(r) = rate {
+                    self.scrub.set_rate(r);
+                }
+                Ok(CtlOut::Scrub(self.scrub.report.clone()))
             }
             Ctl::Stats => Ok(CtlOut::Stats(crate::TargetStats {
                 seq: self.seq,
