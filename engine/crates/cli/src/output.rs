@@ -216,6 +216,9 @@ pub fn rank_storage_json(r: &RankStorage) -> Value {
         "scm_bytes": r.scm_bytes, "formatted": r.formatted, "system": r.system,
         "engine_uuid": r.engine_uuid, "state": storage_state(r.state), "message": r.message,
         "nvme_free": r.nvme_free, "scm_free": r.scm_free,
+        "unflushed_records": r.unflushed_records, "flushes": r.flushes,
+        "scrub_bytes": r.scrub_bytes, "scrub_extents": r.scrub_extents, "scrub_passes": r.scrub_passes,
+        "scrub_damaged": r.scrub_damaged, "scrub_damage": r.scrub_damage, "repairs": r.repairs,
     })
 }
 

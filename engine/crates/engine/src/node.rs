@@ -161,10 +161,28 @@ impl Node {
                 rs.unflushed_records += t.seq - t.durable;
                 rs.flushes += t.flushes;
             }
-            let faults = st.faults();
+            let mut faults = st.faults();
+            let scrubs = st.scrub_reports();
+            rs.scrub_passes = scrubs.iter().map(|r| r.passes).min().unwrap_or(0);
+            for r in scrubs {
+                rs.scrub_bytes += r.bytes;
+                rs.scrub_extents += r.extents;
+                rs.scrub_damaged += r.damaged;
+                rs.scrub_damage.extend(r.places);
+            }
+            if rs.scrub_damaged > 0 {
+                faults.push(format!(
+                    "scrub found {} damaged extent(s) (reads of them fail with a checksum error): {}",
+                    rs.scrub_damaged,
+                    rs.scrub_damage.first().map_or("", String::as_str)
+                ));
+            }
+            rs.repairs = st.repairs().to_vec();
             if !faults.is_empty() {
                 rs.state = StorageState::Degraded.into();
                 rs.message = faults.join("; ");
+            } else if !rs.repairs.is_empty() {
+                rs.message = format!("repaired at open: {}", rs.repairs.join("; "));
             }
         } else {
             rs.message = self.maintenance_reason.lock().clone();
