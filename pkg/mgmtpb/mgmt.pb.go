@@ -706,8 +706,24 @@ type RankStorage struct {
 	// the engine opened its storage.
 	UnflushedRecords uint64 `protobuf:"varint,13,opt,name=unflushed_records,json=unflushedRecords,proto3" json:"unflushed_records,omitempty"`
 	Flushes          uint64 `protobuf:"varint,14,opt,name=flushes,proto3" json:"flushes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The scrubbers (each target verifies the checksums of its stored
+	// extents in the background, at a bounded rate), summed over the
+	// targets since the engine opened its storage: bytes and extents
+	// verified, passes over the whole index completed (the fewest of any
+	// target), extents whose stored bytes fail their checksums, and where
+	// (one line each: target, pool, container, object, dkey, akey, epoch,
+	// device offset; the first few per target). Damage found makes the
+	// state degraded, the count in the message.
+	ScrubBytes   uint64   `protobuf:"varint,15,opt,name=scrub_bytes,json=scrubBytes,proto3" json:"scrub_bytes,omitempty"`
+	ScrubExtents uint64   `protobuf:"varint,16,opt,name=scrub_extents,json=scrubExtents,proto3" json:"scrub_extents,omitempty"`
+	ScrubPasses  uint64   `protobuf:"varint,17,opt,name=scrub_passes,json=scrubPasses,proto3" json:"scrub_passes,omitempty"`
+	ScrubDamaged uint64   `protobuf:"varint,18,opt,name=scrub_damaged,json=scrubDamaged,proto3" json:"scrub_damaged,omitempty"`
+	ScrubDamage  []string `protobuf:"bytes,19,rep,name=scrub_damage,json=scrubDamage,proto3" json:"scrub_damage,omitempty"`
+	// What opening the storage repaired, one line each (a damaged or
+	// missing superblock copy rewritten from the other).
+	Repairs       []string `protobuf:"bytes,20,rep,name=repairs,proto3" json:"repairs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RankStorage) Reset() {
@@ -836,6 +852,48 @@ func (x *RankStorage) GetFlushes() uint64 {
 		return x.Flushes
 	}
 	return 0
+}
+
+func (x *RankStorage) GetScrubBytes() uint64 {
+	if x != nil {
+		return x.ScrubBytes
+	}
+	return 0
+}
+
+func (x *RankStorage) GetScrubExtents() uint64 {
+	if x != nil {
+		return x.ScrubExtents
+	}
+	return 0
+}
+
+func (x *RankStorage) GetScrubPasses() uint64 {
+	if x != nil {
+		return x.ScrubPasses
+	}
+	return 0
+}
+
+func (x *RankStorage) GetScrubDamaged() uint64 {
+	if x != nil {
+		return x.ScrubDamaged
+	}
+	return 0
+}
+
+func (x *RankStorage) GetScrubDamage() []string {
+	if x != nil {
+		return x.ScrubDamage
+	}
+	return nil
+}
+
+func (x *RankStorage) GetRepairs() []string {
+	if x != nil {
+		return x.Repairs
+	}
+	return nil
 }
 
 type StorageScanResp struct {
@@ -3432,7 +3490,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\amembers\x18\x03 \x03(\v2\x19.peregrine.mgmt.v1.MemberR\amembers\x12\x1f\n" +
 	"\vmap_version\x18\x04 \x01(\x04R\n" +
 	"mapVersion\"\x10\n" +
-	"\x0eStorageScanReq\"\xc0\x03\n" +
+	"\x0eStorageScanReq\"\x8b\x05\n" +
 	"\vRankStorage\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
@@ -3451,7 +3509,14 @@ const file_mgmt_proto_rawDesc = "" +
 	"\tnvme_free\x18\v \x01(\x04R\bnvmeFree\x12\x19\n" +
 	"\bscm_free\x18\f \x01(\x04R\ascmFree\x12+\n" +
 	"\x11unflushed_records\x18\r \x01(\x04R\x10unflushedRecords\x12\x18\n" +
-	"\aflushes\x18\x0e \x01(\x04R\aflushes\"G\n" +
+	"\aflushes\x18\x0e \x01(\x04R\aflushes\x12\x1f\n" +
+	"\vscrub_bytes\x18\x0f \x01(\x04R\n" +
+	"scrubBytes\x12#\n" +
+	"\rscrub_extents\x18\x10 \x01(\x04R\fscrubExtents\x12!\n" +
+	"\fscrub_passes\x18\x11 \x01(\x04R\vscrubPasses\x12#\n" +
+	"\rscrub_damaged\x18\x12 \x01(\x04R\fscrubDamaged\x12!\n" +
+	"\fscrub_damage\x18\x13 \x03(\tR\vscrubDamage\x12\x18\n" +
+	"\arepairs\x18\x14 \x03(\tR\arepairs\"G\n" +
 	"\x0fStorageScanResp\x124\n" +
 	"\x05ranks\x18\x01 \x03(\v2\x1e.peregrine.mgmt.v1.RankStorageR\x05ranks\"(\n" +
 	"\x10StorageFormatReq\x12\x14\n" +
