@@ -559,6 +559,12 @@ func TestDryRun(t *testing.T) {
 		if err := kubetest.Apply(ctx, c, emu, fieldManager, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "spec.storage.emulated.hostPath: Forbidden") {
 			t.Errorf("a sibling of the allowed host path: want a refusal naming the field, got %v", err)
 		}
+		// The control plane without TLS: refused unless controlPlane.insecure.
+		plain := kubetest.Find(t, render(t, "", "--set", "serverSet.enabled=true"), "ServerSet", "tank").DeepCopy()
+		_ = unstructured.SetNestedField(plain.Object, true, "spec", "insecureControlPlane")
+		if err := kubetest.Apply(ctx, c, plain, fieldManager, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "spec.insecureControlPlane: Forbidden") {
+			t.Errorf("spec.insecureControlPlane: want a refusal naming the field, got %v", err)
+		}
 	})
 
 	for _, p := range profiles {
