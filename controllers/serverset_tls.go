@@ -55,6 +55,9 @@ const (
 const (
 	CSIControllerSecret = "peregrine-csi-controller-tls"
 	CSINodeSecret       = "peregrine-csi-node-tls"
+	// CSINodeAdminSecret is the node plugin's own certificate when it needs role admin
+	// (TLSOptions.CSINodeRole); its FUSE daemons keep CSINodeSecret's (client).
+	CSINodeAdminSecret = "peregrine-csi-node-admin-tls"
 )
 
 // TLSOptions are the operator's settings of the control plane's certificates.
@@ -72,8 +75,9 @@ type TLSOptions struct {
 	// namespace. Empty: none.
 	CSINamespace string
 	CSIServerSet types.NamespacedName
-	// CSINodeRole is the node plugin's role: client (mounts only; the default) or admin, which
-	// inline ephemeral volumes need (the node plugin creates and destroys their containers).
+	// CSINodeRole is the node plugin's own role: client (mounts only; the default) or admin,
+	// which inline ephemeral volumes need (the node plugin creates and destroys their
+	// containers): then CSINodeAdminSecret is issued too. The FUSE daemons are clients either way.
 	CSINodeRole pki.Role
 }
 
@@ -300,7 +304,11 @@ func (r *ServerSetReconciler) reconcileTLS(ctx context.Context, ss *storagev1.Se
 			leafSpec{key: types.NamespacedName{Namespace: opts.CSINamespace, Name: CSIControllerSecret},
 				id: pki.Identity{System: system, Role: pki.RoleAdmin, Name: "csi-controller"}},
 			leafSpec{key: types.NamespacedName{Namespace: opts.CSINamespace, Name: CSINodeSecret},
-				id: pki.Identity{System: system, Role: opts.CSINodeRole, Name: "csi-node"}})
+				id: pki.Identity{System: system, Role: pki.RoleClient, Name: "csi-node"}})
+		if opts.CSINodeRole == pki.RoleAdmin {
+			leaves = append(leaves, leafSpec{key: types.NamespacedName{Namespace: opts.CSINamespace, Name: CSINodeAdminSecret},
+				id: pki.Identity{System: system, Role: pki.RoleAdmin, Name: "csi-node"}})
+		}
 	}
 	existing := make([]*corev1.Secret, len(leaves))
 	renew := false

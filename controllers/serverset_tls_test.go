@@ -270,6 +270,8 @@ var _ = Describe("ServerSet control-plane TLS", func() {
 			20*time.Second).Should(Succeed())
 		sec, _ := getSecret(testTLSOptions.CSINamespace, CSINodeSecret)()
 		Expect(sec.OwnerReferences).To(BeEmpty(), "no owner references across namespaces")
+		_, err := getSecret(testTLSOptions.CSINamespace, CSINodeAdminSecret)()
+		Expect(err).To(HaveOccurred(), "no admin certificate for the node plugin unless --csi-node-role=admin")
 	})
 
 	It("rotates a CA two thirds into its life: trusted everywhere, then signing, then the old one dropped", func() {

@@ -67,6 +67,9 @@ type Config struct {
 	// Insecure talks to the engines without TLS (their ServerSet has spec.insecureControlPlane);
 	// exactly one of TLSDir and Insecure.
 	Insecure bool
+	// FuseTLSDir (node) is the FUSE daemons' certificate, role client (default TLSDir): the node
+	// plugin's own may be admin (inline ephemeral volumes), the daemons' need not.
+	FuseTLSDir string
 	// Node is the node service's configuration (ModeNode, ModeAll).
 	Node NodeConfig
 }
@@ -101,7 +104,7 @@ func NewDriver(cfg Config) (*Driver, error) {
 		if nc.MgmtAddr == "" {
 			nc.MgmtAddr = cfg.MgmtAddr
 		}
-		nc.TLSDir, nc.Insecure = cfg.TLSDir, cfg.Insecure
+		nc.TLSDir, nc.FuseTLSDir, nc.Insecure = cfg.TLSDir, cfg.FuseTLSDir, cfg.Insecure
 		if nc.Ephemeral == nil {
 			nc.Ephemeral = d.ctrl
 		}

@@ -52,11 +52,11 @@ type NodeConfig struct {
 	// daemons are moved to, so that the container runtime stopping the plugin's cgroup leaves
 	// them running. Empty: they stay in the plugin's cgroup.
 	FuseCgroup string
-	// TLSDir is the node plugin's certificate (role client); the daemons get a copy kept under
-	// StateDir/tls (syncTLS). Insecure starts them with --insecure. Neither: the daemons' own
-	// default (tests of the node service alone).
-	TLSDir   string
-	Insecure bool
+	// TLSDir is the node plugin's certificate; FuseTLSDir (default TLSDir) the daemons', of role
+	// client, of which they get a copy kept under StateDir/tls (syncTLS). Insecure starts them
+	// with --insecure. Neither: the daemons' own default (tests of the node service alone).
+	TLSDir, FuseTLSDir string
+	Insecure           bool
 }
 
 // NodeServer implements the CSI node service. It embeds csi.UnsafeNodeServer (a nil

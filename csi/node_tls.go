@@ -27,20 +27,29 @@ func (ns *NodeServer) securityArgs() []string {
 		return nil // a daemon without TLS support is insecure anyway, and refuses the flag
 	case ns.cfg.Insecure:
 		return []string{"--insecure"}
-	case ns.cfg.TLSDir != "":
+	case ns.fuseTLSDir() != "":
 		return []string{"--tls-dir", ns.tlsCopyDir()}
 	}
 	return nil
 }
 
-// syncTLS copies ca.crt, tls.crt and tls.key from TLSDir into the state directory when they
+// fuseTLSDir is the daemons' certificate directory (FuseTLSDir, else TLSDir).
+func (ns *NodeServer) fuseTLSDir() string {
+	if ns.cfg.FuseTLSDir != "" {
+		return ns.cfg.FuseTLSDir
+	}
+	return ns.cfg.TLSDir
+}
+
+// syncTLS copies ca.crt, tls.crt and tls.key from fuseTLSDir into the state directory when they
 // changed, each file replaced atomically (a daemon reading them never sees half a file). The key
 // file is written last: a reader that sees the new key finds the new certificate with it.
 func (ns *NodeServer) syncTLS() error {
-	if ns.cfg.TLSDir == "" {
+	src := ns.fuseTLSDir()
+	if src == "" {
 		return nil
 	}
-	if _, err := pki.LoadDir(ns.cfg.TLSDir); err != nil {
+	if _, err := pki.LoadDir(src); err != nil {
 		return err // half-updated or missing: keep the last good copy
 	}
 	dst := ns.tlsCopyDir()
@@ -48,7 +57,7 @@ func (ns *NodeServer) syncTLS() error {
 		return err
 	}
 	for _, f := range []string{pki.CAFile, pki.CertFile, pki.KeyFile} {
-		b, err := os.ReadFile(filepath.Join(ns.cfg.TLSDir, f))
+		b, err := os.ReadFile(filepath.Join(src, f))
 		if err != nil {
 			return err
 		}
@@ -70,7 +79,7 @@ func (ns *NodeServer) syncTLS() error {
 // keepTLS refreshes the copy every interval until ctx ends (the kubelet updates the mounted
 // Secret in place after a renewal or a CA rotation step).
 func (ns *NodeServer) keepTLS(ctx context.Context, interval time.Duration) {
-	if ns.cfg.TLSDir == "" {
+	if ns.fuseTLSDir() == "" {
 		return
 	}
 	t := time.NewTicker(interval)
@@ -90,7 +99,7 @@ func (ns *NodeServer) keepTLS(ctx context.Context, interval time.Duration) {
 // checkTLS checks that the FUSE daemon can do what is asked and makes the first copy of the
 // certificate; without it no volume could be mounted.
 func (ns *NodeServer) checkTLS() error {
-	if ns.cfg.TLSDir != "" && ns.cfg.Insecure {
+	if ns.fuseTLSDir() != "" && ns.cfg.Insecure {
 		return fmt.Errorf("csi node: a TLS directory and insecure exclude each other")
 	}
 	// A daemon built before TLS on the control plane has neither flag (the binary names its
@@ -100,11 +109,11 @@ func (ns *NodeServer) checkTLS() error {
 		return fmt.Errorf("csi node: FUSE daemon binary: %w", err)
 	}
 	ns.fuseTLS = bytes.Contains(b, []byte("tls-dir"))
-	if ns.cfg.TLSDir != "" && !ns.fuseTLS {
+	if ns.fuseTLSDir() != "" && !ns.fuseTLS {
 		return fmt.Errorf("csi node: %s has no TLS on the control plane (no --tls-dir): use a newer image, or --insecure-control-plane", ns.cfg.FuseBin)
 	}
 	if err := ns.syncTLS(); err != nil {
-		slog.Warn("csi node: no certificate for the FUSE daemons yet; mounts fail until there is", "dir", ns.cfg.TLSDir, "error", err)
+		slog.Warn("csi node: no certificate for the FUSE daemons yet; mounts fail until there is", "dir", ns.fuseTLSDir(), "error", err)
 	}
 	return nil
 }
