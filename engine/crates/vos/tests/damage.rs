@@ -81,6 +81,7 @@ fn a_flipped_byte_before_a_flush_makes_the_target_refuse_loudly() {
     assert!(wal_region(&sb, 0).contains(&at), "k2 is in target 0's WAL");
     let st = Storage::open(&e.opts).expect("the other targets still open");
     let why = st.fault(0).expect("target 0 refuses to serve");
+    eprintln!("{why}");
     assert!(
         why.contains("target 0")
             && why.contains("WAL damaged at offset")
@@ -214,6 +215,7 @@ fn a_damaged_newest_checkpoint_whose_wal_was_reused_is_refused() {
     damage_newest_checkpoint(&e, &sb);
     let st = Storage::open(&e.opts).unwrap();
     let why = st.fault(0).expect("refused, not the older checkpoint");
+    eprintln!("{why}");
     assert!(
         why.contains("target 0") && why.contains("checkpoint damaged"),
         "{why}"

@@ -266,6 +266,7 @@ impl Target {
         self.stamped = settled;
         self.settled = settled;
         self.wal_tail = tail;
+        let t_rebuild = Instant::now();
         self.index.recount();
         let freed = unsettled.iter().flat_map(|(_, runs)| runs);
         for &(b, n) in self.index.device_runs().iter().chain(freed) {
@@ -288,6 +289,7 @@ impl Target {
             pools = self.index.pools.len(),
             checkpoint_ms = ckpt_ms,
             wal_ms,
+            rebuild_ms = t_rebuild.elapsed().as_millis() as u64,
             total_ms = t0.elapsed().as_millis() as u64,
             "replayed"
         );
@@ -328,14 +330,24 @@ impl Target {
         cands.sort_by_key(|c| std::cmp::Reverse(c.1.seq));
         for (slot, h) in cands {
             let off = self.sb.ckpt_offset(self.id, slot);
+            let t = Instant::now();
             let rec = self
                 .dev
                 .read(off, h.record_bytes() as usize)
                 .map_err(|e| self.io_err("read checkpoint", e))?;
+            let read_ms = t.elapsed().as_millis() as u64;
             let ix = match wal::payload(&h, &rec) {
                 None => Err("bad payload CRC"),
                 Some(p) => TargetIndex::decode(p).ok_or("undecodable index"),
             };
+            tracing::info!(
+                target = self.id,
+                slot,
+                bytes = h.len,
+                read_ms,
+                decode_ms = t.elapsed().as_millis() as u64 - read_ms,
+                "checkpoint read"
+            );
             match ix {
                 Ok(ix) => {
                     self.seq = h.seq;
