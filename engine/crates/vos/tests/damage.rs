@@ -242,3 +242,39 @@ fn a_damaged_newest_checkpoint_falls_back_while_the_wal_still_holds_its_batches(
         );
     }
 }
+
+#[test]
+fn replay_reads_records_across_its_4_mib_reads() {
+    // Records of one and two blocks, 7 MiB of WAL: some straddle the 4 MiB
+    // boundary of replay's reads.
+    let e = env(256, 1);
+    let (st, pool, cont) = open_with_pool(&e, 4 * MIB);
+    let o = Obj::new(pool, cont, 1, 0);
+    let n = 1200u64;
+    for i in 0..n {
+        let mut iods = vec![single("a", &pattern(i, 3000))];
+        if i % 2 == 1 {
+            iods.push(single("b", &pattern(i + 1_000_000, 3000)));
+        }
+        update(&st, &o, 10, &format!("k{i}"), iods).unwrap();
+    }
+    let tail = st.target_stats()[0].wal_tail;
+    assert!(tail > 5 << 20, "WAL of {tail} bytes");
+    st.abandon();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(st.fault(0), None);
+    assert_eq!(st.target_stats()[0].wal_tail, tail);
+    for i in (0..n).step_by(7).chain([n - 1]) {
+        let k = format!("k{i}");
+        assert_eq!(
+            get_single(&st, &o, LATEST, &k, "a").unwrap(),
+            pattern(i, 3000)
+        );
+        if i % 2 == 1 {
+            assert_eq!(
+                get_single(&st, &o, LATEST, &k, "b").unwrap(),
+                pattern(i + 1_000_000, 3000)
+            );
+        }
+    }
+}

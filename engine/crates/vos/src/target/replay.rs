@@ -193,9 +193,12 @@ impl Target {
                     ))
                 };
             }
-            if tail + h.record_bytes() > wal_bytes {
+            // No record longer than half the WAL is ever written
+            // (`Target::wal_record`): a longer one is damage, and reading
+            // it would allocate what the device says.
+            if tail + h.record_bytes() > wal_bytes || h.record_bytes() > wal_bytes / 2 {
                 break End::Bad(format!(
-                    "the record of batch {} ({} bytes) runs past the end of the WAL",
+                    "the record of batch {} claims {} bytes: past the end of the WAL or longer than any record written",
                     h.seq, h.len
                 ));
             }
@@ -399,8 +402,11 @@ impl Target {
             let blk = rd
                 .get(&mut self.dev, off, BLOCK as usize)
                 .map_err(|e| self.io_err("read WAL", e))?;
-            let h2 = wal::decode_header(WAL_MAGIC, dev_uuid, blk)
-                .filter(|x| x.seq >= h && off + x.record_bytes() <= wal_bytes);
+            let h2 = wal::decode_header(WAL_MAGIC, dev_uuid, blk).filter(|x| {
+                x.seq >= h
+                    && off + x.record_bytes() <= wal_bytes
+                    && x.record_bytes() <= wal_bytes / 2
+            });
             let Some(h2) = h2 else {
                 off += BLOCK;
                 continue;
