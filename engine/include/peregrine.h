@@ -62,7 +62,13 @@ typedef int (*prg_key_cb)(const void *key, size_t len, void *arg);
 
 /* ---- connection, pools, containers ---- */
 
-/** Connect to the management service at "host:port" (default port 10001). */
+/**
+ * Connect to the management service at "host:port" (default port 10001).
+ * The control plane's security comes from the environment, read at the
+ * first connect of the process (docs/tls.md): PEREGRINE_TLS_DIR, a
+ * directory with ca.crt, tls.crt and tls.key, or PEREGRINE_INSECURE=1 for
+ * engines started with allow_insecure; neither fails with -EINVAL.
+ */
 int prg_connect(const char *mgmt_addr, prg_client_t **client);
 int prg_disconnect(prg_client_t *client);
 

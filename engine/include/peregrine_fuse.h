@@ -49,4 +49,29 @@ struct peregrine_fuse_handle {
  */
 #define PEREGRINE_IOC_INVALIDATE _IO('P', 2)
 
+/*
+ * The pool map and the container's description, so that a program without
+ * a control-plane certificate (the interception library in a workload pod)
+ * can open the container without the control port (docs/tls.md): the
+ * daemon asks the management service with its own certificate at each call.
+ * On an open regular file of the mount. Set version and offset, call, take
+ * len bytes of data; repeat at offset + len until total bytes are read. If
+ * generation changes between calls, the description changed: start again.
+ * The description: a uint32 n, n bytes of a protobuf PoolMap, then a
+ * protobuf ContInfo (engine/proto/mgmt.proto). Host byte order.
+ */
+#define PEREGRINE_FUSE_CONT_VERSION 1
+#define PEREGRINE_FUSE_CONT_CHUNK 16000
+
+struct peregrine_fuse_cont {
+	uint32_t version;    /* in: PEREGRINE_FUSE_CONT_VERSION */
+	uint32_t offset;     /* in: first byte of the description wanted */
+	uint32_t total;      /* out: bytes of the whole description */
+	uint32_t len;        /* out: bytes of it in data */
+	uint64_t generation; /* out: a hash of the whole description (FNV-1a 64) */
+	uint8_t data[PEREGRINE_FUSE_CONT_CHUNK];
+};                           /* 16024 bytes */
+
+#define PEREGRINE_IOC_GET_CONT _IOWR('P', 3, struct peregrine_fuse_cont)
+
 #endif /* PEREGRINE_FUSE_H */

@@ -92,7 +92,10 @@ fn on_threads<T: Send>(
 }
 
 pub fn run_all(a: &RunArgs, pool: &str, cont: &str) -> Result<Results> {
-    let client = Client::connect_with_transport(&a.mgmt, a.transport)
+    // The control plane's security from PEREGRINE_TLS_DIR or
+    // PEREGRINE_INSECURE=1 (docs/tls.md), as the C ABI takes it.
+    let security = peregrine::Security::from_env().map_err(|e| anyhow::anyhow!(e))?;
+    let client = Client::connect_with_transport(&a.mgmt, &security, a.transport)
         .map_err(cerr)
         .context("connecting")?;
     let pool_h = client.pool_connect(pool).map_err(cerr)?;

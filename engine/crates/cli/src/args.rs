@@ -27,6 +27,15 @@ pub struct Cli {
     )]
     pub mgmt: String,
 
+    /// The control plane's certificate directory (ca.crt, tls.crt, tls.key; an
+    /// admin certificate for admin commands, see `peregrine certs`).
+    #[arg(long, global = true, env = "PEREGRINE_TLS_DIR", value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+
+    /// Talk to engines started with allow_insecure: true (no TLS); env PEREGRINE_INSECURE=1.
+    #[arg(long, global = true)]
+    pub insecure: bool,
+
     /// Print machine-readable JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,

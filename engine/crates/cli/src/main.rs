@@ -46,13 +46,27 @@ fn main() -> ExitCode {
     if let Command::Certs(a) = &cli.cmd {
         return finish(certs(a, cli.json));
     }
+    let security = match security(&cli) {
+        Ok(s) => s,
+        Err(e) => return finish(Err(e)),
+    };
     // The client library is synchronous and runs its own threads, so object
     // commands stay off the tokio runtime the management calls use.
     if let Command::Obj(cmd) = cli.cmd {
         let stdout = std::io::stdout();
         let mut o = stdout.lock();
         return finish(
-            obj::run(&cli.mgmt, cli.timeout, cmd, cli.json, &mut o).and_then(|()| Ok(o.flush()?)),
+            obj::run(
+                &obj::Service {
+                    addr: &cli.mgmt,
+                    security: &security,
+                },
+                cli.timeout,
+                cmd,
+                cli.json,
+                &mut o,
+            )
+            .and_then(|()| Ok(o.flush()?)),
         );
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -66,7 +80,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    finish(rt.block_on(run(cli)))
+    finish(rt.block_on(run(cli, security)))
+}
+
+/// `--tls-dir` (or PEREGRINE_TLS_DIR) or `--insecure` (or PEREGRINE_INSECURE=1):
+/// exactly one; the environment's insecure only when no directory is given.
+fn security(cli: &Cli) -> anyhow::Result<peregrine::Security> {
+    let insecure = cli.insecure || (cli.tls_dir.is_none() && peregrine::tls::env_insecure());
+    peregrine::Security::from_flags(cli.tls_dir.clone(), insecure).map_err(|e| anyhow::anyhow!(e))
 }
 
 fn finish(r: anyhow::Result<()>) -> ExitCode {
@@ -79,11 +100,11 @@ fn finish(r: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli, security: peregrine::Security) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut o = stdout.lock();
     let json = cli.json;
-    let mut m = mgmt::Mgmt::connect(&cli.mgmt, cli.timeout).await?;
+    let mut m = mgmt::Mgmt::connect(&cli.mgmt, &security, cli.timeout).await?;
     match cli.cmd {
         Command::System(c) => mgmt::system(&mut m, c, json, &mut o).await?,
         Command::Storage(c) => mgmt::storage(&mut m, c, json, &mut o).await?,

@@ -17,6 +17,8 @@ use tonic::transport::{Channel, Endpoint};
 pub struct Mgmt {
     client: MgmtClient<Channel>,
     addr: String,
+    /// Plain HTTP/2 (`--insecure`): a TLS engine answers it with garbage.
+    insecure: bool,
 }
 
 /// `host:port`, `host` (port 10001) or a full `http://` URI.
@@ -75,9 +77,16 @@ fn io_reason(io: &std::io::Error) -> String {
 }
 
 impl Mgmt {
-    pub async fn connect(addr: &str, timeout: Duration) -> Result<Self> {
+    pub async fn connect(
+        addr: &str,
+        security: &peregrine::Security,
+        timeout: Duration,
+    ) -> Result<Self> {
         let unreachable =
             |reason: String| anyhow!("cannot reach management service at {addr}: {reason}");
+        let connector = security
+            .connector()
+            .map_err(|e| anyhow!("control-plane TLS: {e}"))?;
         let ep = Endpoint::from_shared(endpoint_uri(addr))
             .map_err(|e| {
                 anyhow!(
@@ -87,7 +96,7 @@ impl Mgmt {
             })?
             .connect_timeout(timeout)
             .timeout(timeout);
-        let channel = match tokio::time::timeout(timeout, ep.connect()).await {
+        let channel = match tokio::time::timeout(timeout, connector.connect(ep)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(unreachable(transport_reason(&e))),
             Err(_) => return Err(unreachable(format!("timed out after {}", secs(timeout)))),
@@ -95,6 +104,7 @@ impl Mgmt {
         Ok(Mgmt {
             client: MgmtClient::new(channel),
             addr: addr.to_string(),
+            insecure: !connector.is_tls(),
         })
     }
 
@@ -119,6 +129,11 @@ impl Mgmt {
                     self.addr
                 )
             }
+            // What a TLS engine's answer to plain HTTP/2 looks like.
+            _ if self.insecure && s.message().contains("h2 protocol error") => anyhow!(
+                "{} (with --insecure: does the service require TLS? give --tls-dir DIR)",
+                s.message().trim()
+            ),
             _ if s.message().is_empty() => anyhow!("{}", s.code().description()),
             _ => anyhow!("{}", s.message().trim()),
         }

@@ -18,8 +18,14 @@ const PIECE: usize = 1 << 20;
 /// Array requests in flight at once.
 const IN_FLIGHT: usize = 8;
 
+/// The management service and how to reach it.
+pub struct Service<'a> {
+    pub addr: &'a str,
+    pub security: &'a peregrine::Security,
+}
+
 pub fn run(
-    mgmt: &str,
+    mgmt: &Service,
     _timeout: Duration,
     cmd: ObjCmd,
     json: bool,
@@ -39,8 +45,9 @@ fn client_err(e: peregrine::Error) -> anyhow::Error {
 
 /// Connect to the service. A failure gets the same wording as the management
 /// commands (and no command context), so scripts see one form.
-fn connect(mgmt: &str) -> Result<Client> {
-    Client::connect(mgmt).map_err(|e| {
+fn connect(svc: &Service) -> Result<Client> {
+    let mgmt = svc.addr;
+    Client::connect(mgmt, svc.security).map_err(|e| {
         let reason = if e.msg.contains("Connection refused") {
             "connection refused".to_string()
         } else if e.code == -libc::ETIMEDOUT {
@@ -65,7 +72,7 @@ fn what(verb: &str, t: &ObjTarget, dkey: &str, akey: &str) -> String {
     format!("obj {verb} {} {dkey:?}/{akey:?}", format_oid(&t.oid))
 }
 
-fn put(mgmt: &str, a: ObjPutArgs, json: bool, o: &mut impl Write) -> Result<()> {
+fn put(mgmt: &Service, a: ObjPutArgs, json: bool, o: &mut impl Write) -> Result<()> {
     let what = what("put", &a.target, &a.dkey, &a.akey);
     let (dkey, akey) = (a.dkey.as_bytes(), a.akey.as_bytes());
     let mut source: Box<dyn Read> = match (&a.value, &a.file) {
@@ -161,7 +168,7 @@ fn read_full(src: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-fn get(mgmt: &str, a: ObjGetArgs, json: bool, o: &mut impl Write) -> Result<()> {
+fn get(mgmt: &Service, a: ObjGetArgs, json: bool, o: &mut impl Write) -> Result<()> {
     let what = what("get", &a.target, &a.dkey, &a.akey);
     let (dkey, akey) = (a.dkey.as_bytes(), a.akey.as_bytes());
     let client = connect(mgmt)?;
@@ -265,7 +272,7 @@ fn key_json(k: &[u8]) -> Value {
     }
 }
 
-fn ls(mgmt: &str, a: ObjLsArgs, json: bool, o: &mut impl Write) -> Result<()> {
+fn ls(mgmt: &Service, a: ObjLsArgs, json: bool, o: &mut impl Write) -> Result<()> {
     let oid = format_oid(&a.target.oid);
     let what = match &a.dkey {
         Some(d) => format!("obj ls {oid} {d:?}"),

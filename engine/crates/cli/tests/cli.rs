@@ -8,6 +8,8 @@ fn peregrine(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_peregrine"))
         .args(args)
         .env_remove("PEREGRINE_MGMT")
+        .env_remove("PEREGRINE_TLS_DIR")
+        .env_remove("PEREGRINE_INSECURE")
         .output()
         .expect("run peregrine")
 }
@@ -36,7 +38,7 @@ fn unreachable_service_is_one_line_and_exit_1() {
         &["pool", "create", "tank", "--size", "1G"],
         &["obj", "ls", "tank", "demo", "SX:1.2"],
     ] {
-        let mut args = vec!["--mgmt", addr.as_str(), "--timeout", "5"];
+        let mut args = vec!["--mgmt", addr.as_str(), "--timeout", "5", "--insecure"];
         args.extend_from_slice(cmd);
         let o = peregrine(&args);
         assert_eq!(o.status.code(), Some(1), "{cmd:?}: {o:?}");
@@ -56,6 +58,7 @@ fn env_var_names_the_service() {
     let o = Command::new(env!("CARGO_BIN_EXE_peregrine"))
         .args(["system", "query"])
         .env("PEREGRINE_MGMT", &addr)
+        .env("PEREGRINE_INSECURE", "1")
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));

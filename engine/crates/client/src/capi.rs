@@ -158,8 +158,24 @@ pub unsafe extern "C" fn prg_connect(
         if out_client.is_null() {
             return Err(null("out"));
         }
-        out(out_client, PrgClient(Client::connect(addr)?), "out")
+        out(
+            out_client,
+            PrgClient(Client::connect(addr, &env_security()?)?),
+            "out",
+        )
     })
+}
+
+/// The control plane's security of C callers: `PEREGRINE_TLS_DIR` (a
+/// certificate directory) or `PEREGRINE_INSECURE=1`, read at the first
+/// connect of the process (C has no flags to give it).
+fn env_security() -> crate::Result<crate::Security> {
+    static SECURITY: std::sync::OnceLock<std::result::Result<crate::Security, String>> =
+        std::sync::OnceLock::new();
+    SECURITY
+        .get_or_init(crate::Security::from_env)
+        .clone()
+        .map_err(crate::Error::inval)
 }
 
 #[no_mangle]

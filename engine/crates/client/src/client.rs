@@ -6,6 +6,7 @@ use crate::mgmt::Mgmt;
 use crate::object::RETRY_WINDOW;
 use crate::placement::PoolMap;
 use crate::pool::Pool;
+use crate::tls::Security;
 use crate::transport::{MultiTransport, Transport, TransportKind};
 use peregrine_proto::mgmt::PoolConnectReq;
 use std::sync::Arc;
@@ -27,30 +28,56 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connect to the management service at `mgmt_addr` ("host:port"). The
-    /// data plane uses shared memory with engines on this node that offer it
-    /// and TCP otherwise, unless `PEREGRINE_TRANSPORT` (tcp, shm, auto) says
-    /// otherwise.
-    pub fn connect(mgmt_addr: &str) -> Result<Client> {
-        Self::connect_with_transport(mgmt_addr, TransportKind::from_env()?)
+    /// Connect to the management service at `mgmt_addr` ("host:port") with
+    /// `security` (the control plane's mutual TLS, docs/tls.md; the data
+    /// plane is not affected). The data plane uses shared memory with
+    /// engines on this node that offer it and TCP otherwise, unless
+    /// `PEREGRINE_TRANSPORT` (tcp, shm, auto) says otherwise.
+    pub fn connect(mgmt_addr: &str, security: &Security) -> Result<Client> {
+        Self::connect_with_transport(mgmt_addr, security, TransportKind::from_env()?)
     }
 
     /// Like [`Client::connect`] with the transport chosen explicitly.
-    pub fn connect_with_transport(mgmt_addr: &str, kind: TransportKind) -> Result<Client> {
-        Self::connect_with(mgmt_addr, Arc::new(MultiTransport::new(kind)))
+    pub fn connect_with_transport(
+        mgmt_addr: &str,
+        security: &Security,
+        kind: TransportKind,
+    ) -> Result<Client> {
+        Self::connect_with(mgmt_addr, security, Arc::new(MultiTransport::new(kind)))
     }
 
     /// Like [`Client::connect`] with a chosen data-plane transport.
-    pub fn connect_with(mgmt_addr: &str, transport: Arc<dyn Transport>) -> Result<Client> {
-        let mgmt = Mgmt::connect(mgmt_addr)?;
-        Ok(Client {
+    pub fn connect_with(
+        mgmt_addr: &str,
+        security: &Security,
+        transport: Arc<dyn Transport>,
+    ) -> Result<Client> {
+        Ok(Self::with_mgmt(
+            Mgmt::connect(mgmt_addr, security)?,
+            transport,
+        ))
+    }
+
+    /// A client whose management calls `source` answers (see
+    /// [`crate::mgmt::ControlSource`]): for processes without a certificate
+    /// that are handed what they need by one that has one.
+    pub fn connect_via(
+        name: &str,
+        source: Arc<dyn crate::mgmt::ControlSource>,
+        kind: TransportKind,
+    ) -> Client {
+        Self::with_mgmt(Mgmt::via(name, source), Arc::new(MultiTransport::new(kind)))
+    }
+
+    fn with_mgmt(mgmt: Mgmt, transport: Arc<dyn Transport>) -> Client {
+        Client {
             inner: Arc::new(ClientInner {
                 mgmt,
                 committer: crate::dtx::Committer::start(transport.clone()),
                 transport,
                 retry_window_ms: (RETRY_WINDOW.as_millis() as u64).into(),
             }),
-        })
+        }
     }
 
     /// How long an update waits for a shard that does not answer before it

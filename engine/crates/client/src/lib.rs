@@ -7,8 +7,8 @@
 //! [`Container`], [`Object`]) and to C (`include/peregrine.h`, [`capi`]).
 //!
 //! ```no_run
-//! use peregrine::{Client, ObjectClass, ObjectId};
-//! let client = Client::connect("127.0.0.1:10001")?;
+//! use peregrine::{Client, ObjectClass, ObjectId, Security};
+//! let client = Client::connect("127.0.0.1:10001", &Security::tls("/etc/peregrine/tls"))?;
 //! let pool = client.pool_connect("tank")?;
 //! let cont = pool.cont_open("data")?;
 //! let obj = cont.object(ObjectId::new(ObjectClass::Rp2G1, 0, 1))?;
@@ -31,6 +31,7 @@ pub mod dtx;
 mod ec_read;
 mod ec_write;
 pub mod error;
+pub mod handoff;
 pub mod hlc;
 pub mod mgmt;
 pub mod object;

@@ -6,9 +6,11 @@
 //! running between calls and lets several threads call at once.
 
 use crate::error::{Error, Result};
+use crate::tls::Security;
 use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::*;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
@@ -18,9 +20,29 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub struct Mgmt {
+    via: Via,
+    addr: String,
+}
+
+enum Via {
+    /// The management service's gRPC.
+    Grpc(Box<Grpc>),
+    /// Someone who holds the answers: the interception library asks the
+    /// FUSE daemon (which has a certificate) instead of the control port.
+    Source(Arc<dyn ControlSource>),
+}
+
+struct Grpc {
     rt: tokio::runtime::Runtime,
     client: MgmtClient<Channel>,
-    addr: String,
+}
+
+/// Answers management calls without the control port. `rpc` is the
+/// method's name (`pool_connect`, `cont_query`, ...), `req` its request
+/// (protobuf); the reply is the response (protobuf). A source answers the
+/// calls it can and refuses the others (ENOTSUP naming the call).
+pub trait ControlSource: Send + Sync {
+    fn call(&self, rpc: &str, req: Vec<u8>) -> Result<Vec<u8>>;
 }
 
 /// gRPC status -> negative errno, keeping the server's message.
@@ -52,13 +74,22 @@ macro_rules! rpcs {
         $(
             $(#[$m])*
             pub fn $name(&self, req: $req) -> Result<$resp> {
-                let mut c = self.client.clone();
+                let (rt, mut c) = match &self.via {
+                    Via::Grpc(g) => (&g.rt, g.client.clone()),
+                    Via::Source(src) => {
+                        let what = stringify!($name);
+                        let b = src.call(what, prost::Message::encode_to_vec(&req))?;
+                        return <$resp as prost::Message>::decode(&b[..]).map_err(|e| {
+                            Error::new(-libc::EPROTO, format!("{}: {what}: bad reply: {e}", self.addr))
+                        });
+                    }
+                };
                 let fut = async move {
                     let mut r = tonic::Request::new(req);
                     r.set_timeout(CALL_TIMEOUT);
                     c.$name(r).await
                 };
-                self.rt
+                rt
                     .block_on(fut)
                     .map(|r| r.into_inner())
                     .map_err(|s| status_to_error(&self.addr, stringify!($name), s))
@@ -68,8 +99,12 @@ macro_rules! rpcs {
 }
 
 impl Mgmt {
-    /// Connect to the management service at `addr` ("host:port" or a URL).
-    pub fn connect(addr: &str) -> Result<Mgmt> {
+    /// Connect to the management service at `addr` ("host:port" or a URL)
+    /// with `security` (mutual TLS with a certificate directory, or plain).
+    pub fn connect(addr: &str, security: &Security) -> Result<Mgmt> {
+        let connector = security.connector().map_err(|e| {
+            Error::inval(format!("management service {addr}: control-plane TLS: {e}"))
+        })?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("prg-mgmt")
@@ -86,7 +121,11 @@ impl Mgmt {
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
         let chan = rt.block_on(async {
-            match tokio::time::timeout(CONNECT_TIMEOUT + Duration::from_secs(1), ep.connect()).await
+            match tokio::time::timeout(
+                CONNECT_TIMEOUT + Duration::from_secs(1),
+                connector.connect(ep),
+            )
+            .await
             {
                 Ok(r) => r.map_err(|e| {
                     let mut src: &dyn std::error::Error = &e;
@@ -109,10 +148,20 @@ impl Mgmt {
             }
         })?;
         Ok(Mgmt {
-            rt,
-            client: MgmtClient::new(chan),
+            via: Via::Grpc(Box::new(Grpc {
+                rt,
+                client: MgmtClient::new(chan),
+            })),
             addr: addr.to_string(),
         })
+    }
+
+    /// Management calls answered by `source` (`name` says who, in messages).
+    pub fn via(name: &str, source: Arc<dyn ControlSource>) -> Mgmt {
+        Mgmt {
+            via: Via::Source(source),
+            addr: name.to_string(),
+        }
     }
 
     pub fn addr(&self) -> &str {

@@ -4,7 +4,7 @@
 use crate::object::EC_SIZE_PREFIX;
 use crate::testkit::FakeCluster;
 use crate::transport::{TcpConfig, TcpTransport};
-use crate::{Client, Container, Object, ObjectClass, ObjectId};
+use crate::{Client, Container, Object, ObjectClass, ObjectId, Security};
 use peregrine_proto::oclass::EC_CELL_SIZE;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 fn setup(engines: usize, cont: &str) -> (FakeCluster, Client, Container) {
     let fc = FakeCluster::start(engines, 2);
-    let client = Client::connect(&fc.mgmt_addr).unwrap();
+    let client = Client::connect(&fc.mgmt_addr, &Security::Insecure).unwrap();
     let cont = client
         .pool_connect("tank")
         .unwrap()
@@ -458,7 +458,7 @@ fn errors_name_what_failed() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = dead.local_addr().unwrap().to_string();
     drop(dead);
-    let e = Client::connect(&addr).err().unwrap();
+    let e = Client::connect(&addr, &Security::Insecure).err().unwrap();
     assert!(e.msg.contains(&addr), "{e}");
 }
 
@@ -469,7 +469,7 @@ fn hung_engine_times_out() {
         io_timeout: Duration::from_millis(300),
         ..Default::default()
     }));
-    let client = Client::connect_with(&fc.mgmt_addr, t).unwrap();
+    let client = Client::connect_with(&fc.mgmt_addr, &Security::Insecure, t).unwrap();
     let cont = client
         .pool_connect("tank")
         .unwrap()
@@ -587,7 +587,7 @@ fn shm_falls_back_to_tcp() {
     });
     for path in [&missing, &mute] {
         let t = Arc::new(MultiTransport::new(TransportKind::Auto));
-        let client = Client::connect_with(&fc.mgmt_addr, t.clone()).unwrap();
+        let client = Client::connect_with(&fc.mgmt_addr, &Security::Insecure, t.clone()).unwrap();
         let pool = client.pool_connect("tank").unwrap();
         let addr = pool.map().targets[0].addr.clone();
         t.add_route(&addr, path.to_str().unwrap());
@@ -605,7 +605,7 @@ fn shm_falls_back_to_tcp() {
 
         // Forced shared memory does not fall back.
         let t = Arc::new(MultiTransport::new(TransportKind::Shm));
-        let client = Client::connect_with(&fc.mgmt_addr, t.clone()).unwrap();
+        let client = Client::connect_with(&fc.mgmt_addr, &Security::Insecure, t.clone()).unwrap();
         let pool = client.pool_connect("tank").unwrap();
         let obj = pool
             .cont_open("c1")

@@ -65,6 +65,17 @@ pub struct Config {
     /// Limits of the gRPC control service (see [`ControlPlaneConfig`]).
     #[serde(default)]
     pub control_plane: ControlPlaneConfig,
+    /// The control plane's certificates (docs/tls.md): `ca.crt`, `tls.crt`
+    /// (this engine's, `peregrine://<name>/engine/<rank>`), `tls.key`. The
+    /// control service then takes only clients with a certificate from
+    /// `ca.crt` and authorizes each call by the role in it.
+    #[serde(default)]
+    pub tls_dir: Option<PathBuf>,
+    /// Serve the control plane without TLS: anyone reaching the control
+    /// port may format, destroy pools or join as any rank. Only with this
+    /// explicit choice (a loud warning at start), never as a fallback.
+    #[serde(default)]
+    pub allow_insecure: bool,
 }
 
 /// Who may use the shared-memory data plane's unix socket, and its limits:
@@ -327,7 +338,31 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The fields, then the choice of control-plane security (last, so a
+    /// typo elsewhere is reported as such).
     fn validate(&self) -> Result<(), String> {
+        self.validate_fields()?;
+        match (&self.tls_dir, self.allow_insecure) {
+            (Some(_), false) | (None, true) => {}
+            (None, false) => {
+                return Err(
+                    "tls_dir / allow_insecure: the control plane needs tls_dir: <dir> \
+                     (ca.crt, tls.crt, tls.key; `peregrine certs` makes them) or, knowingly, \
+                     allow_insecure: true"
+                        .into(),
+                )
+            }
+            (Some(d), true) => {
+                return Err(format!(
+                    "tls_dir ({}) and allow_insecure: true: give one, not both",
+                    d.display()
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_fields(&self) -> Result<(), String> {
         if self.name.is_empty()
             || self.name.len() > 64
             || !self
@@ -559,6 +594,15 @@ impl Config {
     }
 
     /// The management service this engine reports to (itself when first in the list or none given).
+    /// How this engine's own gRPC clients (to the management service and to
+    /// other engines) connect: with its certificate, or as insecure as it serves.
+    pub fn security(&self) -> peregrine::Security {
+        match &self.tls_dir {
+            Some(d) => peregrine::Security::tls(d),
+            None => peregrine::Security::Insecure,
+        }
+    }
+
     pub fn mgmt_leader(&self) -> String {
         self.mgmt_svc_replicas
             .first()
@@ -593,6 +637,7 @@ targets: 2
 scm: {class: ram, size: 1GiB}
 bdev: {class: file, path: /tmp/nvme.img, size: 4GiB}
 mgmt_svc_replicas: [\"127.0.0.1:10001\"]
+allow_insecure: true
 ";
 
     #[test]
@@ -668,6 +713,21 @@ mgmt_svc_replicas: [\"127.0.0.1:10001\"]
             let err = Config::parse(&text).unwrap_err();
             assert!(err.contains(key), "error {err:?} does not name {key}");
         }
+    }
+
+    #[test]
+    fn control_plane_security_is_one_explicit_choice() {
+        let bare = GOOD.replace("allow_insecure: true\n", "");
+        let e = Config::parse(&bare).unwrap_err();
+        assert!(e.contains("tls_dir") && e.contains("allow_insecure"), "{e}");
+        let e = Config::parse(&format!("{GOOD}tls_dir: /etc/peregrine/tls\n")).unwrap_err();
+        assert!(e.contains("tls_dir") && e.contains("allow_insecure"), "{e}");
+        let c = Config::parse(&format!("{bare}tls_dir: /etc/peregrine/tls\n")).unwrap();
+        assert_eq!(c.security(), peregrine::Security::tls("/etc/peregrine/tls"));
+        assert_eq!(
+            Config::parse(GOOD).unwrap().security(),
+            peregrine::Security::Insecure
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 // gRPC handlers return tonic::Status, which is large by design; boxing it everywhere buys nothing here.
 #![allow(clippy::result_large_err)]
 
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod dataplane;
@@ -15,3 +16,4 @@ pub mod ms;
 pub mod node;
 pub mod poolmap;
 pub mod shm;
+pub mod tls;

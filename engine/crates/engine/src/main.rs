@@ -1,10 +1,12 @@
 //! `peregrine-engine --config engine.yaml`
 
 use clap::Parser;
+use peregrine_engine::auth::{Authorized, Policy};
 use peregrine_engine::config::Config;
 use peregrine_engine::control::EngineService;
 use peregrine_engine::ms::{MgmtService, AGGREGATION_LEASE, STATE_STOPPING};
 use peregrine_engine::node::Node;
+use peregrine_engine::tls::ControlTls;
 use peregrine_proto::mgmt::engine_server::EngineServer;
 use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::mgmt_server::MgmtServer;
@@ -103,6 +105,20 @@ fn set_keepalive(io: &tokio::net::TcpStream, idle: Duration) {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
 }
 
+/// An error of one connection as one tonic's accept loop survives. With
+/// TLS the handshake reads and writes the connection inside that loop, and
+/// an error of another kind there (a timeout, a refused keepalive) would end
+/// the whole control service, not this connection. After the handshake the
+/// kind does not matter: hyper closes the connection on any error.
+fn survivable(e: std::io::Error) -> std::io::Error {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionAborted | ConnectionReset | BrokenPipe | Interrupted | InvalidData
+        | UnexpectedEof | WouldBlock => e,
+        _ => std::io::Error::new(ConnectionAborted, e),
+    }
+}
+
 /// One control connection, counted while it lives.
 struct Capped {
     io: tokio::net::TcpStream,
@@ -133,14 +149,16 @@ impl tokio::io::AsyncRead for Capped {
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        let r = Pin::new(&mut this.io)
+            .poll_read(cx, buf)
+            .map_err(survivable);
         if let Some(first) = &mut this.first {
             match &r {
                 Poll::Ready(Ok(())) if buf.filled().len() > before => this.first = None,
                 Poll::Pending if first.as_mut().poll(cx).is_ready() => {
                     return Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no HTTP/2 preface in time",
+                        std::io::ErrorKind::ConnectionAborted,
+                        "no TLS hello or HTTP/2 preface in time",
                     )))
                 }
                 _ => {}
@@ -156,7 +174,9 @@ impl tokio::io::AsyncWrite for Capped {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        Pin::new(&mut self.get_mut().io)
+            .poll_write(cx, buf)
+            .map_err(survivable)
     }
 
     fn poll_write_vectored(
@@ -164,7 +184,9 @@ impl tokio::io::AsyncWrite for Capped {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.get_mut().io)
+            .poll_write_vectored(cx, bufs)
+            .map_err(survivable)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -298,14 +320,22 @@ async fn join_loop(node: Arc<Node>, shm_path: String) {
             return;
         }
         if client.is_none() {
-            if let Ok(ep) = tonic::transport::Endpoint::from_shared(format!("http://{leader}")) {
-                if let Ok(ch) = ep
+            if let (Ok(ep), Ok(connector)) = (
+                tonic::transport::Endpoint::from_shared(format!("http://{leader}")),
+                peregrine_engine::tls::connector(),
+            ) {
+                let ep = ep
                     .connect_timeout(Duration::from_secs(2))
-                    .timeout(Duration::from_secs(5))
-                    .connect()
-                    .await
-                {
-                    client = Some(MgmtClient::new(ch));
+                    .timeout(Duration::from_secs(5));
+                match connector.connect(ep).await {
+                    Ok(ch) => client = Some(MgmtClient::new(ch)),
+                    Err(e) if !warned => {
+                        // A TLS refusal (wrong CA, a certificate of another
+                        // system) would otherwise retry silently forever.
+                        tracing::warn!("join management service at {leader}: {}", error_chain(&e));
+                        warned = true;
+                    }
+                    Err(_) => {}
                 }
             }
         }
@@ -365,13 +395,30 @@ async fn announce_stop(node: &Arc<Node>) {
     let leader = node.cfg.mgmt_leader();
     let req = join_req(node, STATE_STOPPING);
     let told = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        let mut c = MgmtClient::connect(format!("http://{leader}")).await.ok()?;
-        c.join(req).await.ok()
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{leader}")).ok()?;
+        let ch = peregrine_engine::tls::connector()
+            .ok()?
+            .connect(ep)
+            .await
+            .ok()?;
+        MgmtClient::new(ch).join(req).await.ok()
     })
     .await;
     if !matches!(told, Ok(Some(_))) {
         tracing::warn!("could not tell the management service at {leader} that this engine stops");
     }
+}
+
+/// An error and its sources, for the log (tonic's own Display says only
+/// "transport error").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    msg
 }
 
 /// Learn the pool maps of a join reply: until the first, the engine serves
@@ -421,7 +468,11 @@ async fn apply_snapshot_lists(node: &Arc<Node>, lists: Vec<ContShardSnapshotsReq
     .unwrap_or(false)
 }
 
-async fn run(node: Arc<Node>, metrics_listen: Option<SocketAddr>) -> Result<(), String> {
+async fn run(
+    node: Arc<Node>,
+    tls: ControlTls,
+    metrics_listen: Option<SocketAddr>,
+) -> Result<(), String> {
     let cfg = node.cfg.clone();
     if let Some(addr) = metrics_listen {
         let l = tokio::net::TcpListener::bind(addr)
@@ -444,11 +495,27 @@ async fn run(node: Arc<Node>, metrics_listen: Option<SocketAddr>) -> Result<(), 
             )
         })?;
 
+    let policy = Arc::new(Policy {
+        tls: tls.server.is_some(),
+        system: cfg.name.clone(),
+    });
     let cp = &cfg.control_plane;
     let max_msg = cp.max_message_bytes.0 as usize;
     let calls = Arc::new(tokio::sync::Semaphore::new(cp.max_concurrent_requests));
     let keepalive = Duration::from_secs(cp.keepalive_s);
-    let mut router = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    match tls.server {
+        Some(t) => {
+            server = server
+                .tls_config(t)
+                .map_err(|e| format!("tls_dir: {}", error_chain(&e)))?;
+            if let Some(id) = &tls.identity {
+                tracing::info!("control plane: mutual TLS as {id}");
+            }
+        }
+        None => tracing::warn!("{}", peregrine_engine::tls::insecure_warning(&cfg)),
+    }
+    let mut router = server
         .concurrency_limit_per_connection(cp.concurrency_per_connection)
         .max_concurrent_streams(cp.concurrency_per_connection as u32)
         .timeout(Duration::from_secs(cp.request_timeout_s))
@@ -458,9 +525,12 @@ async fn run(node: Arc<Node>, metrics_listen: Option<SocketAddr>) -> Result<(), 
         .http2_max_header_list_size(64 << 10)
         .http2_max_pending_accept_reset_streams(Some(64))
         .add_service(Limited::new(
-            EngineServer::new(EngineService { node: node.clone() })
-                .max_decoding_message_size(max_msg)
-                .max_encoding_message_size(max_msg),
+            Authorized::new(
+                EngineServer::new(EngineService { node: node.clone() })
+                    .max_decoding_message_size(max_msg)
+                    .max_encoding_message_size(max_msg),
+                &policy,
+            ),
             &calls,
         ));
     if cfg.hosts_mgmt() {
@@ -468,9 +538,12 @@ async fn run(node: Arc<Node>, metrics_listen: Option<SocketAddr>) -> Result<(), 
         peregrine_engine::ms::spawn_pool_watch(ms.clone());
         peregrine_engine::ms::spawn_quota_watch(ms.clone());
         router = router.add_service(Limited::new(
-            MgmtServer::from_arc(ms)
-                .max_decoding_message_size(max_msg)
-                .max_encoding_message_size(max_msg),
+            Authorized::new(
+                MgmtServer::from_arc(ms)
+                    .max_decoding_message_size(max_msg)
+                    .max_encoding_message_size(max_msg),
+                &policy,
+            ),
             &calls,
         ));
         tracing::info!("management service on {}", cfg.control_addr());
@@ -544,6 +617,16 @@ fn main() {
         eprintln!("peregrine-engine: {e}");
         std::process::exit(1);
     }
+    // Before the storage starts: a wrong certificate is a start-up error
+    // naming the file, not a run of refused joins.
+    let tls = match peregrine_engine::tls::load(&cfg) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("peregrine-engine: {e}");
+            tracing::error!("{e}");
+            std::process::exit(1);
+        }
+    };
     let node = match Node::start(cfg) {
         Ok(n) => n,
         Err(e) => {
@@ -557,7 +640,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let result = rt.block_on(run(node.clone(), args.metrics_listen));
+    let result = rt.block_on(run(node.clone(), tls, args.metrics_listen));
     node.shutdown();
     if let Err(e) = result {
         eprintln!("peregrine-engine: {e}");

@@ -47,6 +47,8 @@ fn c_program_against_real_engines() {
     );
     let out = Command::new(&exe)
         .args([&c.mgmt_addr(), "pool", "cont"])
+        // Admin: the program also takes a snapshot (SnapCreate, admin only).
+        .envs(c.admin_env())
         .env("LD_LIBRARY_PATH", &engine_dir)
         .output()
         .unwrap();

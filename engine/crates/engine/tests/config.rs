@@ -19,7 +19,7 @@ fn run_with(config: &str) -> (i32, String) {
     )
 }
 
-const GOOD: &str = "rank: 0\ncontrol_port: 1\ndata_port: 2\ntargets: 1\nscm: {class: ram, size: 64MiB}\nbdev: {class: file, path: /tmp/x.img, size: 128MiB}\n";
+const GOOD: &str = "rank: 0\ncontrol_port: 1\ndata_port: 2\ntargets: 1\nscm: {class: ram, size: 64MiB}\nbdev: {class: file, path: /tmp/x.img, size: 128MiB}\nallow_insecure: true\n";
 
 #[test]
 fn bad_configs_name_the_key() {

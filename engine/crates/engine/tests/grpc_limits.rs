@@ -134,17 +134,11 @@ fn many_idle_control_connections_keep_memory_bounded() {
     let c = Cluster::start(ClusterSpec::default());
     serves(&c, "at start");
     let before = rss(&c);
-    let addr = format!("http://{}", c.mgmt_addr());
+    let (addr, security) = (c.mgmt_addr(), c.security());
     let n = 500;
     let mut clients = Vec::with_capacity(n);
     for _ in 0..n {
-        let ch =
-            c.rt.block_on(
-                tonic::transport::Endpoint::from_shared(addr.clone())
-                    .unwrap()
-                    .connect(),
-            )
-            .unwrap();
+        let ch = c.channel(&addr, &security).unwrap();
         let mut m = MgmtClient::new(ch);
         c.rt.block_on(m.system_query(SystemQueryReq {})).unwrap();
         clients.push(m);

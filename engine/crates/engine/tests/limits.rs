@@ -37,8 +37,12 @@ fn cluster(extra: &str) -> Cluster {
 
 /// A container opened by a client that uses TCP only (not shared memory).
 fn tcp_container(c: &Cluster) -> peregrine::Container {
-    let client = peregrine::Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Tcp)
-        .unwrap_or_else(|e| panic!("client connect: {e}"));
+    let client = peregrine::Client::connect_with_transport(
+        &c.mgmt_addr(),
+        &c.security(),
+        TransportKind::Tcp,
+    )
+    .unwrap_or_else(|e| panic!("client connect: {e}"));
     client
         .pool_connect("pool")
         .unwrap()

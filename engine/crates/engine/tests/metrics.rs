@@ -195,7 +195,8 @@ fn counters_move_with_io_over_tcp_and_shared_memory() {
     });
     c.format();
     c.create_pool(256, "SX", "crc32c");
-    let tcp = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Tcp).unwrap();
+    let tcp =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Tcp).unwrap();
     let pool = tcp.pool_connect("pool").unwrap().uuid().to_string();
     let p = [("pool", pool.as_str())];
 
@@ -238,7 +239,8 @@ fn counters_move_with_io_over_tcp_and_shared_memory() {
     );
     assert!(sum_all(&addrs, "peregrine_target_fetch_bytes_total", &p) >= written);
 
-    let shm = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Shm).unwrap();
+    let shm =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Shm).unwrap();
     write_and_read(&shm, 2, 8);
     let written = (16 * MIB) as f64;
     let moved = sum_all(&addrs, "peregrine_target_update_bytes_total", &p);

@@ -215,7 +215,8 @@ fn disjoint_writer_child() {
     let role: u64 = role.parse().unwrap();
     let mgmt = std::env::var("PRG_DISJOINT_MGMT").unwrap();
     let dir = std::path::PathBuf::from(std::env::var("PRG_DISJOINT_DIR").unwrap());
-    let client = peregrine::Client::connect(&mgmt).unwrap();
+    let security = peregrine::Security::from_env().unwrap();
+    let client = peregrine::Client::connect(&mgmt, &security).unwrap();
     let cont = client
         .pool_connect("pool")
         .unwrap()
@@ -275,6 +276,7 @@ fn disjoint_partial_stripe_writers_in_two_processes() {
                 ])
                 .env("PRG_DISJOINT_ROLE", role.to_string())
                 .env("PRG_DISJOINT_MGMT", c.mgmt_addr())
+                .envs(c.tls_env())
                 .env("PRG_DISJOINT_DIR", sync.path())
                 .spawn()
                 .unwrap()

@@ -39,8 +39,10 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
             .members;
     assert_eq!(members[0].shm_path, sock.display().to_string());
 
-    let shm = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Shm).unwrap();
-    let tcp = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Tcp).unwrap();
+    let shm =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Shm).unwrap();
+    let tcp =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Tcp).unwrap();
     let pool = shm.pool_connect("pool").unwrap();
     assert!(pool
         .map()
@@ -53,6 +55,7 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
     // another pid namespace): its large values go through the region.
     let copied = Client::connect_with(
         &c.mgmt_addr(),
+        &c.security(),
         std::sync::Arc::new(MultiTransport::with(
             TransportKind::Shm,
             TcpTransport::default(),
@@ -128,7 +131,8 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
         &format!("shm connection from pid {}", std::process::id()),
     );
     // Auto picks shared memory for this engine on this node.
-    let auto = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Auto).unwrap();
+    let auto =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Auto).unwrap();
     let ca = auto
         .pool_connect("pool")
         .unwrap()
@@ -292,7 +296,8 @@ fn hostile_shm_client_loses_only_its_connection() {
     let raw = raw_connect(&sock, 1);
     assert!(raw.ping(3));
     c.wait_serving(0);
-    let shm = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Shm).unwrap();
+    let shm =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Shm).unwrap();
     let cont = shm.pool_connect("pool").unwrap().cont_open("cont").unwrap();
     let obj = cont.object(ObjectId::new(ObjectClass::S1, 0, 1)).unwrap();
     obj.update_single(b"d", b"a", b"still here").unwrap();

@@ -383,7 +383,8 @@ fn the_socket_is_restricted_by_mode_group_and_uid() {
     expect_closed(&s, "root not in allowed_uids");
     wait_log(&c, "uid 0 is not in shm.allowed_uids [65534]");
     // The library falls back to TCP for a socket it may not use.
-    let client = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Auto).unwrap();
+    let client =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Auto).unwrap();
     c.create_pool(64, "S1", "off");
     let cont = client
         .pool_connect("pool")
@@ -496,7 +497,8 @@ fn a_hung_client_mapping_never_stalls_the_target() {
     );
     assert!(!stuck.answered(), "the hung update cannot have been served");
     // The library's clients too, over shared memory, on either target.
-    let client = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Shm).unwrap();
+    let client =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Shm).unwrap();
     let cont = client
         .pool_connect("pool")
         .unwrap()

@@ -34,17 +34,7 @@ fn snapshot_reads_survive_overwrite_and_aggregation() {
         c.rt.block_on(m.pool_query(PoolQueryReq { id: "pool".into() }))
             .unwrap()
             .into_inner();
-    let ch =
-        c.rt.block_on(
-            tonic::transport::Endpoint::from_shared(format!(
-                "http://127.0.0.1:{}",
-                c.engines[0].control_port
-            ))
-            .unwrap()
-            .connect(),
-        )
-        .unwrap();
-    let mut engine = EngineClient::new(ch);
+    let mut engine: EngineClient<_> = c.engine(0);
     c.rt.block_on(engine.aggregate(AggregateReq {
         pool_uuid: pool.uuid.clone(),
     }))

@@ -49,17 +49,7 @@ fn full_pool_enospc_then_space_reused() {
             .unwrap()
             .into_inner();
     let puuid = pool.uuid.clone();
-    let mut e = peregrine_proto::mgmt::engine_client::EngineClient::new(
-        c.rt.block_on(
-            tonic::transport::Endpoint::from_shared(format!(
-                "http://127.0.0.1:{}",
-                c.engines[0].control_port
-            ))
-            .unwrap()
-            .connect(),
-        )
-        .unwrap(),
-    );
+    let mut e = c.engine(0);
     c.rt.block_on(e.aggregate(AggregateReq { pool_uuid: puuid }))
         .unwrap();
     for i in 0..written / 2 {

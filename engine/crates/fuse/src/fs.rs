@@ -1056,6 +1056,14 @@ impl Filesystem for PeregrineFs {
             reply.ioctl(0, &[]);
             return;
         }
+        if cmd == peregrine::handoff::IOC_GET_CONT {
+            // The interception library's control-port-free open (ctl.rs).
+            match crate::ctl::get_cont(&self.dfs, _in_data, out_size) {
+                Ok(b) => reply.ioctl(0, &b),
+                Err(e) => reply.error(Errno::from_i32(e)),
+            }
+            return;
+        }
         if cmd != PEREGRINE_IOC_GET_HANDLE {
             reply.error(Errno::from_i32(libc::ENOTTY));
             return;

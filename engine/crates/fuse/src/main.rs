@@ -2,10 +2,15 @@
 //!
 //! ```text
 //! peregrine-fuse --mgmt ADDR --pool P --cont C --mountpoint DIR [--threads N]
+//!     (--tls-dir DIR | --insecure)
 //!     [--attr-timeout S] [--dentry-timeout S] [--data-cache on|off|DURATION]
 //!     [--read-only] [--foreground]
-//! peregrine-fuse [SOURCE] DIR -o pool=P,cont=C,mgmt=ADDR[,ro][,threads=N]...
+//! peregrine-fuse [SOURCE] DIR -o pool=P,cont=C,mgmt=ADDR,tls_dir=DIR[,ro][,threads=N]...
 //! ```
+//! The control plane's security (docs/tls.md): a certificate directory
+//! (`--tls-dir`, `-o tls_dir=`, env PEREGRINE_TLS_DIR; a `client`
+//! certificate is enough) or, against insecure engines only, `--insecure`
+//! (`-o insecure`, env PEREGRINE_INSECURE=1).
 //! The second form is the mount-helper convention (what mount.fuse3
 //! runs): with the helper script `mount.fuse.peregrine` (in this crate)
 //! installed as /sbin/mount.fuse.peregrine, `mount -t fuse.peregrine -o
@@ -23,6 +28,7 @@
 //! /dev/fuse), which then also unmounts: the mount belongs to that user,
 //! and only that user can use it.
 
+mod ctl;
 mod fs;
 
 use clap::Parser;
@@ -68,6 +74,13 @@ struct Args {
     read_only: bool,
     #[arg(long)]
     foreground: bool,
+    /// The control plane's certificate directory (ca.crt, tls.crt, tls.key);
+    /// env PEREGRINE_TLS_DIR.
+    #[arg(long, value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+    /// Talk to engines started with allow_insecure (no TLS); env PEREGRINE_INSECURE=1.
+    #[arg(long)]
+    insecure: bool,
     /// Comma-separated options (pool=,cont=,mgmt=,ro,threads=,...).
     #[arg(short = 'o', action = clap::ArgAction::Append)]
     options: Vec<String>,
@@ -87,6 +100,7 @@ struct Args {
 
 struct Cfg {
     mgmt: String,
+    security: peregrine::Security,
     pool: String,
     cont: String,
     mountpoint: PathBuf,
@@ -138,6 +152,8 @@ fn config(a: Args) -> Result<Cfg, String> {
     let mut cache = a.data_cache;
     let mut ro = a.read_only;
     let mut fg = a.foreground;
+    let mut tls_dir = a.tls_dir;
+    let mut insecure = a.insecure;
     for o in a.options.iter().flat_map(|o| o.split(',')) {
         let (k, v) = o.split_once('=').unwrap_or((o, ""));
         match k {
@@ -151,6 +167,8 @@ fn config(a: Args) -> Result<Cfg, String> {
             "ro" | "read_only" | "read-only" => ro = true,
             "rw" => ro = false,
             "foreground" => fg = true,
+            "tls_dir" | "tls-dir" => tls_dir = Some(v.into()),
+            "insecure" => insecure = true,
             // Generic mount options that do not concern the daemon.
             _ => {}
         }
@@ -171,8 +189,17 @@ fn config(a: Args) -> Result<Cfg, String> {
     let mgmt = mgmt
         .or_else(|| std::env::var("PEREGRINE_MGMT").ok())
         .unwrap_or_else(|| format!("127.0.0.1:{}", peregrine_proto::DEFAULT_CONTROL_PORT));
+    // Flags first; the environment only when neither flag is given.
+    if tls_dir.is_none() && !insecure {
+        tls_dir = std::env::var_os(peregrine::tls::ENV_TLS_DIR)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        insecure = tls_dir.is_none() && peregrine::tls::env_insecure();
+    }
+    let security = peregrine::Security::from_flags(tls_dir, insecure)?;
     Ok(Cfg {
         mgmt,
+        security,
         pool: pool.ok_or("no pool (--pool or -o pool=)")?,
         cont: cont.ok_or("no container (--cont or -o cont=)")?,
         mountpoint: mountpoint.ok_or("no mount point (--mountpoint or positional)")?,
@@ -373,7 +400,7 @@ fn main() {
     clean_stale(&mp);
 
     let dfs = (|| {
-        let client = peregrine::Client::connect(&cfg.mgmt)?;
+        let client = peregrine::Client::connect(&cfg.mgmt, &cfg.security)?;
         let pool = client.pool_connect(&cfg.pool)?;
         let cont = pool.cont_open(&cfg.cont)?;
         peregrine_dfs::Dfs::mount(cont, !cfg.read_only, cfg.read_only)

@@ -243,6 +243,7 @@ fn stale_mount_and_helper_form() {
         .arg("pool/cont")
         .arg(&dir)
         .args(["-o", &format!("mgmt={},rw,noatime", c.mgmt_addr())])
+        .envs(c.tls_env())
         .status()
         .unwrap();
     assert!(st.success());
@@ -412,6 +413,7 @@ fn mount_fuse3_starts_the_daemon() {
                 c.mgmt_addr()
             ))
             .args(["-t", "fuse.peregrine-fuse"])
+            .envs(c.tls_env())
             .env("PATH", format!("{}:/usr/bin:/bin", bin.display())),
     );
     assert!(mounted(&dir), "{}", mounts());
@@ -517,6 +519,7 @@ echo done
             .env("EXTRA2", extra2.path())
             .env("SBIN", &sbin)
             .env("MGMT", c.mgmt_addr())
+            .envs(c.tls_env())
             .env("DIR", &dir)
             .env("FSTAB", &fstab)
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -559,6 +562,20 @@ fn unprivileged_mount_through_fusermount3() {
     let dir = dir.canonicalize().unwrap();
     let cdir = CString::new(dir.as_os_str().as_bytes()).unwrap();
     assert_eq!(unsafe { libc::chown(cdir.as_ptr(), 65534, 65534) }, 0);
+    // The daemon reads its certificate as that user: a copy the user owns.
+    let tls_env = match c.client_tls_dir() {
+        Some(src) => {
+            let tls = tmp.path().join("tls");
+            fs::create_dir(&tls).unwrap();
+            for f in ["ca.crt", "tls.crt", "tls.key"] {
+                fs::copy(src.join(f), tls.join(f)).unwrap();
+                std::os::unix::fs::chown(tls.join(f), Some(65534), Some(65534)).unwrap();
+            }
+            std::os::unix::fs::chown(&tls, Some(65534), Some(65534)).unwrap();
+            vec![("PEREGRINE_TLS_DIR".to_string(), tls.display().to_string())]
+        }
+        None => c.tls_env(),
+    };
     let script = r#"set -eu
 if ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -r /dev/fuse -a -w /dev/fuse; then
     mount -t tmpfs -o mode=755 tmpfs "$DEVDIR"
@@ -595,6 +612,7 @@ grep -q " $DIR " /proc/self/mounts || echo unmounted
         sh_in_private_mount_ns(script)
             .env("FUSE_BIN", FUSE_BIN)
             .env("MGMT", c.mgmt_addr())
+            .envs(tls_env)
             .env("DIR", &dir)
             .env("DEVDIR", &devdir)
             .env("LOG", tmp.path().join("daemon.log")),

@@ -29,6 +29,7 @@ fn invalidate_ioctl_refreshes_kernel_caches() {
     fs::create_dir_all(&dir).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_peregrine-fuse"))
         .args(["--mgmt", &c.mgmt_addr(), "--pool", "pool", "--cont", "cont"])
+        .args(c.tls_args())
         .arg("--mountpoint")
         .arg(&dir)
         .args(["--foreground", "--attr-timeout", "60", "--data-cache", "on"])

@@ -71,6 +71,7 @@ fn track(fd: c_int) {
         count(C::Fallbacks, 1);
         return;
     };
+    crate::table::daemon::prime(fd, &h, crate::table::is_open(&h));
     crate::ns::learn((key.0, key.1), &h);
     crate::nsops::kernel_knows(h.oid);
     let s = Shared {

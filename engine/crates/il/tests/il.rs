@@ -391,7 +391,9 @@ fn unreachable_engines_fall_back_and_the_report_says_why() {
     );
     let m = Mount::start(&c, &c.dir.path().join("mnt"));
     sh(&m.dir, "echo 'read on the kernel path' > f");
-    let (out, r) = il_sh(&m.dir, "unshare -n cat f");
+    // TCP only: shared memory (a unix socket) reaches the engines from any
+    // network namespace, and the library needs no control port.
+    let (out, r) = il_sh(&m.dir, "unshare -n env PEREGRINE_TRANSPORT=tcp cat f");
     assert_eq!(out, "read on the kernel path\n");
     assert_eq!((r.opens, r.fallbacks), (0, 1), "{r:?}");
     let why = r.first_failure.unwrap_or_default();

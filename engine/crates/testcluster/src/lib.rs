@@ -3,6 +3,14 @@
 //! `peregrine-engine` processes on file-backed emulated NVMe under a
 //! temporary directory, driven through the management gRPC API and the
 //! client library.
+//!
+//! Engines run with the control plane's mutual TLS (docs/tls.md): each
+//! cluster makes a CA and certificates under its directory (`certs/`: one
+//! per rank, `admin`, `client-test`) with the code of `peregrine certs`.
+//! The harness itself (`mgmt()`, `client()`) speaks as `admin`; daemons a
+//! test starts take [`Cluster::tls_args`] / [`Cluster::tls_env`], which
+//! are the `client` certificate's. A test that gives `allow_insecure: true`
+//! (or its own `tls_dir`) in `extra` gets no certificates.
 
 use peregrine_proto::mgmt::mgmt_client::MgmtClient;
 use peregrine_proto::mgmt::*;
@@ -126,7 +134,15 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub engines: Vec<EngineProc>,
     pub rt: tokio::runtime::Runtime,
+    /// The certificates' directory (`peregrine certs` layout); None: the
+    /// engines run insecure (or with a test's own `tls_dir`).
+    pub certs: Option<PathBuf>,
 }
+
+/// The system name of test clusters (the engines' `name`).
+pub const SYSTEM: &str = "test";
+/// The name of the `client` certificate a cluster makes.
+pub const CLIENT: &str = "test";
 
 pub struct ClusterSpec {
     pub engines: u32,
@@ -166,6 +182,22 @@ impl Cluster {
         args: impl Fn(u32) -> Vec<String>,
     ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
+        // A test that chose its control-plane security keeps it.
+        let chosen = extra.lines().any(|l| {
+            let l = l.trim_start();
+            l.starts_with("allow_insecure:") || l.starts_with("tls_dir:")
+        });
+        let certs = (!chosen).then(|| dir.path().join("certs"));
+        if let Some(out) = &certs {
+            let plan = peregrine::certs::Plan {
+                system: SYSTEM.into(),
+                ranks: spec.engines,
+                admin: true,
+                clients: vec![CLIENT.into()],
+                hosts: vec!["localhost".into(), "127.0.0.1".into()],
+            };
+            peregrine::certs::generate(out, &plan).unwrap_or_else(|e| panic!("certs: {e}"));
+        }
         let ports: Vec<(u16, u16)> = (0..spec.engines)
             .map(|_| (free_port(), free_port()))
             .collect();
@@ -176,12 +208,19 @@ impl Cluster {
             let device = dir.path().join(format!("nvme{rank}.img"));
             let log = dir.path().join(format!("engine{rank}.log"));
             let config = dir.path().join(format!("engine{rank}.yaml"));
+            let security = match &certs {
+                Some(out) => format!(
+                    "tls_dir: {}\n",
+                    peregrine::certs::engine_dir(out, rank).display()
+                ),
+                None => String::new(),
+            };
             std::fs::write(
                 &config,
                 format!(
-                    "name: test\nrank: {rank}\nfault_domain: /host{rank}\ncontrol_port: {cp}\ndata_port: {dp}\ntargets: {}\nhugepages: false\n\
+                    "name: {SYSTEM}\nrank: {rank}\nfault_domain: /host{rank}\ncontrol_port: {cp}\ndata_port: {dp}\ntargets: {}\nhugepages: false\n\
                      scm: {{class: ram, size: {}MiB}}\nbdev: {{class: file, path: {}, size: {}MiB}}\n\
-                     mgmt_svc_replicas: [\"{ms}\"]\nlog_level: info\nlog_file: {}\n{extra}",
+                     mgmt_svc_replicas: [\"{ms}\"]\nlog_level: info\nlog_file: {}\n{security}{extra}",
                     spec.targets,
                     spec.scm_mib,
                     device.display(),
@@ -207,7 +246,12 @@ impl Cluster {
             .enable_all()
             .build()
             .unwrap();
-        let c = Cluster { dir, engines, rt };
+        let c = Cluster {
+            dir,
+            engines,
+            rt,
+            certs,
+        };
         c.wait_members(
             spec.engines as usize,
             &[MemberState::Maintenance, MemberState::Joined],
@@ -219,18 +263,107 @@ impl Cluster {
         format!("127.0.0.1:{}", self.engines[0].control_port)
     }
 
-    pub fn mgmt(&self) -> MgmtClient<tonic::transport::Channel> {
-        let addr = format!("http://{}", self.mgmt_addr());
+    /// The admin certificate's directory (None: insecure).
+    pub fn admin_tls_dir(&self) -> Option<PathBuf> {
+        self.certs.as_deref().map(peregrine::certs::admin_dir)
+    }
+
+    /// The `client` certificate's directory (None: insecure).
+    pub fn client_tls_dir(&self) -> Option<PathBuf> {
+        self.certs
+            .as_deref()
+            .map(|c| peregrine::certs::client_dir(c, CLIENT))
+    }
+
+    /// How the harness connects: as admin.
+    pub fn security(&self) -> peregrine::Security {
+        match self.admin_tls_dir() {
+            Some(d) => peregrine::Security::tls(d),
+            None => peregrine::Security::Insecure,
+        }
+    }
+
+    /// How a mounting client connects: with the `client` certificate.
+    pub fn client_security(&self) -> peregrine::Security {
+        match self.client_tls_dir() {
+            Some(d) => peregrine::Security::tls(d),
+            None => peregrine::Security::Insecure,
+        }
+    }
+
+    /// Flags of a daemon started as a client (`peregrine-fuse`): the
+    /// `client` certificate, or `--insecure`.
+    pub fn tls_args(&self) -> Vec<String> {
+        match self.client_tls_dir() {
+            Some(d) => vec!["--tls-dir".into(), d.display().to_string()],
+            None => vec!["--insecure".into()],
+        }
+    }
+
+    /// Environment of a program started as a client (C programs, `mount`
+    /// helpers): `PEREGRINE_TLS_DIR` of the `client` certificate, or
+    /// `PEREGRINE_INSECURE=1`.
+    pub fn tls_env(&self) -> Vec<(String, String)> {
+        Self::env_of(self.client_tls_dir())
+    }
+
+    /// As [`Cluster::tls_env`], with the admin certificate (the CLI).
+    pub fn admin_env(&self) -> Vec<(String, String)> {
+        Self::env_of(self.admin_tls_dir())
+    }
+
+    fn env_of(dir: Option<PathBuf>) -> Vec<(String, String)> {
+        match dir {
+            Some(d) => vec![(peregrine::tls::ENV_TLS_DIR.into(), d.display().to_string())],
+            None => vec![(peregrine::tls::ENV_INSECURE.into(), "1".into())],
+        }
+    }
+
+    /// A gRPC channel to `addr` ("host:port") with `security`.
+    pub fn channel(
+        &self,
+        addr: &str,
+        security: &peregrine::Security,
+    ) -> Result<tonic::transport::Channel, String> {
+        let connector = security.connector()?;
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(5));
+        self.rt
+            .block_on(connector.connect(ep))
+            .map_err(|e| error_chain(&e))
+    }
+
+    /// The Engine service of rank `rank`, as admin.
+    pub fn engine(
+        &self,
+        rank: usize,
+    ) -> peregrine_proto::mgmt::engine_client::EngineClient<tonic::transport::Channel> {
+        let addr = format!("127.0.0.1:{}", self.engines[rank].control_port);
+        let ch = self
+            .channel(&addr, &self.security())
+            .unwrap_or_else(|e| panic!("engine at {addr}: {e}"));
+        peregrine_proto::mgmt::engine_client::EngineClient::new(ch)
+    }
+
+    /// The management service as `security` says.
+    pub fn mgmt_as(&self, security: &peregrine::Security) -> MgmtClient<tonic::transport::Channel> {
+        let addr = self.mgmt_addr();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            match self.rt.block_on(MgmtClient::connect(addr.clone())) {
-                Ok(c) => return c,
+            match self.channel(&addr, security) {
+                Ok(ch) => return MgmtClient::new(ch),
                 Err(e) if Instant::now() > deadline => {
                     panic!("management service at {addr}: {e}; logs:\n{}", self.logs())
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         }
+    }
+
+    /// The management service, as admin.
+    pub fn mgmt(&self) -> MgmtClient<tonic::transport::Channel> {
+        self.mgmt_as(&self.security())
     }
 
     pub fn logs(&self) -> String {
@@ -357,8 +490,15 @@ impl Cluster {
         }
     }
 
+    /// A client library connection, as admin.
     pub fn client(&self) -> peregrine::Client {
-        peregrine::Client::connect(&self.mgmt_addr())
+        peregrine::Client::connect(&self.mgmt_addr(), &self.security())
+            .unwrap_or_else(|e| panic!("client connect: {e}"))
+    }
+
+    /// A client library connection with a chosen transport, as admin.
+    pub fn client_with(&self, kind: peregrine::TransportKind) -> peregrine::Client {
+        peregrine::Client::connect_with_transport(&self.mgmt_addr(), &self.security(), kind)
             .unwrap_or_else(|e| panic!("client connect: {e}"))
     }
 
@@ -367,6 +507,18 @@ impl Cluster {
         let pool = client.pool_connect("pool").unwrap();
         pool.cont_open("cont").unwrap()
     }
+}
+
+/// An error and its sources in one line (tonic's Display alone says
+/// "transport error").
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    msg
 }
 
 /// Deterministic test data: `len` bytes derived from `seed`.

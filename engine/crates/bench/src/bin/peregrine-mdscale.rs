@@ -81,7 +81,10 @@ fn rss_bytes(pid: u32) -> Result<u64> {
 }
 
 fn mount(a: &Args) -> Result<Dfs> {
-    let client = peregrine::Client::connect(&a.mgmt)?;
+    // PEREGRINE_TLS_DIR or PEREGRINE_INSECURE=1 (docs/tls.md).
+    let security =
+        peregrine::Security::from_env().map_err(|e| anyhow::anyhow!("control plane: {e}"))?;
+    let client = peregrine::Client::connect(&a.mgmt, &security)?;
     let pool = client.pool_connect(&a.pool)?;
     Ok(Dfs::mount(pool.cont_open(&a.cont)?, true, false)?)
 }

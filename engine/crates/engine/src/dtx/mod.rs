@@ -36,8 +36,9 @@ impl Maps {
         max_age: Duration,
     ) -> Result<(Arc<PoolMap>, Client), String> {
         if self.client.is_none() {
-            let c = Client::connect_with_transport(mgmt, TransportKind::Tcp)
-                .map_err(|e| e.to_string())?;
+            let c =
+                Client::connect_with_transport(mgmt, &crate::tls::security()?, TransportKind::Tcp)
+                    .map_err(|e| e.to_string())?;
             self.client = Some(c);
         }
         let client = self.client.clone().expect("set above");

@@ -143,6 +143,7 @@ impl MgmtService {
         rec: &ContRec,
     ) -> Result<(), String> {
         let addr = self.node.cfg.control_addr();
+        let security = self.node.cfg.security();
         let (pool, src, epoch, dst) = (
             pool.to_string(),
             r.clone_from.clone(),
@@ -153,11 +154,12 @@ impl MgmtService {
         std::thread::Builder::new()
             .name(format!("clone-{}", rec.label))
             .spawn(move || {
-                let r =
-                    peregrine::Client::connect_with_transport(&addr, peregrine::TransportKind::Tcp)
-                        .and_then(|c| {
-                            peregrine::clone::clone_container(&c, &pool, &src, epoch, &dst)
-                        });
+                let r = peregrine::Client::connect_with_transport(
+                    &addr,
+                    &security,
+                    peregrine::TransportKind::Tcp,
+                )
+                .and_then(|c| peregrine::clone::clone_container(&c, &pool, &src, epoch, &dst));
                 let _ = tx.send(r);
             })
             .map_err(|e| format!("cannot start the copy: {e}"))?;

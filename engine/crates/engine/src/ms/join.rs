@@ -58,7 +58,9 @@ fn addr(field: &str, v: &str) -> Result<(), Status> {
 /// system this service runs (empty only for a state that never had one).
 pub fn validate_join(j: &JoinReq, system: &str) -> Result<(), Status> {
     text("system", &j.system, MAX_SYSTEM_NAME)?;
-    if j.system.is_empty() && !system.is_empty() {
+    // Always: a service whose state never had a name would otherwise
+    // take any rank of any system.
+    if j.system.is_empty() {
         return Err(Status::invalid_argument(format!(
             "join: system: empty; rank {} must name its system ({system:?})",
             j.rank
@@ -248,6 +250,16 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        // Also by a service whose state has no name.
+        let e = validate_join(
+            &JoinReq {
+                system: String::new(),
+                ..good()
+            },
+            "",
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 
     #[test]

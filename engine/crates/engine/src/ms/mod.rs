@@ -153,15 +153,22 @@ fn now_unix() -> u64 {
         .as_secs()
 }
 
+/// A client of the Engine service at `addr`, presenting this engine's
+/// certificate (or plain on an insecure system).
 async fn engine_client(addr: &str) -> Result<EngineClient<Channel>, Status> {
     let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| Status::internal(format!("engine address {addr:?}: {e}")))?
         .connect_timeout(Duration::from_secs(3))
         .timeout(Duration::from_secs(120));
-    let ch = ep
-        .connect()
-        .await
-        .map_err(|e| Status::unavailable(format!("engine at {addr}: {e}")))?;
+    let ch = crate::tls::connector()?.connect(ep).await.map_err(|e| {
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg = format!("{msg}: {s}");
+            src = s.source();
+        }
+        Status::unavailable(format!("engine at {addr}: {msg}"))
+    })?;
     Ok(EngineClient::new(ch))
 }
 
@@ -592,7 +599,11 @@ impl Mgmt for MgmtService {
     }
 
     async fn join(&self, req: Request<JoinReq>) -> Result<Response<JoinResp>, Status> {
+        // An engine's certificate names its rank and system: it joins as
+        // that one only (a forged rank would take over another's addresses).
+        let caller = req.extensions().get::<crate::auth::Caller>().cloned();
         let j = req.into_inner();
+        crate::auth::check_join(caller.as_ref(), &j)?;
         let mut s = self.state.lock().await;
         validate_join(&j, &s.system)?;
         let state = join::engine_state(&j.state);

@@ -404,22 +404,26 @@ impl MgmtService {
         let started = Instant::now();
         tracing::info!("pool {pool}: reintegrating ranks {ranks:?} from epoch {since}");
         let addr = self.node.cfg.control_addr();
+        let security = self.node.cfg.security();
         let copy_ranks = ranks.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         // The client library blocks and runs its own runtime: a plain thread.
         std::thread::Builder::new()
             .name(format!("reint-{pool}"))
             .spawn(move || {
-                let r =
-                    peregrine::Client::connect_with_transport(&addr, peregrine::TransportKind::Tcp)
-                        .and_then(|c| {
-                            peregrine::reintegrate::reintegrate_pool(
-                                &c,
-                                &pool.to_string(),
-                                &copy_ranks,
-                                since,
-                            )
-                        });
+                let r = peregrine::Client::connect_with_transport(
+                    &addr,
+                    &security,
+                    peregrine::TransportKind::Tcp,
+                )
+                .and_then(|c| {
+                    peregrine::reintegrate::reintegrate_pool(
+                        &c,
+                        &pool.to_string(),
+                        &copy_ranks,
+                        since,
+                    )
+                });
                 let _ = tx.send(r);
             })
             .map_err(|e| format!("cannot start the copy: {e}"))?;

@@ -238,7 +238,8 @@ pub fn update_frame(
 
 /// The address of object 0.77 of the cluster's container, on target 0.
 pub fn object_address(c: &Cluster) -> peregrine_proto::data::Address {
-    let client = Client::connect_with_transport(&c.mgmt_addr(), TransportKind::Tcp).unwrap();
+    let client =
+        Client::connect_with_transport(&c.mgmt_addr(), &c.security(), TransportKind::Tcp).unwrap();
     let pool = client.pool_connect("pool").unwrap();
     let cont = pool.cont_open("cont").unwrap();
     peregrine_proto::data::Address {

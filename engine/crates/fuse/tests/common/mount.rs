@@ -46,6 +46,7 @@ impl FuseMount {
         let log = fs::File::create(dir.with_extension("log")).unwrap();
         let child = Command::new(FUSE_BIN)
             .args(["--mgmt", &c.mgmt_addr(), "--pool", pool, "--cont", cont])
+            .args(c.tls_args())
             .arg("--mountpoint")
             .arg(dir)
             .arg("--foreground")

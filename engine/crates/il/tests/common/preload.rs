@@ -78,6 +78,7 @@ impl Mount {
         // library must invalidate it after writing behind the kernel.
         let child = Command::new(artifact("peregrine-fuse", "peregrine-fuse"))
             .args(["--mgmt", &c.mgmt_addr(), "--pool", "pool", "--cont", "cont"])
+            .args(c.tls_args())
             .arg("--mountpoint")
             .arg(dir)
             .arg("--foreground")
