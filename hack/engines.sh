@@ -5,6 +5,12 @@
 #
 # The caller sets: PEREGRINE (the CLI), ENGINE (the engine binary), WORK (a temp dir).
 # Engine pids accumulate in ENGINE_PIDS; call engines_stop from an EXIT trap.
+#
+# The control plane runs mutual TLS (docs/tls.md): engines_start makes a CA and
+# certificates with `peregrine certs` under $WORK/certs and exports
+# PEREGRINE_TLS_DIR=$WORK/certs/admin, which every client these scripts start
+# (the CLI, peregrine-fuse, peregrine-bench) reads. ENGINES_INSECURE=1 runs it
+# without TLS instead (allow_insecure: true, PEREGRINE_INSECURE=1).
 
 ENGINE_PIDS=()
 
@@ -24,8 +30,21 @@ device_file() {
 
 # engines_start COUNT DEVICE_SIZE TARGETS SCM_SIZE
 engines_start() {
-  local count=$1 dev_size=$2 targets=$3 scm_size=$4 rank
+  local count=$1 dev_size=$2 targets=$3 scm_size=$4 rank security
+  if [[ ${ENGINES_INSECURE:-0} == 1 ]]; then
+    unset PEREGRINE_TLS_DIR
+    export PEREGRINE_INSECURE=1
+  else
+    "$PEREGRINE" certs --system peregrine --out "$WORK/certs" --ranks "$count" --admin >/dev/null
+    unset PEREGRINE_INSECURE
+    export PEREGRINE_TLS_DIR="$WORK/certs/admin"
+  fi
   for ((rank = 0; rank < count; rank++)); do
+    if [[ ${ENGINES_INSECURE:-0} == 1 ]]; then
+      security="allow_insecure: true"
+    else
+      security="tls_dir: $WORK/certs/engine-$rank"
+    fi
     device_file "$WORK/nvme$rank.img" "$dev_size"
     cat >"$WORK/engine$rank.yaml" <<EOF
 name: peregrine
@@ -41,6 +60,7 @@ bdev: {class: file, path: $WORK/nvme$rank.img, size: $dev_size}
 mgmt_svc_replicas: ["127.0.0.1:10001"]
 log_level: info
 log_file: $WORK/engine$rank.log
+$security
 EOF
     "$ENGINE" --config "$WORK/engine$rank.yaml" >>"$WORK/engine$rank.out" 2>&1 &
     ENGINE_PIDS+=($!)
@@ -121,9 +141,10 @@ engines_up() {
 }
 
 # Refuse to start over somebody else's engines: our format would act on theirs.
+# (A connect, not a query: the service may speak TLS with a CA we do not have.)
 engines_check_ports_free() {
-  if "$PEREGRINE" --mgmt 127.0.0.1:10001 --timeout 2 system query >/dev/null 2>&1; then
-    echo "a management service already answers on 127.0.0.1:10001; stop it first" >&2
+  if (exec 3<>/dev/tcp/127.0.0.1/10001) 2>/dev/null; then
+    echo "something already listens on 127.0.0.1:10001 (a management service?); stop it first" >&2
     return 1
   fi
 }

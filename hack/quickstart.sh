@@ -43,7 +43,9 @@ cleanup() {
     engines_dump_logs
   fi
   if [[ "$KEEP" == 1 && $rc == 0 ]]; then
-    echo "QUICKSTART_KEEP=1: engines still running; stop them with:"
+    echo "QUICKSTART_KEEP=1: engines still running; talk to them with:"
+    echo "  export PEREGRINE_TLS_DIR=$WORK/certs/admin   # (peregrine certs made it)"
+    echo "stop them with:"
     echo "  kill ${ENGINE_PIDS[*]}; rm -rf $WORK"
     exit 0
   fi
