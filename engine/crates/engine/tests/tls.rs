@@ -75,6 +75,106 @@ fn hybrid(c: &Cluster, other: &Path, into: &Path) {
     std::fs::copy(other.join(KEY_FILE), into.join(KEY_FILE)).unwrap();
 }
 
+/// Checks the engine's chain only (not its system), as a client of
+/// another implementation might.
+#[derive(Debug)]
+struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl rustls::client::danger::ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        name: &rustls::pki_types::ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.0
+            .verify_server_cert(end_entity, intermediates, name, ocsp, now)
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(m, c, d)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(m, c, d)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+#[derive(Clone)]
+struct Connect(Arc<rustls::ClientConfig>);
+
+type Io = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+impl tonic::codegen::Service<tonic::transport::Uri> for Connect {
+    type Response = Io;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<Io>> + Send>>;
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, uri: tonic::transport::Uri) -> Self::Future {
+        let cfg = self.0.clone();
+        Box::pin(async move {
+            let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap());
+            let tcp = tokio::net::TcpStream::connect(addr).await?;
+            let name = rustls::pki_types::ServerName::try_from(peregrine::tls::SERVER_NAME)
+                .unwrap()
+                .to_owned();
+            let tls = tokio_rustls::TlsConnector::from(cfg)
+                .connect(name, tcp)
+                .await?;
+            Ok(hyper_util::rt::TokioIo::new(tls))
+        })
+    }
+}
+
+/// A channel presenting the certificate of `dir`, checking only the
+/// engine's chain.
+async fn unchecked_channel(c: &Cluster, dir: &Path) -> tonic::transport::Channel {
+    let files = peregrine::tls::TlsFiles::load(dir).unwrap();
+    let provider = peregrine::tls::provider();
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = std::fs::read(c.admin_tls_dir().unwrap().join(CA_FILE)).unwrap();
+    for cert in rustls_pemfile::certs(&mut &ca[..]) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+        .with_client_auth_cert(files.chain.clone(), files.key.clone_key())
+        .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    tonic::transport::Endpoint::from_shared(format!("http://{}", c.mgmt_addr()))
+        .unwrap()
+        .connect_with_connector(Connect(Arc::new(cfg)))
+        .await
+        .unwrap()
+}
+
 #[test]
 fn strangers_are_refused_and_roles_are_kept() {
     let c = Cluster::start(ClusterSpec {
@@ -230,6 +330,22 @@ fn strangers_are_refused_and_roles_are_kept() {
     assert!(
         e.contains("\"elsewhere\"") && e.contains("peregrine://test/engine/0"),
         "{e}"
+    );
+    // The engine's side of it: an engine certificate of another system from
+    // the same CA, presented by a client that does not check the server's
+    // system, is refused on every call.
+    ca.issue_into(
+        &foreign.join("engine"),
+        &peregrine::tls::Identity::new("elsewhere", peregrine::tls::Role::Engine, "1"),
+        &[],
+    )
+    .unwrap();
+    let ch =
+        c.rt.block_on(unchecked_channel(&c, &foreign.join("engine")));
+    let mut m = mgmt_client::MgmtClient::new(ch);
+    denied(
+        c.rt.block_on(m.system_query(SystemQueryReq {})),
+        &["SystemQuery", "\"elsewhere\"", "\"test\""],
     );
     // Nothing of the above disturbed the system.
     c.wait_members(2, &[MemberState::Joined]);
