@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -60,6 +61,12 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	if err != nil {
 		setReady(pool, metav1.ConditionFalse, storagev1.ReasonServerSetNotFound, err.Error())
 		return s.finish(ctx, pool, before, ctrl.Result{RequeueAfter: 10 * time.Second}, nil)
+	}
+	if pool.Status.UUID == "" {
+		if why := r.enginesNotJoined(ctx, pool); why != "" {
+			setReady(pool, metav1.ConditionFalse, storagev1.ReasonWaitingForEngines, why)
+			return s.finish(ctx, pool, before, ctrl.Result{RequeueAfter: 5 * time.Second}, nil)
+		}
 	}
 	ms, err := r.MS.Client(target)
 	if err != nil {
@@ -184,6 +191,25 @@ func (r *PoolReconciler) syncProps(ctx context.Context, pool *storagev1.Pool, ms
 	}
 	r.Recorder.Eventf(pool, corev1.EventTypeNormal, "PropertiesSet", "set %d propert(ies) of pool %q", len(diff), info.Label)
 	return updated, nil
+}
+
+// enginesNotJoined says why a pool is not created yet ("" when it may be): the store places a new
+// pool on the engines joined at that moment, for the pool's life, so it waits until the ServerSet
+// reports every engine joined (Ready). Right after a first format the engines rejoin one by one;
+// a pool made then would span fewer engines than the ServerSet has.
+func (r *PoolReconciler) enginesNotJoined(ctx context.Context, pool *storagev1.Pool) string {
+	ss := &storagev1.ServerSet{}
+	if err := r.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.ServerSetRef.Name}, ss); err != nil {
+		return fmt.Sprintf("serverset %q: %v", pool.Spec.ServerSetRef.Name, err)
+	}
+	if c := meta.FindStatusCondition(ss.Status.Conditions, storagev1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
+		msg := "not reported yet"
+		if c != nil {
+			msg = c.Message
+		}
+		return fmt.Sprintf("waiting for every engine of serverset %q to join before creating the pool (a pool spans the engines joined when it is made): %s", ss.Name, msg)
+	}
+	return ""
 }
 
 // serverSetTarget finds the management service of a ServerSet: its address from the status when
