@@ -89,7 +89,7 @@ func startEngine(name string, foreign bool) *engineProcess {
 		writeTLSDir(filepath.Join(dir, "admin-tls"), ca, pki.Identity{System: name, Role: pki.RoleAdmin, Name: "test"})
 		tlsLine = "tls_dir: " + tlsDir + "\n"
 	}
-	registerEngineSystem(addr, name, filepath.Join(dir, "admin-tls"))
+	registerEngineSystem(addr, name, filepath.Join(dir, "admin-tls"), !engineTLS)
 	cfg := fmt.Sprintf("name: %s\nrank: 0\nfault_domain: /host0\ncontrol_port: %d\ndata_port: %d\ntargets: 2\nhugepages: false\n"+
 		"scm: {class: ram, size: 256MiB}\nbdev: {class: file, path: %s, size: 256MiB}\nmgmt_svc_replicas: [%q]\n"+
 		"log_level: info\nlog_file: %s\n%s", name, cp, dp, device, addr, filepath.Join(dir, "engine.log"), tlsLine)
@@ -173,7 +173,7 @@ func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, 
 		tmpl = strings.ReplaceAll(tmpl, "tls_dir: "+tlsMountPath+"\n", "tls_dir: "+tlsDir+"\n")
 		writeTLSDir(adminDir, testCA(sts.Name), pki.Identity{System: sts.Name, Role: pki.RoleAdmin, Name: "test"})
 	}
-	registerEngineSystem(msAddr, sts.Name, adminDir)
+	registerEngineSystem(msAddr, sts.Name, adminDir, strings.Contains(tmpl, "allow_insecure: true"))
 	// Cluster DNS: the other ranks' names behind the headless Service.
 	peer := regexp.MustCompile(`"` + regexp.QuoteMeta(sts.Name) + `-(\d+)\.` + regexp.QuoteMeta(sts.Spec.ServiceName+"."+sts.Namespace+".svc") + `:`)
 	tmpl = peer.ReplaceAllStringFunc(tmpl, func(m string) string {
@@ -231,28 +231,30 @@ var (
 	systemsMu sync.Mutex
 	// engineSystems: the ServerSet (= system) name of the engines at each management address;
 	// adminDirs: an administrator's certificate directory for it (the CLI's --tls-dir).
+	// insecureAddrs: engines there serve without TLS (allow_insecure).
 	engineSystems = map[string]string{}
 	adminDirs     = map[string]string{}
+	insecureAddrs = map[string]bool{}
 )
 
-func registerEngineSystem(addr, system, adminDir string) {
+func registerEngineSystem(addr, system, adminDir string, insecure bool) {
 	systemsMu.Lock()
 	defer systemsMu.Unlock()
-	engineSystems[addr], adminDirs[addr] = system, adminDir
+	engineSystems[addr], adminDirs[addr], insecureAddrs[addr] = system, adminDir, insecure
 }
 
 // msClient is a client of the management service at addr with the operator's certificate of its
 // ServerSet's CA, as the reconcilers have.
 func msClient(addr string) mgmtpb.MgmtClient {
 	systemsMu.Lock()
-	system := engineSystems[addr]
+	system, insecure := engineSystems[addr], insecureAddrs[addr]
 	systemsMu.Unlock()
 	Expect(system).NotTo(BeEmpty(), "no engine system registered at %s", addr)
 	if testMS.Certs == nil {
 		testMS.Certs = &AdminCerts{Reader: k8s}
 	}
 	c, err := testMS.Client(mgmtTarget{Addr: addr, ServerSet: types.NamespacedName{Namespace: "default", Name: system}, System: system,
-		Insecure: !engineTLS})
+		Insecure: insecure})
 	Expect(err).NotTo(HaveOccurred())
 	return c
 }

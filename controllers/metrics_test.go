@@ -65,11 +65,14 @@ func putObject(msAddr, pool, cont, oid string, value []byte) {
 	Expect(os.WriteFile(f, value, 0o644)).To(Succeed())
 	cli := filepath.Join(filepath.Dir(engineBin), "peregrine")
 	systemsMu.Lock()
-	tlsDir := adminDirs[msAddr]
+	tlsDir, insecure := adminDirs[msAddr], insecureAddrs[msAddr]
 	systemsMu.Unlock()
 	args := []string{"--mgmt", msAddr, "--timeout", "30", "obj", "put", pool, cont, oid, "d", "a", "--array", "--file", f}
-	if engineTLS {
+	switch {
+	case !insecure:
 		args = append([]string{"--tls-dir", tlsDir}, args...)
+	case engineTLS:
+		args = append([]string{"--insecure"}, args...) // a CLI with TLS wants the choice said
 	}
 	out, err := exec.Command(cli, args...).CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "%s obj put: %s", cli, out)

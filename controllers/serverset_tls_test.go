@@ -328,6 +328,32 @@ var _ = Describe("ServerSet control-plane TLS", func() {
 		Expect(eventReasons(name)).To(ContainElement("CARotating"))
 	})
 
+	It("runs an insecure ServerSet's engine with allow_insecure, and talks to it without TLS, saying so", func() {
+		const name = "plain-engine"
+		key := client.ObjectKey{Namespace: "default", Name: name}
+		cp, dp := freePort(), freePort()
+		msAddr := fmt.Sprintf("%s:%d", podIP(0), cp)
+		ss := newServerSet(name, msAddr, 1)
+		ss.Spec.InsecureControlPlane = true
+		ss.Spec.ControlPort, ss.Spec.DataPort, ss.Spec.MetricsPort = int32(cp), int32(dp), int32(freePort())
+		ss.Spec.Storage.Emulated.Size = "256MiB"
+		Expect(k8s.Create(ctx, ss)).To(Succeed())
+		sts, cm := &appsv1.StatefulSet{}, &corev1.ConfigMap{}
+		Eventually(func() error { return k8s.Get(ctx, key, sts) }, 20*time.Second).Should(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-config"}, cm)).To(Succeed())
+		Expect(cm.Data["engine.yaml.in"]).To(ContainSubstring("allow_insecure: true\n"))
+		Expect(sts.Spec.Template.Spec.InitContainers).To(BeEmpty())
+		startEnginePod(sts, cm, 0, msAddr)
+		markPodsReady(key, 1)
+		Eventually(func() int32 { return getServerSet(name)().Status.ReadyEngines }, 60*time.Second).Should(Equal(int32(1)))
+		c := condition(getServerSet(name)().Status.Conditions, storagev1.ConditionControlPlaneTLS)
+		Expect(c.Status).To(Equal(metav1.ConditionFalse))
+		Expect(c.Reason).To(Equal(string(storagev1.ReasonInsecureControlPlane)))
+		Eventually(func() []string { return eventReasons(name) }, 20*time.Second).Should(ContainElement("InsecureControlPlane"))
+		_, err := getSecret("default", name+"-ca")()
+		Expect(err).To(HaveOccurred(), "no CA for an insecure ServerSet")
+	})
+
 	It("refuses an insecure control plane unless the operator allows it", func() {
 		ss := newServerSet("plain", "127.0.0.1:1", 1)
 		ss.Spec.InsecureControlPlane = true
