@@ -39,11 +39,16 @@
 //! quietly (a warning in the log), as the durability contract allows.
 //!
 //! The rest of the WAL is searched only when the end is not plainly the
-//! end of the log: a block of zeros (never written) or a record of an
-//! earlier cycle of the WAL (batch below `h`, before the last checkpoint)
-//! is; anything else (a damaged block, a record with a batch number above
-//! `h`, a leftover of an earlier opening) makes replay look at every
-//! block after it. Records left over from an earlier opening never carry
+//! end of the log: a block of zeros (never written) or an intact record
+//! of an earlier cycle of the WAL (batch below `h`, before the last
+//! checkpoint) or of an earlier format of the device is; anything else (a
+//! damaged block, a record with a batch number above `h`, a leftover of
+//! an earlier opening) makes replay look at the blocks after it, up to
+//! the first intact record of an earlier cycle or format: the records of
+//! this cycle lie one after the other from offset 0, so a block this
+//! cycle wrote and flushed never reads as such a record, and a block it
+//! did not write durably means nothing after it was flushed (a flush
+//! covers every write before it). Records left over from an earlier opening never carry
 //! a stamp at or past a hole of the current chain: their opening flushed
 //! through their stamp, so every later opening replayed at least that far
 //! (or refused).
@@ -130,6 +135,16 @@ fn last_stamp(base: u64, records: &[(u64, Vec<WalOp>)]) -> u64 {
         .fold(base, u64::max)
 }
 
+/// Whether `b` is the intact header of a WAL record of an earlier format
+/// of the device (another device uuid): stale bytes, never written by
+/// this format.
+fn earlier_format(b: &[u8], dev: Uuid) -> bool {
+    b.len() >= wal::HDR
+        && &b[0..4] == WAL_MAGIC
+        && Uuid::from_slice(&b[4..20])
+            .is_ok_and(|u| u != dev && wal::decode_header(WAL_MAGIC, u, b).is_some())
+}
+
 /// A record's ops, if its payload holds and decodes.
 fn ops_of(h: &wal::Header, rec: &[u8]) -> Result<Vec<WalOp>, String> {
     let p = wal::payload(h, rec).ok_or_else(|| {
@@ -174,7 +189,7 @@ impl Target {
                 .get(&mut self.dev, tail, BLOCK as usize)
                 .map_err(|e| self.io_err("read WAL", e))?;
             let Some(h) = wal::decode_header(WAL_MAGIC, dev_uuid, blk) else {
-                break if blk.iter().all(|&b| b == 0) {
+                break if blk.iter().all(|&b| b == 0) || earlier_format(blk, dev_uuid) {
                     End::Plain
                 } else {
                     End::Bad(
@@ -402,7 +417,12 @@ impl Target {
             let blk = rd
                 .get(&mut self.dev, off, BLOCK as usize)
                 .map_err(|e| self.io_err("read WAL", e))?;
-            let h2 = wal::decode_header(WAL_MAGIC, dev_uuid, blk).filter(|x| {
+            let hdr = wal::decode_header(WAL_MAGIC, dev_uuid, blk);
+            if hdr.is_some_and(|x| x.seq < h) || earlier_format(blk, dev_uuid) {
+                // See the module's comment: nothing after this was flushed.
+                return Ok(());
+            }
+            let h2 = hdr.filter(|x| {
                 x.seq >= h
                     && off + x.record_bytes() <= wal_bytes
                     && x.record_bytes() <= wal_bytes / 2
