@@ -88,8 +88,9 @@ impl Dfs {
     }
 
     /// (cookie, name, node) of up to `max` entries after `cookie`, fetched
-    /// in parallel; a hard link resolved to its inode record.
-    fn readdir_nodes(
+    /// in parallel; a hard link resolved to its inode record (each node as
+    /// [`Dfs::lookup`] gives it, without the attributes' queries).
+    pub fn readdir_nodes(
         &self,
         h: &DirHandle,
         cookie: u64,

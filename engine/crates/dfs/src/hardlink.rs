@@ -156,8 +156,13 @@ impl Dfs {
                 format!("{:?} is a directory: no hard links", show(&node.name)),
             ));
         }
-        let _g = self.lock(&[(node.parent, &node.name), (newparent.oid(), newname)]);
+        let g = self.lock(&[(node.parent, &node.name), (newparent.oid(), newname)]);
         let n = retry_changed(|| self.link_once(node, newparent.oid(), newname))?;
+        // touch_dir takes the lock of the directory's own entry, which may
+        // share a stripe with the ones held: never while holding them (a
+        // daemon hung in `git clone --local` that way, one link in a few
+        // hundred).
+        drop(g);
         self.touch_dir(newparent);
         Ok(n)
     }

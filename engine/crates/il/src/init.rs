@@ -33,11 +33,13 @@ extern "C" fn fork_prepare() {
     std::mem::forget(NSS.lock());
     crate::cache::lock_for_fork();
     crate::nsops::lock_for_fork();
+    crate::dirs::lock_for_fork();
 }
 
 extern "C" fn fork_parent() {
     // SAFETY: locked by fork_prepare in this thread.
     unsafe {
+        crate::dirs::unlock_after_fork();
         crate::nsops::unlock_after_fork();
         crate::cache::unlock_after_fork();
         NSS.force_unlock();
@@ -52,6 +54,7 @@ extern "C" fn fork_child() {
     // SAFETY: locked by fork_prepare in the thread that forked (this one).
     // MAPPED is kept: the child inherits the parent's mappings.
     unsafe {
+        crate::dirs::unlock_after_fork();
         crate::nsops::unlock_after_fork();
         crate::cache::unlock_after_fork();
         NSS.force_unlock();

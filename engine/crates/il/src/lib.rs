@@ -262,6 +262,7 @@ mod real;
 
 mod cache;
 mod convert;
+mod dirs;
 mod fd;
 mod handle;
 mod init;

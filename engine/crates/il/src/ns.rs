@@ -234,10 +234,13 @@ fn handle_of(p: &[u8]) -> Option<Handle> {
     let mut b = [0u8; HANDLE_SIZE];
     // SAFETY: the ioctl writes HANDLE_SIZE bytes into b.
     let r = unsafe { ioctl_raw(fd, IOC_GET_HANDLE, b.as_mut_ptr() as *mut c_void) };
+    let h = (r == 0).then(|| Handle::parse(&b)).flatten();
+    if let Some(h) = &h {
+        // The container is opened through the daemon, on an open file of
+        // it: this one, while it is open.
+        crate::table::daemon::prime(fd, h, crate::table::is_open(h));
+    }
     // SAFETY: our own descriptor.
     unsafe { libc::syscall(libc::SYS_close, fd) };
-    if r != 0 {
-        return None;
-    }
-    Handle::parse(&b)
+    h
 }

@@ -103,6 +103,8 @@ pub(crate) unsafe fn open_at(
         || flags & !FLAGS_SERVED != 0
         || acc == libc::O_ACCMODE
         || (flags & libc::O_TRUNC != 0 && acc == libc::O_RDONLY)
+        // Read-write opens go to the kernel, created or not (below).
+        || acc == libc::O_RDWR
     {
         return None;
     }
@@ -120,7 +122,16 @@ pub(crate) unsafe fn open_at(
                 return W::Fall;
             }
             let dir = at.dir();
-            match w!(lookup(&ns, dir, name)) {
+            // A write-only create of a name not cached inserts at once:
+            // the insert is conditional on the name being free, so a new
+            // file costs one round trip, not a lookup and an insert.
+            let cached = cache::dent(ns.key(), dir.oid(), name);
+            let found = if cached.is_some() || flags & libc::O_CREAT == 0 {
+                w!(lookup(&ns, dir, name))
+            } else {
+                None
+            };
+            match found {
                 Some(n) => {
                     if flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0 {
                         return W::Err(libc::EEXIST);
@@ -141,13 +152,12 @@ pub(crate) unsafe fn open_at(
                     W::Ok((n, false))
                 }
                 None if flags & libc::O_CREAT == 0 => W::Err(libc::ENOENT),
-                // Read-write creates go to the kernel: with two sqlite3
+                // (Read-write creates go to the kernel: with two sqlite3
                 // processes writing one WAL database at once, runs where
                 // both the -wal and -shm files were made through
                 // placeholders lost a transaction about one time in two
                 // (il.rs, mmap_is_coherent_with_the_library); not
-                // understood yet, so not served.
-                None if acc == libc::O_RDWR => W::Fall,
+                // understood yet, so not served.)
                 None => {
                     let Some(mask) = current_umask() else {
                         return W::Fall;
@@ -163,7 +173,9 @@ pub(crate) unsafe fn open_at(
                             born(&n);
                             W::Ok((n, true))
                         }
-                        // Made by someone else meanwhile: the kernel opens it.
+                        // There already (not looked up), or made by someone
+                        // else meanwhile: without O_EXCL the kernel opens it
+                        // (existing files are written on the kernel path).
                         Err(e) if -e.code == libc::EEXIST && flags & libc::O_EXCL == 0 => W::Fall,
                         Err(e) => W::Err(changed_err(&e)),
                     }

@@ -173,6 +173,24 @@ real!(
 );
 real!(r_unlink, "unlink", PathFn);
 real!(r_rmdir, "rmdir", PathFn);
+
+type OpendirFn = unsafe extern "C" fn(*const c_char) -> *mut libc::DIR;
+type ReaddirFn = unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64;
+type ReaddirRFn =
+    unsafe extern "C" fn(*mut libc::DIR, *mut libc::dirent64, *mut *mut libc::dirent64) -> c_int;
+type DirFn = unsafe extern "C" fn(*mut libc::DIR) -> c_int;
+type RewinddirFn = unsafe extern "C" fn(*mut libc::DIR);
+type TelldirFn = unsafe extern "C" fn(*mut libc::DIR) -> libc::c_long;
+type SeekdirFn = unsafe extern "C" fn(*mut libc::DIR, libc::c_long);
+real!(r_opendir, "opendir", OpendirFn);
+real!(r_readdir, "readdir", ReaddirFn);
+real!(r_readdir64, "readdir64", ReaddirFn);
+real!(r_readdir_r, "readdir_r", ReaddirRFn);
+real!(r_readdir64_r, "readdir64_r", ReaddirRFn);
+real!(r_closedir, "closedir", DirFn);
+real!(r_rewinddir, "rewinddir", RewinddirFn);
+real!(r_telldir, "telldir", TelldirFn);
+real!(r_seekdir, "seekdir", SeekdirFn);
 real!(
     r_unlinkat,
     "unlinkat",

@@ -124,6 +124,8 @@ pub(crate) enum C {
     Renames,
     PathOpens,
     PathCreates,
+    /// Directory entries listed by the library.
+    Readdirs,
     /// Path calls into a Peregrine mount handed to the kernel.
     PathFallbacks,
     N,
@@ -159,7 +161,7 @@ pub(crate) extern "C" fn report() {
         "peregrine-il[{}]: intercepted opens={} reads={} writes={} bytes_read={} bytes_written={} \
          seeks={} stats={} syncs={} truncates={} dups={} closes={} stdio={} invalidates={} \
          fallbacks={} mmaps={} path_stats={} path_access={} mkdirs={} unlinks={} rmdirs={} \
-         renames={} path_opens={} path_creates={} path_fallbacks={}{first_failure}\n",
+         renames={} path_opens={} path_creates={} readdirs={} path_fallbacks={}{first_failure}\n",
         std::process::id(),
         c[C::Opens as usize],
         c[C::Reads as usize],
@@ -184,6 +186,7 @@ pub(crate) extern "C" fn report() {
         c[C::Renames as usize],
         c[C::PathOpens as usize],
         c[C::PathCreates as usize],
+        c[C::Readdirs as usize],
         c[C::PathFallbacks as usize],
     );
     let fd = match REPORT_FD.load(Ordering::Relaxed) {

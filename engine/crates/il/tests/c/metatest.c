@@ -10,8 +10,12 @@
  *                   F_GETFL, O_APPEND, fork (a shared offset), exec (an
  *                   inherited descriptor), mmap and a lock on files made
  *                   in DIR; prints what each returns and the files' contents
+ *   dirs DIR...     readdir of each DIR: its entries (name, inode, type)
+ *                   sorted by name, the entry after a seekdir back to the
+ *                   middle, the count after rewinddir and with readdir_r
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -295,6 +299,68 @@ static void cmd_files(const char *dir)
 		show(names[i]);
 }
 
+struct ent {
+	char name[256];
+	unsigned long ino;
+	unsigned char type;
+};
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(((const struct ent *)a)->name, ((const struct ent *)b)->name);
+}
+
+static void cmd_dirs(int n, char **dirs)
+{
+	for (int i = 0; i < n; i++) {
+		DIR *d = opendir(dirs[i]);
+		printf("%s:\n", dirs[i]);
+		if (!d) {
+			printf("  opendir: errno %d\n", errno);
+			continue;
+		}
+		size_t cap = 64, len = 0;
+		struct ent *v = malloc(cap * sizeof(*v));
+		long mid = -1;
+		char after_mid[256] = "";
+		struct dirent *e;
+		errno = 0;
+		while ((e = readdir(d)) != NULL) {
+			if (len == cap)
+				v = realloc(v, (cap *= 2) * sizeof(*v));
+			snprintf(v[len].name, sizeof(v[len].name), "%s", e->d_name);
+			v[len].ino = e->d_ino;
+			v[len].type = e->d_type;
+			len++;
+			if (len == 150 || (mid < 0 && len == 3))
+				mid = telldir(d);
+			else if (len == 151 || (len == 4 && strcmp(after_mid, "") == 0))
+				snprintf(after_mid, sizeof(after_mid), "%s", e->d_name);
+		}
+		printf("  end: errno %d, %zu entries\n", errno, len);
+		/* The entry after the position told is the same once sought back. */
+		seekdir(d, mid);
+		e = readdir(d);
+		printf("  after seekdir: %s\n", !e ? "(end)" : strcmp(e->d_name, after_mid) == 0 ? "same" : e->d_name);
+		rewinddir(d);
+		size_t again = 0;
+		while (readdir(d))
+			again++;
+		printf("  after rewinddir: %zu\n", again);
+		rewinddir(d);
+		struct dirent buf, *out;
+		size_t with_r = 0;
+		while (readdir_r(d, &buf, &out) == 0 && out)
+			with_r++;
+		printf("  readdir_r: %zu\n", with_r);
+		printf("  closedir: %d\n", closedir(d));
+		qsort(v, len, sizeof(*v), by_name);
+		for (size_t j = 0; j < len; j++)
+			printf("  %s %lu %u\n", v[j].name, v[j].ino, v[j].type);
+		free(v);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -307,6 +373,10 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "files") == 0 && argc == 3) {
 		cmd_files(argv[2]);
+		return 0;
+	}
+	if (strcmp(argv[1], "dirs") == 0) {
+		cmd_dirs(argc - 2, argv + 2);
 		return 0;
 	}
 	if (strcmp(argv[1], "ns") == 0 && argc == 3) {

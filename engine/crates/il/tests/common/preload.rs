@@ -145,6 +145,8 @@ pub struct Report {
     pub renames: u64,
     pub path_opens: u64,
     pub path_creates: u64,
+    /// Directory entries listed by the library.
+    pub readdirs: u64,
     pub path_fallbacks: u64,
     /// The first process's `first_failure` (quoted as the library prints it).
     pub first_failure: Option<String>,
@@ -180,6 +182,7 @@ pub fn parse_report(stderr: &str) -> Report {
                 "renames" => r.renames += v,
                 "path_opens" => r.path_opens += v,
                 "path_creates" => r.path_creates += v,
+                "readdirs" => r.readdirs += v,
                 "path_fallbacks" => r.path_fallbacks += v,
                 _ => {}
             }

@@ -556,10 +556,13 @@ impl Suite {
             let mut uniq = seen.clone();
             uniq.sort();
             uniq.dedup();
-            self.check(
+            // How many of the removed names a listing still shows is up to
+            // the implementation (POSIX leaves it open): only that none
+            // shows twice is checked, not the count.
+            self.truth(
                 "readdir: no duplicates while removing",
-                uniq.len(),
-                seen.len(),
+                uniq.len() == seen.len(),
+                (uniq.len(), seen.len()),
             );
             let missing: Vec<&(String, u8)> = want
                 .iter()
