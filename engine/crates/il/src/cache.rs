@@ -6,8 +6,9 @@
 //! process's own changes through the library update or drop the entries
 //! they touch at once; writes through tracked descriptors drop the file's
 //! attributes. An entry holds a copy of its object's attributes (a
-//! directory's times, a file's mode and mtime), so dropping an object's
-//! attributes also makes its entry stale until it is read again.
+//! directory's times, a file's mode and mtime), so a change of the entry
+//! ([`entry_changed`]) also makes the cached entry stale until it is read
+//! again.
 //! `PEREGRINE_IL_CACHE_MS=0` turns the cache off.
 
 use peregrine::ObjectId;
@@ -107,12 +108,18 @@ pub(crate) fn put_attr(dev: u64, st: &Stat) {
     m.insert(st.oid, (dev, st.clone(), Instant::now()));
 }
 
-/// Forget the attributes of `oid` (in any mount), and its entry's copy of
-/// them: it changed here.
+/// Forget the attributes of `oid` (in any mount): its data changed here
+/// (a write: its entry, which the store changes only at close, stays).
 pub(crate) fn drop_attr(oid: ObjectId) {
     if let Some(m) = ATTRS.lock().as_mut() {
         m.remove(&oid);
     }
+}
+
+/// Forget the attributes of `oid` and its entry's copy of them: its entry
+/// changed (a directory's times, a file's mtime recorded at close).
+pub(crate) fn entry_changed(oid: ObjectId) {
+    drop_attr(oid);
     if let Some(g) = DENTS.lock().as_mut() {
         if g.stale.len() >= MAX_ENTRIES {
             g.map.clear();

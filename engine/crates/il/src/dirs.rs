@@ -234,21 +234,20 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
     d
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn readdir(d: *mut DIR) -> *mut dirent64 {
-    match read(d) {
-        Some(e) => e,
-        None => crate::real::r_readdir()(d),
-    }
+/// readdir and readdir64 (one `struct dirent64` on x86-64).
+macro_rules! served_readdir {
+    ($name:ident, $real:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(d: *mut DIR) -> *mut dirent64 {
+            match read(d) {
+                Some(e) => e,
+                None => crate::real::$real()(d),
+            }
+        }
+    };
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn readdir64(d: *mut DIR) -> *mut dirent64 {
-    match read(d) {
-        Some(e) => e,
-        None => crate::real::r_readdir64()(d),
-    }
-}
+served_readdir!(readdir, r_readdir);
+served_readdir!(readdir64, r_readdir64);
 
 #[no_mangle]
 pub unsafe extern "C" fn closedir(d: *mut DIR) -> c_int {
@@ -297,26 +296,21 @@ unsafe fn read_r(d: *mut DIR, ent: *mut dirent64, out: *mut *mut dirent64) -> Op
     Some(0)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn readdir_r(
-    d: *mut DIR,
-    ent: *mut dirent64,
-    out: *mut *mut dirent64,
-) -> c_int {
-    match read_r(d, ent, out) {
-        Some(r) => r,
-        None => crate::real::r_readdir_r()(d, ent, out),
-    }
+/// readdir_r and readdir64_r.
+macro_rules! served_readdir_r {
+    ($name:ident, $real:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            d: *mut DIR,
+            ent: *mut dirent64,
+            out: *mut *mut dirent64,
+        ) -> c_int {
+            match read_r(d, ent, out) {
+                Some(r) => r,
+                None => crate::real::$real()(d, ent, out),
+            }
+        }
+    };
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn readdir64_r(
-    d: *mut DIR,
-    ent: *mut dirent64,
-    out: *mut *mut dirent64,
-) -> c_int {
-    match read_r(d, ent, out) {
-        Some(r) => r,
-        None => crate::real::r_readdir64_r()(d, ent, out),
-    }
-}
+served_readdir_r!(readdir_r, r_readdir_r);
+served_readdir_r!(readdir64_r, r_readdir64_r);

@@ -247,7 +247,7 @@ unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_i
         match loc.ns.dfs.mkdir(dir, name, mode, cred.uid(), cred.gid()) {
             Ok(n) => {
                 cache::put_dent(loc.ns.key(), &n);
-                cache::drop_attr(dir.oid());
+                cache::entry_changed(dir.oid());
                 born(&n);
                 W::Ok(())
             }
@@ -289,8 +289,8 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
             loc.ns.dfs.unlink(dir, name)
         };
         cache::drop_dent(dir.oid(), name);
-        cache::drop_attr(dir.oid());
-        cache::drop_attr(n.oid());
+        cache::entry_changed(dir.oid());
+        cache::entry_changed(n.oid());
         unborn(dir.oid(), name);
         match r {
             Ok(()) => W::Ok(()),
@@ -361,7 +361,7 @@ unsafe fn rename_at(
         cache::drop_dent(sp.oid(), sname);
         cache::drop_dent(dp.oid(), dname);
         for o in [sp.oid(), dp.oid(), src.oid()] {
-            cache::drop_attr(o);
+            cache::entry_changed(o);
         }
         match r {
             Ok(()) => W::Ok(()),

@@ -169,7 +169,7 @@ pub(crate) unsafe fn open_at(
                     match ns.dfs.create(dir, name, mode, cred.uid(), cred.gid(), true) {
                         Ok((n, _)) => {
                             cache::put_dent(ns.key(), &n);
-                            cache::drop_attr(dir.oid());
+                            cache::entry_changed(dir.oid());
                             born(&n);
                             W::Ok((n, true))
                         }
@@ -351,6 +351,9 @@ pub(crate) fn record(s: &Shared, p: &Placeholder) {
         }
         e.mtime = now_ns();
         e.ctime = e.mtime;
+    }
+    if !recent {
+        cache::entry_changed(p.node.oid());
     }
     cache::put_attr(ns.key(), &ns.dfs.stat_of(&e, size));
 }

@@ -105,6 +105,8 @@ pub(crate) fn invalidate(fd: c_int, s: &Shared) {
     }
     if s.dirty.swap(false, Ordering::AcqRel) {
         count(C::Invalidates, 1);
+        // The daemon records size and mtime in the entry at close.
+        crate::cache::entry_changed(s.h.oid);
         // SAFETY: argument-less ioctl.
         if unsafe { ioctl_raw(fd, IOC_INVALIDATE, std::ptr::null_mut()) } != 0 {
             // An older daemon: at least refresh the attributes on expiry.
