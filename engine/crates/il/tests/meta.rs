@@ -39,6 +39,16 @@ fn cluster() -> Cluster {
 /// kernel's caches and of the library's (PEREGRINE_IL_CACHE_MS default).
 const TTL: Duration = Duration::from_millis(1000);
 
+/// A cluster, a mount of it and tests/c/metatest.c built outside it.
+fn with_metatest() -> (Cluster, Mount, std::path::PathBuf) {
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let tmp = c.dir.path().join("local");
+    fs::create_dir_all(&tmp).unwrap();
+    let bin = cc("metatest", &tmp);
+    (c, m, bin)
+}
+
 /// stat, lstat, fstatat, statx and access of files, directories, a
 /// symlink, a FIFO, missing names and paths through a file, through the
 /// library and on the kernel path: the same answers, field by field.
@@ -47,11 +57,7 @@ fn stat_and_access_match_the_kernel() {
     if !fuse_ok() {
         return;
     }
-    let c = cluster();
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
-    let tmp = c.dir.path().join("local");
-    fs::create_dir_all(&tmp).unwrap();
-    let bin = cc("metatest", &tmp);
+    let (_c, m, bin) = with_metatest();
     sh(
         &m.dir,
         "mkdir -p d/e/g && echo hello > d/f && printf 12345678 > d/e/big && ln -s f d/l \
@@ -107,11 +113,7 @@ fn namespace_changes_match_the_kernel() {
     if !fuse_ok() {
         return;
     }
-    let c = cluster();
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
-    let tmp = c.dir.path().join("local");
-    fs::create_dir_all(&tmp).unwrap();
-    let bin = cc("metatest", &tmp);
+    let (_c, m, bin) = with_metatest();
     // A regular file the library finds the mount's container through.
     sh(&m.dir, "echo seed > seed && mkdir k l");
     let want = sh(&m.dir, &format!("{} ns k", bin.display()));
@@ -150,11 +152,7 @@ fn listings_match_the_kernel() {
     if !fuse_ok() {
         return;
     }
-    let c = cluster();
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
-    let tmp = c.dir.path().join("local");
-    fs::create_dir_all(&tmp).unwrap();
-    let bin = cc("metatest", &tmp);
+    let (_c, m, bin) = with_metatest();
     sh(
         &m.dir,
         "mkdir -p d/sub/deeper d/empty && for i in $(seq 1 300); do echo $i > d/f$i; done \
@@ -329,11 +327,7 @@ fn opens_fork_and_exec_match_the_kernel() {
     if !fuse_ok() {
         return;
     }
-    let c = cluster();
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
-    let tmp = c.dir.path().join("local");
-    fs::create_dir_all(&tmp).unwrap();
-    let bin = cc("metatest", &tmp);
+    let (_c, m, bin) = with_metatest();
     sh(&m.dir, "echo seed > seed && mkdir k l");
     let want = sh(&m.dir, &format!("{} files k", bin.display()));
     let (got, r) = il_sh(&m.dir, &format!("{} files l", bin.display()));
