@@ -1,0 +1,403 @@
+//! The read side of a target: a fetch planned over the index, its pieces
+//! read from the device (or copied from RAM), assembled into the reply;
+//! listings, size queries and the records a reintegration copies.
+
+use super::*;
+
+impl Target {
+    /// Plan one fetch against the index: its iods, with inline bytes already
+    /// in place; device segments still to read.
+    pub(super) fn plan(&self, f: &data::FetchReq) -> Result<Vec<IodRead>, Errno> {
+        let (pool, cont, obj) = self.addr(f.addr.as_ref(), "fetch")?;
+        // Planned after every change acknowledged before the fetch was taken.
+        self.index
+            .dtx
+            .check_read("fetch", &pool, &cont, &obj, Some(&f.dkey), f.epoch)?;
+        // What the ARRAY iods ask for is bounded already (`check_request`);
+        // the SINGLE values' sizes are known once planned, before any read.
+        let mut iods = Vec::with_capacity(f.iods.len());
+        let mut total = 0u64;
+        for iod in &f.iods {
+            let kind = kind_of(iod.kind, "fetch")?;
+            let plan = self.index.plan_fetch(
+                &pool, &cont, &obj, &f.dkey, &iod.akey, kind, iod.offset, iod.len, f.epoch,
+            );
+            let mut r = IodRead {
+                fv: data::FetchedValue {
+                    status: plan.status,
+                    size: plan.size,
+                    absent: plan.absent,
+                    epoch: plan.epoch,
+                    ..Default::default()
+                },
+                has_crc: plan.has_crc,
+                stored_crc: plan.stored_crc,
+                out: Vec::new(),
+                segs: Vec::new(),
+                bad: None,
+            };
+            if plan.status == 0 {
+                r.fv.len = plan.len;
+                for s in plan.segs {
+                    match s.src {
+                        Src::Inline(b) => r.out.push((s.out_off, Piece::Bytes(b))),
+                        Src::Dev { .. } if s.len > 0 => r.segs.push(s),
+                        Src::Dev { .. } => {}
+                    }
+                }
+                total = total.saturating_add(plan.len);
+                if total > peregrine_proto::MAX_IO_BYTES {
+                    return Err(Errno::inval(format!(
+                        "fetch: dkey {:?}: its values come to more than {total} bytes, more than the limit of {} bytes per request (MAX_IO_BYTES); fetch them in several requests",
+                        show(&f.dkey),
+                        peregrine_proto::MAX_IO_BYTES
+                    )));
+                }
+            }
+            iods.push(r);
+        }
+        Ok(iods)
+    }
+
+    /// The device reads a planned batch of fetches needs: whole checksum
+    /// chunks, at most one buffer each.
+    pub(super) fn pieces(&self, plans: &[Result<Vec<IodRead>, Errno>]) -> Vec<(u64, PieceDst)> {
+        let chunk = self.chunk;
+        let mut pieces = Vec::new();
+        for (fi, p) in plans.iter().enumerate() {
+            let Ok(iods) = p else { continue };
+            for (ii, r) in iods.iter().enumerate() {
+                for (si, s) in r.segs.iter().enumerate() {
+                    let Src::Dev {
+                        ext,
+                        value_len,
+                        value_off,
+                    } = &s.src
+                    else {
+                        continue;
+                    };
+                    let start = value_off / chunk * chunk;
+                    let end = (value_off + s.len).div_ceil(chunk) * chunk;
+                    let end = end.min(*value_len);
+                    let mut ps = start;
+                    while ps < end {
+                        let pe = (ps + BUF_BYTES as u64).min(end);
+                        let dst = PieceDst {
+                            fetch: fi,
+                            iod: ii,
+                            seg: si,
+                            start: ps,
+                            len: (pe - ps) as usize,
+                        };
+                        pieces.push((self.data_off(ext.block) + ps, dst));
+                        ps = pe;
+                    }
+                }
+            }
+        }
+        pieces
+    }
+
+    /// Start the queued fetches: plan them all against the index, then
+    /// submit all their device reads at once, packed into the registered
+    /// buffers; each is verified, assembled and answered when its reads
+    /// complete. Without room in the buffers they wait for completions.
+    pub(super) fn start_fetches(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let fetches = std::mem::take(&mut self.queued);
+        let plans: Vec<Result<Vec<IodRead>, Errno>> =
+            fetches.iter().map(|(f, _, _)| self.plan(f)).collect();
+        let pieces = self.pieces(&plans);
+        let areas: Vec<Option<(usize, u64)>> = fetches
+            .iter()
+            .zip(&plans)
+            .map(|((_, _, area), p)| area.and_then(|a| self.direct_into(a, p)))
+            .collect();
+        let mut ops = Vec::with_capacity(pieces.len());
+        let mut reads = Vec::with_capacity(pieces.len());
+        for &(off, dst) in &pieces {
+            if let Some((addr, value_off)) = areas[dst.fetch] {
+                let at = addr + (dst.start - value_off) as usize;
+                let padded = dst.len.div_ceil(BLOCK as usize) * BLOCK as usize;
+                ops.push(Op::read_into(off, at, padded));
+                reads.push((dst, ReadInto::Area(at)));
+                continue;
+            }
+            let Some(r) = self.dev.region(dst.len) else {
+                release_reads(&mut self.dev, &reads);
+                if self.dev.in_flight() == 0 && self.dev.regions_idle() {
+                    // Larger than the buffers: the blocking path reads it in groups.
+                    self.fetch_sync(fetches, plans, &pieces);
+                } else {
+                    self.queued = fetches;
+                }
+                return;
+            };
+            ops.push(Op::read(off, r));
+            reads.push((dst, ReadInto::Region(r.0, r.1)));
+        }
+        self.prof.fetch_rounds += 1;
+        self.prof.fetches += fetches.len() as u64;
+        self.prof.read_pieces += pieces.len() as u64;
+        if ops.is_empty() {
+            for ((f, tx, _), p) in fetches.into_iter().zip(plans) {
+                tx.send(p.map(|iods| self.assemble(&f, iods)));
+            }
+            return;
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        if let Err(e) = self.dev.start(tag, &ops) {
+            release_reads(&mut self.dev, &reads);
+            let e = Errno::new(-libc::EIO, format!("target {}: submit reads: {e}", self.id));
+            for (_, tx, _) in fetches {
+                tx.send(Err(e.clone()));
+            }
+            return;
+        }
+        self.fetch_jobs.insert(
+            tag,
+            InFetch {
+                fetches,
+                plans,
+                pending: reads.len(),
+                reads,
+            },
+        );
+    }
+
+    /// Whether a planned fetch can be read from the device straight into
+    /// its source's area: one iod whose bytes are all of one extent,
+    /// starting on a checksum chunk (its reads are whole chunks, so they
+    /// start exactly where the bytes go), that fits the area with the
+    /// reads' padding. Returns the area's address and the value offset that
+    /// lands at its start.
+    pub(super) fn direct_into(
+        &self,
+        area: ReplyArea,
+        plan: &Result<Vec<IodRead>, Errno>,
+    ) -> Option<(usize, u64)> {
+        let Ok([r]) = plan.as_deref() else {
+            return None;
+        };
+        let [s] = r.segs.as_slice() else {
+            return None;
+        };
+        let Src::Dev {
+            value_off,
+            value_len,
+            ..
+        } = &s.src
+        else {
+            return None;
+        };
+        let whole = r.fv.status == 0 && r.out.is_empty() && s.out_off == 0 && s.len == r.fv.len;
+        let end = (value_off + s.len).div_ceil(self.chunk) * self.chunk;
+        let span = wal::round_up(end.min(*value_len) - value_off);
+        let fits = span <= area.len as u64 && area.addr.is_multiple_of(BLOCK as usize);
+        (whole && value_off.is_multiple_of(self.chunk) && fits).then_some((area.addr, *value_off))
+    }
+
+    /// Serve planned fetches with blocking reads (nothing else in flight):
+    /// for rounds larger than the registered buffers.
+    pub(super) fn fetch_sync(
+        &mut self,
+        fetches: Vec<Queued>,
+        mut plans: Vec<Result<Vec<IodRead>, Errno>>,
+        pieces: &[(u64, PieceDst)],
+    ) {
+        let (id, chunk) = (self.id, self.chunk);
+        let offs: Vec<(u64, usize)> = pieces.iter().map(|&(o, d)| (o, d.len)).collect();
+        let ring = self.dev.read_many(&offs, |k, res| {
+            let dst = pieces[k].1;
+            let bytes = res.as_ref().ok().copied();
+            if let Some((iod, at, from, len)) = absorb_piece(id, chunk, &mut plans, dst, res) {
+                let part =
+                    bytes.expect("a part of a read that succeeded")[from..from + len].to_vec();
+                if let Ok(iods) = &mut plans[dst.fetch] {
+                    iods[iod].out.push((at, Piece::Bytes(part)));
+                }
+            }
+        });
+        if let Err(e) = ring {
+            let e = Errno::new(-libc::EIO, format!("target {id}: read: {e}"));
+            for p in plans.iter_mut() {
+                *p = Err(e.clone());
+            }
+        }
+        for ((f, tx, _), p) in fetches.into_iter().zip(plans) {
+            tx.send(p.map(|iods| self.assemble(&f, iods)));
+        }
+    }
+
+    /// The reply of a fetch whose reads are done: its bytes in order, the
+    /// pieces read borrowed from the registered buffers.
+    pub(super) fn assemble(
+        &self,
+        f: &data::FetchReq,
+        iods: Vec<IodRead>,
+    ) -> (data::Response, Gather<'_>) {
+        let mut values = Vec::with_capacity(iods.len());
+        let mut bulk = Gather::default();
+        for (r, iod) in iods.into_iter().zip(&f.iods) {
+            let mut fv = r.fv;
+            if let Some(e) = r.bad {
+                tracing::error!(target = self.id, dkey = %show(&f.dkey), akey = %show(&iod.akey), "{}", e.msg);
+                fv.status = e.code;
+                fv.len = 0;
+            } else if fv.status == 0 {
+                let mut out = r.out;
+                out.sort_unstable_by_key(|(at, _)| *at);
+                let in_area = |p: &Piece| match *p {
+                    Piece::InArea(a, len) => Some(area_bytes(a, len)),
+                    _ => None,
+                };
+                if !out.is_empty() && out.iter().all(|(_, p)| in_area(p).is_some()) {
+                    // Read straight into the area (only for a fetch of one iod).
+                    if r.has_crc {
+                        fv.crc = r.stored_crc.unwrap_or_else(|| {
+                            out.iter().fold(0, |c, (_, p)| {
+                                peregrine_isal::crc32c_append(c, in_area(p).expect("in area"))
+                            })
+                        });
+                        fv.has_crc = true;
+                    }
+                    bulk = Gather::in_place(fv.len as usize);
+                    values.push(fv);
+                    continue;
+                }
+                let mut value = Gather::default();
+                let mut at = 0u64;
+                for (off, piece) in out {
+                    value.push(Cow::Owned(vec![0u8; (off - at) as usize]));
+                    let bytes = match piece {
+                        Piece::Bytes(v) => Cow::Owned(v),
+                        Piece::Region(buf, o, len) => Cow::Borrowed(self.dev.bytes(buf, o, len)),
+                        Piece::InArea(..) => unreachable!("a fetch in its area is in it whole"),
+                    };
+                    at = off + bytes.len() as u64;
+                    value.push(bytes);
+                }
+                value.push(Cow::Owned(vec![0u8; (fv.len - at) as usize]));
+                // Only values written with a checksum are returned with one.
+                if r.has_crc {
+                    fv.crc = r.stored_crc.unwrap_or_else(|| value.crc32c());
+                    fv.has_crc = true;
+                }
+                bulk.append(value);
+            }
+            values.push(fv);
+        }
+        (
+            ok_response(Some(data::response::Body::Fetch(data::FetchResp {
+                values,
+            }))),
+            bulk,
+        )
+    }
+
+    pub(super) fn list(&mut self, l: data::ListReq) -> Reply {
+        let (pool, cont, obj) = self.addr(l.addr.as_ref(), "list")?;
+        let dkey = (!l.dkey.is_empty()).then_some(l.dkey.as_slice());
+        self.index
+            .dtx
+            .check_read("list", &pool, &cont, &obj, dkey, l.epoch)?;
+        let max = if l.max == 0 {
+            DEFAULT_LIST_MAX
+        } else {
+            l.max as usize
+        };
+        let (keys, done) = self
+            .index
+            .list(&pool, &cont, &obj, &l.dkey, &l.anchor, max, l.epoch);
+        let anchor = keys.last().cloned().unwrap_or(l.anchor);
+        Ok((
+            ok_response(Some(data::response::Body::List(data::ListResp {
+                keys,
+                anchor,
+                done,
+            }))),
+            Vec::new(),
+        ))
+    }
+
+    pub(super) fn query_size(&mut self, q: data::QuerySizeReq) -> Reply {
+        let (pool, cont, obj) = self.addr(q.addr.as_ref(), "query size")?;
+        self.index
+            .dtx
+            .check_read("query size", &pool, &cont, &obj, Some(&q.dkey), q.epoch)?;
+        let (size, absent) = self
+            .index
+            .query_size(&pool, &cont, &obj, &q.dkey, &q.akey, q.epoch);
+        Ok((
+            ok_response(Some(data::response::Body::Size(data::QuerySizeResp {
+                size,
+                absent,
+            }))),
+            Vec::new(),
+        ))
+    }
+
+    pub(super) fn list_changed(&mut self, l: data::ListChangedReq) -> Reply {
+        const OP: &str = "list changed";
+        let pool = self.pool_addr(l.addr.as_ref(), OP)?;
+        let anchor = match &l.anchor {
+            None => None,
+            Some(k) => {
+                let cont = peregrine_proto::uuid_from_bytes("anchor cont", &k.cont)
+                    .map_err(|e| Errno::inval(format!("{OP}: {e}")))?;
+                let oid = k
+                    .oid
+                    .as_ref()
+                    .ok_or_else(|| Errno::inval(format!("{OP}: anchor without object id")))?;
+                let obj = ObjKey {
+                    hi: oid.hi,
+                    lo: oid.lo,
+                    shard: k.shard,
+                };
+                Some((cont, obj, k.dkey.clone()))
+            }
+        };
+        let (keys, done) = self
+            .index
+            .list_changed(&pool, l.since, anchor.as_ref(), l.max as usize);
+        let keys = keys
+            .into_iter()
+            .map(|(cont, obj, dkey)| data::ChangedKey {
+                cont: cont.as_bytes().to_vec(),
+                oid: Some(data::ObjectId {
+                    hi: obj.hi,
+                    lo: obj.lo,
+                }),
+                shard: obj.shard,
+                dkey,
+            })
+            .collect();
+        Ok((
+            ok_response(Some(data::response::Body::Changed(data::ListChangedResp {
+                keys,
+                done,
+            }))),
+            Vec::new(),
+        ))
+    }
+
+    pub(super) fn list_records(&mut self, l: data::ListRecordsReq) -> Reply {
+        let (pool, cont, obj) = self.addr(l.addr.as_ref(), "list records")?;
+        let r = peregrine_proto::EPOCH_LATEST;
+        self.index
+            .dtx
+            .check_read("list records", &pool, &cont, &obj, Some(&l.dkey), r)?;
+        let records = self
+            .index
+            .list_records(&pool, &cont, &obj, &l.dkey, l.since)?;
+        Ok((
+            ok_response(Some(data::response::Body::Records(data::ListRecordsResp {
+                records,
+            }))),
+            Vec::new(),
+        ))
+    }
+}
