@@ -27,8 +27,8 @@
 use crate::error::{Error, Result};
 use crate::object::Object;
 use crate::placement::{PoolMap, ShardLoc};
+use crate::sync::{Condvar, Mutex};
 use crate::Transport;
-use parking_lot::{Condvar, Mutex};
 use peregrine_proto::data::{self, response::Body, Dtx, DtxDecideReq, DtxId, DtxShard};
 use peregrine_proto::frame::Opcode;
 use prost::Message;

@@ -6,7 +6,7 @@
 use crate::error::{fmt_key, Error, Result};
 use crate::object::{combine, par_map, size_akey, Object, STRIPE_LOCKS};
 use crate::placement::{self, Group, PoolMap, ShardLoc};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use peregrine_proto::data::{Iod, ValueKind};
 use peregrine_proto::oclass::EC_CELL_SIZE;
 use peregrine_proto::{ObjectId, EPOCH_LATEST};
@@ -30,7 +30,7 @@ impl Object {
         akey: &[u8],
         s0: u64,
         s1: u64,
-    ) -> Vec<parking_lot::MutexGuard<'static, ()>> {
+    ) -> Vec<crate::sync::MutexGuard<'static, ()>> {
         static LOCKS: OnceLock<Vec<Mutex<()>>> = OnceLock::new();
         let locks = LOCKS.get_or_init(|| (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect());
         let base = placement::mix64(

@@ -40,6 +40,7 @@ pub mod pool;
 mod read;
 pub mod reintegrate;
 pub mod shm;
+pub mod sync;
 /// Test-only: an in-process fake engine cluster, out of the shipped library
 /// (feature `testkit`, which the crate's own tests enable).
 #[cfg(any(test, feature = "testkit"))]

@@ -63,7 +63,7 @@ use crate::container::Container;
 use crate::error::{fmt_key, Error, Result};
 use crate::hlc;
 use crate::placement::{self, Group, PoolMap, ShardLoc};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use peregrine_isal::{crc32c_append, ReedSolomon};
 use peregrine_proto::data::{self, response::Body, FlushReq, Iod, PunchReq, UpdateReq, ValueKind};
 use peregrine_proto::frame::Opcode;

@@ -4,7 +4,7 @@ use crate::client::Client;
 use crate::container::Container;
 use crate::error::{Error, Result};
 use crate::placement::PoolMap;
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 use peregrine_proto::mgmt::{self, ContQueryReq, PoolConnectReq};
 use std::sync::Arc;
 use uuid::Uuid;

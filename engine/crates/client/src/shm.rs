@@ -15,8 +15,8 @@
 //! socket and target, like [`crate::TcpTransport`].
 
 use crate::error::{Error, Result};
+use crate::sync::Mutex;
 use crate::transport::{Reply, Transport};
-use parking_lot::Mutex;
 use peregrine_isal::crc32c_append;
 use peregrine_proto::frame::{Header, Opcode, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 pub use peregrine_proto::shm::REGION_LEN;

@@ -13,7 +13,7 @@
 #![allow(clippy::result_large_err)]
 
 use crate::hlc;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use peregrine_isal::crc32c;
 use peregrine_proto::data::{
     self, response::Body, FetchResp, FetchedValue, ListResp, QuerySizeResp, ValueKind,

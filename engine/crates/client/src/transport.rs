@@ -12,7 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::shm::{ShmError, ShmTransport};
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use peregrine_proto::frame::{self, FrameError, Opcode, FLAG_RESPONSE};
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};

@@ -8,7 +8,7 @@ use crate::times::Touch;
 use crate::{
     err, now_ns, show, Entry, File, Node, SetAttr, Stat, StatFs, COUNT_DKEY, INODE, LOCKS, NAME_MAX,
 };
-use parking_lot::{Mutex, MutexGuard};
+use peregrine::sync::{Mutex, MutexGuard};
 use peregrine::{Container, Error, Expect, Object, ObjectClass, ObjectId, Result, Transaction};
 use peregrine_proto::mgmt::{ContQueryReq, PoolQueryReq};
 use std::collections::HashMap;

@@ -2,7 +2,7 @@
 //! (see "Link counts" in the crate docs).
 
 use crate::{now_ns, show, Dfs, Node, COUNT_DKEY, COUNT_LOCK_LEASE_NS, SUBDIRS, SUBDIRS_LOCK};
-use parking_lot::{Condvar, Mutex};
+use peregrine::sync::{Condvar, Mutex};
 use peregrine::{Object, ObjectId, Result};
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use crate::{
     err, now_ns, Dfs, Entry, Node, DEFAULT_CHUNK_SIZE, INODE, LAYOUT_VERSION, LOCKS, ROOT_NAME,
     SB_DKEY, SB_LAYOUT, SB_MAGIC,
 };
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 use peregrine::{Container, Error, ObjectClass, ObjectId, Result};
 use peregrine_proto::oclass::ALL_CLASSES;
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 
 use crate::dfs::retry_changed;
 use crate::{now_ns, Dfs, Node};
-use parking_lot::{Condvar, Mutex};
+use peregrine::sync::{Condvar, Mutex};
 use peregrine::{ObjectId, Result};
 use std::sync::Arc;
 

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 
 /// More entries than this: start over (a cache, not a copy of the namespace).
 const MAX_ENTRIES: usize = 65536;
@@ -144,13 +144,7 @@ pub(crate) fn clear() {
 }
 
 /// fork: hold both caches across it (prepare), release them after.
-pub(crate) fn lock_for_fork() {
-    std::mem::forget(DENTS.lock());
-    std::mem::forget(ATTRS.lock());
-}
-
-/// SAFETY: only after [`lock_for_fork`] in this thread.
-pub(crate) unsafe fn unlock_after_fork() {
-    ATTRS.force_unlock();
-    DENTS.force_unlock();
+pub(crate) fn hold_across_fork() {
+    DENTS.hold_across_fork();
+    ATTRS.hold_across_fork();
 }

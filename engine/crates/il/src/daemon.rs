@@ -10,8 +10,8 @@
 use crate::handle::Handle;
 use crate::real::ioctl_raw;
 use libc::{c_int, c_ulong, c_void};
-use parking_lot::Mutex;
 use peregrine::handoff;
+use peregrine::sync::Mutex;
 use peregrine::{Error, Result};
 
 type ContKey = ([u8; 16], [u8; 16]);

@@ -17,7 +17,7 @@ use crate::stat::ino_of;
 use crate::table::guarded;
 use crate::walk::{locate, resolve, Cred, W};
 use libc::{c_char, c_int, c_long, dirent64, DIR};
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 use peregrine_dfs::{DirHandle, Node};
 use std::collections::HashMap;
 
@@ -211,13 +211,8 @@ fn forget(d: *mut DIR) {
 }
 
 /// fork: hold the table across it.
-pub(crate) fn lock_for_fork() {
-    std::mem::forget(DIRS.lock());
-}
-
-/// SAFETY: only after [`lock_for_fork`] in this thread.
-pub(crate) unsafe fn unlock_after_fork() {
-    DIRS.force_unlock();
+pub(crate) fn hold_across_fork() {
+    DIRS.hold_across_fork();
 }
 
 // ------------------------------------------------------------ interposers

@@ -26,43 +26,24 @@ extern "C" fn fork_prepare() {
     // execs (a conversion in the child would give it a file of its own).
     crate::place::convert_all(true);
     // Hold the tables across fork so the child gets them consistent.
-    std::mem::forget(FDS.write());
-    std::mem::forget(CONTS.lock());
-    std::mem::forget(MOUNTS.lock());
-    std::mem::forget(MAPPED.lock());
-    std::mem::forget(NSS.lock());
-    crate::cache::lock_for_fork();
-    crate::nsops::lock_for_fork();
-    crate::dirs::lock_for_fork();
+    FDS.hold_across_fork();
+    CONTS.hold_across_fork();
+    MOUNTS.hold_across_fork();
+    MAPPED.hold_across_fork();
+    NSS.hold_across_fork();
+    crate::cache::hold_across_fork();
+    crate::nsops::hold_across_fork();
+    crate::dirs::hold_across_fork();
 }
 
 extern "C" fn fork_parent() {
-    // SAFETY: locked by fork_prepare in this thread.
-    unsafe {
-        crate::dirs::unlock_after_fork();
-        crate::nsops::unlock_after_fork();
-        crate::cache::unlock_after_fork();
-        NSS.force_unlock();
-        MAPPED.force_unlock();
-        MOUNTS.force_unlock();
-        CONTS.force_unlock();
-        FDS.force_unlock_write();
-    }
+    peregrine::sync::release_held();
 }
 
 extern "C" fn fork_child() {
-    // SAFETY: locked by fork_prepare in the thread that forked (this one).
+    // Held by fork_prepare in the thread that forked (this one).
     // MAPPED is kept: the child inherits the parent's mappings.
-    unsafe {
-        crate::dirs::unlock_after_fork();
-        crate::nsops::unlock_after_fork();
-        crate::cache::unlock_after_fork();
-        NSS.force_unlock();
-        MAPPED.force_unlock();
-        MOUNTS.force_unlock();
-        CONTS.force_unlock();
-        FDS.force_unlock_write();
-    }
+    peregrine::sync::release_held();
     // Connections belong to the parent: leak them (dropping could touch
     // locks held by the parent's other threads, or their sockets).
     std::mem::forget(std::mem::take(&mut *CONTS.lock()));

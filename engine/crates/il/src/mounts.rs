@@ -7,7 +7,7 @@
 
 use crate::real::{r_close, r_open, r_read};
 use libc::{c_int, c_void};
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 
 /// One `fuse.peregrine` mount.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::real::ioctl_raw;
 use crate::report::note_failure;
 use crate::table::{container, err_of};
 use libc::{c_int, c_void};
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 use peregrine::ObjectId;
 use peregrine_dfs::Dfs;
 use std::sync::Arc;

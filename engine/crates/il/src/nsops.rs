@@ -29,7 +29,7 @@ use crate::stat::{answer, ino_of};
 use crate::table::{guarded, FDS, MAPPED};
 use crate::walk::{locate, lookup, posix, w, walk_parent, Cred, Loc, W};
 use libc::{c_char, c_int, c_uint};
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 use peregrine::{Error, ObjectId};
 use peregrine_dfs::Node;
 use std::collections::HashMap;
@@ -92,15 +92,9 @@ pub(crate) fn unborn(parent: ObjectId, name: &[u8]) {
 }
 
 /// fork: hold the set across it.
-pub(crate) fn lock_for_fork() {
-    std::mem::forget(BORN.lock());
-    std::mem::forget(SEEN.lock());
-}
-
-/// SAFETY: only after [`lock_for_fork`] in this thread.
-pub(crate) unsafe fn unlock_after_fork() {
-    SEEN.force_unlock();
-    BORN.force_unlock();
+pub(crate) fn hold_across_fork() {
+    BORN.hold_across_fork();
+    SEEN.hold_across_fork();
 }
 
 /// The process's umask (u32::MAX: not read yet).

@@ -34,7 +34,7 @@ use crate::stat::ino_of;
 use crate::table::{err_of, guarded, insert, Shared, FDS, MAPPED};
 use crate::walk::{locate, lookup, posix, w, walk_parent, Cred, W};
 use libc::{c_char, c_int};
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 use peregrine_dfs::{now_ns, File, Node, Stat, DIR_TIME_TICK_NS};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use crate::handle::Handle;
 use crate::real::set_errno;
 use crate::report::{enabled, env_on, note_failure, Busy};
 use libc::c_int;
-use parking_lot::{Mutex, RwLock};
+use peregrine::sync::{Mutex, RwLock};
 use peregrine_dfs::File;
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};

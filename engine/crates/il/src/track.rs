@@ -7,7 +7,7 @@ use crate::real::{ioctl_raw, r_fcntl};
 use crate::report::{count, enabled, note_failure, Busy, C};
 use crate::table::{insert, remove, Key, Shared, MAPPED};
 use libc::{c_int, c_void};
-use parking_lot::Mutex;
+use peregrine::sync::Mutex;
 use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -575,3 +575,62 @@ fn mmap_is_coherent_with_the_library() {
     assert!(mmaps >= 5, "the -shm file was mapped {mmaps} times");
     assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
 }
+
+/// A process with a connection forks again and again, and each child
+/// writes through the library at once (as bash's command substitutions and
+/// Python's worker pools do): each child connects on its own, starts its
+/// own commit thread while the parent's waits, writes, exits and reports;
+/// every one finishes within the bound and its file reads back on the
+/// kernel path. (The hang this guards against, in the locks themselves, is
+/// pinned down by peregrine-client's tests/fork.rs.)
+#[test]
+fn children_forked_with_a_connection_open_write_and_exit() {
+    if !Path::new("/dev/fuse").exists() || !have("python3") {
+        eprintln!("SKIP: needs /dev/fuse and python3");
+        return;
+    }
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        128,
+        "SX",
+        "crc32c",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    const CHILDREN: usize = 100;
+    let py = format!(
+        r#"
+import os, sys, time
+with open("seed", "w") as f: f.write("parent")
+for i in range({CHILDREN}):
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open("c%d" % i, os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, b"child %d" % i)
+        os.close(fd)
+        sys.exit(0)
+    t0 = time.monotonic()
+    while os.waitpid(pid, os.WNOHANG)[0] == 0:
+        if time.monotonic() - t0 > 30:
+            print("child", i, "hung"); sys.stdout.flush()
+            os.kill(pid, 9); os.waitpid(pid, 0); sys.exit(1)
+        time.sleep(0.001)
+print("done")
+"#
+    );
+    let script = c.dir.path().join("forks.py");
+    fs::write(&script, py).unwrap();
+    let (out, r) = il_sh(&m.dir, &format!("python3 {}", script.display()));
+    assert_eq!(out, "done\n");
+    assert!(
+        r.opens as usize > CHILDREN,
+        "each child wrote through the library: {r:?}"
+    );
+    let got = sh(&m.dir, "for i in $(seq 0 99); do cat c$i; echo; done");
+    let want: String = (0..CHILDREN).map(|i| format!("child {i}\n")).collect();
+    assert_eq!(got, want);
+}
