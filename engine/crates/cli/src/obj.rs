@@ -47,18 +47,23 @@ fn client_err(e: peregrine::Error) -> anyhow::Error {
 /// commands (and no command context), so scripts see one form.
 fn connect(svc: &Service) -> Result<Client> {
     let mgmt = svc.addr;
-    Client::connect(mgmt, svc.security).map_err(|e| {
-        let reason = if e.msg.contains("Connection refused") {
-            "connection refused".to_string()
-        } else if e.code == -libc::ETIMEDOUT {
-            "timed out".to_string()
-        } else {
-            e.msg
-                .trim_start_matches(&format!("management service {mgmt}: "))
-                .to_string()
-        };
-        anyhow!("cannot reach management service at {mgmt}: {reason}")
-    })
+    // The command's environment, read here once: the transport
+    // (`PEREGRINE_TRANSPORT`) and its shared-memory settings.
+    let shm = peregrine::shm::ShmConfig::default().with_vars(|k| std::env::var(k).ok());
+    peregrine::TransportKind::from_env()
+        .and_then(|kind| Client::connect_with_shm(mgmt, svc.security, kind, shm))
+        .map_err(|e| {
+            let reason = if e.msg.contains("Connection refused") {
+                "connection refused".to_string()
+            } else if e.code == -libc::ETIMEDOUT {
+                "timed out".to_string()
+            } else {
+                e.msg
+                    .trim_start_matches(&format!("management service {mgmt}: "))
+                    .to_string()
+            };
+            anyhow!("cannot reach management service at {mgmt}: {reason}")
+        })
 }
 
 /// Open the object; the client's messages already name the pool or container.

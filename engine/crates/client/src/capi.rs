@@ -158,12 +158,20 @@ pub unsafe extern "C" fn prg_connect(
         if out_client.is_null() {
             return Err(null("out"));
         }
-        out(
-            out_client,
-            PrgClient(Client::connect(addr, &env_security()?)?),
-            "out",
-        )
+        let kind = crate::TransportKind::from_env()?;
+        let client = Client::connect_with_shm(addr, &env_security()?, kind, env_shm())?;
+        out(out_client, PrgClient(client), "out")
     })
+}
+
+/// The shared-memory settings of C callers: the defaults with
+/// `PEREGRINE_SHM_SPIN_US` and `PEREGRINE_SHM_DIRECT` (see
+/// [`crate::shm::ShmConfig::with_vars`]), read at the first connect of the
+/// process.
+fn env_shm() -> crate::shm::ShmConfig {
+    static SHM: std::sync::OnceLock<crate::shm::ShmConfig> = std::sync::OnceLock::new();
+    SHM.get_or_init(|| crate::shm::ShmConfig::default().with_vars(|k| std::env::var(k).ok()))
+        .clone()
 }
 
 /// The control plane's security of C callers: `PEREGRINE_TLS_DIR` (a

@@ -6,10 +6,16 @@ use crate::mgmt::Mgmt;
 use crate::object::RETRY_WINDOW;
 use crate::placement::PoolMap;
 use crate::pool::Pool;
+use crate::shm::{ShmConfig, ShmTransport};
 use crate::tls::Security;
-use crate::transport::{MultiTransport, Transport, TransportKind};
+use crate::transport::{MultiTransport, TcpTransport, Transport, TransportKind};
 use peregrine_proto::mgmt::PoolConnectReq;
 use std::sync::Arc;
+
+/// The data-plane transport of a [`Client`] made with `kind` and `shm`.
+fn multi(kind: TransportKind, shm: ShmConfig) -> MultiTransport {
+    MultiTransport::with(kind, TcpTransport::default(), ShmTransport::new(shm))
+}
 
 struct ClientInner {
     mgmt: Mgmt,
@@ -43,7 +49,19 @@ impl Client {
         security: &Security,
         kind: TransportKind,
     ) -> Result<Client> {
-        Self::connect_with(mgmt_addr, security, Arc::new(MultiTransport::new(kind)))
+        Self::connect_with_shm(mgmt_addr, security, kind, ShmConfig::default())
+    }
+
+    /// Like [`Client::connect_with_transport`] with the shared-memory
+    /// transport's settings given: programs fill them from their
+    /// environment ([`ShmConfig::with_vars`]); the library reads none.
+    pub fn connect_with_shm(
+        mgmt_addr: &str,
+        security: &Security,
+        kind: TransportKind,
+        shm: ShmConfig,
+    ) -> Result<Client> {
+        Self::connect_with(mgmt_addr, security, Arc::new(multi(kind, shm)))
     }
 
     /// Like [`Client::connect`] with a chosen data-plane transport.
@@ -66,7 +84,18 @@ impl Client {
         source: Arc<dyn crate::mgmt::ControlSource>,
         kind: TransportKind,
     ) -> Client {
-        Self::with_mgmt(Mgmt::via(name, source), Arc::new(MultiTransport::new(kind)))
+        Self::connect_via_with_shm(name, source, kind, ShmConfig::default())
+    }
+
+    /// Like [`Client::connect_via`] with the shared-memory transport's
+    /// settings given (see [`Client::connect_with_shm`]).
+    pub fn connect_via_with_shm(
+        name: &str,
+        source: Arc<dyn crate::mgmt::ControlSource>,
+        kind: TransportKind,
+        shm: ShmConfig,
+    ) -> Client {
+        Self::with_mgmt(Mgmt::via(name, source), Arc::new(multi(kind, shm)))
     }
 
     fn with_mgmt(mgmt: Mgmt, transport: Arc<dyn Transport>) -> Client {

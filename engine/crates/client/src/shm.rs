@@ -9,7 +9,7 @@
 //! eventfd only if it sleeps) and writes the response frame into the
 //! response region: bulk data crosses once each way through memory the two
 //! processes share, never through a socket. The caller polls for the reply
-//! for up to `PEREGRINE_SHM_SPIN_US` (one polling thread per process at a
+//! for up to [`ShmConfig::spin`] (one polling thread per process at a
 //! time), then sleeps on the socket. One request is in flight per
 //! connection; [`ShmTransport`] keeps a pool of idle connections per engine
 //! socket and target, like [`crate::TcpTransport`].
@@ -29,9 +29,15 @@ use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Default of `PEREGRINE_SHM_SPIN_US`: how long a call polls for its reply
+/// Default of [`ShmConfig::spin`]: how long a call polls for its reply
 /// before it sleeps (about a device read and the target's work around it).
-const SPIN_US: u64 = 200;
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+/// Environment variable programs (not this library) read into
+/// [`ShmConfig::spin`], in microseconds: see [`ShmConfig::with_vars`].
+pub const SPIN_ENV: &str = "PEREGRINE_SHM_SPIN_US";
+/// Environment variable programs read into [`ShmConfig::direct_reads`]
+/// (`0`: off): see [`ShmConfig::with_vars`].
+pub const DIRECT_ENV: &str = "PEREGRINE_SHM_DIRECT";
 /// Calls moving at most this many bytes each way are small: their reply
 /// comes within the polling budget, so every such call polls.
 const SMALL_CALL: usize = 64 << 10;
@@ -42,16 +48,6 @@ const CRC_STEP: usize = 64 << 10;
 /// and polling threads would take the cores from the engine's copies).
 const MAX_LARGE_SPINNERS: usize = 1;
 static LARGE_SPINNERS: AtomicUsize = AtomicUsize::new(0);
-
-fn spin_budget() -> Duration {
-    static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    Duration::from_micros(*C.get_or_init(|| {
-        std::env::var("PEREGRINE_SHM_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(SPIN_US)
-    }))
-}
 
 #[derive(Clone, Debug)]
 pub struct ShmConfig {
@@ -66,19 +62,43 @@ pub struct ShmConfig {
     /// Size of each of the two regions.
     pub region_len: u64,
     /// Let the engine read large update values straight from the caller's
-    /// memory when it can (`PEREGRINE_SHM_DIRECT=0` turns it off).
+    /// memory when it can (programs turn it off with `PEREGRINE_SHM_DIRECT=0`).
     pub direct_reads: bool,
+    /// How long a call polls for its reply before it sleeps on the socket
+    /// (zero: sleeps at once); a large call polls only if no other thread
+    /// of the process does. Programs set it from `PEREGRINE_SHM_SPIN_US`.
+    pub spin: Duration,
 }
 
 impl Default for ShmConfig {
+    /// The defaults; reads no environment (programs add it with
+    /// [`ShmConfig::with_vars`]).
     fn default() -> Self {
         ShmConfig {
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(30),
             max_idle: 32,
             region_len: REGION_LEN,
-            direct_reads: std::env::var("PEREGRINE_SHM_DIRECT").map_or(true, |v| v != "0"),
+            direct_reads: true,
+            spin: DEFAULT_SPIN,
         }
+    }
+}
+
+impl ShmConfig {
+    /// These settings with the ones a program's environment gives:
+    /// [`SPIN_ENV`] (microseconds; a value that does not parse is ignored)
+    /// and [`DIRECT_ENV`] (`0` turns direct reads off). `var` looks one
+    /// up: the programs' start-ups (the C ABI, the interception library,
+    /// the FUSE daemon, the CLI) pass the process environment, once.
+    pub fn with_vars(mut self, var: impl Fn(&str) -> Option<String>) -> Self {
+        if let Some(us) = var(SPIN_ENV).and_then(|v| v.parse().ok()) {
+            self.spin = Duration::from_micros(us);
+        }
+        if var(DIRECT_ENV).is_some_and(|v| v == "0") {
+            self.direct_reads = false;
+        }
+        self
     }
 }
 
@@ -96,6 +116,8 @@ pub struct ShmConn {
     /// this process (the one that connected: not a forked child, whose
     /// addresses the engine would read in the parent).
     direct: Option<u32>,
+    /// How long a call polls for its reply ([`ShmConfig::spin`]).
+    spin: Duration,
     /// The hello's probe word: the engine reads it again with every direct
     /// read (a process that exec'd since would not hold it), so it lives as
     /// long as the connection.
@@ -221,6 +243,7 @@ pub fn connect(
         target_page,
         engine_addr,
         direct: (cfg.direct_reads && flags & wire::ACK_CMA != 0).then(std::process::id),
+        spin: cfg.spin,
         _nonce: nonce,
     })
 }
@@ -243,7 +266,7 @@ impl ShmConn {
         let state = self.word(wire::RESP_STATE)?;
         let poll = small || LARGE_SPINNERS.fetch_add(1, Ordering::AcqRel) < MAX_LARGE_SPINNERS;
         if poll {
-            let (t, budget) = (Instant::now(), spin_budget());
+            let (t, budget) = (Instant::now(), self.spin);
             while state.load(Ordering::Acquire) != wire::RESP_DONE && t.elapsed() < budget {
                 // Give the core away if anything else (the target itself) wants it.
                 std::thread::yield_now();
@@ -502,5 +525,35 @@ impl Transport for ShmTransport {
     ) -> Result<Reply> {
         self.try_call(endpoint, None, target, op, msg, bulk, None)
             .map_err(Error::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_program_variables() {
+        let d = ShmConfig::default();
+        assert_eq!((d.spin, d.direct_reads), (DEFAULT_SPIN, true));
+        assert_eq!(DEFAULT_SPIN, Duration::from_micros(200));
+        let c = ShmConfig::default().with_vars(|_| None);
+        assert_eq!((c.spin, c.direct_reads), (DEFAULT_SPIN, true));
+        let c = ShmConfig::default().with_vars(|k| match k {
+            SPIN_ENV => Some("0".into()),
+            DIRECT_ENV => Some("0".into()),
+            _ => None,
+        });
+        assert_eq!((c.spin, c.direct_reads), (Duration::ZERO, false));
+        // As before: a spin that does not parse is ignored, and only `0`
+        // turns direct reads off.
+        let c = ShmConfig::default().with_vars(|k| match k {
+            SPIN_ENV => Some("soon".into()),
+            DIRECT_ENV => Some("no".into()),
+            _ => None,
+        });
+        assert_eq!((c.spin, c.direct_reads), (DEFAULT_SPIN, true));
+        let c = ShmConfig::default().with_vars(|k| (k == SPIN_ENV).then(|| "50".into()));
+        assert_eq!(c.spin, Duration::from_micros(50));
     }
 }

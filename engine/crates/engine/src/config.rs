@@ -10,6 +10,7 @@
 use serde::Deserialize;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,6 +43,26 @@ pub struct Config {
     /// whole when it returns, and aggregation goes on meanwhile.
     #[serde(default = "default_reintegration_window_s")]
     pub reintegration_window_s: u64,
+    /// How long a target keeps polling its shared-memory clients after
+    /// taking a request from one, in microseconds, rather than sleep (a
+    /// client answered within it needs no wake-up); 0: sleeps at once.
+    /// Costs up to that much CPU time per request on an idle target.
+    /// Unset: `PEREGRINE_VOS_POLL_US` from the engine's environment when it
+    /// is set (read once at start, for compatibility), else 200.
+    #[serde(default)]
+    pub vos_poll_us: Option<u64>,
+    /// How long a target polls for the completion of a lone read (a QD1
+    /// fetch), in microseconds, before it sleeps in the kernel; 0: never
+    /// polls. Unset: `PEREGRINE_VOS_SPIN_US` from the engine's environment
+    /// when it is set (read once at start), else 150.
+    #[serde(default)]
+    pub vos_spin_us: Option<u64>,
+    /// Bytes of stored extents each target's scrubber verifies per second
+    /// (`8MiB` or `8388608`); 0: no scrubbing. Unset:
+    /// `PEREGRINE_VOS_SCRUB_RATE` (bytes) from the engine's environment
+    /// when it is set (read once at start), else 8 MiB.
+    #[serde(default)]
+    pub scrub_rate: Option<Size>,
     pub scm: ScmConfig,
     pub bdev: BdevConfig,
     /// Control addresses of the management-service replicas; the first one
@@ -324,6 +345,16 @@ pub const MAX_UNIX_PATH: usize = 107;
 
 /// Smallest device that holds a superblock, the WAL and some data per target.
 pub const MIN_BDEV_BYTES: u64 = 64 << 20;
+/// Longest `vos_poll_us` and `vos_spin_us` (a second of polling).
+pub const MAX_POLL_US: u64 = 1_000_000;
+
+/// The environment variables [`Config::fill_from_env`] reads, by the field
+/// each one stands in for when the YAML leaves it unset.
+pub const ENV_FALLBACKS: [(&str, &str); 3] = [
+    ("vos_poll_us", "PEREGRINE_VOS_POLL_US"),
+    ("vos_spin_us", "PEREGRINE_VOS_SPIN_US"),
+    ("scrub_rate", "PEREGRINE_VOS_SCRUB_RATE"),
+];
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, String> {
@@ -336,6 +367,56 @@ impl Config {
         let cfg: Config = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Fill the tuning fields the YAML left unset (`vos_poll_us`,
+    /// `vos_spin_us`, `scrub_rate`) from the environment variables that set
+    /// them before they were configuration ([`ENV_FALLBACKS`]). `var` looks
+    /// one up; only the engine's start-up calls this, once, with the
+    /// process environment: nothing below it reads the environment. A
+    /// variable that is set must parse and be in range.
+    pub fn fill_from_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+        let [(_, poll), (_, spin), (_, scrub)] = ENV_FALLBACKS;
+        let us = |name: &str| -> Result<Option<u64>, String> {
+            let Some(v) = var(name) else { return Ok(None) };
+            match v.trim().parse::<u64>() {
+                Ok(n) if n <= MAX_POLL_US => Ok(Some(n)),
+                _ => Err(format!(
+                    "{name}={v:?}: expected microseconds in 0..={MAX_POLL_US}"
+                )),
+            }
+        };
+        if self.vos_poll_us.is_none() {
+            self.vos_poll_us = us(poll)?;
+        }
+        if self.vos_spin_us.is_none() {
+            self.vos_spin_us = us(spin)?;
+        }
+        if self.scrub_rate.is_none() {
+            if let Some(v) = var(scrub) {
+                let n = parse_size(v.trim()).map_err(|e| format!("{scrub}: {e}"))?;
+                self.scrub_rate = Some(Size(n));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Config::vos_poll_us`], or its default.
+    pub fn vos_poll(&self) -> Duration {
+        self.vos_poll_us
+            .map_or(peregrine_vos::DEFAULT_POLL, Duration::from_micros)
+    }
+
+    /// [`Config::vos_spin_us`], or its default.
+    pub fn vos_read_spin(&self) -> Duration {
+        self.vos_spin_us
+            .map_or(peregrine_vos::DEFAULT_READ_SPIN, Duration::from_micros)
+    }
+
+    /// [`Config::scrub_rate`] in bytes per second, or its default.
+    pub fn scrub_rate(&self) -> u64 {
+        self.scrub_rate
+            .map_or(peregrine_vos::DEFAULT_SCRUB_RATE, |s| s.0)
     }
 
     /// The fields, then the choice of control-plane security (last, so a
@@ -386,6 +467,17 @@ impl Config {
                 "flush_interval_ms: {} is out of range 1..=60000",
                 self.flush_interval_ms
             ));
+        }
+        for (key, v) in [
+            ("vos_poll_us", self.vos_poll_us),
+            ("vos_spin_us", self.vos_spin_us),
+        ] {
+            if v.is_some_and(|v| v > MAX_POLL_US) {
+                return Err(format!(
+                    "{key}: {} is out of range 0..={MAX_POLL_US}",
+                    v.unwrap_or_default()
+                ));
+            }
         }
         if !(10..=604_800).contains(&self.reintegration_window_s) {
             return Err(format!(
@@ -783,6 +875,55 @@ allow_insecure: true
             c.shm_socket(),
             Path::new("/run/peregrine/peregrine-rank1.sock")
         );
+    }
+
+    #[test]
+    fn vos_tuning_from_yaml_else_environment_else_defaults() {
+        let none = |_: &str| None;
+        let mut c = Config::parse(GOOD).unwrap();
+        c.fill_from_env(none).unwrap();
+        assert_eq!(c.vos_poll(), peregrine_vos::DEFAULT_POLL);
+        assert_eq!(c.vos_read_spin(), peregrine_vos::DEFAULT_READ_SPIN);
+        assert_eq!(c.scrub_rate(), peregrine_vos::DEFAULT_SCRUB_RATE);
+        assert_eq!(c.vos_poll(), Duration::from_micros(200));
+        assert_eq!(c.vos_read_spin(), Duration::from_micros(150));
+        assert_eq!(c.scrub_rate(), 8 << 20);
+
+        let yaml = format!("{GOOD}vos_poll_us: 0\nvos_spin_us: 40\nscrub_rate: 1MiB\n");
+        let mut c = Config::parse(&yaml).unwrap();
+        assert_eq!((c.vos_poll_us, c.vos_spin_us), (Some(0), Some(40)));
+        // The YAML wins over the environment.
+        c.fill_from_env(|_| Some("7".into())).unwrap();
+        assert_eq!(c.vos_poll(), Duration::ZERO);
+        assert_eq!(c.vos_read_spin(), Duration::from_micros(40));
+        assert_eq!(c.scrub_rate(), 1 << 20);
+        let opts = crate::node::Node::storage_options(&c);
+        assert_eq!(
+            (opts.poll, opts.read_spin, opts.scrub_rate),
+            (Duration::ZERO, Duration::from_micros(40), 1 << 20)
+        );
+        let c = Config::parse(&format!("{GOOD}scrub_rate: 0\n")).unwrap();
+        assert_eq!(c.scrub_rate(), 0);
+
+        // Unset in the YAML: the old variables, when set.
+        let env = |k: &str| match k {
+            "PEREGRINE_VOS_POLL_US" => Some("0".to_string()),
+            "PEREGRINE_VOS_SCRUB_RATE" => Some("4096".to_string()),
+            _ => None,
+        };
+        let mut c = Config::parse(GOOD).unwrap();
+        c.fill_from_env(env).unwrap();
+        assert_eq!(c.vos_poll(), Duration::ZERO);
+        assert_eq!(c.vos_read_spin(), peregrine_vos::DEFAULT_READ_SPIN);
+        assert_eq!(c.scrub_rate(), 4096);
+
+        let e = Config::parse(&format!("{GOOD}vos_spin_us: 2000000\n")).unwrap_err();
+        assert!(e.contains("vos_spin_us"), "{e}");
+        let e = Config::parse(&format!("{GOOD}vos_poll_us: -1\n")).unwrap_err();
+        assert!(e.contains("vos_poll_us"), "{e}");
+        let mut c = Config::parse(GOOD).unwrap();
+        let e = c.fill_from_env(|_| Some("soon".into())).unwrap_err();
+        assert!(e.contains("PEREGRINE_VOS_POLL_US"), "{e}");
     }
 
     #[test]

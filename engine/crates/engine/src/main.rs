@@ -606,7 +606,12 @@ async fn run(
 
 fn main() {
     let args = Args::parse();
-    let cfg = match Config::load(&args.config) {
+    // The one place the engine reads its tuning from the environment: the
+    // variables that set it before it was configuration, for the fields
+    // the YAML leaves unset.
+    let cfg = match Config::load(&args.config)
+        .and_then(|mut c| c.fill_from_env(|k| std::env::var(k).ok()).map(|()| c))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("peregrine-engine: {e}");

@@ -52,6 +52,9 @@ impl Node {
             targets: cfg.targets,
             hugepages: cfg.hugepages,
             flush_interval: Duration::from_millis(cfg.flush_interval_ms),
+            poll: cfg.vos_poll(),
+            read_spin: cfg.vos_read_spin(),
+            scrub_rate: cfg.scrub_rate(),
         }
     }
 

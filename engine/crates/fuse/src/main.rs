@@ -400,7 +400,11 @@ fn main() {
     clean_stale(&mp);
 
     let dfs = (|| {
-        let client = peregrine::Client::connect(&cfg.mgmt, &cfg.security)?;
+        // The daemon's environment, read here once: the transport
+        // (`PEREGRINE_TRANSPORT`) and its shared-memory settings.
+        let shm = peregrine::shm::ShmConfig::default().with_vars(|k| std::env::var(k).ok());
+        let kind = peregrine::TransportKind::from_env()?;
+        let client = peregrine::Client::connect_with_shm(&cfg.mgmt, &cfg.security, kind, shm)?;
         let pool = client.pool_connect(&cfg.pool)?;
         let cont = pool.cont_open(&cfg.cont)?;
         peregrine_dfs::Dfs::mount(cont, !cfg.read_only, cfg.read_only)

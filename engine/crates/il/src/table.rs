@@ -103,6 +103,15 @@ pub(crate) fn is_open(h: &Handle) -> bool {
     CONTS.lock().iter().any(|(k, _)| *k == key)
 }
 
+/// The shared-memory settings of this process's containers: the defaults
+/// with `PEREGRINE_SHM_SPIN_US` and `PEREGRINE_SHM_DIRECT` from the
+/// program's environment, read once.
+fn shm_config() -> peregrine::shm::ShmConfig {
+    static SHM: std::sync::OnceLock<peregrine::shm::ShmConfig> = std::sync::OnceLock::new();
+    SHM.get_or_init(|| peregrine::shm::ShmConfig::default().with_vars(|k| std::env::var(k).ok()))
+        .clone()
+}
+
 /// `h`'s container, opened through the FUSE daemon (`daemon.rs`): never
 /// through the control port, which takes only certificate holders.
 pub(crate) fn container(h: &Handle) -> Result<peregrine::Container, c_int> {
@@ -112,10 +121,11 @@ pub(crate) fn container(h: &Handle) -> Result<peregrine::Container, c_int> {
         return Ok(c.clone());
     }
     let c = (|| {
-        let client = peregrine::Client::connect_via(
+        let client = peregrine::Client::connect_via_with_shm(
             &h.mgmt,
             Arc::new(daemon::DaemonSource::new(h)),
             peregrine::TransportKind::from_env()?,
+            shm_config(),
         );
         let pool = client.pool_connect(&uuid_str(&h.pool))?;
         let cont = pool.cont_open(&uuid_str(&h.cont))?;

@@ -8,7 +8,7 @@
 //! reads are packed into the registered buffers ([`DeviceIo::read_many`]),
 //! writes may be chained with a trailing fdatasync ([`DeviceIo::write`]).
 //! A lone read (a QD1 fetch) polls for its completion for up to
-//! `PEREGRINE_VOS_SPIN_US` microseconds (default 150; 0 disables) before
+//! [`crate::StorageOptions::read_spin`] (default 150 µs; 0 disables) before
 //! sleeping in the kernel: one wake-up less on the latency path, for at most
 //! that much CPU time per read.
 
@@ -25,25 +25,6 @@ use std::path::Path;
 /// Buffers per target (32 MiB): enough to keep a batch of 1 MiB updates, or
 /// hundreds of small reads, in flight at once.
 const BUFS_PER_TARGET: usize = 16;
-
-/// Default of `PEREGRINE_VOS_SPIN_US`: how long a target polls for the
-/// completion of a lone read before it sleeps (0: never polls).
-const SPIN_US: u64 = 150;
-
-pub(crate) fn spin_us() -> u64 {
-    static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    env_us(&C, "PEREGRINE_VOS_SPIN_US", SPIN_US)
-}
-
-/// A setting in microseconds from the environment, read once into `cell`.
-pub(crate) fn env_us(cell: &std::sync::OnceLock<u64>, var: &str, default: u64) -> u64 {
-    *cell.get_or_init(|| {
-        std::env::var(var)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    })
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum OpKind {
@@ -133,6 +114,9 @@ pub(crate) struct DeviceIo {
     /// when a request arrives, and the 8 bytes that read lands in.
     wake: Option<(RawFd, Box<[u8; 8]>)>,
     wake_armed: bool,
+    /// How long a lone read polls for its completion before sleeping
+    /// ([`crate::StorageOptions::read_spin`]; zero: never polls).
+    pub(crate) spin: std::time::Duration,
 }
 
 /// The outcome of one operation started with [`DeviceIo::start`].
@@ -245,6 +229,7 @@ impl DeviceIo {
             ready: Vec::new(),
             wake: None,
             wake_armed: false,
+            spin: crate::DEFAULT_READ_SPIN,
         })
     }
 
@@ -372,15 +357,13 @@ impl DeviceIo {
             unsafe { ring.submission().push(sqe) }
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
-        let spin = spin_us();
-        if spin > 0 && ops.len() == 1 && ops[0].kind == OpKind::Read {
+        let spin = self.spin;
+        if !spin.is_zero() && ops.len() == 1 && ops[0].kind == OpKind::Read {
             // A lone read (QD1): poll its completion for a short while
             // rather than sleep, saving a wake-up on the way back.
             ring.submit()?;
             let t = std::time::Instant::now();
-            while ring.completion().is_empty()
-                && t.elapsed() < std::time::Duration::from_micros(spin)
-            {
+            while ring.completion().is_empty() && t.elapsed() < spin {
                 std::hint::spin_loop();
             }
         } else {

@@ -238,10 +238,24 @@ pub struct StorageOptions {
     /// write cache before its target flushes on its own (a power cut may
     /// lose it until then; any process may crash meanwhile).
     pub flush_interval: std::time::Duration,
+    /// How long a target keeps polling its sources ([`Storage::attach`])
+    /// after taking a request from one, rather than sleep (zero: sleeps at
+    /// once). Costs up to that much CPU time per request on an idle target.
+    pub poll: std::time::Duration,
+    /// How long a target polls for the completion of a lone read (a QD1
+    /// fetch) before it sleeps in the kernel (zero: never polls).
+    pub read_spin: std::time::Duration,
+    /// Bytes of stored extents each target's scrubber verifies per second
+    /// (0: off); [`Storage::set_scrub_rate`] changes it at run time.
+    pub scrub_rate: u64,
 }
 
 /// [`StorageOptions::flush_interval`] unless configured.
 pub const DEFAULT_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// [`StorageOptions::poll`] unless configured.
+pub const DEFAULT_POLL: std::time::Duration = std::time::Duration::from_micros(200);
+/// [`StorageOptions::read_spin`] unless configured.
+pub const DEFAULT_READ_SPIN: std::time::Duration = std::time::Duration::from_micros(150);
 
 /// One data-plane request; the target comes from its `Address.target`.
 #[derive(Debug)]
@@ -280,7 +294,7 @@ pub type ReplyFn = Box<dyn for<'a> FnOnce(ReplyRef<'a>) + Send>;
 /// ([`Storage::attach`]): the engine's shared-memory connections of local
 /// clients. No thread stands between such a client and its target, and
 /// while the target polls (it is busy, or answered the source less than
-/// `PEREGRINE_VOS_POLL_US` ago) the client needs no wake-up either.
+/// [`StorageOptions::poll`] ago) the client needs no wake-up either.
 pub trait Source: Send {
     /// Take the request waiting, if any. Called on the target's thread; must not block.
     fn poll(&mut self) -> Polled;
@@ -531,19 +545,17 @@ impl Storage {
             let (tx, rx) = target::mailbox(t)
                 .map_err(|e| StorageError::io(format!("target {t}: eventfd"), e))?;
             let (rtx, rrx) = mpsc::channel();
-            let (sb2, path, huge) = (sb.clone(), opts.bdev.path.clone(), opts.hugepages);
+            let (sb2, opts2) = (sb.clone(), opts.clone());
             let fault = std::sync::Arc::new(Mutex::new(None));
             faults.push(fault.clone());
             let lease = lease.clone();
             let tc = std::sync::Arc::new(TargetCounters::default());
             counters.push(tc.clone());
-            let flush_interval = opts.flush_interval;
             let h = std::thread::Builder::new()
                 .name(format!("vos-target-{t}"))
                 .spawn(
-                    move || match Target::open(sb2, &path, huge, t, scm_budget, fault, lease) {
+                    move || match Target::open(sb2, &opts2, t, scm_budget, fault, lease) {
                         Ok(mut target) => {
-                            target.flush_interval = flush_interval;
                             target.counters = tc;
                             let _ = rtx.send(Ok(()));
                             target.run(rx);
@@ -887,9 +899,9 @@ impl Storage {
             .collect()
     }
 
-    /// Set every target's scrubbing rate, bytes per second (0: off; the
-    /// default is [`DEFAULT_SCRUB_RATE`]); a target between passes starts
-    /// its next pass now.
+    /// Set every target's scrubbing rate, bytes per second (0: off; until
+    /// then it is [`StorageOptions::scrub_rate`]); a target between passes
+    /// starts its next pass now.
     pub fn set_scrub_rate(&self, bytes_per_sec: u64) {
         for t in 0..self.senders.len() {
             let _ = self.ctl(t, Ctl::Scrub(Some(bytes_per_sec)));

@@ -73,8 +73,7 @@
 use crate::alloc::BlockAlloc;
 use crate::bufpool::BUF_BYTES;
 use crate::condition;
-use crate::device::DeviceIo;
-use crate::device::{env_us, spin_us, Op};
+use crate::device::{DeviceIo, Op};
 use crate::dtx::{self, Admit, OpKey};
 use crate::error::{Errno, StorageError};
 use crate::index::{
@@ -90,7 +89,6 @@ use peregrine_proto::shm::{self, Mapping};
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
@@ -114,15 +112,6 @@ const BATCH_DATA: usize = 8 << 20;
 /// Large values go to the device in writes of this size, each started as
 /// soon as it is copied in (the next piece is copied meanwhile).
 const WRITE_PIECE: usize = 256 << 10;
-/// Default of `PEREGRINE_VOS_POLL_US`: how long a target keeps polling its
-/// sources after taking a request from one, rather than sleep.
-const POLL_US: u64 = 200;
-
-fn poll_us() -> u64 {
-    static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    env_us(&C, "PEREGRINE_VOS_POLL_US", POLL_US)
-}
-
 /// Idle time after which a target aggregates the pools it changed.
 const IDLE_AGGREGATE: Duration = Duration::from_secs(30);
 /// `ListReq.max == 0` means this many.
@@ -526,6 +515,9 @@ pub(crate) struct Target {
     dirty_since: Option<Instant>,
     /// How long it may wait before the target flushes on its own.
     pub(crate) flush_interval: Duration,
+    /// How long it keeps polling its sources after taking a request
+    /// ([`crate::StorageOptions::poll`]).
+    poll: Duration,
     /// Sequence number of the last WAL record written or being written.
     seq_started: u64,
     /// Byte offset inside the WAL where the next record goes.
@@ -656,18 +648,21 @@ fn show(k: &[u8]) -> String {
 }
 
 impl Target {
+    /// Open target `id` of the device `opts.bdev` and replay it, with the
+    /// tuning of `opts` (flush interval, polling, scrubbing rate).
     pub(crate) fn open(
         sb: Superblock,
-        path: &Path,
-        hugepages: bool,
+        opts: &crate::StorageOptions,
         id: u32,
         scm_budget: u64,
         fault: Arc<parking_lot::Mutex<Option<String>>>,
         lease: Arc<crate::AggregationLease>,
     ) -> Result<Target, StorageError> {
-        let dev = DeviceIo::open(path, hugepages, id).map_err(|e| {
+        let path = &opts.bdev.path;
+        let mut dev = DeviceIo::open(path, opts.hugepages, id).map_err(|e| {
             StorageError::io(format!("target {id}: open device {}", path.display()), e)
         })?;
+        dev.spin = opts.read_spin;
         let alloc = BlockAlloc::new(sb.data_blocks());
         let mut t = Target {
             id,
@@ -684,7 +679,8 @@ impl Target {
             settled: 0,
             unsettled: Vec::new(),
             dirty_since: None,
-            flush_interval: crate::DEFAULT_FLUSH_INTERVAL,
+            flush_interval: opts.flush_interval,
+            poll: opts.poll,
             seq_started: 0,
             wal_tail: 0,
             generation: Uuid::new_v4().as_u64_pair().0.max(1),
@@ -710,7 +706,7 @@ impl Target {
             ckpt_due: false,
             broken: None,
             refused: None,
-            scrub: Default::default(),
+            scrub: scrub::Scrubber::new(opts.scrub_rate),
             fault,
             sources: Vec::new(),
             poll_until: None,
@@ -834,11 +830,11 @@ impl Target {
             }
             // A lone read in flight (QD1): poll for a short while rather
             // than sleep, a wake-up less on the way back.
-            let spin = spin_us();
+            let spin = self.dev.spin;
             let lone = self.dev.in_flight() == 1 && self.fetch_jobs.len() == 1;
-            if spin > 0 && !spun && lone && inbox.rx.is_empty() {
+            if !spin.is_zero() && !spun && lone && inbox.rx.is_empty() {
                 spun = true;
-                self.wait(&inbox, Some(Duration::from_micros(spin)));
+                self.wait(&inbox, Some(spin));
             } else {
                 spun = false;
                 self.wait(&inbox, None);
@@ -898,7 +894,7 @@ impl Target {
             match self.sources[i].poll() {
                 Polled::Idle => i += 1,
                 Polled::Request(req, reply, area) => {
-                    self.poll_until = Some(Instant::now() + Duration::from_micros(poll_us()));
+                    self.poll_until = Some(Instant::now() + self.poll);
                     self.take(req, Responder(Some(reply)), area);
                     i += 1;
                 }
@@ -2633,6 +2629,9 @@ mod tests {
             targets: 1,
             hugepages: false,
             flush_interval: crate::DEFAULT_FLUSH_INTERVAL,
+            poll: crate::DEFAULT_POLL,
+            read_spin: crate::DEFAULT_READ_SPIN,
+            scrub_rate: crate::DEFAULT_SCRUB_RATE,
         };
         crate::format(&opts, "t", 0, false).unwrap();
         let ScanState::Formatted(sb) = crate::scan(&opts.bdev).unwrap() else {
@@ -2640,8 +2639,7 @@ mod tests {
         };
         let mut t = Target::open(
             sb,
-            &opts.bdev.path,
-            false,
+            &opts,
             0,
             8 * MIB,
             Default::default(),

@@ -89,3 +89,16 @@ fn scrubbing_keeps_to_its_rate() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn the_rate_at_open_comes_from_the_options() {
+    let mut e = env(64, 2);
+    let st = Storage::open(&e.opts).unwrap();
+    let rates: Vec<u64> = st.scrub_reports().iter().map(|r| r.rate).collect();
+    assert_eq!(rates, [DEFAULT_SCRUB_RATE; 2]);
+    st.close();
+    e.opts.scrub_rate = 0;
+    let st = Storage::open(&e.opts).unwrap();
+    let rates: Vec<u64> = st.scrub_reports().iter().map(|r| r.rate).collect();
+    assert_eq!(rates, [0; 2]);
+}

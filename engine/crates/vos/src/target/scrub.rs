@@ -24,8 +24,8 @@ use super::*;
 use crate::compact::Key;
 use std::ops::Bound;
 
-/// Default of a target's scrubbing rate: bytes of stored extents verified
-/// per second (`PEREGRINE_VOS_SCRUB_RATE` overrides it, 0 turns it off;
+/// Default of a target's scrubbing rate, [`crate::StorageOptions::scrub_rate`]:
+/// bytes of stored extents verified per second (0 turns it off;
 /// [`crate::Storage::set_scrub_rate`] sets it at run time).
 pub const DEFAULT_SCRUB_RATE: u64 = 8 << 20;
 /// Bytes a step verifies at most (plus one extent).
@@ -39,13 +39,6 @@ const WALK_COST: u64 = 64;
 const PASS_PAUSE: Duration = Duration::from_secs(10);
 /// Damaged extents named per target (the count goes on).
 const MAX_PLACES: usize = 16;
-
-fn default_rate() -> u64 {
-    std::env::var("PEREGRINE_VOS_SCRUB_RATE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_SCRUB_RATE)
-}
 
 /// What a target's scrubber did since the storage was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -94,11 +87,13 @@ pub(crate) struct Scrubber {
     known: BTreeSet<u64>,
 }
 
-impl Default for Scrubber {
-    fn default() -> Self {
+impl Scrubber {
+    /// A scrubber verifying `rate` bytes per second (0: off), its first
+    /// pass [`PASS_PAUSE`] from now.
+    pub(crate) fn new(rate: u64) -> Self {
         Scrubber {
             report: ScrubReport {
-                rate: default_rate(),
+                rate,
                 ..Default::default()
             },
             tokens: 0.0,

@@ -25,6 +25,9 @@ pub fn options(path: &Path, mib: u64, targets: u32) -> StorageOptions {
         // No flush on its own during a test: what was not flushed is what
         // a power cut may lose.
         flush_interval: std::time::Duration::from_secs(3600),
+        poll: DEFAULT_POLL,
+        read_spin: DEFAULT_READ_SPIN,
+        scrub_rate: DEFAULT_SCRUB_RATE,
     }
 }
 
