@@ -95,7 +95,8 @@ pub fn run_all(a: &RunArgs, pool: &str, cont: &str) -> Result<Results> {
     // The control plane's security from PEREGRINE_TLS_DIR or
     // PEREGRINE_INSECURE=1 (docs/tls.md), as the C ABI takes it.
     let security = peregrine::Security::from_env().map_err(|e| anyhow::anyhow!(e))?;
-    let client = Client::connect_with_transport(&a.mgmt, &security, a.transport)
+    let shm = peregrine::shm::ShmConfig::default().with_vars(|k| std::env::var(k).ok());
+    let client = Client::connect_with_shm(&a.mgmt, &security, a.transport, shm)
         .map_err(cerr)
         .context("connecting")?;
     let pool_h = client.pool_connect(pool).map_err(cerr)?;

@@ -84,7 +84,13 @@ fn mount(a: &Args) -> Result<Dfs> {
     // PEREGRINE_TLS_DIR or PEREGRINE_INSECURE=1 (docs/tls.md).
     let security =
         peregrine::Security::from_env().map_err(|e| anyhow::anyhow!("control plane: {e}"))?;
-    let client = peregrine::Client::connect(&a.mgmt, &security)?;
+    let shm = peregrine::shm::ShmConfig::default().with_vars(|k| std::env::var(k).ok());
+    let client = peregrine::Client::connect_with_shm(
+        &a.mgmt,
+        &security,
+        peregrine::TransportKind::from_env()?,
+        shm,
+    )?;
     let pool = client.pool_connect(&a.pool)?;
     Ok(Dfs::mount(pool.cont_open(&a.cont)?, true, false)?)
 }
