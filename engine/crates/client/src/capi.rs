@@ -11,6 +11,13 @@
 //! `peregrine.h`, which is why the per-function `# Safety` sections are
 //! not repeated here. NULL pointers are checked and give `-EINVAL`.
 #![allow(clippy::missing_safety_doc)]
+// Every `unsafe extern "C"` function here uses its caller's raw pointers
+// only as `peregrine.h` says the caller allows: through the NULL-checking
+// helpers below (`cstr`, `bytes`, `bytes_mut`, `handle`, `out`, `free`),
+// `Box::from_raw` of a handle this module made, or the caller's callback.
+// A commented `unsafe {}` block around each of those ~90 calls would
+// restate that one contract each time.
+#![allow(unsafe_op_in_unsafe_fn)]
 
 use crate::error::{Error, Result};
 use crate::{Client, Container, Object, Pool};
@@ -678,6 +685,8 @@ pub unsafe extern "C" fn prg_eq_destroy(eq: *mut PrgEq) -> c_int {
 /// Raw buffer pointers handed to a worker: the C caller promises they stay
 /// valid until the event is reaped.
 struct SendPtr(usize);
+// SAFETY: the address is only turned back into a pointer by the worker, and the
+// C caller keeps the buffer valid (and unaliased) until it reaps the event.
 unsafe impl Send for SendPtr {}
 
 #[no_mangle]

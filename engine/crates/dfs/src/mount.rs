@@ -87,7 +87,9 @@ impl Dfs {
                 let t = now_ns();
                 let e = Entry {
                     mode: libc::S_IFDIR | 0o755,
+                    // SAFETY: geteuid takes no arguments and cannot fail.
                     uid: unsafe { libc::geteuid() },
+                    // SAFETY: getegid takes no arguments and cannot fail.
                     gid: unsafe { libc::getegid() },
                     atime: t,
                     mtime: t,

@@ -19,6 +19,7 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_failed_device_write_shows_in_storage_scan() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: mounting a small tmpfs needs root");
         return;

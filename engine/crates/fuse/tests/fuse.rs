@@ -75,10 +75,13 @@ fn handle_ioctl_and_real_programs() {
 
     // The handle ioctl for the interception library.
     use std::os::fd::AsRawFd;
+    // SAFETY: `Handle` is a repr(C) struct of integers, for which all zeroes is valid.
     let mut h: Handle = unsafe { std::mem::zeroed() };
     let cmd: u64 =
         (2 << 30) | ((std::mem::size_of::<Handle>() as u64) << 16) | ((b'P' as u64) << 8) | 1;
     assert_eq!(std::mem::size_of::<Handle>(), 208);
+    // SAFETY: the command's size field is size_of::<Handle>() and `h` is a live,
+    // writable Handle: the kernel writes at most that many bytes into it.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, &mut h as *mut Handle) };
     assert_eq!(r, 0, "ioctl: {}", std::io::Error::last_os_error());
     assert_eq!(h.version, 1);
@@ -103,6 +106,7 @@ fn handle_ioctl_and_real_programs() {
     // A directory answers ENOTTY; an unknown command too.
     let d = fs::File::open(m.p("d1")).unwrap();
     assert_eq!(
+        // SAFETY: as above: `h` is a live Handle of the size the command names.
         unsafe { libc::ioctl(d.as_raw_fd(), cmd as _, &mut h as *mut Handle) },
         -1
     );
@@ -336,6 +340,7 @@ fn have_cmd(tool: &str) -> bool {
 }
 
 fn is_root() -> bool {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     if !root {
         eprintln!("SKIP: needs root");
@@ -561,6 +566,7 @@ fn unprivileged_mount_through_fusermount3() {
     fs::create_dir(&devdir).unwrap();
     let dir = dir.canonicalize().unwrap();
     let cdir = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `cdir` is a NUL-terminated CString alive for the call.
     assert_eq!(unsafe { libc::chown(cdir.as_ptr(), 65534, 65534) }, 0);
     // The daemon reads its certificate as that user: a copy the user owns.
     let tls_env = match c.client_tls_dir() {

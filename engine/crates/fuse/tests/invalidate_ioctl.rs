@@ -56,6 +56,7 @@ fn invalidate_ioctl_refreshes_kernel_caches() {
     // Write directly through the object handle.
     let mut h = [0u8; 208];
     assert_eq!(
+        // SAFETY: IOC_GET_HANDLE writes 208 bytes, the length of the live local `h`.
         unsafe { libc::ioctl(f.as_raw_fd(), IOC_GET_HANDLE as _, h.as_mut_ptr()) },
         0
     );
@@ -74,6 +75,7 @@ fn invalidate_ioctl_refreshes_kernel_caches() {
     // The kernel still has the old view (60 s attributes, cached pages) ...
     assert_eq!(fs::metadata(&p).unwrap().len(), 8192);
     // ... until the ioctl.
+    // SAFETY: IOC_INVALIDATE takes no argument; `f` is an open file.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), IOC_INVALIDATE as _) };
     assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
     assert_eq!(fs::metadata(&p).unwrap().len(), 12288);
@@ -88,8 +90,10 @@ fn invalidate_ioctl_refreshes_kernel_caches() {
     assert_eq!(&head, b"bbbb");
     drop(f);
 
+    // SAFETY: kill on the pid of our own child, not yet reaped (so not reused).
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
     let cs = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `cs` is a NUL-terminated CString alive for the call.
     unsafe { libc::umount2(cs.as_ptr(), libc::MNT_DETACH) };
 }

@@ -185,6 +185,7 @@ fn fnv(b: &[u8]) -> u64 {
 fn xattrs(p: &Path) -> String {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let mut names = vec![0u8; 65536];
+    // SAFETY: `c` is a NUL-terminated path and `names` a live buffer of the length passed.
     let n = unsafe { libc::listxattr(c.as_ptr(), names.as_mut_ptr() as *mut _, names.len()) };
     assert!(n >= 0, "listxattr {}", p.display());
     let mut s = String::new();
@@ -197,6 +198,8 @@ fn xattrs(p: &Path) -> String {
         let cn = CString::new(name).unwrap();
         let mut v = vec![0u8; 65536];
         let k =
+            // SAFETY: `c` and `cn` are NUL-terminated CStrings, `v` a live buffer of the
+            // length passed, all alive for the call.
             unsafe { libc::getxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr() as *mut _, v.len()) };
         assert!(k >= 0, "getxattr {}", p.display());
         s += &format!(

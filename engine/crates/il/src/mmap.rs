@@ -72,8 +72,10 @@ fn before_map(fd: c_int) {
 
 /// Make the kernel fetch `fd`'s attributes (size) from the daemon now.
 pub(crate) fn refresh_size(fd: c_int) {
-    // SAFETY: statx into a local struct.
+    // SAFETY: statx is plain integers, for which all zeroes is valid.
     let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is the caller's descriptor, the empty path with AT_EMPTY_PATH
+    // names it, and `sx` is a live local statx the kernel fills.
     unsafe {
         libc::statx(
             fd,

@@ -480,8 +480,10 @@ fn convert(s: &Arc<Shared>) -> Result<(), c_int> {
 }
 
 fn ino(fd: c_int) -> Option<u64> {
-    // SAFETY: statx into a local struct.
+    // SAFETY: statx is plain integers, for which all zeroes is valid.
     let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is the caller's descriptor, the empty path with AT_EMPTY_PATH
+    // names it, and `sx` is a live local statx the kernel fills.
     let r = unsafe {
         libc::statx(
             fd,

@@ -27,8 +27,10 @@ pub(crate) fn maybe_track(fd: c_int) {
 /// `fd`'s file if it is a regular file of a Peregrine mount (statx from
 /// the kernel's cache: no round trip to the daemon).
 pub(crate) fn peregrine_file(fd: c_int) -> Option<Key> {
-    // SAFETY: statx into a local struct.
+    // SAFETY: statx is plain integers, for which all zeroes is valid.
     let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is the caller's descriptor, the empty path with AT_EMPTY_PATH
+    // names it, and `sx` is a live local statx the kernel fills.
     let r = unsafe {
         libc::statx(
             fd,

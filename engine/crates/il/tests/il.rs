@@ -374,6 +374,7 @@ fn bench_posix_il() {
 /// the kernel path, and its report says why it was not accelerated.
 #[test]
 fn unreachable_engines_fall_back_and_the_report_says_why() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 || !have("unshare") {
         eprintln!("SKIP: needs /dev/fuse, root and unshare");
         return;

@@ -471,6 +471,7 @@ pub struct Mapping {
 
 // SAFETY: the mapping is plain shared memory; all access is by copy.
 unsafe impl Send for Mapping {}
+// SAFETY: as for Send: shared access is by copy or through atomics.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {

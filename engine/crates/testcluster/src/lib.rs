@@ -101,6 +101,7 @@ impl EngineProc {
     /// SIGTERM and wait: the clean stop.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // SAFETY: kill on the pid of our own child, not yet reaped (so not reused).
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {

@@ -14,7 +14,7 @@ pub(crate) struct BufPool {
     count: usize,
 }
 
-// The pool is owned by exactly one target thread; the raw pointer is only
+// SAFETY: the pool is owned by exactly one target thread; the raw pointer is only
 // dereferenced by that thread (or the kernel on its behalf).
 unsafe impl Send for BufPool {}
 
@@ -23,6 +23,8 @@ impl BufPool {
         let bytes = count * BUF_BYTES;
         let mut base = libc::MAP_FAILED;
         if hugepages {
+            // SAFETY: an anonymous private mapping at an address the kernel picks; no
+            // existing memory is touched. The result is checked against MAP_FAILED.
             base = unsafe {
                 libc::mmap(
                     ptr::null_mut(),
@@ -44,6 +46,8 @@ impl BufPool {
         }
         let huge = base != libc::MAP_FAILED;
         if !huge {
+            // SAFETY: an anonymous private mapping at an address the kernel picks; no
+            // existing memory is touched. The result is checked against MAP_FAILED.
             base = unsafe {
                 libc::mmap(
                     ptr::null_mut(),
@@ -57,6 +61,7 @@ impl BufPool {
             if base == libc::MAP_FAILED {
                 return Err(std::io::Error::last_os_error());
             }
+            // SAFETY: `base` is our fresh mapping of `bytes` bytes (not MAP_FAILED).
             if unsafe { libc::mlock(base, bytes) } != 0 {
                 tracing::warn!(target, bytes, error = %std::io::Error::last_os_error(), "mlock of I/O buffers failed; continuing unlocked");
             }
@@ -64,6 +69,7 @@ impl BufPool {
         // Pre-fault every page now rather than on the first I/O.
         let base = base as *mut u8;
         for off in (0..bytes).step_by(4096) {
+            // SAFETY: `off < bytes`: inside our fresh, writable mapping.
             unsafe { base.add(off).write_volatile(0) };
         }
         Ok(BufPool { base, count })
@@ -75,14 +81,20 @@ impl BufPool {
 
     pub(crate) fn ptr(&self, i: usize) -> *mut u8 {
         assert!(i < self.count);
+        // SAFETY: `i < count` (asserted): the offset is inside the mapping of
+        // `count * BUF_BYTES` bytes.
         unsafe { self.base.add(i * BUF_BYTES) }
     }
 
     pub(crate) fn slice_mut(&mut self, i: usize) -> &mut [u8] {
+        // SAFETY: buffer `i` is BUF_BYTES of our live mapping (`ptr` checks `i`);
+        // `&mut self` makes this the only reference to it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr(i), BUF_BYTES) }
     }
 
     pub(crate) fn slice(&self, i: usize) -> &[u8] {
+        // SAFETY: buffer `i` is BUF_BYTES of our live mapping (`ptr` checks `i`);
+        // no `&mut` to it can exist while `self` is borrowed.
         unsafe { std::slice::from_raw_parts(self.ptr(i), BUF_BYTES) }
     }
 
@@ -98,6 +110,7 @@ impl BufPool {
 
 impl Drop for BufPool {
     fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, with its length; nothing uses it after drop.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.count * BUF_BYTES) };
     }
 }

@@ -247,6 +247,7 @@ impl DeviceIo {
             }
             OpKind::Write | OpKind::Read => {
                 debug_assert!(op.buf_off + op.len <= BUF_BYTES);
+                // SAFETY: `op.buf_off + op.len <= BUF_BYTES`: still inside buffer `op.buf`.
                 let buf = unsafe { self.bufs.ptr(op.buf).add(op.buf_off) };
                 let (len, idx) = (op.len as u32, op.buf as u16);
                 match (op.kind == OpKind::Write, self.fixed) {

@@ -447,6 +447,7 @@ impl Wake {
 }
 
 pub(crate) fn mailbox(id: u32) -> std::io::Result<(Mailbox, Inbox)> {
+    // SAFETY: eventfd takes no pointers; the result is checked below.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
@@ -480,6 +481,7 @@ impl Mailbox {
         fence(Ordering::SeqCst);
         if self.wake.asleep().swap(0, Ordering::SeqCst) != 0 {
             let one = 1u64.to_ne_bytes();
+            // SAFETY: 8 bytes from the live `one` to the eventfd `self.wake` owns.
             unsafe { libc::write(self.wake.fd.as_raw_fd(), one.as_ptr().cast(), 8) };
         }
         Ok(())

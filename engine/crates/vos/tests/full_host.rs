@@ -22,6 +22,7 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_failed_device_write_stops_updates_and_loses_nothing_acknowledged() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: mounting a small tmpfs needs root");
         return;

@@ -21,22 +21,29 @@ struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
+// SAFETY: every method forwards to `System` unchanged (it only counts
+// bytes), so `System`'s guarantees are this allocator's.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        System.alloc(l)
+        // SAFETY: the caller's `l` obligations (non-zero size) are passed on as they are.
+        unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        System.dealloc(p, l)
+        // SAFETY: `p` came from this allocator, i.e. from `System`, with layout `l`.
+        unsafe { System.dealloc(p, l) }
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        System.alloc_zeroed(l)
+        // SAFETY: the caller's `l` obligations (non-zero size) are passed on as they are.
+        unsafe { System.alloc_zeroed(l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
-        System.realloc(p, l, n)
+        // SAFETY: `p` came from `System` with layout `l`; the caller's
+        // obligations on `n` are passed on as they are.
+        unsafe { System.realloc(p, l, n) }
     }
 }
 

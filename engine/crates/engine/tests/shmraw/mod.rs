@@ -96,6 +96,7 @@ impl Raw {
         let one = 1u64.to_ne_bytes();
         // SAFETY: 8 bytes to the target's eventfd.
         assert_eq!(
+            // SAFETY: 8 bytes from the live `one` to the target's eventfd, which `self` owns.
             unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) },
             8
         );

@@ -90,6 +90,7 @@ impl FuseMount {
     /// SIGTERM; the daemon must unmount and exit 0.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // SAFETY: kill on the pid of our own child, not yet reaped (so not reused).
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
@@ -112,6 +113,7 @@ impl Drop for FuseMount {
             let _ = c.wait();
         }
         let cs = CString::new(self.dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `cs` is a NUL-terminated CString alive for the call.
         unsafe { libc::umount2(cs.as_ptr(), libc::MNT_DETACH) };
     }
 }

@@ -110,6 +110,7 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // SAFETY: kill on the pid of our own child, not yet reaped (so not reused).
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let deadline = Instant::now() + Duration::from_secs(10);
             while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
@@ -119,6 +120,7 @@ impl Drop for Mount {
             let _ = c.wait();
         }
         let cs = CString::new(self.dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `cs` is a NUL-terminated CString alive for the call.
         unsafe { libc::umount2(cs.as_ptr(), libc::MNT_DETACH) };
     }
 }

@@ -11,6 +11,7 @@ impl Suite {
         pause();
         self.check(
             "chmod 0600",
+            // SAFETY: `p` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::chmod(p.as_ptr(), 0o600) }),
             Ok(()),
         );
@@ -31,6 +32,7 @@ impl Suite {
         if let Some(fd) = self.must("fchmod: open", open(&p, libc::O_RDONLY, 0)) {
             self.check(
                 "fchmod 0640",
+                // SAFETY: fchmod takes only integers (a bad descriptor is an error, not UB).
                 ok(unsafe { libc::fchmod(fd, 0o640) }),
                 Ok(()),
             );
@@ -44,18 +46,22 @@ impl Suite {
         let _ = mkdir(&self.p("sticky"), 0o755);
         self.check(
             "chmod a directory 01777",
+            // SAFETY: the temporary CString of `self.p("sticky")` lives to the end of the statement, past the call.
             ok(unsafe { libc::chmod(self.p("sticky").as_ptr(), 0o1777) })
                 .and_then(|_| mode(&self.p("sticky"))),
             Ok(libc::S_IFDIR | 0o1777),
         );
         self.check(
             "chmod a missing name",
+            // SAFETY: the temporary CString of `self.p("missing")` lives to the end of the statement, past the call.
             ok(unsafe { libc::chmod(self.p("missing").as_ptr(), 0o600) }),
             Err(E(libc::ENOENT)),
         );
+        // SAFETY: geteuid takes no arguments and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             self.check(
                 "chown",
+                // SAFETY: `p` is a NUL-terminated C string alive for the call.
                 ok(unsafe { libc::chown(p.as_ptr(), 1234, 5678) }),
                 Ok(()),
             );
@@ -67,6 +73,7 @@ impl Suite {
             if let Some(fd) = self.must("fchown: open", open(&p, libc::O_RDONLY, 0)) {
                 self.check(
                     "fchown uid only",
+                    // SAFETY: fchown takes only integers (a bad descriptor is an error, not UB).
                     ok(unsafe { libc::fchown(fd, 4321, u32::MAX) }),
                     Ok(()),
                 );
@@ -81,6 +88,7 @@ impl Suite {
             let _ = symlink("attr", &l);
             self.check(
                 "lchown a symlink",
+                // SAFETY: `l` is a NUL-terminated C string alive for the call.
                 ok(unsafe { libc::lchown(l.as_ptr(), 99, 98) }),
                 Ok(()),
             );
@@ -96,6 +104,7 @@ impl Suite {
             );
             self.check(
                 "chown -1 -1 changes nothing",
+                // SAFETY: `p` is a NUL-terminated C string alive for the call.
                 ok(unsafe { libc::chown(p.as_ptr(), u32::MAX, u32::MAX) })
                     .and_then(|_| stat(&p).map(|s| (s.st_uid, s.st_gid))),
                 Ok((4321, 5678)),
@@ -163,6 +172,7 @@ impl Suite {
             ];
             self.check(
                 "futimens",
+                // SAFETY: `ts` is a live array of the two timespecs futimens reads.
                 ok(unsafe { libc::futimens(fd, ts.as_ptr()) }),
                 Ok(()),
             );
@@ -198,6 +208,7 @@ impl Suite {
         let _ = write_file(&p, &model);
         self.check(
             "truncate: shrink",
+            // SAFETY: `p` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::truncate(p.as_ptr(), 5000) }),
             Ok(()),
         );
@@ -205,6 +216,7 @@ impl Suite {
         self.file_is("truncate: shrunk", "tr", &model);
         self.check(
             "truncate: extend to 2 MiB",
+            // SAFETY: `p` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::truncate(p.as_ptr(), 2 * MIB as i64) }),
             Ok(()),
         );
@@ -212,16 +224,19 @@ impl Suite {
         self.file_is("truncate: extended", "tr", &model);
         self.check(
             "truncate: a directory",
+            // SAFETY: the temporary CString of `self.p("r1")` lives to the end of the statement, past the call.
             ok(unsafe { libc::truncate(self.p("r1").as_ptr(), 0) }),
             Err(E(libc::EISDIR)),
         );
         self.check(
             "truncate: a missing name",
+            // SAFETY: the temporary CString of `self.p("missing")` lives to the end of the statement, past the call.
             ok(unsafe { libc::truncate(self.p("missing").as_ptr(), 0) }),
             Err(E(libc::ENOENT)),
         );
         self.check(
             "truncate: negative",
+            // SAFETY: `p` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::truncate(p.as_ptr(), -1) }),
             Err(E(libc::EINVAL)),
         );
@@ -234,12 +249,14 @@ impl Suite {
         };
         self.check(
             "fallocate mode 0 extends",
+            // SAFETY: fallocate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::fallocate(fd, 0, 0, 3 * MIB as i64) }),
             Ok(()),
         );
         self.check("fallocate: size", fsize(fd), Ok(3 * MIB as i64));
         self.check(
             "fallocate inside the file",
+            // SAFETY: fallocate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::fallocate(fd, 0, 10, 10) }).and_then(|_| fsize(fd)),
             Ok(3 * MIB as i64),
         );
@@ -251,11 +268,13 @@ impl Suite {
         );
         self.check(
             "fallocate KEEP_SIZE",
+            // SAFETY: fallocate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 4 * MIB as i64) }),
             Err(E(libc::EOPNOTSUPP)),
         );
         self.check(
             "fallocate PUNCH_HOLE",
+            // SAFETY: fallocate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe {
                 libc::fallocate(
                     fd,
@@ -268,6 +287,7 @@ impl Suite {
         );
         self.check(
             "posix_fallocate",
+            // SAFETY: posix_fallocate takes only integers (a bad descriptor is an error, not UB).
             unsafe { libc::posix_fallocate(fd, 0, 4 * MIB as i64) },
             0,
         );
@@ -278,9 +298,11 @@ impl Suite {
 
     pub(crate) fn statfs(&mut self) {
         let p = cs(&self.base);
+        // SAFETY: `libc::statvfs` is plain integers, for which all zeroes is valid.
         let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
         self.check(
             "statvfs",
+            // SAFETY: `p` is a NUL-terminated C string and `sv` a live local statvfs.
             ok(unsafe { libc::statvfs(p.as_ptr(), &mut sv) }),
             Ok(()),
         );
@@ -293,17 +315,21 @@ impl Suite {
             (sv.f_bavail, sv.f_bfree, sv.f_blocks),
         );
         self.check("statvfs: not read-only", sv.f_flag & libc::ST_RDONLY, 0);
+        // SAFETY: `libc::statfs` is plain integers, for which all zeroes is valid.
         let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
         self.check(
             "statfs",
+            // SAFETY: `p` is a NUL-terminated C string and `sf` a live local statfs.
             ok(unsafe { libc::statfs(p.as_ptr(), &mut sf) }),
             Ok(()),
         );
         self.check("statfs: FUSE magic", sf.f_type, 0x6573_5546);
         if let Some(fd) = self.must("fstatvfs: open", open(&self.p("data"), libc::O_RDONLY, 0)) {
+            // SAFETY: `libc::statvfs` is plain integers, for which all zeroes is valid.
             let mut sv2: libc::statvfs = unsafe { std::mem::zeroed() };
             self.check(
                 "fstatvfs",
+                // SAFETY: `sv2` is a live local statvfs the kernel fills.
                 ok(unsafe { libc::fstatvfs(fd, &mut sv2) }),
                 Ok(()),
             );
@@ -383,6 +409,7 @@ impl Suite {
         );
         self.check(
             "listxattr: size query",
+            // SAFETY: `p` is a NUL-terminated C string; size 0 with NULL only asks for the length.
             okn(unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) }),
             Ok("user.big\0user.empty\0user.k\0".len()),
         );
@@ -417,6 +444,7 @@ impl Suite {
         if let Some(fd) = self.must("fsetxattr: open", open(&p, libc::O_RDWR, 0)) {
             self.check(
                 "fsetxattr",
+                // SAFETY: C string literals for the name, 3 bytes of a static literal for the value.
                 ok(unsafe {
                     libc::fsetxattr(
                         fd,
@@ -431,6 +459,7 @@ impl Suite {
             let mut b = [0u8; 16];
             self.check(
                 "fgetxattr",
+                // SAFETY: a static C string for the name; `b` is a live 16-byte buffer, as passed.
                 okn(unsafe {
                     libc::fgetxattr(fd, c"user.fd".as_ptr(), b.as_mut_ptr() as *mut c_void, 16)
                 })
@@ -440,6 +469,7 @@ impl Suite {
             let mut l = vec![0u8; 4096];
             self.check(
                 "flistxattr",
+                // SAFETY: `l` is a live buffer of 4096 bytes, as passed.
                 okn(unsafe { libc::flistxattr(fd, l.as_mut_ptr() as *mut c_char, 4096) })
                     .map(|n| split_names(&l[..n])),
                 Ok(vec![
@@ -450,6 +480,7 @@ impl Suite {
             );
             self.check(
                 "fremovexattr",
+                // SAFETY: C string literals are static.
                 ok(unsafe { libc::fremovexattr(fd, c"user.fd".as_ptr()) }),
                 Ok(()),
             );
@@ -473,6 +504,8 @@ impl Suite {
         let n = cstr("user.l");
         self.check(
             "lsetxattr user.* on a symlink",
+            // SAFETY: `l` and `n` are NUL-terminated CStrings alive for the call; the value
+            // is 1 byte of a static literal.
             ok(unsafe {
                 libc::lsetxattr(l.as_ptr(), n.as_ptr(), b"1".as_ptr() as *const c_void, 1, 0)
             }),

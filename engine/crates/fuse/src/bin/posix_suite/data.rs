@@ -96,9 +96,11 @@ impl Suite {
             pread64(fd, 8, 0).map(|b| fp(&b)),
             Ok(fp(&model[..8])),
         );
+        // SAFETY: fsync takes only integers (a bad descriptor is an error, not UB).
         self.check("data: fsync", ok(unsafe { libc::fsync(fd) }), Ok(()));
         self.check(
             "data: fdatasync",
+            // SAFETY: fdatasync takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::fdatasync(fd) }),
             Ok(()),
         );
@@ -126,6 +128,7 @@ impl Suite {
         self.check(
             "data: owner is the caller",
             stat(&p).map(|s| (s.st_uid, s.st_gid)),
+            // SAFETY: geteuid/getegid take no arguments and cannot fail.
             Ok(unsafe { (libc::geteuid(), libc::getegid()) }),
         );
     }
@@ -186,6 +189,7 @@ impl Suite {
         let iov = iov_of(&[b"v2"]);
         self.check(
             "vec: pwritev2 at the file offset",
+            // SAFETY: `iov` holds one iovec over the static b"v2", alive for the call.
             okn(unsafe { libc::pwritev2(fd, iov.as_ptr(), 1, -1, 0) }),
             Ok(2),
         );
@@ -198,6 +202,7 @@ impl Suite {
         }];
         self.check(
             "vec: preadv2 at an offset",
+            // SAFETY: `iov` holds one iovec over the live local `b` (4 bytes, writable).
             okn(unsafe { libc::preadv2(fd, iov.as_ptr(), 1, 9, 0) }),
             Ok(4),
         );
@@ -289,6 +294,7 @@ impl Suite {
         );
         self.check(
             "ftruncate: shrink to 1000",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd, 1000) }),
             Ok(()),
         );
@@ -301,6 +307,7 @@ impl Suite {
         );
         self.check(
             "ftruncate: extend to 3 MiB",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd, 3 * MIB as i64) }),
             Ok(()),
         );
@@ -313,12 +320,14 @@ impl Suite {
         );
         self.check(
             "ftruncate64 to 1 MiB + 1",
+            // SAFETY: ftruncate64 takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate64(fd, MIB as i64 + 1) }),
             Ok(()),
         );
         model.truncate(MIB + 1);
         self.check(
             "ftruncate: negative length",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd, -1) }),
             Err(E(libc::EINVAL)),
         );
@@ -327,6 +336,7 @@ impl Suite {
         if let Some(rd) = self.must("ftruncate: open read-only", open(&p, libc::O_RDONLY, 0)) {
             self.check(
                 "ftruncate on a read-only descriptor",
+                // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
                 ok(unsafe { libc::ftruncate(rd, 0) }),
                 Err(E(libc::EINVAL)),
             );
@@ -408,6 +418,7 @@ impl Suite {
         };
         self.check("dup: write other", write(other, b"other-data"), Ok(10));
         self.check("dup: write aaa", write(fd, b"aaa"), Ok(3));
+        // SAFETY: dup takes only integers (a bad descriptor is an error, not UB).
         let d1 = unsafe { libc::dup(fd) };
         self.truth("dup: dup", d1 >= 0, last());
         self.check("dup: write bbb through the dup", write(d1, b"bbb"), Ok(3));
@@ -428,6 +439,7 @@ impl Suite {
         );
         self.check(
             "dup: dup2 over another open file",
+            // SAFETY: dup2 takes only integers (a bad descriptor is an error, not UB).
             okv(unsafe { libc::dup2(fd, other) }).map(|r| r == other),
             Ok(true),
         );
@@ -436,6 +448,7 @@ impl Suite {
         self.check("dup: write eee through the dup", write(d1, b"eee"), Ok(3));
         self.check(
             "dup: dup3 O_CLOEXEC",
+            // SAFETY: dup3 takes only integers (a bad descriptor is an error, not UB).
             okv(unsafe { libc::dup3(d1, d2, libc::O_CLOEXEC) }).map(|r| r == d2),
             Ok(true),
         );
@@ -447,16 +460,19 @@ impl Suite {
         self.check("dup: write fff through dup3", write(d2, b"fff"), Ok(3));
         self.check(
             "dup: dup3 onto itself",
+            // SAFETY: dup3 takes only integers (a bad descriptor is an error, not UB).
             okv(unsafe { libc::dup3(d1, d1, 0) }).map(|_| ()),
             Err(E(libc::EINVAL)),
         );
         self.check(
             "dup: dup2 onto itself",
+            // SAFETY: dup2 takes only integers (a bad descriptor is an error, not UB).
             okv(unsafe { libc::dup2(d1, d1) }).map(|r| r == d1),
             Ok(true),
         );
         self.check(
             "dup: dup of a closed descriptor",
+            // SAFETY: dup takes only integers (a bad descriptor is an error, not UB).
             okv(unsafe { libc::dup(fd) }).map(|_| ()),
             Err(E(libc::EBADF)),
         );
@@ -488,6 +504,7 @@ impl Suite {
             );
             self.check(
                 "modes: fallocate on O_RDONLY",
+                // SAFETY: fallocate takes only integers (a bad descriptor is an error, not UB).
                 ok(unsafe { libc::fallocate(rd, 0, 0, 10) }),
                 Err(E(libc::EBADF)),
             );
@@ -517,6 +534,9 @@ impl Suite {
         let p = self.p("stdio.txt");
         let big = pattern(5, 100_000);
         let mut model = Vec::new();
+        // SAFETY: `p` and the mode are NUL-terminated C strings; `f` is used only between
+        // a successful fopen and its fclose; each fwrite/fputs reads a live slice
+        // or static literal of the length passed.
         unsafe {
             let f = libc::fopen(p.as_ptr(), c"w".as_ptr());
             if f.is_null() {
@@ -550,6 +570,10 @@ impl Suite {
             self.check("stdio: fclose w", libc::fclose(f), 0);
         }
         self.file_is("stdio: written", "stdio.txt", &model);
+        // SAFETY: `p` and the modes are NUL-terminated C strings; each `f` is
+        // used only between a successful fopen and its fclose; every fread
+        // writes at most the length of the live local `b` it is given, every
+        // fwrite reads a static literal of the length passed.
         unsafe {
             let f = libc::fopen(p.as_ptr(), c"r".as_ptr());
             if f.is_null() {
@@ -711,6 +735,7 @@ impl Suite {
         );
         // creat() and the umask.
         let c = self.p("creat");
+        // SAFETY: `c` is a NUL-terminated C string alive for the call.
         let fd = okv(unsafe { libc::creat(c.as_ptr(), 0o666) });
         self.check("creat: new", fd.map(|_| ()), Ok(()));
         if let Ok(fd) = fd {
@@ -727,6 +752,7 @@ impl Suite {
             mode(&c).map(|m| m & 0o7777),
             Ok(0o644),
         );
+        // SAFETY: `c` is a NUL-terminated C string alive for the call.
         if let Ok(fd) = okv(unsafe { libc::creat(c.as_ptr(), 0o600) }) {
             self.check("creat: of an existing file truncates", fsize(fd), Ok(0));
             let _ = close(fd);
@@ -736,6 +762,7 @@ impl Suite {
             "openat: open the directory",
             open(&self.p("odir"), libc::O_RDONLY | libc::O_DIRECTORY, 0),
         ) {
+            // SAFETY: `dfd` is a directory we opened; the name is a static C string literal.
             let fd = okv(unsafe {
                 libc::openat(
                     dfd,
@@ -800,6 +827,7 @@ impl Suite {
         );
         self.check(
             "unlinked: ftruncate",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd, 1000) }),
             Ok(()),
         );
@@ -812,6 +840,7 @@ impl Suite {
         );
         self.check(
             "unlinked: fchmod",
+            // SAFETY: fchmod takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::fchmod(fd, 0o600) }),
             Ok(()),
         );

@@ -6,6 +6,7 @@ use crate::sys::*;
 use crate::Suite;
 
 fn link(a: &CStr, b: &CStr) -> R<()> {
+    // SAFETY: `a` and `b` are NUL-terminated C strings alive for the call.
     ok(unsafe { libc::link(a.as_ptr(), b.as_ptr()) })
 }
 
@@ -32,6 +33,7 @@ impl Suite {
         );
         self.check(
             "linkat",
+            // SAFETY: `b` and `c` are NUL-terminated C strings alive for the call.
             ok(unsafe { libc::linkat(libc::AT_FDCWD, b.as_ptr(), libc::AT_FDCWD, c.as_ptr(), 0) }),
             Ok(()),
         );
@@ -63,6 +65,7 @@ impl Suite {
         );
         self.check(
             "link: chmod a name",
+            // SAFETY: `c` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::chmod(c.as_ptr(), 0o600) }),
             Ok(()),
         );

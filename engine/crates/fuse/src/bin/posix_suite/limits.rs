@@ -62,17 +62,21 @@ impl Suite {
         self.check("EROFS: symlink", symlink("x", &r("ln2")), rofs);
         self.check(
             "EROFS: link",
+            // SAFETY: `file` is a NUL-terminated C string alive for the call; the temporary CString of `r("hl")` lives to the end of the statement, past the call.
             ok(unsafe { libc::link(file.as_ptr(), r("hl").as_ptr()) }),
             rofs,
         );
         self.check(
             "EROFS: chmod",
+            // SAFETY: `file` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::chmod(file.as_ptr(), 0o600) }),
             rofs,
         );
+        // SAFETY: geteuid takes no arguments and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             self.check(
                 "EROFS: chown",
+                // SAFETY: `file` is a NUL-terminated C string alive for the call.
                 ok(unsafe { libc::chown(file.as_ptr(), 1, 1) }),
                 rofs,
             );
@@ -80,6 +84,7 @@ impl Suite {
         self.check("EROFS: utimensat", utimens(&file, (1, 0), (1, 0), 0), rofs);
         self.check(
             "EROFS: truncate",
+            // SAFETY: `file` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::truncate(file.as_ptr(), 0) }),
             rofs,
         );
@@ -87,15 +92,19 @@ impl Suite {
         self.check("EROFS: removexattr", removexattr(&file, "user.r"), rofs);
         self.check(
             "EROFS: access W_OK",
+            // SAFETY: `file` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::access(file.as_ptr(), libc::W_OK) }),
             rofs,
         );
         self.check(
             "read-only: access R_OK",
+            // SAFETY: `file` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::access(file.as_ptr(), libc::R_OK) }),
             Ok(()),
         );
+        // SAFETY: `libc::statvfs` is plain integers, for which all zeroes is valid.
         let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `file` is a NUL-terminated CString and `sv` a live local statvfs.
         let _ = unsafe { libc::statvfs(file.as_ptr(), &mut sv) };
         self.check(
             "read-only: statvfs ST_RDONLY",
@@ -111,6 +120,7 @@ impl Suite {
             self.check("read-only: write", write(fd, b"x"), Err(E(libc::EBADF)));
             self.check(
                 "read-only: ftruncate",
+                // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
                 ok(unsafe { libc::ftruncate(fd, 0) }),
                 Err(E(libc::EINVAL)),
             );

@@ -134,6 +134,7 @@ fn main() {
         }
         Err(e) => usage(&format!("{}: {e}", dir.display())),
     }
+    // SAFETY: umask takes and returns only a mode.
     unsafe { libc::umask(0o022) };
     let mut s = Suite {
         base: dir,

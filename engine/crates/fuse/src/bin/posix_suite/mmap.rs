@@ -19,6 +19,8 @@ struct Map {
 
 impl Map {
     fn new(fd: c_int, len: usize, prot: c_int, flags: c_int, v64: bool) -> R<Map> {
+        // SAFETY: a new mapping at an address the kernel picks, so no existing memory is
+        // affected; the result is checked against MAP_FAILED.
         let p = unsafe {
             if v64 {
                 libc::mmap64(std::ptr::null_mut(), len, prot, flags, fd, 0)
@@ -36,22 +38,28 @@ impl Map {
     }
 
     fn bytes(&self) -> &[u8] {
+        // SAFETY: `p` is our live mapping of `len` bytes (unmapped only on drop);
+        // file pages past its end would SIGBUS, not alias Rust memory.
         unsafe { std::slice::from_raw_parts(self.p, self.len) }
     }
 
     fn put(&mut self, off: usize, b: &[u8]) {
+        // SAFETY: `p` is our live mapping of `len` bytes and `&mut self` makes this the
+        // only reference into it; the slice index panics if out of range.
         unsafe {
             std::slice::from_raw_parts_mut(self.p, self.len)[off..off + b.len()].copy_from_slice(b)
         }
     }
 
     fn sync(&self) -> R<()> {
+        // SAFETY: `p`/`len` are exactly our live mapping.
         ok(unsafe { libc::msync(self.p as *mut c_void, self.len, libc::MS_SYNC) })
     }
 }
 
 impl Drop for Map {
     fn drop(&mut self) {
+        // SAFETY: `p`/`len` are exactly the mapping made in `new`; no slice of it outlives `self`.
         unsafe { libc::munmap(self.p as *mut c_void, self.len) };
     }
 }
@@ -162,6 +170,7 @@ impl Suite {
         let mut model = Vec::new();
         self.check(
             "mmap after extending pwrite: ftruncate to 3",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd, 3) }),
             Ok(()),
         );
@@ -239,6 +248,7 @@ impl Suite {
         let mut model = vec![0u8; len];
         self.check(
             "mmap then write: ftruncate to 64 KiB",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd, len as i64) }),
             Ok(()),
         );
@@ -308,6 +318,7 @@ impl Suite {
         );
         self.check(
             "mmap then write: ftruncate down to 32 KiB",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd2, 32 * KIB as i64) }),
             Ok(()),
         );
@@ -319,6 +330,7 @@ impl Suite {
         );
         self.check(
             "mmap then write: ftruncate up to 64 KiB",
+            // SAFETY: ftruncate takes only integers (a bad descriptor is an error, not UB).
             ok(unsafe { libc::ftruncate(fd, len as i64) }),
             Ok(()),
         );

@@ -434,10 +434,12 @@ impl Suite {
         ) {
             self.check(
                 "symlinkat",
+                // SAFETY: C string literals are static.
                 ok(unsafe { libc::symlinkat(c"in".as_ptr(), dfd, c"rel".as_ptr()) }),
                 Ok(()),
             );
             let mut b = [0u8; 64];
+            // SAFETY: a static C string for the name; `b` is a live 64-byte buffer, as passed.
             let n = okn(unsafe {
                 libc::readlinkat(dfd, c"rel".as_ptr(), b.as_mut_ptr() as *mut c_char, 64)
             });
@@ -497,6 +499,9 @@ impl Suite {
             "order changed",
         );
         // telldir / seekdir / rewinddir.
+        // SAFETY: `d` is a NUL-terminated CString; `dir` is used only between a
+        // successful opendir and its closedir, and each dirent only before the
+        // next readdir on it (`dirent`'s requirement).
         unsafe {
             let dir = libc::opendir(d.as_ptr());
             if dir.is_null() {
@@ -525,6 +530,9 @@ impl Suite {
             libc::closedir(dir);
         }
         // Entries removed during a listing: every remaining one exactly once.
+        // SAFETY: `d` is a NUL-terminated CString; `dir` is used only between a
+        // successful opendir and its closedir, and each dirent only before the
+        // next readdir on it (`dirent`'s requirement).
         unsafe {
             let dir = libc::opendir(d.as_ptr());
             if dir.is_null() {
@@ -611,6 +619,7 @@ impl Suite {
             ),
             (
                 "chmod of an entry",
+                // SAFETY: `f` is a NUL-terminated C string alive for the call.
                 Box::new(|| ok(unsafe { libc::chmod(f.as_ptr(), 0o600) })),
                 vec![&t],
                 false,

@@ -6,10 +6,12 @@ use crate::sys::*;
 use crate::Suite;
 
 fn mknod(p: &CStr, mode: u32, dev: u64) -> R<()> {
+    // SAFETY: `p` is a NUL-terminated C string alive for the call.
     ok(unsafe { libc::mknod(p.as_ptr(), mode, dev) })
 }
 
 fn mkfifo(p: &CStr, mode: u32) -> R<()> {
+    // SAFETY: `p` is a NUL-terminated C string alive for the call.
     ok(unsafe { libc::mkfifo(p.as_ptr(), mode) })
 }
 
@@ -51,13 +53,16 @@ fn nlink(p: &CStr) -> R<u64> {
 }
 
 fn is_root() -> bool {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
 /// A unix stream socket bound to `path` (relative to the current directory).
 fn bound_socket(path: &str) -> R<c_int> {
+    // SAFETY: socket takes only integers.
     let fd = okv(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) })?;
     let (addr, len) = sun(path);
+    // SAFETY: `addr` is a live sockaddr_un and `len` is no larger than it (see `sun`).
     if let Err(e) = ok(unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) }) {
         let _ = close(fd);
         return Err(e);
@@ -66,6 +71,7 @@ fn bound_socket(path: &str) -> R<c_int> {
 }
 
 fn sun(path: &str) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: `libc::sockaddr_un` is plain integers, for which all zeroes is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     for (d, s) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
@@ -76,8 +82,10 @@ fn sun(path: &str) -> (libc::sockaddr_un, libc::socklen_t) {
 }
 
 fn connect(path: &str) -> R<c_int> {
+    // SAFETY: socket takes only integers.
     let fd = okv(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) })?;
     let (addr, len) = sun(path);
+    // SAFETY: `addr` is a live sockaddr_un and `len` is no larger than it (see `sun`).
     match ok(unsafe { libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) }) {
         Ok(()) => Ok(fd),
         Err(e) => {
@@ -198,8 +206,10 @@ impl Suite {
 
         // A unix socket bound in the mount; a client connects through it.
         let mut cwd = vec![0u8; 4096];
+        // SAFETY: `cwd` is a live buffer of the length passed; NULL comes back on failure.
         let here = unsafe { libc::getcwd(cwd.as_mut_ptr() as *mut c_char, cwd.len()) };
         if self
+            // SAFETY: `d` is a NUL-terminated C string alive for the call.
             .must("socket: chdir", ok(unsafe { libc::chdir(d.as_ptr()) }))
             .is_some()
         {
@@ -219,10 +229,12 @@ impl Suite {
                     );
                     self.check(
                         "socket: listen",
+                        // SAFETY: listen takes only integers (a bad descriptor is an error, not UB).
                         ok(unsafe { libc::listen(srv, 4) }),
                         Ok(()),
                     );
                     if let Some(cl) = self.must("socket: connect", connect("sock")) {
+                        // SAFETY: NULL address and length: accept returns no peer address.
                         let acc = okv(unsafe {
                             libc::accept(srv, std::ptr::null_mut(), std::ptr::null_mut())
                         });
@@ -254,6 +266,7 @@ impl Suite {
                 }
             }
             if !here.is_null() {
+                // SAFETY: `here` is non-NULL, so it points into `cwd`, NUL-terminated by getcwd.
                 let _ = unsafe { libc::chdir(here) };
             }
         }
@@ -278,16 +291,19 @@ impl Suite {
         // chmod, chown, utimes, rename and unlink as for any entry.
         self.check(
             "fifo: chmod",
+            // SAFETY: `fifo` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::chmod(fifo.as_ptr(), 0o604) }),
             Ok(()),
         );
         let (uid, gid) = if is_root() {
             (4321, 4322)
         } else {
+            // SAFETY: geteuid/getegid take no arguments and cannot fail.
             unsafe { (libc::geteuid(), libc::getegid()) }
         };
         self.check(
             "fifo: chown",
+            // SAFETY: `fifo` is a NUL-terminated C string alive for the call.
             ok(unsafe { libc::lchown(fifo.as_ptr(), uid, gid) }),
             Ok(()),
         );

@@ -142,14 +142,17 @@ pub(crate) fn put(model: &mut Vec<u8>, off: usize, data: &[u8]) {
 // ---------------------------------------------------------- libc wrappers
 
 pub(crate) fn open(p: &CStr, flags: c_int, mode: u32) -> R<c_int> {
+    // SAFETY: `p` is a NUL-terminated C string alive for the call.
     okv(unsafe { libc::open(p.as_ptr(), flags, mode as c_uint) })
 }
 
 pub(crate) fn close(fd: c_int) -> R<()> {
+    // SAFETY: close takes only integers (a bad descriptor is an error, not UB).
     ok(unsafe { libc::close(fd) })
 }
 
 pub(crate) fn write(fd: c_int, b: &[u8]) -> R<usize> {
+    // SAFETY: `b` is a live slice of `b.len()` bytes, borrowed for the call.
     okn(unsafe { libc::write(fd, b.as_ptr() as *const c_void, b.len()) })
 }
 
@@ -167,6 +170,7 @@ pub(crate) fn write_all(fd: c_int, mut b: &[u8]) -> R<usize> {
 
 pub(crate) fn read(fd: c_int, n: usize) -> R<Vec<u8>> {
     let mut v = vec![0u8; n];
+    // SAFETY: `v` has capacity `n`; read writes at most `n` bytes into it.
     let r = okn(unsafe { libc::read(fd, v.as_mut_ptr() as *mut c_void, n) })?;
     v.truncate(r);
     Ok(v)
@@ -187,6 +191,7 @@ pub(crate) fn read_full(fd: c_int, n: usize, piece: usize) -> R<Vec<u8>> {
 
 pub(crate) fn pread(fd: c_int, n: usize, off: i64) -> R<Vec<u8>> {
     let mut v = vec![0u8; n];
+    // SAFETY: `v` has capacity `n`; pread writes at most `n` bytes into it.
     let r = okn(unsafe { libc::pread(fd, v.as_mut_ptr() as *mut c_void, n, off) })?;
     v.truncate(r);
     Ok(v)
@@ -194,39 +199,50 @@ pub(crate) fn pread(fd: c_int, n: usize, off: i64) -> R<Vec<u8>> {
 
 pub(crate) fn pread64(fd: c_int, n: usize, off: i64) -> R<Vec<u8>> {
     let mut v = vec![0u8; n];
+    // SAFETY: `v` has capacity `n`; pread64 writes at most `n` bytes into it.
     let r = okn(unsafe { libc::pread64(fd, v.as_mut_ptr() as *mut c_void, n, off) })?;
     v.truncate(r);
     Ok(v)
 }
 
 pub(crate) fn pwrite(fd: c_int, b: &[u8], off: i64) -> R<usize> {
+    // SAFETY: `b` is a live slice of `b.len()` bytes, borrowed for the call.
     okn(unsafe { libc::pwrite(fd, b.as_ptr() as *const c_void, b.len(), off) })
 }
 
 pub(crate) fn pwrite64(fd: c_int, b: &[u8], off: i64) -> R<usize> {
+    // SAFETY: `b` is a live slice of `b.len()` bytes, borrowed for the call.
     okn(unsafe { libc::pwrite64(fd, b.as_ptr() as *const c_void, b.len(), off) })
 }
 
 pub(crate) fn lseek(fd: c_int, off: i64, whence: c_int) -> R<i64> {
+    // SAFETY: lseek takes only integers (a bad descriptor is an error, not UB).
     okoff(unsafe { libc::lseek(fd, off, whence) })
 }
 
 pub(crate) fn lseek64(fd: c_int, off: i64, whence: c_int) -> R<i64> {
+    // SAFETY: lseek64 takes only integers (a bad descriptor is an error, not UB).
     okoff(unsafe { libc::lseek64(fd, off, whence) })
 }
 
 pub(crate) fn fstat(fd: c_int) -> R<libc::stat> {
+    // SAFETY: `libc::stat` is plain integers, for which all zeroes is valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live local stat the kernel fills.
     ok(unsafe { libc::fstat(fd, &mut st) }).map(|_| st)
 }
 
 pub(crate) fn stat(p: &CStr) -> R<libc::stat> {
+    // SAFETY: `libc::stat` is plain integers, for which all zeroes is valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is a NUL-terminated C string and `st` a live local stat.
     ok(unsafe { libc::stat(p.as_ptr(), &mut st) }).map(|_| st)
 }
 
 pub(crate) fn lstat(p: &CStr) -> R<libc::stat> {
+    // SAFETY: `libc::stat` is plain integers, for which all zeroes is valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is a NUL-terminated C string and `st` a live local stat.
     ok(unsafe { libc::lstat(p.as_ptr(), &mut st) }).map(|_| st)
 }
 
@@ -243,22 +259,27 @@ pub(crate) fn mode(p: &CStr) -> R<u32> {
 }
 
 pub(crate) fn mkdir(p: &CStr, m: u32) -> R<()> {
+    // SAFETY: `p` is a NUL-terminated C string alive for the call.
     ok(unsafe { libc::mkdir(p.as_ptr(), m) })
 }
 
 pub(crate) fn rmdir(p: &CStr) -> R<()> {
+    // SAFETY: `p` is a NUL-terminated C string alive for the call.
     ok(unsafe { libc::rmdir(p.as_ptr()) })
 }
 
 pub(crate) fn unlink(p: &CStr) -> R<()> {
+    // SAFETY: `p` is a NUL-terminated C string alive for the call.
     ok(unsafe { libc::unlink(p.as_ptr()) })
 }
 
 pub(crate) fn rename(a: &CStr, b: &CStr) -> R<()> {
+    // SAFETY: `a` and `b` are NUL-terminated C strings alive for the call.
     ok(unsafe { libc::rename(a.as_ptr(), b.as_ptr()) })
 }
 
 pub(crate) fn renameat2(a: &CStr, b: &CStr, flags: c_uint) -> R<()> {
+    // SAFETY: `a` and `b` are NUL-terminated C strings borrowed for the call.
     ok(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
@@ -272,11 +293,13 @@ pub(crate) fn renameat2(a: &CStr, b: &CStr, flags: c_uint) -> R<()> {
 
 pub(crate) fn symlink(target: &str, p: &CStr) -> R<()> {
     let t = cstr(target);
+    // SAFETY: `t` and `p` are NUL-terminated C strings alive for the call.
     ok(unsafe { libc::symlink(t.as_ptr(), p.as_ptr()) })
 }
 
 pub(crate) fn readlink(p: &CStr, cap: usize) -> R<String> {
     let mut b = vec![0u8; cap];
+    // SAFETY: `p` is a NUL-terminated C string and `b` a live buffer of `cap` bytes.
     let n = okn(unsafe { libc::readlink(p.as_ptr(), b.as_mut_ptr() as *mut c_char, cap) })?;
     b.truncate(n);
     Ok(String::from_utf8_lossy(&b).into_owned())
@@ -291,6 +314,8 @@ pub(crate) fn readv(fd: c_int, sizes: &[usize]) -> R<Vec<Vec<u8>>> {
             iov_len: b.len(),
         })
         .collect();
+    // SAFETY: `iov` lists the buffers of `bufs`, each of its length, alive and
+    // not otherwise borrowed during the call.
     let n = okn(unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as c_int) })?;
     trim(&mut bufs, n);
     Ok(bufs)
@@ -305,6 +330,8 @@ pub(crate) fn preadv_(fd: c_int, sizes: &[usize], off: i64, v64: bool) -> R<Vec<
             iov_len: b.len(),
         })
         .collect();
+    // SAFETY: `iov` lists the buffers of `bufs`, each of its length, alive and
+    // not otherwise borrowed during the call.
     let n = okn(unsafe {
         if v64 {
             libc::preadv64(fd, iov.as_ptr(), iov.len() as c_int, off)
@@ -337,11 +364,13 @@ pub(crate) fn iov_of(parts: &[&[u8]]) -> Vec<libc::iovec> {
 
 pub(crate) fn writev(fd: c_int, parts: &[&[u8]]) -> R<usize> {
     let iov = iov_of(parts);
+    // SAFETY: `iov` (from `iov_of`) points into `parts`, borrowed for the call.
     okn(unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as c_int) })
 }
 
 pub(crate) fn pwritev_(fd: c_int, parts: &[&[u8]], off: i64, v64: bool) -> R<usize> {
     let iov = iov_of(parts);
+    // SAFETY: `iov` (from `iov_of`) points into `parts`, borrowed for the call.
     okn(unsafe {
         if v64 {
             libc::pwritev64(fd, iov.as_ptr(), iov.len() as c_int, off)
@@ -352,12 +381,15 @@ pub(crate) fn pwritev_(fd: c_int, parts: &[&[u8]], off: i64, v64: bool) -> R<usi
 }
 
 pub(crate) fn fcntl(fd: c_int, cmd: c_int, arg: c_int) -> R<c_int> {
+    // SAFETY: fcntl takes only integers (a bad descriptor is an error, not UB).
     okv(unsafe { libc::fcntl(fd, cmd, arg) })
 }
 
 pub(crate) fn getxattr(p: &CStr, name: &str, cap: usize) -> R<Vec<u8>> {
     let n = cstr(name);
     let mut b = vec![0u8; cap];
+    // SAFETY: `p` and `n` are NUL-terminated C strings; the value buffer is `b`
+    // (`cap` bytes, live) or NULL with size 0.
     let r = okn(unsafe {
         libc::getxattr(
             p.as_ptr(),
@@ -379,6 +411,8 @@ pub(crate) fn getxattr(p: &CStr, name: &str, cap: usize) -> R<Vec<u8>> {
 
 pub(crate) fn setxattr(p: &CStr, name: &str, v: &[u8], flags: c_int) -> R<()> {
     let n = cstr(name);
+    // SAFETY: `p` and `n` are NUL-terminated C strings; `v` is a live slice of the
+    // length passed.
     ok(unsafe {
         libc::setxattr(
             p.as_ptr(),
@@ -392,6 +426,7 @@ pub(crate) fn setxattr(p: &CStr, name: &str, v: &[u8], flags: c_int) -> R<()> {
 
 pub(crate) fn removexattr(p: &CStr, name: &str) -> R<()> {
     let n = cstr(name);
+    // SAFETY: `p` and `n` are NUL-terminated C strings alive for the call.
     ok(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) })
 }
 
@@ -407,6 +442,7 @@ pub(crate) fn split_names(b: &[u8]) -> Vec<String> {
 
 pub(crate) fn listxattr(p: &CStr) -> R<Vec<String>> {
     let mut b = vec![0u8; 65536];
+    // SAFETY: `p` is a NUL-terminated C string and `b` a live buffer of `b.len()` bytes.
     let n = okn(unsafe { libc::listxattr(p.as_ptr(), b.as_mut_ptr() as *mut c_char, b.len()) })?;
     Ok(split_names(&b[..n]))
 }
@@ -422,6 +458,8 @@ pub(crate) fn utimens(p: &CStr, at: (i64, i64), mt: (i64, i64), flags: c_int) ->
             tv_nsec: mt.1,
         },
     ];
+    // SAFETY: `p` is a NUL-terminated C string, `ts` a live array of the two
+    // timespecs utimensat reads.
     ok(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ts.as_ptr(), flags) })
 }
 
@@ -440,6 +478,7 @@ pub(crate) fn atime(st: &libc::stat) -> (i64, i64) {
 /// Names (with d_type) of a directory through opendir/readdir, without
 /// "." and "..", in readdir order; plus whether "." and ".." came.
 pub(crate) fn list_dir(p: &CStr) -> R<(Vec<(String, u8)>, bool)> {
+    // SAFETY: `p` is a NUL-terminated C string alive for the call.
     let d = unsafe { libc::opendir(p.as_ptr()) };
     if d.is_null() {
         return Err(last());
@@ -447,10 +486,12 @@ pub(crate) fn list_dir(p: &CStr) -> R<(Vec<(String, u8)>, bool)> {
     let mut out = Vec::new();
     let mut dots = 0;
     loop {
+        // SAFETY: `d` is the open, non-NULL stream from opendir, closed only below.
         let e = unsafe { libc::readdir(d) };
         if e.is_null() {
             break;
         }
+        // SAFETY: `e` is non-NULL and from the last readdir on `d`, not called again yet.
         let (name, ty) = unsafe { dirent(e) };
         if name == "." || name == ".." {
             dots += 1;
@@ -458,15 +499,21 @@ pub(crate) fn list_dir(p: &CStr) -> R<(Vec<(String, u8)>, bool)> {
         }
         out.push((name, ty));
     }
+    // SAFETY: `d` came from a successful opendir and is not used after this.
     unsafe { libc::closedir(d) };
     Ok((out, dots == 2))
 }
 
+/// Name and type of a directory entry.
+///
+/// # Safety
+/// `e` is a non-NULL entry from `readdir` on a stream that is still open
+/// and has not been read again since.
 pub(crate) unsafe fn dirent(e: *const libc::dirent) -> (String, u8) {
-    let name = CStr::from_ptr((*e).d_name.as_ptr())
-        .to_string_lossy()
-        .into_owned();
-    (name, (*e).d_type)
+    // SAFETY: by the caller, `e` points at readdir's live entry, whose
+    // `d_name` is NUL-terminated.
+    let (name, ty) = unsafe { (CStr::from_ptr((*e).d_name.as_ptr()), (*e).d_type) };
+    (name.to_string_lossy().into_owned(), ty)
 }
 
 pub(crate) fn names(p: &CStr) -> R<Vec<String>> {
