@@ -53,7 +53,11 @@ impl Dfs {
     pub fn mount(cont: Container, create: bool, read_only: bool) -> Result<Dfs> {
         let info = cont.info().clone();
         let file_class = parse_class("oclass", &info.oclass, ObjectClass::SX)?;
-        let dir_class = parse_class("dir_oclass", &info.dir_oclass, ObjectClass::S1)?;
+        let dir_class = parse_class(
+            "dir_oclass",
+            &info.dir_oclass,
+            file_class.default_dir_class(),
+        )?;
         let chunk_size = if info.chunk_size == 0 {
             DEFAULT_CHUNK_SIZE
         } else {

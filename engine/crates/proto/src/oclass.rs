@@ -120,6 +120,19 @@ impl ObjectClass {
             Redundancy::ErasureCode { parity, .. } => parity,
         }
     }
+
+    /// The class of a POSIX container's directories when it names none,
+    /// for files of this class: one group, replicated to survive as many
+    /// engine failures as the files do (directories hold small entries:
+    /// replicas, not erasure codes, as DAOS picks a directory class from
+    /// the redundancy factor). Unreplicated files get `S1` directories.
+    pub fn default_dir_class(self) -> ObjectClass {
+        match self.fault_tolerance() {
+            0 => ObjectClass::S1,
+            1 => ObjectClass::Rp2G1,
+            _ => ObjectClass::Rp3G1,
+        }
+    }
 }
 
 impl fmt::Display for ObjectClass {
@@ -211,5 +224,21 @@ mod tests {
         }
         let err = "RP_9G9".parse::<ObjectClass>().unwrap_err().to_string();
         assert!(err.contains("RP_9G9") && err.contains("EC_2P1G1"), "{err}");
+    }
+
+    #[test]
+    fn directories_survive_what_the_files_survive() {
+        for c in ALL_CLASSES {
+            let d = c.default_dir_class();
+            assert_eq!(d.groups(), 1, "{c}: {d}");
+            assert!(
+                d.fault_tolerance() >= c.fault_tolerance(),
+                "{c} files, {d} directories"
+            );
+            assert!(d.group_size() <= c.group_size().max(1), "{c}: {d}");
+        }
+        assert_eq!(ObjectClass::SX.default_dir_class(), ObjectClass::S1);
+        assert_eq!(ObjectClass::Ec2P1GX.default_dir_class(), ObjectClass::Rp2G1);
+        assert_eq!(ObjectClass::Ec4P2G1.default_dir_class(), ObjectClass::Rp3G1);
     }
 }

@@ -130,7 +130,11 @@ pub(super) fn cont_record(
             .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
     };
     let oclass = parse_class("oclass", &req.oclass, "SX")?;
-    let dir_oclass = parse_class("dir_oclass", &req.dir_oclass, "S1")?;
+    let dir_oclass = parse_class(
+        "dir_oclass",
+        &req.dir_oclass,
+        oclass.default_dir_class().name(),
+    )?;
     for c in [oclass, dir_oclass] {
         if c.group_size() as usize > engines {
             return Err(Status::invalid_argument(format!(
