@@ -161,9 +161,9 @@ fn next(l: &mut Listing) -> Result<Option<Dent>, c_int> {
     Ok(l.ahead.first().cloned())
 }
 
-/// readdir of a served listing: Some(entry, or null at the end or on an
+/// readdir of a served listing: Some(the entry, or null at the end, or the
 /// error), None if `d` is not served.
-unsafe fn read(d: *mut DIR) -> Option<*mut dirent64> {
+unsafe fn read(d: *mut DIR) -> Option<Result<*mut dirent64, c_int>> {
     if !meta_enabled() {
         return None;
     }
@@ -180,7 +180,7 @@ unsafe fn read(d: *mut DIR) -> Option<*mut dirent64> {
             }
         }
         match next(l) {
-            Ok(None) => Some(std::ptr::null_mut()),
+            Ok(None) => Some(Ok(std::ptr::null_mut())),
             Ok(Some(de)) => {
                 let e = &mut *l.ent;
                 e.d_ino = de.ino;
@@ -194,12 +194,9 @@ unsafe fn read(d: *mut DIR) -> Option<*mut dirent64> {
                 e.d_reclen = std::mem::size_of::<dirent64>() as u16;
                 l.pos = de.off;
                 count(C::Readdirs, 1);
-                Some(&mut *l.ent as *mut dirent64)
+                Some(Ok(&mut *l.ent as *mut dirent64))
             }
-            Err(e) => {
-                crate::real::set_errno(e);
-                Some(std::ptr::null_mut())
-            }
+            Err(e) => Some(Err(e)),
         }
     })
 }
@@ -234,8 +231,19 @@ macro_rules! served_readdir {
     ($name:ident, $real:ident) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(d: *mut DIR) -> *mut dirent64 {
+            // errno changes only on a failure: programs tell the end from
+            // an error by it, and the store's calls (a non-blocking
+            // connect's EINPROGRESS) must not show through.
+            let saved = crate::real::errno();
             match read(d) {
-                Some(e) => e,
+                Some(Ok(e)) => {
+                    crate::real::set_errno(saved);
+                    e
+                }
+                Some(Err(e)) => {
+                    crate::real::set_errno(e);
+                    std::ptr::null_mut()
+                }
                 None => crate::real::$real()(d),
             }
         }
@@ -279,16 +287,24 @@ pub unsafe extern "C" fn seekdir(d: *mut DIR, pos: c_long) {
     crate::real::r_seekdir()(d, pos)
 }
 
-/// readdir_r/readdir64_r: the entry copied into the caller's buffer.
+/// readdir_r/readdir64_r: the entry copied into the caller's buffer; the
+/// error is the return value, errno is left as it was.
 unsafe fn read_r(d: *mut DIR, ent: *mut dirent64, out: *mut *mut dirent64) -> Option<c_int> {
-    let e = read(d)?;
-    if e.is_null() {
-        *out = std::ptr::null_mut();
-        return Some(0);
-    }
-    std::ptr::copy_nonoverlapping(e, ent, 1);
-    *out = ent;
-    Some(0)
+    let saved = crate::real::errno();
+    let r = match read(d)? {
+        Ok(e) if e.is_null() => {
+            *out = std::ptr::null_mut();
+            0
+        }
+        Ok(e) => {
+            std::ptr::copy_nonoverlapping(e, ent, 1);
+            *out = ent;
+            0
+        }
+        Err(e) => e,
+    };
+    crate::real::set_errno(saved);
+    Some(r)
 }
 
 /// readdir_r and readdir64_r.

@@ -297,6 +297,11 @@ pub(crate) unsafe fn ioctl_raw(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
     libc::syscall(libc::SYS_ioctl, fd, req, arg) as c_int
 }
 
+pub(crate) fn errno() -> c_int {
+    // SAFETY: the thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: the thread's errno.
     unsafe { *libc::__errno_location() = e };

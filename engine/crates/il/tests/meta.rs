@@ -363,3 +363,76 @@ fn opens_fork_and_exec_match_the_kernel() {
     }
     assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
 }
+
+/// Targets of pool "pool" not up-and-in, by the management service.
+fn targets_out(c: &Cluster) -> Option<u32> {
+    let mut m = c.mgmt();
+    let req = peregrine_proto::mgmt::PoolQueryReq { id: "pool".into() };
+    let p = c.rt.block_on(m.pool_query(req)).ok()?.into_inner();
+    Some(p.disabled_targets + p.reintegrating_targets)
+}
+
+/// Listings through the library while an engine of a replicated pool is
+/// down, of names made and removed meanwhile too, and after it returned
+/// and was copied back (another engine away then, so some entries come
+/// from its copy): the same as the kernel's each time.
+#[test]
+fn listings_through_an_engine_outage_match_the_kernel() {
+    if !fuse_ok() {
+        return;
+    }
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 512,
+            scm_mib: 64,
+        },
+        600,
+        "RP_2G1",
+        "crc32c",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let tmp = c.dir.path().join("local");
+    fs::create_dir_all(&tmp).unwrap();
+    let bin = cc("metatest", &tmp);
+    sh(
+        &m.dir,
+        "mkdir -p d/sub && for i in $(seq 1 200); do echo $i > d/f$i; done",
+    );
+    let cmd = format!("{} dirs d d/sub", bin.display());
+    let before = sh(&m.dir, &cmd);
+
+    c.engines[2].kill9();
+    let (got, r) = il_sh(&m.dir, &cmd);
+    assert_same(&got, &before, "listing with rank 2 down");
+    assert!(r.readdirs >= 202, "listed through the library: {r:?}");
+    il_sh(
+        &m.dir,
+        "for i in $(seq 1 20); do echo n > d/new$i; done && rm d/f1 d/f2 && mkdir d/sub/k",
+    );
+    std::thread::sleep(TTL + Duration::from_millis(200));
+    let during = sh(&m.dir, &cmd);
+    assert!(
+        during.contains("new20") && !during.contains(" f1 ") && during.contains(" k "),
+        "the kernel sees the changes made during the outage:\n{during}"
+    );
+    let (got, _) = il_sh(&m.dir, &cmd);
+    assert_same(&got, &during, "listing of what changed with rank 2 down");
+
+    c.restart(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while targets_out(&c) != Some(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 2 not reintegrated; logs:\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.engines[1].kill9();
+    let (got, _) = il_sh(&m.dir, &cmd);
+    assert_same(&got, &during, "listing after rank 2's return, rank 1 down");
+    std::thread::sleep(TTL + Duration::from_millis(200));
+    assert_same(&sh(&m.dir, &cmd), &during, "kernel listing, rank 1 down");
+}
