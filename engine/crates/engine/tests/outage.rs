@@ -39,6 +39,9 @@ const SHORT: Duration = Duration::from_secs(2);
 struct History {
     /// CRC32C of the array bytes [0, span) after version v (index v).
     states: Vec<u32>,
+    /// CRC32C of each EC cell's bytes of the array after version v (to name
+    /// the cell and the versions of a read that matches none).
+    cells: Vec<Vec<u32>>,
     /// The highest version acknowledged.
     acked: usize,
     /// The highest version started (acknowledged or not yet).
@@ -63,6 +66,26 @@ struct Workload {
     tolerate_failures: bool,
 }
 
+fn cell_crcs(b: &[u8]) -> Vec<u32> {
+    b.chunks(EC_CELL_SIZE as usize).map(crc32c).collect()
+}
+
+/// For each cell of `got`: the versions of the history whose cell it is.
+fn cells_matching(h: &History, got: &[u8]) -> String {
+    cell_crcs(got)
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let v: Vec<usize> = (0..h.cells.len())
+                .filter(|&v| h.cells[v].get(i) == Some(c))
+                .collect();
+            let tail = &v[v.len().saturating_sub(4)..];
+            format!("cell {i}: versions {tail:?}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn oid(class: ObjectClass, i: u64) -> ObjectId {
     ObjectId::new(class, 7, i)
 }
@@ -82,6 +105,7 @@ impl Workload {
             .map(|_| {
                 Mutex::new(History {
                     states: vec![crc32c(&vec![0u8; span])],
+                    cells: vec![cell_crcs(&vec![0u8; span])],
                     last: vec![0u8; span],
                     ..Default::default()
                 })
@@ -141,6 +165,7 @@ impl Workload {
             let r = self.apply(&obj, v, &mut state, |s| {
                 let mut h = self.hist[i as usize].lock().unwrap();
                 h.states.push(crc32c(s));
+                h.cells.push(cell_crcs(s));
                 h.started = h.states.len() - 1;
             });
             let mut h = self.hist[i as usize].lock().unwrap();
@@ -220,12 +245,21 @@ impl Workload {
                             "other"
                         }
                     });
+                    let map = cont.pool().map();
+                    let ranks = peregrine::placement::group_layout(&map, obj.id(), self.class, 0)
+                        .map(|g| {
+                            g.shards
+                                .iter()
+                                .map(|l| map.targets[l.target].rank)
+                                .collect::<Vec<_>>()
+                        });
                     Some(format!(
-                        "array matches no version in {versions:?} (of {}){} at {} (pool map version {}); read again: {again:?} bytes",
+                        "array matches no version in {versions:?} (of {}){} ({}; shards on ranks {ranks:?}) at {} (pool map version {}); read again: {again:?} bytes",
                         h.states.len() - 1,
                         older.map_or(String::new(), |v| format!(", it is version {v}")),
+                        cells_matching(&h, &data),
                         now_utc(),
-                        cont.pool().map().version
+                        map.version
                     ))
                 } else if floor > 0 && s.is_none() {
                     Some("single value missing".into())
@@ -898,6 +932,9 @@ fn engine_out_past_the_reintegration_window_is_copied_whole() {
         events.contains("longer than the reintegration window") && events.contains("wiped"),
         "rank 1 was not copied whole:\n{events}"
     );
+    if !w.wrong.lock().unwrap().is_empty() {
+        eprintln!("engine logs:\n{}", c.logs());
+    }
     w.assert_clean("out past the reintegration window");
     verify_each_missing(&mut c, &w);
     w.assert_clean("out past the reintegration window, each engine missing in turn");
