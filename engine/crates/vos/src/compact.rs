@@ -239,16 +239,6 @@ impl<K: Ord, V> SmallMap<K, V> {
             SmallMap::Tree(t) => t.get(k),
         }
     }
-    pub(crate) fn get_mut<Q>(&mut self, k: &Q) -> Option<&mut V>
-    where
-        K: Borrow<Q>,
-        Q: Ord + ?Sized,
-    {
-        match self {
-            SmallMap::Vec(v) => Self::find(v, k).ok().map(|i| &mut v[i].1),
-            SmallMap::Tree(t) => t.get_mut(k),
-        }
-    }
     /// The value of `k`, inserted from `new` when absent.
     pub(crate) fn get_or_insert_with(&mut self, k: K, new: impl FnOnce() -> V) -> &mut V {
         if let SmallMap::Vec(v) = self {

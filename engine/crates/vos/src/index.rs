@@ -1054,16 +1054,15 @@ impl TargetIndex {
                 akeys,
                 epoch,
             } => {
-                let Some(c) = self
-                    .pools
-                    .get_mut(&pool)
-                    .and_then(|p| p.conts.get_mut(&cont))
-                else {
+                let Some(p) = self.pools.get_mut(&pool) else {
                     return;
                 };
-                let Some(o) = c.objs.get_mut(&obj) else {
-                    return;
-                };
+                // A punch of what this target does not hold (yet) is kept
+                // all the same: a version below it may still come (the
+                // whole copy to a returning target writes the punch before
+                // the versions it hides; a client's retry; a late commit).
+                let c = p.conts.entry(cont).or_default();
+                let o = c.objs.entry(obj).or_default();
                 let mut charged = 0;
                 if dkey.is_empty() {
                     o.punches.reserve_exact(1);
@@ -1072,7 +1071,8 @@ impl TargetIndex {
                         scm: REC_OVERHEAD,
                     });
                     charged += REC_OVERHEAD;
-                } else if let Some(d) = o.dkeys.get_mut(dkey.as_slice()) {
+                } else {
+                    let d = o.dkeys.entry_or_default(Key::new(&dkey));
                     if akeys.is_empty() {
                         let scm = REC_OVERHEAD + dkey.len() as u64;
                         d.punches.reserve_exact(1);
@@ -1080,12 +1080,11 @@ impl TargetIndex {
                         charged += scm;
                     } else {
                         for ak in akeys {
-                            if let Some(a) = d.akeys.get_mut(ak.as_slice()) {
-                                let scm = value_scm(&dkey, &ak, 0);
-                                a.punches.reserve_exact(1);
-                                a.punches.push(Tomb { epoch, scm });
-                                charged += scm;
-                            }
+                            let scm = value_scm(&dkey, &ak, 0);
+                            let a = d.akeys.entry_or_default(Key::from(ak));
+                            a.punches.reserve_exact(1);
+                            a.punches.push(Tomb { epoch, scm });
+                            charged += scm;
                         }
                     }
                 }
@@ -1249,10 +1248,13 @@ fn aggregate_cont(c: &mut ContTree, rel: &mut Released, upto: u64) {
                     }
                     keep
                 });
-                // A punch with nothing left at or below it hides nothing.
+                // A punch with nothing left at or below it hides nothing
+                // now; above `upto` it stays all the same, for a version
+                // below it may still come (a reintegration's copy, a
+                // client's retry, a late commit).
                 let min = a.min_epoch();
                 a.punches.retain(|t| {
-                    let keep = min.is_some_and(|m| m <= t.epoch);
+                    let keep = t.epoch > upto || min.is_some_and(|m| m <= t.epoch);
                     if !keep {
                         gone.tomb(t);
                     }
@@ -1262,7 +1264,7 @@ fn aggregate_cont(c: &mut ContTree, rel: &mut Released, upto: u64) {
             });
             let min = akeys.values().filter_map(|a| a.min_epoch()).min();
             dpunch.retain(|t| {
-                let keep = min.is_some_and(|m| m <= t.epoch);
+                let keep = t.epoch > upto || min.is_some_and(|m| m <= t.epoch);
                 if !keep {
                     gone.tomb(t);
                 }
@@ -1276,7 +1278,7 @@ fn aggregate_cont(c: &mut ContTree, rel: &mut Released, upto: u64) {
             .filter_map(|a| a.min_epoch())
             .min();
         opunch.retain(|t| {
-            let keep = min.is_some_and(|m| m <= t.epoch);
+            let keep = t.epoch > upto || min.is_some_and(|m| m <= t.epoch);
             if !keep {
                 gone.tomb(t);
             }
@@ -1504,6 +1506,55 @@ mod tests {
             used,
             "incremental usage equals recount"
         );
+    }
+
+    /// A whole copy meets a punch before the version below it: the
+    /// returning target took the punch (it was writable), aggregation ran
+    /// with its horizon below both, and then the copy wrote the older
+    /// version. The punch still hides it. (Aggregation dropped a punch
+    /// above its horizon that had nothing below it yet, and the copied
+    /// version showed through: the outage test read an EC cell of a
+    /// punched array back as its version before the punch.)
+    #[test]
+    fn a_punch_above_the_horizon_stays_for_older_versions_yet_to_come() {
+        let (mut ix, pool, cont, obj) = setup();
+        let punch = |ix: &mut TargetIndex, akeys: Vec<Vec<u8>>, dkey: &[u8], epoch| {
+            ix.apply(
+                WalOp::Punch {
+                    pool,
+                    cont,
+                    obj,
+                    dkey: dkey.to_vec(),
+                    akeys,
+                    epoch,
+                },
+                &mut Released::default(),
+            )
+        };
+        punch(&mut ix, vec![b"a".to_vec()], b"d", 30);
+        ix.apply(
+            WalOp::AggregateTo { pool, upto: 1 },
+            &mut Released::default(),
+        );
+        put(&mut ix, pool, cont, obj, 20, Kind::Array, 0, b"stale!");
+        let (status, _, size) = read(&ix, pool, cont, obj, Kind::Array, 0, 6, u64::MAX);
+        assert!(
+            status == -libc::ENOENT || size == 0,
+            "the punch at 30 hides the version at 20 (status {status}, size {size})"
+        );
+        // The same for a punch of the dkey, and of the object.
+        punch(&mut ix, vec![], b"d", 50);
+        punch(&mut ix, vec![], b"", 70);
+        ix.apply(
+            WalOp::AggregateTo { pool, upto: 1 },
+            &mut Released::default(),
+        );
+        let o = &ix.cont(&pool, &cont).unwrap().objs[&obj];
+        assert_eq!(o.punches.len(), 1, "object punch kept");
+        assert_eq!(o.dkeys[&b"d"[..]].punches.len(), 1, "dkey punch kept");
+        // At or below the horizon a punch with nothing below it still goes.
+        ix.apply(WalOp::Aggregate { pool }, &mut Released::default());
+        assert!(ix.cont(&pool, &cont).unwrap().objs.is_empty());
     }
 
     #[test]
