@@ -379,18 +379,7 @@ fn unreachable_engines_fall_back_and_the_report_says_why() {
         eprintln!("SKIP: needs /dev/fuse, root and unshare");
         return;
     }
-    let c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 1,
-            targets: 1,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        128,
-        "SX",
-        "crc32c",
-    );
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let (c, m) = small_mount();
     sh(&m.dir, "echo 'read on the kernel path' > f");
     // TCP only: shared memory (a unix socket) reaches the engines from any
     // network namespace, and the library needs no control port.
@@ -406,6 +395,23 @@ fn unreachable_engines_fall_back_and_the_report_says_why() {
     let (out, r) = il_sh(&m.dir, "cat f");
     assert_eq!(out, "read on the kernel path\n");
     assert_eq!((r.opens, r.fallbacks, r.first_failure), (1, 0, None));
+}
+
+/// One engine with one target, a 128 MiB pool, its container mounted.
+fn small_mount() -> (Cluster, Mount) {
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        128,
+        "SX",
+        "crc32c",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    (c, m)
 }
 
 fn fnv(b: &[u8]) -> u64 {
@@ -590,18 +596,7 @@ fn children_forked_with_a_connection_open_write_and_exit() {
         eprintln!("SKIP: needs /dev/fuse and python3");
         return;
     }
-    let c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 1,
-            targets: 2,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        128,
-        "SX",
-        "crc32c",
-    );
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let (c, m) = small_mount();
     const CHILDREN: usize = 100;
     let py = format!(
         r#"
