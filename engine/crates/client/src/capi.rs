@@ -20,13 +20,14 @@
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use crate::error::{Error, Result};
+use crate::sync::{Condvar, Mutex};
 use crate::{Client, Container, Object, Pool};
 use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 pub struct PrgClient(Client);
@@ -598,14 +599,11 @@ impl PrgEq {
             let h = std::thread::Builder::new()
                 .name(format!("prg-eq-{i}"))
                 .spawn(move || loop {
-                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let job = rx.lock().recv();
                     let Ok((tag, job)) = job else { return };
                     let rc = catch_unwind(AssertUnwindSafe(job)).unwrap_or(-libc::EIO);
-                    sh.done
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push_back((tag, rc));
-                    *sh.inflight.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+                    sh.done.lock().push_back((tag, rc));
+                    *sh.inflight.lock() -= 1;
                     sh.cv.notify_all();
                 })
                 .map_err(|e| {
@@ -624,11 +622,7 @@ impl PrgEq {
     }
 
     fn submit(&self, tag: *mut c_void, job: Job) -> Result<c_int> {
-        *self
-            .shared
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) += 1;
+        *self.shared.inflight.lock() += 1;
         if self
             .tx
             .as_ref()
@@ -636,11 +630,7 @@ impl PrgEq {
             .send((tag as usize, job))
             .is_err()
         {
-            *self
-                .shared
-                .inflight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) -= 1;
+            *self.shared.inflight.lock() -= 1;
             return Err(Error::io("event queue is shut down"));
         }
         Ok(0)
@@ -670,7 +660,7 @@ pub unsafe extern "C" fn prg_eq_create(out_eq: *mut *mut PrgEq) -> c_int {
 pub unsafe extern "C" fn prg_eq_destroy(eq: *mut PrgEq) -> c_int {
     ffi(|| {
         let q = handle(eq, "eq")?;
-        let busy = *q.shared.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        let busy = *q.shared.inflight.lock();
         if busy > 0 {
             return Err(Error::new(
                 -libc::EBUSY,
@@ -779,7 +769,7 @@ pub unsafe extern "C" fn prg_eq_poll(
         }
         let deadline =
             (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
-        let mut done = q.shared.done.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = q.shared.done.lock();
         loop {
             if !done.is_empty() {
                 let n = done.len().min(max as usize);
@@ -803,12 +793,7 @@ pub unsafe extern "C" fn prg_eq_poll(
                     d - now
                 }
             };
-            done = q
-                .shared
-                .cv
-                .wait_timeout(done, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            q.shared.cv.wait_for(&mut done, wait);
         }
     })
 }
@@ -817,13 +802,8 @@ pub unsafe extern "C" fn prg_eq_poll(
 pub unsafe extern "C" fn prg_eq_inflight(eq: *mut PrgEq) -> c_int {
     ffi(|| {
         let q = handle(eq, "eq")?;
-        let n = *q.shared.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        let ready = q
-            .shared
-            .done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len();
+        let n = *q.shared.inflight.lock();
+        let ready = q.shared.done.lock().len();
         Ok((n + ready) as c_int)
     })
 }
@@ -833,10 +813,7 @@ pub unsafe extern "C" fn prg_eq_inflight(eq: *mut PrgEq) -> c_int {
 #[no_mangle]
 pub extern "C" fn prg_strerror(rc: c_int) -> *const c_char {
     static CACHE: OnceLock<Mutex<HashMap<c_int, &'static CStr>>> = OnceLock::new();
-    let mut m = CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut m = CACHE.get_or_init(Default::default).lock();
     let rc = if rc > 0 { -rc } else { rc };
     let s = m.entry(rc).or_insert_with(|| {
         let text = catch_unwind(|| peregrine_proto::strerror(rc))

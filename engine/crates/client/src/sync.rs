@@ -34,10 +34,6 @@ impl<T> Mutex<T> {
     pub const fn new(value: T) -> Mutex<T> {
         Mutex(std::sync::Mutex::new(value))
     }
-
-    pub fn into_inner(self) -> T {
-        self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl<T: ?Sized> Mutex<T> {
@@ -51,10 +47,6 @@ impl<T: ?Sized> Mutex<T> {
             Err(std::sync::TryLockError::Poisoned(p)) => Some(MutexGuard(Some(p.into_inner()))),
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
-    }
-
-    pub fn get_mut(&mut self) -> &mut T {
-        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -90,10 +82,6 @@ impl<T> RwLock<T> {
     pub const fn new(value: T) -> RwLock<T> {
         RwLock(std::sync::RwLock::new(value))
     }
-
-    pub fn into_inner(self) -> T {
-        self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl<T: ?Sized> RwLock<T> {
@@ -103,10 +91,6 @@ impl<T: ?Sized> RwLock<T> {
 
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
         self.0.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn get_mut(&mut self) -> &mut T {
-        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -142,10 +126,6 @@ impl Condvar {
             .unwrap_or_else(PoisonError::into_inner);
         guard.0 = Some(g);
         r.timed_out()
-    }
-
-    pub fn notify_one(&self) {
-        self.0.notify_one();
     }
 
     pub fn notify_all(&self) {
