@@ -125,7 +125,7 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 		if err != nil {
 			return nil, storeErr(err, "container %q: query", label)
 		}
-		return info, nil
+		return r.syncProps(cctx, cont, ms, info)
 	}
 	info, err := ms.ContQuery(cctx, &mgmtpb.ContQueryReq{Pool: pool.Status.UUID, Id: label})
 	switch {
@@ -144,10 +144,7 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 		if cont.Spec.RedundancyFactor != nil {
 			req.RedundancyFactor = uint32(*cont.Spec.RedundancyFactor)
 		}
-		req.Props = map[string]string{}
-		if cont.Spec.ACL != "" {
-			req.Props["acl"] = cont.Spec.ACL
-		}
+		req.Props = desiredContainerProps(cont)
 		if cont.Spec.Sync != "" {
 			req.Props["sync"] = cont.Spec.Sync
 		}
@@ -159,7 +156,29 @@ func (r *ContainerReconciler) ensureContainer(ctx context.Context, cont *storage
 		return nil, storeErr(err, "container %q: query", label)
 	}
 	cont.Status.UUID = info.Uuid
-	return info, nil
+	return r.syncProps(cctx, cont, ms, info)
+}
+
+// desiredContainerProps are the mutable store properties the spec sets (sync, immutable, is set
+// at creation only).
+func desiredContainerProps(cont *storagev1.Container) map[string]string {
+	props := map[string]string{}
+	accessProps(props, cont.Spec.ACL, cont.Spec.Owner, cont.Spec.Group, cont.Spec.AllowedNamespaces)
+	return props
+}
+
+// syncProps sets the properties whose value in the store differs from the spec.
+func (r *ContainerReconciler) syncProps(ctx context.Context, cont *storagev1.Container, ms mgmtpb.MgmtClient, info *mgmtpb.ContInfo) (*mgmtpb.ContInfo, error) {
+	diff := propsToSet(desiredContainerProps(cont), info.Props)
+	if len(diff) == 0 {
+		return info, nil
+	}
+	updated, err := ms.ContSetProp(ctx, &mgmtpb.ContSetPropReq{Pool: info.PoolUuid, Id: info.Uuid, Props: diff})
+	if err != nil {
+		return nil, storeErr(err, "container %q: set properties", info.Label)
+	}
+	r.Recorder.Eventf(cont, corev1.EventTypeNormal, "PropertiesSet", "set %s of container %q", propNames(diff), info.Label)
+	return updated, nil
 }
 
 func copyContainerStatus(cont *storagev1.Container, pool *storagev1.Pool, info *mgmtpb.ContInfo) {

@@ -168,20 +168,13 @@ func desiredPoolProps(pool *storagev1.Pool) map[string]string {
 	if pool.Spec.RedundancyFactor != nil {
 		props["rf"] = strconv.Itoa(int(*pool.Spec.RedundancyFactor))
 	}
-	if pool.Spec.ACL != "" {
-		props["acl"] = pool.Spec.ACL
-	}
+	accessProps(props, pool.Spec.ACL, pool.Spec.Owner, pool.Spec.Group, pool.Spec.AllowedNamespaces)
 	return props
 }
 
 // syncProps sets the properties whose value in the store differs from the spec.
 func (r *PoolReconciler) syncProps(ctx context.Context, pool *storagev1.Pool, ms mgmtpb.MgmtClient, info *mgmtpb.PoolInfo) (*mgmtpb.PoolInfo, error) {
-	diff := map[string]string{}
-	for k, v := range desiredPoolProps(pool) {
-		if info.Props[k] != v {
-			diff[k] = v
-		}
-	}
+	diff := propsToSet(desiredPoolProps(pool), info.Props)
 	if len(diff) == 0 {
 		return info, nil
 	}
@@ -189,7 +182,7 @@ func (r *PoolReconciler) syncProps(ctx context.Context, pool *storagev1.Pool, ms
 	if err != nil {
 		return nil, storeErr(err, "pool %q: set properties", info.Label)
 	}
-	r.Recorder.Eventf(pool, corev1.EventTypeNormal, "PropertiesSet", "set %d propert(ies) of pool %q", len(diff), info.Label)
+	r.Recorder.Eventf(pool, corev1.EventTypeNormal, "PropertiesSet", "set %s of pool %q", propNames(diff), info.Label)
 	return updated, nil
 }
 

@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/types"
 	"google.golang.org/grpc/codes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -261,6 +262,82 @@ var _ = Describe("Pool and Container on a real engine", Ordered, func() {
 		c, p = getContainer("vanish-data"), getPool("vanish")
 		Expect(k8s.Delete(ctx, c)).To(Succeed())
 		Expect(k8s.Delete(ctx, p)).To(Succeed())
+		Eventually(gone(p), 60*time.Second).Should(BeTrue())
+	})
+
+	It("sets the ACL, owner, group and allowed namespaces of a pool and a container, at creation and when the spec changes", func() {
+		props := func(get func() (map[string]string, error)) func(Gomega) map[string]string {
+			return func(g Gomega) map[string]string {
+				p, err := get()
+				g.Expect(err).NotTo(HaveOccurred())
+				return p
+			}
+		}
+		poolProps := props(func() (map[string]string, error) {
+			info, err := ms.PoolQuery(ctx, &mgmtpb.PoolQueryReq{Id: "guarded"})
+			return info.GetProps(), err
+		})
+		contProps := props(func() (map[string]string, error) {
+			info, err := ms.ContQuery(ctx, &mgmtpb.ContQueryReq{Pool: "guarded", Id: "guarded-data"})
+			return info.GetProps(), err
+		})
+		// The store keeps names without their @ and the ACL re-written: compared as the
+		// reconcilers compare them.
+		sameAs := func(k, want string) types.GomegaMatcher {
+			return WithTransform(func(p map[string]string) bool { return sameProp(k, want, p[k]) }, BeTrue())
+		}
+
+		p := newPool("guarded", "tank", "32MiB")
+		p.Spec.TierRatio = "0.1"
+		p.Spec.ACL = "A::OWNER@:rwa,A:G:GROUP@:rw,A::EVERYONE@:r"
+		p.Spec.Owner, p.Spec.Group = "alice@", "staff@"
+		p.Spec.AllowedNamespaces = storagev1.AllowedNamespaces{"team-a", "team-b/trainer"}
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		waitPoolReady("guarded")
+		Expect(poolProps(Default)).To(And(
+			sameAs(storagev1.PropACL, "A::OWNER@:rwa,A:G:GROUP@:rw,A::EVERYONE@:r"),
+			sameAs(storagev1.PropOwner, "alice@"), sameAs(storagev1.PropGroup, "staff@"),
+			HaveKeyWithValue(storagev1.PropAllowedNamespaces, "team-a,team-b/trainer")))
+
+		By("a change of the spec reaches the store")
+		Expect(updateFresh(p, func() {
+			p.Spec.Owner = "bob@"
+			p.Spec.AllowedNamespaces = storagev1.AllowedNamespaces{"team-c"}
+			p.Spec.ACL = "A::OWNER@:rwa,A:G:GROUP@:r"
+		})).To(Succeed())
+		Eventually(poolProps, 30*time.Second).Should(And(
+			sameAs(storagev1.PropOwner, "bob@"), sameAs(storagev1.PropGroup, "staff@"),
+			sameAs(storagev1.PropACL, "A::OWNER@:rwa,A:G:GROUP@:r"),
+			HaveKeyWithValue(storagev1.PropAllowedNamespaces, "team-c")))
+
+		By("emptying the list lifts the restriction")
+		Expect(updateFresh(p, func() { p.Spec.AllowedNamespaces = nil })).To(Succeed())
+		Eventually(poolProps, 30*time.Second).Should(HaveKeyWithValue(storagev1.PropAllowedNamespaces, storagev1.AnyNamespace))
+
+		By("a container's fields, at creation and on change")
+		c := newContainer("guarded-data", "guarded")
+		c.Spec.Owner = "carol@"
+		c.Spec.ACL = "A::OWNER@:rwa,A::dave@:r"
+		c.Spec.AllowedNamespaces = storagev1.AllowedNamespaces{"team-a/trainer"}
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		waitContainerReady("guarded-data")
+		Expect(contProps(Default)).To(And(
+			sameAs(storagev1.PropOwner, "carol@"), sameAs(storagev1.PropACL, "A::OWNER@:rwa,A::dave@:r"),
+			HaveKeyWithValue(storagev1.PropAllowedNamespaces, "team-a/trainer")))
+		Expect(updateFresh(c, func() {
+			c.Spec.Group = "staff@"
+			c.Spec.ACL = "A::OWNER@:rwa,A::dave@:rw"
+			c.Spec.AllowedNamespaces = storagev1.AllowedNamespaces{"team-a", "team-b"}
+		})).To(Succeed())
+		Eventually(contProps, 30*time.Second).Should(And(
+			sameAs(storagev1.PropGroup, "staff@"), sameAs(storagev1.PropACL, "A::OWNER@:rwa,A::dave@:rw"),
+			HaveKeyWithValue(storagev1.PropAllowedNamespaces, "team-a,team-b")))
+		Expect(updateFresh(c, func() { c.Spec.AllowedNamespaces = nil })).To(Succeed())
+		Eventually(contProps, 30*time.Second).Should(HaveKeyWithValue(storagev1.PropAllowedNamespaces, storagev1.AnyNamespace))
+
+		By("cleaning up the objects")
+		Expect(k8s.Delete(ctx, getContainer("guarded-data"))).To(Succeed())
+		Expect(k8s.Delete(ctx, getPool("guarded"))).To(Succeed())
 		Eventually(gone(p), 60*time.Second).Should(BeTrue())
 	})
 })

@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -143,4 +145,85 @@ func (s storeReconciler) destroy(ctx context.Context, o storeObject, addr mgmtTa
 		// Kubernetes): it is not forced away.
 		return storeErr(err, "%s: destroy", d.what())
 	}
+}
+
+// accessProps adds to props the store properties of a Pool's or Container's access fields: the
+// ACL, owner and group when set, and the namespaces the CSI driver lets use it when any are
+// listed (docs/access-control.md).
+func accessProps(props map[string]string, acl storagev1.ACL, owner, group storagev1.Principal, allowed storagev1.AllowedNamespaces) {
+	if acl != "" {
+		props[storagev1.PropACL] = string(acl)
+	}
+	if owner != "" {
+		props[storagev1.PropOwner] = string(owner)
+	}
+	if group != "" {
+		props[storagev1.PropGroup] = string(group)
+	}
+	if len(allowed) > 0 {
+		props[storagev1.PropAllowedNamespaces] = allowed.Property()
+	}
+}
+
+// propsToSet are the properties of desired whose value in the store (have) differs. The spec owns
+// the namespaces property: when desired has none, a restriction the store still holds (the list
+// was emptied, or set outside Kubernetes) is lifted by setting it to "*" (any namespace).
+// Properties the spec leaves unset otherwise keep the store's value.
+func propsToSet(desired, have map[string]string) map[string]string {
+	diff := map[string]string{}
+	for k, v := range desired {
+		if !sameProp(k, v, have[k]) {
+			diff[k] = v
+		}
+	}
+	if _, ok := desired[storagev1.PropAllowedNamespaces]; !ok {
+		if h := have[storagev1.PropAllowedNamespaces]; h != "" && h != storagev1.AnyNamespace {
+			diff[storagev1.PropAllowedNamespaces] = storagev1.AnyNamespace
+		}
+	}
+	return diff
+}
+
+// propNames lists the keys of props for an event: "properties acl, owner".
+func propNames(props map[string]string) string {
+	keys := make([]string, 0, len(props))
+	for k := range props {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	if len(keys) == 1 {
+		return "property " + keys[0]
+	}
+	return "properties " + strings.Join(keys, ", ")
+}
+
+// sameProp reports whether the store's value of property k says what the spec's does: the store
+// keeps an ACL re-written (its permissions as rwa, in that order) and owner and group names
+// without their @, so an ACL is compared whatever the order of its entries and permissions, and
+// a name with or without its @; every other property as text.
+func sameProp(k, want, have string) bool {
+	switch k {
+	case storagev1.PropACL:
+		return canonicalACL(want) == canonicalACL(have)
+	case storagev1.PropOwner, storagev1.PropGroup:
+		return strings.TrimSuffix(want, "@") == strings.TrimSuffix(have, "@")
+	}
+	return want == have
+}
+
+// canonicalACL sorts an ACL's entries and the permissions of each.
+func canonicalACL(acl string) string {
+	if acl == "" {
+		return ""
+	}
+	entries := strings.Split(acl, ",")
+	for i, e := range entries {
+		if j := strings.LastIndexByte(e, ':'); j >= 0 {
+			perms := []byte(e[j+1:])
+			sort.Slice(perms, func(a, b int) bool { return perms[a] < perms[b] })
+			entries[i] = e[:j+1] + string(perms)
+		}
+	}
+	sort.Strings(entries)
+	return strings.Join(entries, ",")
 }

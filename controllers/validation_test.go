@@ -54,6 +54,55 @@ var _ = Describe("Validation by the API server", func() {
 		p.Spec.Properties = map[string]string{"rf": "2"}
 		refused(p, "spec.properties", "must start with 'user.'")
 	})
+	It("refuses a malformed ACL, naming the rule it breaks", func() {
+		for acl, text := range map[string]string{
+			"A::OWNER@:rwx":             "want entries A:<flags>:<principal>:<perms>",
+			"A::OWNER@:rwa,":            "want entries A:<flags>:<principal>:<perms>",
+			"D::OWNER@:r":               "want entries A:<flags>:<principal>:<perms>",
+			"A::alice:r":                "want entries A:<flags>:<principal>:<perms>",
+			"A::OWNER@:":                "want entries A:<flags>:<principal>:<perms>",
+			"A::OWNER@:rwa, A::bob@:r":  "want entries A:<flags>:<principal>:<perms>",
+			"A::OWNER@:rwa,A::GROUP@:r": "GROUP@ takes the flag G",
+			"A:G:EVERYONE@:r":           "OWNER@ and EVERYONE@ take none",
+			"A::OWNER@:rwr":             "names a permission twice",
+		} {
+			p := newPool("bad-acl", "tank", "1GiB")
+			p.Spec.ACL = storagev1.ACL(acl)
+			refused(p, "spec.acl", text)
+			c := newContainer("bad-acl", "alpha")
+			c.Spec.ACL = storagev1.ACL(acl)
+			refused(c, "spec.acl", text)
+		}
+	})
+	It("accepts a well-formed ACL", func() {
+		p := newPool("good-acl", "nowhere", "1GiB")
+		p.Spec.ACL = "A::OWNER@:rwa,A:G:GROUP@:rw,A::EVERYONE@:r,A::alice@:ar,A:G:staff@:w"
+		Expect(k8s.Create(ctx, p, client.DryRunAll)).To(Succeed())
+	})
+	It("refuses an owner or group without its @", func() {
+		p := newPool("bad-owner", "tank", "1GiB")
+		p.Spec.Owner = "alice"
+		refused(p, "spec.owner", "should match")
+		c := newContainer("bad-group", "alpha")
+		c.Spec.Group = "sta ff@"
+		refused(c, "spec.group", "should match")
+	})
+	It("refuses an allowed namespace that is no namespace or service account", func() {
+		for _, bad := range []string{"Team-A", "team-a/", "a/b/c", "*", "-team"} {
+			p := newPool("bad-ns", "tank", "1GiB")
+			p.Spec.AllowedNamespaces = storagev1.AllowedNamespaces{storagev1.NamespaceOrServiceAccount(bad)}
+			refused(p, "spec.allowedNamespaces[0]", "should match")
+		}
+		c := newContainer("dup-ns", "alpha")
+		c.Spec.AllowedNamespaces = storagev1.AllowedNamespaces{"team-a", "team-a"}
+		refused(c, "spec.allowedNamespaces[1]", "Duplicate value")
+	})
+	It("refuses allowedNamespaces together with the property it sets", func() {
+		p := newPool("both-ns", "tank", "1GiB")
+		p.Spec.AllowedNamespaces = storagev1.AllowedNamespaces{"team-a"}
+		p.Spec.Properties = map[string]string{storagev1.PropAllowedNamespaces: "team-b"}
+		refused(p, "spec.allowedNamespaces", "not both")
+	})
 	It("refuses a ServerSet with both NVMe and emulated storage", func() {
 		ss := newServerSet("two-devices", "127.0.0.1:1", 1)
 		ss.Spec.Storage.Nvme = &storagev1.NvmeStorage{Device: "/dev/nvme0n1"}

@@ -83,7 +83,7 @@ func storeStatus(err error, format string, args ...any) error {
 	code := st.Code()
 	switch code {
 	case codes.NotFound, codes.InvalidArgument, codes.ResourceExhausted, codes.AlreadyExists,
-		codes.FailedPrecondition, codes.Aborted, codes.DeadlineExceeded, codes.Canceled:
+		codes.FailedPrecondition, codes.Aborted, codes.DeadlineExceeded, codes.Canceled, codes.PermissionDenied:
 	case codes.Unavailable:
 	default:
 		code = codes.Internal
@@ -162,7 +162,7 @@ func (c *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 		return nil, err
 	}
 	defer unlock()
-	vol, err := c.createVolume(ctx, req.Name, params, quota, req.CapacityRange, req.VolumeContentSource)
+	vol, err := c.createVolume(ctx, req.Name, params, pvcRequester(req.Parameters), quota, req.CapacityRange, req.VolumeContentSource)
 	if err != nil {
 		return nil, err
 	}
@@ -170,11 +170,16 @@ func (c *ControllerServer) CreateVolume(ctx context.Context, req *csipb.CreateVo
 	return &csipb.CreateVolumeResponse{Volume: vol}, nil
 }
 
-func (c *ControllerServer) createVolume(ctx context.Context, name string, params *VolumeParams, quota uint64,
+// createVolume makes (or finds, by name) the container of volume `name` in the pool of params
+// for who; the pool's allowed namespaces (and a clone source's) must admit who.
+func (c *ControllerServer) createVolume(ctx context.Context, name string, params *VolumeParams, who requester, quota uint64,
 	rng *csipb.CapacityRange, src *csipb.VolumeContentSource) (*csipb.Volume, error) {
 	pool, err := c.ms.PoolQuery(ctx, &mgmtpb.PoolQueryReq{Id: params.Pool})
 	if err != nil {
 		return nil, storeStatus(err, "pool %q (StorageClass parameter %s)", params.Pool, ParamPool)
+	}
+	if err := checkAllowed(pool.Props, fmt.Sprintf("pool %q", pool.Label), who); err != nil {
+		return nil, status.Errorf(status.Code(err), "volume %q: %s", name, status.Convert(err).Message())
 	}
 	label := containerLabel(name)
 	if have, err := c.ms.ContQuery(ctx, &mgmtpb.ContQueryReq{Pool: pool.Uuid, Id: label}); err == nil {
@@ -211,7 +216,7 @@ func (c *ControllerServer) createVolume(ctx context.Context, name string, params
 	}
 	creq := params.ContCreateReq(label, quota)
 	creq.Props[nameProp] = name
-	if err := c.fillSource(ctx, creq, pool, src); err != nil {
+	if err := c.fillSource(ctx, creq, pool, who, src); err != nil {
 		return nil, err
 	}
 	info, err := c.ms.ContCreate(ctx, creq)
@@ -264,8 +269,8 @@ func storedPerData(oclass string) (uint64, uint64) {
 const cloneSnapPrefix = "csi-clone-source-"
 
 // fillSource makes creq a clone of a snapshot or of a volume (through a snapshot of it taken now
-// and dropped after the copy).
-func (c *ControllerServer) fillSource(ctx context.Context, creq *mgmtpb.ContCreateReq, pool *mgmtpb.PoolInfo, src *csipb.VolumeContentSource) error {
+// and dropped after the copy); the source container's allowed namespaces must admit who.
+func (c *ControllerServer) fillSource(ctx context.Context, creq *mgmtpb.ContCreateReq, pool *mgmtpb.PoolInfo, who requester, src *csipb.VolumeContentSource) error {
 	switch {
 	case src == nil:
 		return nil
@@ -281,6 +286,9 @@ func (c *ControllerServer) fillSource(ctx context.Context, creq *mgmtpb.ContCrea
 		if s.Pool != pool.Uuid && s.Pool != pool.Label {
 			return status.Errorf(codes.InvalidArgument, "source snapshot %q is in another pool than %q: clones stay in their pool", id, pool.Label)
 		}
+		if err := c.checkSource(ctx, pool, s.Cont, who, "source snapshot "+strconv.Quote(id)); err != nil {
+			return err
+		}
 		creq.CloneFrom, creq.CloneEpoch = s.Cont, s.Epoch
 	case src.GetVolume() != nil:
 		id := src.GetVolume().VolumeId
@@ -290,6 +298,9 @@ func (c *ControllerServer) fillSource(ctx context.Context, creq *mgmtpb.ContCrea
 		}
 		if v.Pool != pool.Uuid && v.Pool != pool.Label {
 			return status.Errorf(codes.InvalidArgument, "source volume %q is in another pool than %q: clones stay in their pool", id, pool.Label)
+		}
+		if err := c.checkSource(ctx, pool, v.Cont, who, "source volume "+strconv.Quote(id)); err != nil {
+			return err
 		}
 		snap, err := c.ms.SnapCreate(ctx, &mgmtpb.SnapCreateReq{Pool: v.Pool, Cont: v.Cont, Name: cloneSnapPrefix + creq.Label})
 		if status.Code(err) == codes.AlreadyExists {
@@ -301,6 +312,19 @@ func (c *ControllerServer) fillSource(ctx context.Context, creq *mgmtpb.ContCrea
 			return storeStatus(err, "source volume %q", id)
 		}
 		creq.CloneFrom, creq.CloneEpoch = v.Cont, snap.Epoch
+	}
+	return nil
+}
+
+// checkSource checks who against the allowed namespaces of a clone's source container: a copy
+// must not hand its data to a namespace the source refuses.
+func (c *ControllerServer) checkSource(ctx context.Context, pool *mgmtpb.PoolInfo, cont string, who requester, what string) error {
+	info, err := c.ms.ContQuery(ctx, &mgmtpb.ContQueryReq{Pool: pool.Uuid, Id: cont})
+	if err != nil {
+		return storeStatus(err, "%s", what)
+	}
+	if err := checkAllowed(info.Props, fmt.Sprintf("container %q of pool %q", info.Label, pool.Label), who); err != nil {
+		return status.Errorf(status.Code(err), "%s: %s", what, status.Convert(err).Message())
 	}
 	return nil
 }
@@ -564,7 +588,8 @@ func (c *ControllerServer) CreateEphemeral(ctx context.Context, name string, att
 	if err != nil {
 		return VolumeID{}, status.Error(codes.InvalidArgument, err.Error())
 	}
-	vol, err := c.createVolume(ctx, name, params, quota, nil, nil)
+	// The pod's namespace and service account are in its volume attributes (podInfoOnMount).
+	vol, err := c.createVolume(ctx, name, params, podRequester(attrs), quota, nil, nil)
 	if err != nil {
 		return VolumeID{}, err
 	}

@@ -108,6 +108,9 @@ func NewDriver(cfg Config) (*Driver, error) {
 		if nc.Ephemeral == nil {
 			nc.Ephemeral = d.ctrl
 		}
+		if nc.Mgmt == nil {
+			nc.Mgmt = d.ms
+		}
 		if d.node, err = NewNodeServer(nc); err != nil {
 			_ = conn.Close()
 			return nil, err

@@ -22,6 +22,8 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
 )
 
 // TopologyNodeKey is the topology segment naming the node in NodeGetInfo.
@@ -48,6 +50,11 @@ type NodeConfig struct {
 	MaxVolumes int64
 	// Ephemeral provisions CSI inline ephemeral volumes; nil: they are refused.
 	Ephemeral EphemeralProvisioner
+	// Mgmt is the management service the node asks, before every publish, for the namespaces
+	// the volume's pool and container allow (PoolQuery and ContQuery, which the node's client
+	// certificate may make; access.go). The driver always sets it; nil skips the check (tests
+	// of the node service alone, without a store).
+	Mgmt mgmtpb.MgmtClient
 	// FuseCgroup: comma-separated cgroup directories (one per hierarchy with cgroup v1) the
 	// daemons are moved to, so that the container runtime stopping the plugin's cgroup leaves
 	// them running. Empty: they stay in the plugin's cgroup.
@@ -468,6 +475,18 @@ func (ns *NodeServer) NodePublishVolume(ctx context.Context, req *csipb.NodePubl
 			return nil, err
 		}
 	} else {
+		// Who may use the volume is asked of the store at every publish: a change of the
+		// namespaces a pool or container allows holds for the next pod. An inline volume's pool
+		// was checked when its container was made (CreateEphemeral), for this pod.
+		if ns.cfg.Mgmt != nil {
+			id, err := ParseVolumeID(req.GetVolumeId())
+			if err != nil {
+				return nil, status.Error(codes.NotFound, err.Error())
+			}
+			if err := checkPodAccess(ctx, ns.cfg.Mgmt, id, podRequester(req.GetVolumeContext())); err != nil {
+				return nil, err
+			}
+		}
 		v = ns.getVolume(req.GetVolumeId())
 		if v == nil || v.st.Ephemeral != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged on this node", req.GetVolumeId())

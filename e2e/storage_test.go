@@ -289,5 +289,6 @@ i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/stea
 	metricsSpecs(ctx) // before engineRestartSpecs: a restarted engine counts from zero
 	engineRestartSpecs(ctx)
 	expansionAndSnapshotSpecs(ctx)
+	accessControlSpecs(ctx)
 	uninstallSpecs(ctx) // last: E2E_UNINSTALL=1 uninstalls the release
 })

@@ -60,9 +60,26 @@ type ContainerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="sync is immutable"
 	Sync string `json:"sync,omitempty"`
 
-	// ACL of the container, in the store's ACL syntax.
+	// ACL of the container in the store (its property acl), in the syntax of the Pool's acl:
+	// entries A:<flags>:<principal>:<perms> separated by commas. Unset: the store's default ACL.
 	// +optional
-	ACL string `json:"acl,omitempty"`
+	ACL ACL `json:"acl,omitempty"`
+
+	// Owner of the container in the store (property owner): a user name followed by @.
+	// Unset: the creator's identity (root@ for the operator).
+	// +optional
+	Owner Principal `json:"owner,omitempty"`
+	// Group owning the container in the store (property group): a group name followed by @.
+	// Unset: the creator's group (root@ for the operator).
+	// +optional
+	Group Principal `json:"group,omitempty"`
+
+	// AllowedNamespaces lists the Kubernetes namespaces ("team-a") or service accounts
+	// ("team-a/trainer") whose pods may mount the container through the CSI driver (property
+	// user.peregrine.io/namespaces), on top of its Pool's list. Empty: any namespace the Pool
+	// allows.
+	// +optional
+	AllowedNamespaces AllowedNamespaces `json:"allowedNamespaces,omitempty"`
 
 	// ReclaimPolicy: Delete destroys the container in the store when this object is deleted, Retain keeps it.
 	// +optional

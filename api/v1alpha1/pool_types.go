@@ -8,6 +8,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="has(self.size) != (has(self.scmSize) || has(self.nvmeSize))",message="give either size or scmSize/nvmeSize"
 // +kubebuilder:validation:XValidation:rule="has(self.scmSize) == has(self.nvmeSize)",message="scmSize and nvmeSize go together"
 // +kubebuilder:validation:XValidation:rule="!has(self.tierRatio) || has(self.size)",message="tierRatio applies to size only",fieldPath=".tierRatio"
+// +kubebuilder:validation:XValidation:rule="!has(self.allowedNamespaces) || !has(self.properties) || !('user.peregrine.io/namespaces' in self.properties)",message="give allowedNamespaces or properties[user.peregrine.io/namespaces], not both",fieldPath=".allowedNamespaces"
 type PoolSpec struct {
 	// ServerSetRef names the ServerSet (same namespace) whose engines hold the pool.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="serverSetRef is immutable"
@@ -44,9 +45,31 @@ type PoolSpec struct {
 	// +kubebuilder:validation:Maximum=4
 	RedundancyFactor *int32 `json:"redundancyFactor,omitempty"`
 
-	// ACL of the pool, in the store's ACL syntax.
+	// ACL of the pool in the store (its property acl): who may connect to it and what they may
+	// do. Entries separated by commas, each A:<flags>:<principal>:<perms>: flags empty, or G for a
+	// group principal; principal OWNER@, GROUP@ (flag G), EVERYONE@, or a user or group name
+	// followed by @; perms one or more of r (read), w (write), a (administer). Example:
+	// "A::OWNER@:rwa,A:G:GROUP@:rw,A::EVERYONE@:r". Unset: the store's default ACL.
 	// +optional
-	ACL string `json:"acl,omitempty"`
+	ACL ACL `json:"acl,omitempty"`
+
+	// Owner of the pool in the store (property owner): a user name followed by @ ("alice@").
+	// Unset: the creator's identity (root@ for the operator).
+	// +optional
+	Owner Principal `json:"owner,omitempty"`
+	// Group owning the pool in the store (property group): a group name followed by @ ("staff@").
+	// Unset: the creator's group (root@ for the operator).
+	// +optional
+	Group Principal `json:"group,omitempty"`
+
+	// AllowedNamespaces lists the Kubernetes namespaces whose PVCs and pods may use the pool
+	// through the CSI driver (property user.peregrine.io/namespaces): an entry "team-a" allows
+	// every service account of the namespace, "team-a/trainer" only that service account. Empty:
+	// any namespace. The CSI driver refuses to provision a volume in the pool for a PVC of
+	// another namespace, and to mount one of its volumes into a pod of another namespace or
+	// service account.
+	// +optional
+	AllowedNamespaces AllowedNamespaces `json:"allowedNamespaces,omitempty"`
 
 	// Properties are user properties; keys start with "user.".
 	// +optional

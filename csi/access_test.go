@@ -1,0 +1,287 @@
+package csi
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+)
+
+func TestParseAllowList(t *testing.T) {
+	for _, c := range []struct {
+		in      string
+		any     bool
+		entries []allowEntry
+		bad     string
+	}{
+		{in: "", any: true},
+		{in: " , ", any: true},
+		{in: "*", any: true},
+		{in: "team-a,*", any: true, entries: []allowEntry{{namespace: "team-a"}}},
+		{in: "team-a", entries: []allowEntry{{namespace: "team-a"}}},
+		{in: " team-a , team-b/trainer ", entries: []allowEntry{{namespace: "team-a"}, {namespace: "team-b", serviceAccount: "trainer"}}},
+		{in: "team-a/", bad: `"team-a/"`},
+		{in: "/trainer", bad: `"/trainer"`},
+		{in: "a/b/c", bad: `"a/b/c"`},
+		{in: "team a", bad: `"team a"`},
+		{in: "team-*", bad: `"team-*"`},
+	} {
+		l, err := parseAllowList(c.in)
+		if c.bad != "" {
+			if err == nil || !strings.Contains(err.Error(), c.bad) {
+				t.Errorf("parseAllowList(%q): error %v, want one naming %s", c.in, err, c.bad)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("parseAllowList(%q): %v", c.in, err)
+			continue
+		}
+		if l.any != c.any || len(l.entries) != len(c.entries) {
+			t.Errorf("parseAllowList(%q) = %+v, want any=%v entries %+v", c.in, l, c.any, c.entries)
+			continue
+		}
+		for i := range c.entries {
+			if l.entries[i] != c.entries[i] {
+				t.Errorf("parseAllowList(%q) entry %d = %+v, want %+v", c.in, i, l.entries[i], c.entries[i])
+			}
+		}
+	}
+}
+
+func TestAllowListMatches(t *testing.T) {
+	for _, c := range []struct {
+		prop, ns, sa string
+		namespace    bool // allowsNamespace(ns): a PVC of ns
+		pod          bool // allowsPod(ns, sa)
+	}{
+		{prop: "", ns: "anyone", sa: "default", namespace: true, pod: true},
+		{prop: "*", ns: "anyone", sa: "default", namespace: true, pod: true},
+		{prop: "team-a", ns: "team-a", sa: "default", namespace: true, pod: true},
+		{prop: "team-a", ns: "team-b", sa: "default"},
+		{prop: "team-a", ns: "team-a-dev", sa: "default"},
+		{prop: "team-a/trainer", ns: "team-a", sa: "trainer", namespace: true, pod: true},
+		{prop: "team-a/trainer", ns: "team-a", sa: "default", namespace: true},
+		{prop: "team-a/trainer", ns: "team-a", sa: "", namespace: true},
+		{prop: "team-a/trainer", ns: "team-b", sa: "trainer"},
+		{prop: "team-a/trainer,team-b", ns: "team-b", sa: "default", namespace: true, pod: true},
+		{prop: "team-a/trainer,team-a/server", ns: "team-a", sa: "server", namespace: true, pod: true},
+		{prop: "team-a,*", ns: "team-c", sa: "default", namespace: true, pod: true},
+	} {
+		l, err := parseAllowList(c.prop)
+		if err != nil {
+			t.Fatalf("%q: %v", c.prop, err)
+		}
+		if got := l.allowsNamespace(c.ns); got != c.namespace {
+			t.Errorf("%q allowsNamespace(%q) = %v, want %v", c.prop, c.ns, got, c.namespace)
+		}
+		if got := l.allowsPod(c.ns, c.sa); got != c.pod {
+			t.Errorf("%q allowsPod(%q, %q) = %v, want %v", c.prop, c.ns, c.sa, got, c.pod)
+		}
+	}
+}
+
+func TestCheckAllowed(t *testing.T) {
+	restricted := map[string]string{propNamespaces: "team-a/trainer,team-b"}
+	pvc := func(ns string) requester { return pvcRequester(map[string]string{paramPVCNamespace: ns}) }
+	pod := func(ns, sa string) requester {
+		return podRequester(map[string]string{ctxPodNamespace: ns, ctxServiceAccount: sa})
+	}
+	for _, c := range []struct {
+		name  string
+		props map[string]string
+		who   requester
+		code  codes.Code
+		says  []string
+	}{
+		{name: "no property", props: nil, who: pvc("x"), code: codes.OK},
+		{name: "no property, unknown PVC namespace", props: map[string]string{}, who: pvcRequester(nil), code: codes.OK},
+		{name: "star, unknown pod", props: map[string]string{propNamespaces: "*"}, who: podRequester(nil), code: codes.OK},
+		{name: "PVC of an allowed namespace", props: restricted, who: pvc("team-b"), code: codes.OK},
+		{name: "PVC of a namespace with one allowed service account", props: restricted, who: pvc("team-a"), code: codes.OK},
+		{name: "PVC of another namespace", props: restricted, who: pvc("team-c"), code: codes.PermissionDenied,
+			says: []string{`namespace "team-c"`, `pool "tank"`, propNamespaces, "team-a/trainer,team-b"}},
+		{name: "PVC namespace unknown", props: restricted, who: pvcRequester(map[string]string{}), code: codes.PermissionDenied,
+			says: []string{`pool "tank"`, propNamespaces, "--extra-create-metadata"}},
+		{name: "pod of the allowed service account", props: restricted, who: pod("team-a", "trainer"), code: codes.OK},
+		{name: "pod of another service account", props: restricted, who: pod("team-a", "default"), code: codes.PermissionDenied,
+			says: []string{`service account "default" of namespace "team-a"`, `pool "tank"`, propNamespaces}},
+		{name: "pod of an allowed namespace", props: restricted, who: pod("team-b", "anyone"), code: codes.OK},
+		{name: "pod namespace unknown", props: restricted, who: podRequester(map[string]string{}), code: codes.PermissionDenied,
+			says: []string{"podInfoOnMount"}},
+		{name: "malformed property", props: map[string]string{propNamespaces: "a/b/c"}, who: pvc("a"), code: codes.FailedPrecondition,
+			says: []string{`pool "tank"`, propNamespaces, `"a/b/c"`}},
+	} {
+		err := checkAllowed(c.props, `pool "tank"`, c.who)
+		if got := status.Code(err); got != c.code {
+			t.Errorf("%s: code %v (%v), want %v", c.name, got, err, c.code)
+			continue
+		}
+		for _, s := range c.says {
+			if !strings.Contains(status.Convert(err).Message(), s) {
+				t.Errorf("%s: %q does not say %q", c.name, status.Convert(err).Message(), s)
+			}
+		}
+	}
+}
+
+// TestNamespacesOnARealEngine: a pool restricted to namespaces refuses to provision for a PVC of
+// another one, and its volumes refuse pods of another namespace or service account; the node
+// asks the store at every publish, so that a change of the pool's or the container's property
+// holds for the next mount; a clone may not carry a container's data to a namespace it refuses.
+func TestNamespacesOnARealEngine(t *testing.T) {
+	dut := startDriver(t, 1, "guarded", 512<<20)
+	c := dial(t, dut)
+	ms := dut.sys.Mgmt()
+	ctx := context.Background()
+	if _, err := ms.PoolSetProp(ctx, &mgmtpb.PoolSetPropReq{Id: "guarded", Props: map[string]string{propNamespaces: "team-a/trainer,team-b"}}); err != nil {
+		t.Fatalf("pool set-prop: %v", err)
+	}
+	create := func(name, ns string) (*csipb.Volume, error) {
+		params := map[string]string{ParamPool: "guarded"}
+		if ns != "" {
+			params[paramPVCNamespace] = ns
+		}
+		resp, err := c.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, Parameters: params,
+			CapacityRange: &csipb.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapabilities: []*csipb.VolumeCapability{rwx}})
+		return resp.GetVolume(), err
+	}
+	denied := func(err error, says ...string) {
+		t.Helper()
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("got %v, want PermissionDenied", err)
+		}
+		for _, s := range says {
+			if !strings.Contains(status.Convert(err).Message(), s) {
+				t.Errorf("%q does not say %q", status.Convert(err).Message(), s)
+			}
+		}
+	}
+
+	_, err := create("pvc-other", "team-c")
+	denied(err, `namespace "team-c"`, `pool "guarded"`, propNamespaces)
+	_, err = create("pvc-unknown", "")
+	denied(err, "--extra-create-metadata")
+	vol, err := create("pvc-team-a", "team-a")
+	if err != nil {
+		t.Fatalf("create for team-a: %v", err)
+	}
+
+	staging := filepath.Join(dut.dir, "v", "staging")
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging,
+		VolumeCapability: rwx, VolumeContext: vol.VolumeContext}); err != nil {
+		t.Fatalf("stage: %v", err)
+	}
+	t.Cleanup(func() {
+		_, _ = c.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging})
+	})
+	publish := func(target, ns, sa string) error {
+		vctx := map[string]string{}
+		for k, v := range vol.VolumeContext {
+			vctx[k] = v
+		}
+		if ns != "" {
+			vctx[ctxPodNamespace], vctx[ctxServiceAccount] = ns, sa
+		}
+		p := filepath.Join(dut.dir, "v", target)
+		_, err := c.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging,
+			TargetPath: p, VolumeCapability: rwx, VolumeContext: vctx})
+		if err == nil {
+			t.Cleanup(func() {
+				_, _ = c.node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: p})
+			})
+		}
+		return err
+	}
+	denied(publish("t1", "team-a", "default"), `service account "default" of namespace "team-a"`, `pool "guarded"`)
+	denied(publish("t2", "", ""), "podInfoOnMount")
+	if err := publish("t3", "team-a", "trainer"); err != nil {
+		t.Fatalf("publish for team-a/trainer: %v", err)
+	}
+
+	// The container's own list narrows the pool's, at the next publish.
+	id, _ := ParseVolumeID(vol.VolumeId)
+	if _, err := ms.ContSetProp(ctx, &mgmtpb.ContSetPropReq{Pool: id.Pool, Id: id.Cont, Props: map[string]string{propNamespaces: "team-b"}}); err != nil {
+		t.Fatalf("container set-prop: %v", err)
+	}
+	denied(publish("t4", "team-a", "trainer"), `namespace "team-a"`, "container", propNamespaces)
+	if err := publish("t5", "team-b", "default"); err != nil {
+		t.Fatalf("publish for team-b: %v", err)
+	}
+
+	// A clone for team-a of a container that allows team-b only is refused.
+	_, err = c.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-clone",
+		Parameters:         map[string]string{ParamPool: "guarded", paramPVCNamespace: "team-a"},
+		VolumeCapabilities: []*csipb.VolumeCapability{rwx},
+		VolumeContentSource: &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
+			Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: vol.VolumeId}}}})
+	denied(err, "source volume", `namespace "team-a"`, propNamespaces)
+
+	// Lifting the pool's restriction ("*") lets any namespace provision.
+	if _, err := ms.PoolSetProp(ctx, &mgmtpb.PoolSetPropReq{Id: "guarded", Props: map[string]string{propNamespaces: "*"}}); err != nil {
+		t.Fatalf("pool set-prop: %v", err)
+	}
+	if _, err := create("pvc-anyone", "team-c"); err != nil {
+		t.Fatalf("create for team-c once the pool allows any namespace: %v", err)
+	}
+}
+
+// TestOwnCredential: a container open request of the management API with the credential fields
+// (as engine/proto/mgmt.proto has them with the access checks) gets the node's user and asks
+// for a read-only handle; one without them is left alone.
+func TestOwnCredential(t *testing.T) {
+	str, u32, boolean := descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum(), descriptorpb.FieldDescriptorProto_TYPE_UINT32.Enum(), descriptorpb.FieldDescriptorProto_TYPE_BOOL.Enum()
+	opt, rep, msg := descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(), descriptorpb.FieldDescriptorProto_LABEL_REPEATED.Enum(), descriptorpb.FieldDescriptorProto_TYPE_MESSAGE.Enum()
+	field := func(name string, n int32, typ *descriptorpb.FieldDescriptorProto_Type, label *descriptorpb.FieldDescriptorProto_Label) *descriptorpb.FieldDescriptorProto {
+		return &descriptorpb.FieldDescriptorProto{Name: proto.String(name), Number: proto.Int32(n), Type: typ, Label: label, JsonName: proto.String(name)}
+	}
+	credField := field("cred", 3, msg, opt)
+	credField.TypeName = proto.String(".t.Credential")
+	fd, err := protodesc.NewFile(&descriptorpb.FileDescriptorProto{
+		Name: proto.String("t.proto"), Package: proto.String("t"), Syntax: proto.String("proto3"),
+		MessageType: []*descriptorpb.DescriptorProto{
+			{Name: proto.String("Credential"), Field: []*descriptorpb.FieldDescriptorProto{
+				field("uid", 1, u32, opt), field("gid", 2, u32, opt), field("user", 3, str, opt), field("groups", 4, str, rep)}},
+			{Name: proto.String("ContQueryReq"), Field: []*descriptorpb.FieldDescriptorProto{
+				field("pool", 1, str, opt), field("id", 2, str, opt), credField, field("read_only", 4, boolean, opt)}},
+		},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := dynamicpb.NewMessage(fd.Messages().ByName("ContQueryReq"))
+	withOwnCredential(req)
+	got := protojson.Format(req)
+	name := "root"
+	if os.Geteuid() != 0 {
+		name = strconv.Itoa(os.Geteuid())
+	}
+	for _, want := range []string{`"read_only": true`, `"user": "` + name + `"`, `"groups": [`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%s: no %s", got, want)
+		}
+	}
+
+	// The generated request of this build, before or after the fields arrive.
+	req2 := &mgmtpb.ContQueryReq{Pool: "p", Id: "c"}
+	withOwnCredential(req2)
+	if req2.ProtoReflect().Descriptor().Fields().ByName("cred") == nil && !proto.Equal(req2, &mgmtpb.ContQueryReq{Pool: "p", Id: "c"}) {
+		t.Errorf("a request without the fields changed: %v", req2)
+	}
+}
