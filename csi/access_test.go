@@ -7,17 +7,20 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
+	"github.com/peregrine-storage/peregrine/internal/testengine"
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
+	"github.com/peregrine-storage/peregrine/pkg/pki"
 )
 
 func TestParseAllowList(t *testing.T) {
@@ -139,47 +142,107 @@ func TestCheckAllowed(t *testing.T) {
 }
 
 // TestNamespacesOnARealEngine: a pool restricted to namespaces refuses to provision for a PVC of
-// another one, and its volumes refuse pods of another namespace or service account; the node
-// asks the store at every publish, so that a change of the pool's or the container's property
-// holds for the next mount; a clone may not carry a container's data to a namespace it refuses.
+// another one, and the node's check refuses pods of another namespace or service account; it
+// asks the store each time, so that a change of the pool's or the container's property holds
+// for the next mount; a clone may not carry a container's data to a namespace it refuses. The
+// node's check talks to the store with a client certificate, as the node plugin does. Only the
+// engine is needed (TestNamespacesThroughTheNode mounts through the whole driver).
 func TestNamespacesOnARealEngine(t *testing.T) {
-	dut := startDriver(t, 1, "guarded", 512<<20)
-	c := dial(t, dut)
-	ms := dut.sys.Mgmt()
-	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "csi-ns-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sys, err := testengine.Start("nsacl", filepath.Join(dir, "engines"), 1, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sys.Stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ms := sys.Mgmt()
+	if _, err := ms.PoolCreate(ctx, &mgmtpb.PoolCreateReq{Label: "guarded", TotalSize: 256 << 20}); err != nil {
+		t.Fatalf("pool create: %v", err)
+	}
+	node := ms
+	if sys.ClientTLSDir != "" {
+		conn, err := grpc.NewClient(sys.MgmtAddr, grpc.WithTransportCredentials(pki.Credentials(pki.DirSource(sys.ClientTLSDir))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		node = mgmtpb.NewMgmtClient(conn)
+	}
+	ctrl := &ControllerServer{ms: ms}
 	if _, err := ms.PoolSetProp(ctx, &mgmtpb.PoolSetPropReq{Id: "guarded", Props: map[string]string{propNamespaces: "team-a/trainer,team-b"}}); err != nil {
 		t.Fatalf("pool set-prop: %v", err)
 	}
-	create := func(name, ns string) (*csipb.Volume, error) {
+	create := func(name, ns string, src *csipb.VolumeContentSource) (*csipb.Volume, error) {
 		params := map[string]string{ParamPool: "guarded"}
 		if ns != "" {
 			params[paramPVCNamespace] = ns
 		}
-		resp, err := c.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, Parameters: params,
-			CapacityRange: &csipb.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapabilities: []*csipb.VolumeCapability{rwx}})
+		resp, err := ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, Parameters: params,
+			CapacityRange: &csipb.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapabilities: []*csipb.VolumeCapability{rwx},
+			VolumeContentSource: src})
 		return resp.GetVolume(), err
 	}
-	denied := func(err error, says ...string) {
-		t.Helper()
-		if status.Code(err) != codes.PermissionDenied {
-			t.Fatalf("got %v, want PermissionDenied", err)
-		}
-		for _, s := range says {
-			if !strings.Contains(status.Convert(err).Message(), s) {
-				t.Errorf("%q does not say %q", status.Convert(err).Message(), s)
-			}
-		}
-	}
 
-	_, err := create("pvc-other", "team-c")
-	denied(err, `namespace "team-c"`, `pool "guarded"`, propNamespaces)
-	_, err = create("pvc-unknown", "")
-	denied(err, "--extra-create-metadata")
-	vol, err := create("pvc-team-a", "team-a")
+	_, err = create("pvc-other", "team-c", nil)
+	expectDenied(t, err, `volume "pvc-other"`, `namespace "team-c"`, `pool "guarded"`, propNamespaces, "team-a/trainer,team-b")
+	_, err = create("pvc-unknown", "", nil)
+	expectDenied(t, err, `pool "guarded"`, "--extra-create-metadata")
+	vol, err := create("pvc-team-a", "team-a", nil)
 	if err != nil {
 		t.Fatalf("create for team-a: %v", err)
 	}
+	id, err := ParseVolumeID(vol.VolumeId)
+	if err != nil {
+		t.Fatal(err)
+	}
 
+	pod := func(ns, sa string) requester {
+		return podRequester(map[string]string{ctxPodNamespace: ns, ctxServiceAccount: sa})
+	}
+	expectDenied(t, checkPodAccess(ctx, node, id, pod("team-a", "default")), `service account "default" of namespace "team-a"`, `pool "guarded"`)
+	expectDenied(t, checkPodAccess(ctx, node, id, podRequester(nil)), "podInfoOnMount")
+	if err := checkPodAccess(ctx, node, id, pod("team-a", "trainer")); err != nil {
+		t.Fatalf("team-a/trainer: %v", err)
+	}
+
+	// The container's own list narrows the pool's, at the next check.
+	if _, err := ms.ContSetProp(ctx, &mgmtpb.ContSetPropReq{Pool: id.Pool, Id: id.Cont, Props: map[string]string{propNamespaces: "team-b"}}); err != nil {
+		t.Fatalf("container set-prop: %v", err)
+	}
+	expectDenied(t, checkPodAccess(ctx, node, id, pod("team-a", "trainer")), `namespace "team-a"`, "container", propNamespaces)
+	if err := checkPodAccess(ctx, node, id, pod("team-b", "default")); err != nil {
+		t.Fatalf("team-b: %v", err)
+	}
+
+	// A clone for team-a of a container that allows team-b only is refused.
+	_, err = create("pvc-clone", "team-a", &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
+		Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: vol.VolumeId}}})
+	expectDenied(t, err, "source volume", `namespace "team-a"`, propNamespaces)
+
+	// Lifting the pool's restriction ("*") lets any namespace provision.
+	if _, err := ms.PoolSetProp(ctx, &mgmtpb.PoolSetPropReq{Id: "guarded", Props: map[string]string{propNamespaces: "*"}}); err != nil {
+		t.Fatalf("pool set-prop: %v", err)
+	}
+	if _, err := create("pvc-anyone", "team-c", nil); err != nil {
+		t.Fatalf("create for team-c once the pool allows any namespace: %v", err)
+	}
+}
+
+// TestNamespacesThroughTheNode: NodePublishVolume of the whole driver refuses a pod its pool does
+// not allow, before anything is mounted, and mounts one it allows.
+func TestNamespacesThroughTheNode(t *testing.T) {
+	dut := startDriver(t, 1, "guarded", 512<<20)
+	c := dial(t, dut)
+	ctx := context.Background()
+	if _, err := dut.sys.Mgmt().PoolSetProp(ctx, &mgmtpb.PoolSetPropReq{Id: "guarded", Props: map[string]string{propNamespaces: "team-a/trainer"}}); err != nil {
+		t.Fatalf("pool set-prop: %v", err)
+	}
+	vol := createVolume(t, c, "pvc-node", 16<<20, map[string]string{ParamPool: "guarded", paramPVCNamespace: "team-a"}, nil)
 	staging := filepath.Join(dut.dir, "v", "staging")
 	if err := os.MkdirAll(staging, 0o755); err != nil {
 		t.Fatal(err)
@@ -192,12 +255,9 @@ func TestNamespacesOnARealEngine(t *testing.T) {
 		_, _ = c.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging})
 	})
 	publish := func(target, ns, sa string) error {
-		vctx := map[string]string{}
+		vctx := map[string]string{ctxPodNamespace: ns, ctxServiceAccount: sa}
 		for k, v := range vol.VolumeContext {
 			vctx[k] = v
-		}
-		if ns != "" {
-			vctx[ctxPodNamespace], vctx[ctxServiceAccount] = ns, sa
 		}
 		p := filepath.Join(dut.dir, "v", target)
 		_, err := c.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging,
@@ -209,36 +269,27 @@ func TestNamespacesOnARealEngine(t *testing.T) {
 		}
 		return err
 	}
-	denied(publish("t1", "team-a", "default"), `service account "default" of namespace "team-a"`, `pool "guarded"`)
-	denied(publish("t2", "", ""), "podInfoOnMount")
-	if err := publish("t3", "team-a", "trainer"); err != nil {
+	expectDenied(t, publish("refused", "team-a", "default"), `service account "default" of namespace "team-a"`, `pool "guarded"`)
+	if _, err := os.Stat(filepath.Join(dut.dir, "v", "refused")); !os.IsNotExist(err) {
+		t.Errorf("a refused publish made its target path: %v", err)
+	}
+	if err := publish("allowed", "team-a", "trainer"); err != nil {
 		t.Fatalf("publish for team-a/trainer: %v", err)
 	}
-
-	// The container's own list narrows the pool's, at the next publish.
-	id, _ := ParseVolumeID(vol.VolumeId)
-	if _, err := ms.ContSetProp(ctx, &mgmtpb.ContSetPropReq{Pool: id.Pool, Id: id.Cont, Props: map[string]string{propNamespaces: "team-b"}}); err != nil {
-		t.Fatalf("container set-prop: %v", err)
+	if _, err := os.Stat(filepath.Join(dut.dir, "v", "allowed")); err != nil {
+		t.Errorf("published target: %v", err)
 	}
-	denied(publish("t4", "team-a", "trainer"), `namespace "team-a"`, "container", propNamespaces)
-	if err := publish("t5", "team-b", "default"); err != nil {
-		t.Fatalf("publish for team-b: %v", err)
-	}
+}
 
-	// A clone for team-a of a container that allows team-b only is refused.
-	_, err = c.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-clone",
-		Parameters:         map[string]string{ParamPool: "guarded", paramPVCNamespace: "team-a"},
-		VolumeCapabilities: []*csipb.VolumeCapability{rwx},
-		VolumeContentSource: &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{
-			Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: vol.VolumeId}}}})
-	denied(err, "source volume", `namespace "team-a"`, propNamespaces)
-
-	// Lifting the pool's restriction ("*") lets any namespace provision.
-	if _, err := ms.PoolSetProp(ctx, &mgmtpb.PoolSetPropReq{Id: "guarded", Props: map[string]string{propNamespaces: "*"}}); err != nil {
-		t.Fatalf("pool set-prop: %v", err)
+func expectDenied(t *testing.T, err error, says ...string) {
+	t.Helper()
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("got %v, want PermissionDenied", err)
 	}
-	if _, err := create("pvc-anyone", "team-c"); err != nil {
-		t.Fatalf("create for team-c once the pool allows any namespace: %v", err)
+	for _, s := range says {
+		if !strings.Contains(status.Convert(err).Message(), s) {
+			t.Errorf("%q does not say %q", status.Convert(err).Message(), s)
+		}
 	}
 }
 
@@ -267,15 +318,24 @@ func TestOwnCredential(t *testing.T) {
 	}
 	req := dynamicpb.NewMessage(fd.Messages().ByName("ContQueryReq"))
 	withOwnCredential(req)
-	got := protojson.Format(req)
 	name := "root"
 	if os.Geteuid() != 0 {
 		name = strconv.Itoa(os.Geteuid())
 	}
-	for _, want := range []string{`"read_only": true`, `"user": "` + name + `"`, `"groups": [`} {
-		if !strings.Contains(got, want) {
-			t.Errorf("%s: no %s", got, want)
-		}
+	fields := req.Descriptor().Fields()
+	if !req.Get(fields.ByName("read_only")).Bool() {
+		t.Errorf("%v: read_only not set", req)
+	}
+	cred := req.Get(fields.ByName("cred")).Message()
+	cf := cred.Descriptor().Fields()
+	if got := cred.Get(cf.ByName("user")).String(); got != name {
+		t.Errorf("cred.user %q, want %q", got, name)
+	}
+	if got := cred.Get(cf.ByName("uid")).Uint(); got != uint64(os.Geteuid()) {
+		t.Errorf("cred.uid %d, want %d", got, os.Geteuid())
+	}
+	if groups := cred.Get(cf.ByName("groups")).List(); groups.Len() != 1 || groups.Get(0).String() == "" {
+		t.Errorf("cred.groups %v, want the primary group", groups)
 	}
 
 	// The generated request of this build, before or after the fields arrive.
