@@ -18,8 +18,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	storagev1 "github.com/peregrine-storage/peregrine/api/v1alpha1"
 	"github.com/peregrine-storage/peregrine/pkg/mgmtpb"
@@ -187,21 +185,8 @@ func checkPodAccess(ctx context.Context, ms mgmtpb.MgmtClient, id VolumeID, who 
 // withOwnCredential asks, in a container open (ContQuery), for a read-only handle as the node
 // plugin's own user (the user its FUSE daemons act as): a caller with a client certificate must
 // name one (docs/access-control.md, "Who the caller is"), and the node only reads the
-// container's properties. The fields are set by name (cred, read_only) when the management API
-// has them: they arrive with the engine's access checks, and this file does not wait for the
-// regenerated pkg/mgmtpb; once it has them, set them directly.
-func withOwnCredential(m proto.Message) {
-	r := m.ProtoReflect()
-	fields := r.Descriptor().Fields()
-	if f := fields.ByName("read_only"); f != nil && f.Kind() == protoreflect.BoolKind {
-		r.Set(f, protoreflect.ValueOfBool(true))
-	}
-	f := fields.ByName("cred")
-	if f == nil || f.Message() == nil {
-		return
-	}
-	cred := r.NewField(f).Message()
-	cf := cred.Descriptor().Fields()
+// container's properties.
+func withOwnCredential(r *mgmtpb.ContQueryReq) {
 	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
 	name := func(id uint32) string {
 		if id == 0 {
@@ -209,17 +194,6 @@ func withOwnCredential(m proto.Message) {
 		}
 		return strconv.FormatUint(uint64(id), 10)
 	}
-	if fd := cf.ByName("uid"); fd != nil && fd.Kind() == protoreflect.Uint32Kind {
-		cred.Set(fd, protoreflect.ValueOfUint32(uid))
-	}
-	if fd := cf.ByName("gid"); fd != nil && fd.Kind() == protoreflect.Uint32Kind {
-		cred.Set(fd, protoreflect.ValueOfUint32(gid))
-	}
-	if fd := cf.ByName("user"); fd != nil && fd.Kind() == protoreflect.StringKind {
-		cred.Set(fd, protoreflect.ValueOfString(name(uid)))
-	}
-	if fd := cf.ByName("groups"); fd != nil && fd.IsList() && fd.Kind() == protoreflect.StringKind {
-		cred.Mutable(fd).List().Append(protoreflect.ValueOfString(name(gid)))
-	}
-	r.Set(f, protoreflect.ValueOfMessage(cred))
+	r.ReadOnly = true
+	r.Cred = &mgmtpb.Credential{Uid: uid, Gid: gid, User: name(uid), Groups: []string{name(gid)}}
 }

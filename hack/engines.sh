@@ -11,6 +11,9 @@
 # PEREGRINE_TLS_DIR=$WORK/certs/admin, which every client these scripts start
 # (the CLI, peregrine-fuse, peregrine-bench) reads. ENGINES_INSECURE=1 runs it
 # without TLS instead (allow_insecure: true, PEREGRINE_INSECURE=1).
+#
+# ENGINES_EXTRA (default empty): YAML lines appended to every engine's config,
+# e.g. ENGINES_EXTRA='access_checks: false' (bench/access.sh sets it).
 
 ENGINE_PIDS=()
 
@@ -62,6 +65,9 @@ log_level: info
 log_file: $WORK/engine$rank.log
 $security
 EOF
+    if [[ -n ${ENGINES_EXTRA:-} ]]; then
+      printf '%s\n' "$ENGINES_EXTRA" >>"$WORK/engine$rank.yaml"
+    fi
     "$ENGINE" --config "$WORK/engine$rank.yaml" >>"$WORK/engine$rank.out" 2>&1 &
     ENGINE_PIDS+=($!)
   done

@@ -1231,7 +1231,8 @@ type PoolMapVersion struct {
 	// at most (the oldest a reintegration copies from), as it drops a punch
 	// once nothing is left below it and a returning target must still learn
 	// of it. 0: no cap.
-	AggregationCap uint64 `protobuf:"varint,4,opt,name=aggregation_cap,json=aggregationCap,proto3" json:"aggregation_cap,omitempty"`
+	AggregationCap uint64      `protobuf:"varint,4,opt,name=aggregation_cap,json=aggregationCap,proto3" json:"aggregation_cap,omitempty"`
+	Access         *PoolAccess `protobuf:"bytes,5,opt,name=access,proto3" json:"access,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1294,6 +1295,78 @@ func (x *PoolMapVersion) GetAggregationCap() uint64 {
 	return 0
 }
 
+func (x *PoolMapVersion) GetAccess() *PoolAccess {
+	if x != nil {
+		return x.Access
+	}
+	return nil
+}
+
+// What engines check the handles of a pool with (docs/access-control.md):
+// the key the management service MACs them with, and the handles it has
+// revoked since that key was made. Sent over the control plane's mutual TLS
+// only; engines keep it in memory (they learn it again at the first
+// heartbeat after a start, before serving anything).
+type PoolAccess struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`                                  // 32 bytes
+	KeyVersion    uint32                 `protobuf:"varint,2,opt,name=key_version,json=keyVersion,proto3" json:"key_version,omitempty"` // a handle of another version is refused (evicted)
+	Revoked       [][]byte               `protobuf:"bytes,3,rep,name=revoked,proto3" json:"revoked,omitempty"`                          // 16-byte handle UUIDs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolAccess) Reset() {
+	*x = PoolAccess{}
+	mi := &file_mgmt_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolAccess) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolAccess) ProtoMessage() {}
+
+func (x *PoolAccess) ProtoReflect() protoreflect.Message {
+	mi := &file_mgmt_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolAccess.ProtoReflect.Descriptor instead.
+func (*PoolAccess) Descriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PoolAccess) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *PoolAccess) GetKeyVersion() uint32 {
+	if x != nil {
+		return x.KeyVersion
+	}
+	return 0
+}
+
+func (x *PoolAccess) GetRevoked() [][]byte {
+	if x != nil {
+		return x.Revoked
+	}
+	return nil
+}
+
 // ---- pools ----
 type Tier struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1306,7 +1379,7 @@ type Tier struct {
 
 func (x *Tier) Reset() {
 	*x = Tier{}
-	mi := &file_mgmt_proto_msgTypes[12]
+	mi := &file_mgmt_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1391,7 @@ func (x *Tier) String() string {
 func (*Tier) ProtoMessage() {}
 
 func (x *Tier) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[12]
+	mi := &file_mgmt_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1404,7 @@ func (x *Tier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tier.ProtoReflect.Descriptor instead.
 func (*Tier) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{12}
+	return file_mgmt_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Tier) GetName() string {
@@ -1360,19 +1433,22 @@ type PoolCreateReq struct {
 	Label string                 `protobuf:"bytes,1,opt,name=label,proto3" json:"label,omitempty"`
 	// Either total_size (split by tier_ratio: the scm fraction, default 0.06)
 	// or per-tier sizes.
-	TotalSize     uint64            `protobuf:"varint,2,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
-	TierRatio     float64           `protobuf:"fixed64,3,opt,name=tier_ratio,json=tierRatio,proto3" json:"tier_ratio,omitempty"`
-	ScmSize       uint64            `protobuf:"varint,4,opt,name=scm_size,json=scmSize,proto3" json:"scm_size,omitempty"`
-	NvmeSize      uint64            `protobuf:"varint,5,opt,name=nvme_size,json=nvmeSize,proto3" json:"nvme_size,omitempty"`
-	Ranks         []uint32          `protobuf:"varint,6,rep,packed,name=ranks,proto3" json:"ranks,omitempty"` // empty: all joined ranks
-	Props         map[string]string `protobuf:"bytes,7,rep,name=props,proto3" json:"props,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TotalSize uint64            `protobuf:"varint,2,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	TierRatio float64           `protobuf:"fixed64,3,opt,name=tier_ratio,json=tierRatio,proto3" json:"tier_ratio,omitempty"`
+	ScmSize   uint64            `protobuf:"varint,4,opt,name=scm_size,json=scmSize,proto3" json:"scm_size,omitempty"`
+	NvmeSize  uint64            `protobuf:"varint,5,opt,name=nvme_size,json=nvmeSize,proto3" json:"nvme_size,omitempty"`
+	Ranks     []uint32          `protobuf:"varint,6,rep,packed,name=ranks,proto3" json:"ranks,omitempty"` // empty: all joined ranks
+	Props     map[string]string `protobuf:"bytes,7,rep,name=props,proto3" json:"props,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The creator: the pool's owner and owner group unless the properties
+	// `owner` and `group` name others (without either: root@).
+	Cred          *Credential `protobuf:"bytes,8,opt,name=cred,proto3" json:"cred,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolCreateReq) Reset() {
 	*x = PoolCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[13]
+	mi := &file_mgmt_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1460,7 @@ func (x *PoolCreateReq) String() string {
 func (*PoolCreateReq) ProtoMessage() {}
 
 func (x *PoolCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[13]
+	mi := &file_mgmt_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1473,7 @@ func (x *PoolCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolCreateReq.ProtoReflect.Descriptor instead.
 func (*PoolCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{13}
+	return file_mgmt_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PoolCreateReq) GetLabel() string {
@@ -1449,6 +1525,13 @@ func (x *PoolCreateReq) GetProps() map[string]string {
 	return nil
 }
 
+func (x *PoolCreateReq) GetCred() *Credential {
+	if x != nil {
+		return x.Cred
+	}
+	return nil
+}
+
 type PoolInfo struct {
 	state                protoimpl.MessageState `protogen:"open.v1"`
 	Uuid                 string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
@@ -1469,7 +1552,7 @@ type PoolInfo struct {
 
 func (x *PoolInfo) Reset() {
 	*x = PoolInfo{}
-	mi := &file_mgmt_proto_msgTypes[14]
+	mi := &file_mgmt_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1564,7 @@ func (x *PoolInfo) String() string {
 func (*PoolInfo) ProtoMessage() {}
 
 func (x *PoolInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[14]
+	mi := &file_mgmt_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1577,7 @@ func (x *PoolInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolInfo.ProtoReflect.Descriptor instead.
 func (*PoolInfo) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{14}
+	return file_mgmt_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PoolInfo) GetUuid() string {
@@ -1591,7 +1674,7 @@ type RankTargetState struct {
 
 func (x *RankTargetState) Reset() {
 	*x = RankTargetState{}
-	mi := &file_mgmt_proto_msgTypes[15]
+	mi := &file_mgmt_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1686,7 @@ func (x *RankTargetState) String() string {
 func (*RankTargetState) ProtoMessage() {}
 
 func (x *RankTargetState) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[15]
+	mi := &file_mgmt_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1699,7 @@ func (x *RankTargetState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTargetState.ProtoReflect.Descriptor instead.
 func (*RankTargetState) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{15}
+	return file_mgmt_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RankTargetState) GetRank() uint32 {
@@ -1641,7 +1724,7 @@ type PoolListReq struct {
 
 func (x *PoolListReq) Reset() {
 	*x = PoolListReq{}
-	mi := &file_mgmt_proto_msgTypes[16]
+	mi := &file_mgmt_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1736,7 @@ func (x *PoolListReq) String() string {
 func (*PoolListReq) ProtoMessage() {}
 
 func (x *PoolListReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[16]
+	mi := &file_mgmt_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1749,7 @@ func (x *PoolListReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolListReq.ProtoReflect.Descriptor instead.
 func (*PoolListReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{16}
+	return file_mgmt_proto_rawDescGZIP(), []int{17}
 }
 
 type PoolListResp struct {
@@ -1678,7 +1761,7 @@ type PoolListResp struct {
 
 func (x *PoolListResp) Reset() {
 	*x = PoolListResp{}
-	mi := &file_mgmt_proto_msgTypes[17]
+	mi := &file_mgmt_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1773,7 @@ func (x *PoolListResp) String() string {
 func (*PoolListResp) ProtoMessage() {}
 
 func (x *PoolListResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[17]
+	mi := &file_mgmt_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1786,7 @@ func (x *PoolListResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolListResp.ProtoReflect.Descriptor instead.
 func (*PoolListResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{17}
+	return file_mgmt_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PoolListResp) GetPools() []*PoolInfo {
@@ -1722,7 +1805,7 @@ type PoolQueryReq struct {
 
 func (x *PoolQueryReq) Reset() {
 	*x = PoolQueryReq{}
-	mi := &file_mgmt_proto_msgTypes[18]
+	mi := &file_mgmt_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1734,7 +1817,7 @@ func (x *PoolQueryReq) String() string {
 func (*PoolQueryReq) ProtoMessage() {}
 
 func (x *PoolQueryReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[18]
+	mi := &file_mgmt_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1747,7 +1830,7 @@ func (x *PoolQueryReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolQueryReq.ProtoReflect.Descriptor instead.
 func (*PoolQueryReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{18}
+	return file_mgmt_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PoolQueryReq) GetId() string {
@@ -1767,7 +1850,7 @@ type PoolDestroyReq struct {
 
 func (x *PoolDestroyReq) Reset() {
 	*x = PoolDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[19]
+	mi := &file_mgmt_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +1862,7 @@ func (x *PoolDestroyReq) String() string {
 func (*PoolDestroyReq) ProtoMessage() {}
 
 func (x *PoolDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[19]
+	mi := &file_mgmt_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +1875,7 @@ func (x *PoolDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDestroyReq.ProtoReflect.Descriptor instead.
 func (*PoolDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{19}
+	return file_mgmt_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PoolDestroyReq) GetId() string {
@@ -1819,7 +1902,7 @@ type PoolSetPropReq struct {
 
 func (x *PoolSetPropReq) Reset() {
 	*x = PoolSetPropReq{}
-	mi := &file_mgmt_proto_msgTypes[20]
+	mi := &file_mgmt_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +1914,7 @@ func (x *PoolSetPropReq) String() string {
 func (*PoolSetPropReq) ProtoMessage() {}
 
 func (x *PoolSetPropReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[20]
+	mi := &file_mgmt_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +1927,7 @@ func (x *PoolSetPropReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSetPropReq.ProtoReflect.Descriptor instead.
 func (*PoolSetPropReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{20}
+	return file_mgmt_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PoolSetPropReq) GetId() string {
@@ -1861,16 +1944,91 @@ func (x *PoolSetPropReq) GetProps() map[string]string {
 	return nil
 }
 
+// The user a caller acts for (as DAOS's credential), checked against the
+// ACL of the pool or container it connects to or opens (docs/access-control.md).
+// Believed as sent from callers holding a client, engine or admin
+// certificate (node credentials: the FUSE daemon, the CSI node plugin,
+// `peregrine-agent`, which take it from SO_PEERCRED of the local process
+// they act for), and from anyone on an insecure system.
+type Credential struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32                 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	User          string                 `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`     // the user's name, or its decimal uid when it has none
+	Groups        []string               `protobuf:"bytes,4,rep,name=groups,proto3" json:"groups,omitempty"` // primary group first: names, or decimal gids
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Credential) Reset() {
+	*x = Credential{}
+	mi := &file_mgmt_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Credential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Credential) ProtoMessage() {}
+
+func (x *Credential) ProtoReflect() protoreflect.Message {
+	mi := &file_mgmt_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Credential.ProtoReflect.Descriptor instead.
+func (*Credential) Descriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *Credential) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Credential) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *Credential) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Credential) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
 type PoolConnectReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Cred          *Credential            `protobuf:"bytes,2,opt,name=cred,proto3" json:"cred,omitempty"` // absent: the caller's certificate speaks for it (admin, engine)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolConnectReq) Reset() {
 	*x = PoolConnectReq{}
-	mi := &file_mgmt_proto_msgTypes[21]
+	mi := &file_mgmt_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +2040,7 @@ func (x *PoolConnectReq) String() string {
 func (*PoolConnectReq) ProtoMessage() {}
 
 func (x *PoolConnectReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[21]
+	mi := &file_mgmt_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +2053,7 @@ func (x *PoolConnectReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolConnectReq.ProtoReflect.Descriptor instead.
 func (*PoolConnectReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{21}
+	return file_mgmt_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PoolConnectReq) GetId() string {
@@ -1903,6 +2061,65 @@ func (x *PoolConnectReq) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *PoolConnectReq) GetCred() *Credential {
+	if x != nil {
+		return x.Cred
+	}
+	return nil
+}
+
+type PoolEvictReq struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Handle        []byte                 `protobuf:"bytes,2,opt,name=handle,proto3" json:"handle,omitempty"` // 16-byte handle UUID; empty: every handle of the pool
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolEvictReq) Reset() {
+	*x = PoolEvictReq{}
+	mi := &file_mgmt_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolEvictReq) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolEvictReq) ProtoMessage() {}
+
+func (x *PoolEvictReq) ProtoReflect() protoreflect.Message {
+	mi := &file_mgmt_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolEvictReq.ProtoReflect.Descriptor instead.
+func (*PoolEvictReq) Descriptor() ([]byte, []int) {
+	return file_mgmt_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PoolEvictReq) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PoolEvictReq) GetHandle() []byte {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
 }
 
 type PoolTarget struct {
@@ -1920,7 +2137,7 @@ type PoolTarget struct {
 
 func (x *PoolTarget) Reset() {
 	*x = PoolTarget{}
-	mi := &file_mgmt_proto_msgTypes[22]
+	mi := &file_mgmt_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2149,7 @@ func (x *PoolTarget) String() string {
 func (*PoolTarget) ProtoMessage() {}
 
 func (x *PoolTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[22]
+	mi := &file_mgmt_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2162,7 @@ func (x *PoolTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolTarget.ProtoReflect.Descriptor instead.
 func (*PoolTarget) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{22}
+	return file_mgmt_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PoolTarget) GetRank() uint32 {
@@ -1998,18 +2215,23 @@ func (x *PoolTarget) GetState() TargetState {
 }
 
 type PoolMap struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uuid          string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
-	Label         string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
-	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
-	Targets       []*PoolTarget          `protobuf:"bytes,4,rep,name=targets,proto3" json:"targets,omitempty"` // in placement order
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Uuid    string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Label   string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
+	Version uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Targets []*PoolTarget          `protobuf:"bytes,4,rep,name=targets,proto3" json:"targets,omitempty"` // in placement order
+	// The pool handle: a capability the engines check on requests that name
+	// no container (transaction decisions, flushes), and on every request of
+	// an engine or admin, whose handles cover every container of the pool.
+	// Empty when the caller may not connect (never returned then).
+	Handle        []byte `protobuf:"bytes,5,opt,name=handle,proto3" json:"handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolMap) Reset() {
 	*x = PoolMap{}
-	mi := &file_mgmt_proto_msgTypes[23]
+	mi := &file_mgmt_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2243,7 @@ func (x *PoolMap) String() string {
 func (*PoolMap) ProtoMessage() {}
 
 func (x *PoolMap) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[23]
+	mi := &file_mgmt_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2256,7 @@ func (x *PoolMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMap.ProtoReflect.Descriptor instead.
 func (*PoolMap) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{23}
+	return file_mgmt_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PoolMap) GetUuid() string {
@@ -2065,6 +2287,13 @@ func (x *PoolMap) GetTargets() []*PoolTarget {
 	return nil
 }
 
+func (x *PoolMap) GetHandle() []byte {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
 // ---- containers ----
 type ContCreateReq struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -2080,15 +2309,16 @@ type ContCreateReq struct {
 	// A clone: the new container holds what container `clone_from` (of the
 	// same pool) held at its snapshot of epoch `clone_epoch`; the properties
 	// not given are the source's. The call returns once the copy is done.
-	CloneFrom     string `protobuf:"bytes,10,opt,name=clone_from,json=cloneFrom,proto3" json:"clone_from,omitempty"`
-	CloneEpoch    uint64 `protobuf:"varint,11,opt,name=clone_epoch,json=cloneEpoch,proto3" json:"clone_epoch,omitempty"`
+	CloneFrom     string      `protobuf:"bytes,10,opt,name=clone_from,json=cloneFrom,proto3" json:"clone_from,omitempty"`
+	CloneEpoch    uint64      `protobuf:"varint,11,opt,name=clone_epoch,json=cloneEpoch,proto3" json:"clone_epoch,omitempty"`
+	Cred          *Credential `protobuf:"bytes,12,opt,name=cred,proto3" json:"cred,omitempty"` // the creator: see PoolCreateReq.cred
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContCreateReq) Reset() {
 	*x = ContCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[24]
+	mi := &file_mgmt_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2330,7 @@ func (x *ContCreateReq) String() string {
 func (*ContCreateReq) ProtoMessage() {}
 
 func (x *ContCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[24]
+	mi := &file_mgmt_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2343,7 @@ func (x *ContCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContCreateReq.ProtoReflect.Descriptor instead.
 func (*ContCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{24}
+	return file_mgmt_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContCreateReq) GetPool() string {
@@ -2193,6 +2423,13 @@ func (x *ContCreateReq) GetCloneEpoch() uint64 {
 	return 0
 }
 
+func (x *ContCreateReq) GetCred() *Credential {
+	if x != nil {
+		return x.Cred
+	}
+	return nil
+}
+
 type ContInfo struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Uuid             string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
@@ -2214,13 +2451,17 @@ type ContInfo struct {
 	QuotaBytes     uint64    `protobuf:"varint,14,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"`
 	QuotaUsedBytes uint64    `protobuf:"varint,15,opt,name=quota_used_bytes,json=quotaUsedBytes,proto3" json:"quota_used_bytes,omitempty"`
 	State          ContState `protobuf:"varint,16,opt,name=state,proto3,enum=peregrine.mgmt.v1.ContState" json:"state,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The container handle of the caller (ContQuery only): the capability
+	// every data-plane request on the container carries (Address.handle),
+	// granting what the ACL gave the caller's credential.
+	Handle        []byte `protobuf:"bytes,17,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContInfo) Reset() {
 	*x = ContInfo{}
-	mi := &file_mgmt_proto_msgTypes[25]
+	mi := &file_mgmt_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2473,7 @@ func (x *ContInfo) String() string {
 func (*ContInfo) ProtoMessage() {}
 
 func (x *ContInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[25]
+	mi := &file_mgmt_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2486,7 @@ func (x *ContInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContInfo.ProtoReflect.Descriptor instead.
 func (*ContInfo) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{25}
+	return file_mgmt_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ContInfo) GetUuid() string {
@@ -2360,6 +2601,13 @@ func (x *ContInfo) GetState() ContState {
 	return ContState_CONT_READY
 }
 
+func (x *ContInfo) GetHandle() []byte {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
 type ContListReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
@@ -2369,7 +2617,7 @@ type ContListReq struct {
 
 func (x *ContListReq) Reset() {
 	*x = ContListReq{}
-	mi := &file_mgmt_proto_msgTypes[26]
+	mi := &file_mgmt_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2629,7 @@ func (x *ContListReq) String() string {
 func (*ContListReq) ProtoMessage() {}
 
 func (x *ContListReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[26]
+	mi := &file_mgmt_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2642,7 @@ func (x *ContListReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContListReq.ProtoReflect.Descriptor instead.
 func (*ContListReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{26}
+	return file_mgmt_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ContListReq) GetPool() string {
@@ -2413,7 +2661,7 @@ type ContListResp struct {
 
 func (x *ContListResp) Reset() {
 	*x = ContListResp{}
-	mi := &file_mgmt_proto_msgTypes[27]
+	mi := &file_mgmt_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2673,7 @@ func (x *ContListResp) String() string {
 func (*ContListResp) ProtoMessage() {}
 
 func (x *ContListResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[27]
+	mi := &file_mgmt_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2686,7 @@ func (x *ContListResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContListResp.ProtoReflect.Descriptor instead.
 func (*ContListResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{27}
+	return file_mgmt_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ContListResp) GetContainers() []*ContInfo {
@@ -2452,13 +2700,15 @@ type ContQueryReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
 	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Cred          *Credential            `protobuf:"bytes,3,opt,name=cred,proto3" json:"cred,omitempty"`                          // see PoolConnectReq
+	ReadOnly      bool                   `protobuf:"varint,4,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"` // a handle that reads only, even if the ACL grants writes
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContQueryReq) Reset() {
 	*x = ContQueryReq{}
-	mi := &file_mgmt_proto_msgTypes[28]
+	mi := &file_mgmt_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2720,7 @@ func (x *ContQueryReq) String() string {
 func (*ContQueryReq) ProtoMessage() {}
 
 func (x *ContQueryReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[28]
+	mi := &file_mgmt_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2733,7 @@ func (x *ContQueryReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContQueryReq.ProtoReflect.Descriptor instead.
 func (*ContQueryReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{28}
+	return file_mgmt_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ContQueryReq) GetPool() string {
@@ -2500,6 +2750,20 @@ func (x *ContQueryReq) GetId() string {
 	return ""
 }
 
+func (x *ContQueryReq) GetCred() *Credential {
+	if x != nil {
+		return x.Cred
+	}
+	return nil
+}
+
+func (x *ContQueryReq) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 type ContDestroyReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
@@ -2511,7 +2775,7 @@ type ContDestroyReq struct {
 
 func (x *ContDestroyReq) Reset() {
 	*x = ContDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[29]
+	mi := &file_mgmt_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2787,7 @@ func (x *ContDestroyReq) String() string {
 func (*ContDestroyReq) ProtoMessage() {}
 
 func (x *ContDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[29]
+	mi := &file_mgmt_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2800,7 @@ func (x *ContDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContDestroyReq.ProtoReflect.Descriptor instead.
 func (*ContDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{29}
+	return file_mgmt_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ContDestroyReq) GetPool() string {
@@ -2571,7 +2835,7 @@ type ContSetPropReq struct {
 
 func (x *ContSetPropReq) Reset() {
 	*x = ContSetPropReq{}
-	mi := &file_mgmt_proto_msgTypes[30]
+	mi := &file_mgmt_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2583,7 +2847,7 @@ func (x *ContSetPropReq) String() string {
 func (*ContSetPropReq) ProtoMessage() {}
 
 func (x *ContSetPropReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[30]
+	mi := &file_mgmt_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2596,7 +2860,7 @@ func (x *ContSetPropReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContSetPropReq.ProtoReflect.Descriptor instead.
 func (*ContSetPropReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{30}
+	return file_mgmt_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ContSetPropReq) GetPool() string {
@@ -2631,7 +2895,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_mgmt_proto_msgTypes[31]
+	mi := &file_mgmt_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +2907,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[31]
+	mi := &file_mgmt_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +2920,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{31}
+	return file_mgmt_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Snapshot) GetEpoch() uint64 {
@@ -2691,7 +2955,7 @@ type SnapCreateReq struct {
 
 func (x *SnapCreateReq) Reset() {
 	*x = SnapCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[32]
+	mi := &file_mgmt_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +2967,7 @@ func (x *SnapCreateReq) String() string {
 func (*SnapCreateReq) ProtoMessage() {}
 
 func (x *SnapCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[32]
+	mi := &file_mgmt_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +2980,7 @@ func (x *SnapCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapCreateReq.ProtoReflect.Descriptor instead.
 func (*SnapCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{32}
+	return file_mgmt_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapCreateReq) GetPool() string {
@@ -2750,7 +3014,7 @@ type SnapListReq struct {
 
 func (x *SnapListReq) Reset() {
 	*x = SnapListReq{}
-	mi := &file_mgmt_proto_msgTypes[33]
+	mi := &file_mgmt_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2762,7 +3026,7 @@ func (x *SnapListReq) String() string {
 func (*SnapListReq) ProtoMessage() {}
 
 func (x *SnapListReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[33]
+	mi := &file_mgmt_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2775,7 +3039,7 @@ func (x *SnapListReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapListReq.ProtoReflect.Descriptor instead.
 func (*SnapListReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{33}
+	return file_mgmt_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SnapListReq) GetPool() string {
@@ -2801,7 +3065,7 @@ type SnapListResp struct {
 
 func (x *SnapListResp) Reset() {
 	*x = SnapListResp{}
-	mi := &file_mgmt_proto_msgTypes[34]
+	mi := &file_mgmt_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +3077,7 @@ func (x *SnapListResp) String() string {
 func (*SnapListResp) ProtoMessage() {}
 
 func (x *SnapListResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[34]
+	mi := &file_mgmt_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +3090,7 @@ func (x *SnapListResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapListResp.ProtoReflect.Descriptor instead.
 func (*SnapListResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{34}
+	return file_mgmt_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapListResp) GetSnapshots() []*Snapshot {
@@ -2848,7 +3112,7 @@ type SnapDestroyReq struct {
 
 func (x *SnapDestroyReq) Reset() {
 	*x = SnapDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[35]
+	mi := &file_mgmt_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +3124,7 @@ func (x *SnapDestroyReq) String() string {
 func (*SnapDestroyReq) ProtoMessage() {}
 
 func (x *SnapDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[35]
+	mi := &file_mgmt_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3137,7 @@ func (x *SnapDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapDestroyReq.ProtoReflect.Descriptor instead.
 func (*SnapDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{35}
+	return file_mgmt_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SnapDestroyReq) GetPool() string {
@@ -2910,13 +3174,14 @@ type PoolShardCreateReq struct {
 	PoolUuid      string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
 	ScmPerTarget  uint64                 `protobuf:"varint,2,opt,name=scm_per_target,json=scmPerTarget,proto3" json:"scm_per_target,omitempty"`
 	NvmePerTarget uint64                 `protobuf:"varint,3,opt,name=nvme_per_target,json=nvmePerTarget,proto3" json:"nvme_per_target,omitempty"`
+	Access        *PoolAccess            `protobuf:"bytes,4,opt,name=access,proto3" json:"access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolShardCreateReq) Reset() {
 	*x = PoolShardCreateReq{}
-	mi := &file_mgmt_proto_msgTypes[36]
+	mi := &file_mgmt_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +3193,7 @@ func (x *PoolShardCreateReq) String() string {
 func (*PoolShardCreateReq) ProtoMessage() {}
 
 func (x *PoolShardCreateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[36]
+	mi := &file_mgmt_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3206,7 @@ func (x *PoolShardCreateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardCreateReq.ProtoReflect.Descriptor instead.
 func (*PoolShardCreateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{36}
+	return file_mgmt_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PoolShardCreateReq) GetPoolUuid() string {
@@ -2965,6 +3230,13 @@ func (x *PoolShardCreateReq) GetNvmePerTarget() uint64 {
 	return 0
 }
 
+func (x *PoolShardCreateReq) GetAccess() *PoolAccess {
+	if x != nil {
+		return x.Access
+	}
+	return nil
+}
+
 type PoolShardDestroyReq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PoolUuid      string                 `protobuf:"bytes,1,opt,name=pool_uuid,json=poolUuid,proto3" json:"pool_uuid,omitempty"`
@@ -2974,7 +3246,7 @@ type PoolShardDestroyReq struct {
 
 func (x *PoolShardDestroyReq) Reset() {
 	*x = PoolShardDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[37]
+	mi := &file_mgmt_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3258,7 @@ func (x *PoolShardDestroyReq) String() string {
 func (*PoolShardDestroyReq) ProtoMessage() {}
 
 func (x *PoolShardDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[37]
+	mi := &file_mgmt_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3271,7 @@ func (x *PoolShardDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardDestroyReq.ProtoReflect.Descriptor instead.
 func (*PoolShardDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{37}
+	return file_mgmt_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PoolShardDestroyReq) GetPoolUuid() string {
@@ -3018,7 +3290,7 @@ type PoolShardQueryReq struct {
 
 func (x *PoolShardQueryReq) Reset() {
 	*x = PoolShardQueryReq{}
-	mi := &file_mgmt_proto_msgTypes[38]
+	mi := &file_mgmt_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3030,7 +3302,7 @@ func (x *PoolShardQueryReq) String() string {
 func (*PoolShardQueryReq) ProtoMessage() {}
 
 func (x *PoolShardQueryReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[38]
+	mi := &file_mgmt_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3043,7 +3315,7 @@ func (x *PoolShardQueryReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardQueryReq.ProtoReflect.Descriptor instead.
 func (*PoolShardQueryReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{38}
+	return file_mgmt_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PoolShardQueryReq) GetPoolUuid() string {
@@ -3067,7 +3339,7 @@ type PoolShardSpace struct {
 
 func (x *PoolShardSpace) Reset() {
 	*x = PoolShardSpace{}
-	mi := &file_mgmt_proto_msgTypes[39]
+	mi := &file_mgmt_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3079,7 +3351,7 @@ func (x *PoolShardSpace) String() string {
 func (*PoolShardSpace) ProtoMessage() {}
 
 func (x *PoolShardSpace) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[39]
+	mi := &file_mgmt_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3092,7 +3364,7 @@ func (x *PoolShardSpace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolShardSpace.ProtoReflect.Descriptor instead.
 func (*PoolShardSpace) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{39}
+	return file_mgmt_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PoolShardSpace) GetScmTotal() uint64 {
@@ -3140,7 +3412,7 @@ type ContShardDestroyReq struct {
 
 func (x *ContShardDestroyReq) Reset() {
 	*x = ContShardDestroyReq{}
-	mi := &file_mgmt_proto_msgTypes[40]
+	mi := &file_mgmt_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3424,7 @@ func (x *ContShardDestroyReq) String() string {
 func (*ContShardDestroyReq) ProtoMessage() {}
 
 func (x *ContShardDestroyReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[40]
+	mi := &file_mgmt_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3437,7 @@ func (x *ContShardDestroyReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContShardDestroyReq.ProtoReflect.Descriptor instead.
 func (*ContShardDestroyReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{40}
+	return file_mgmt_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ContShardDestroyReq) GetPoolUuid() string {
@@ -3196,7 +3468,7 @@ type ContShardSnapshotsReq struct {
 
 func (x *ContShardSnapshotsReq) Reset() {
 	*x = ContShardSnapshotsReq{}
-	mi := &file_mgmt_proto_msgTypes[41]
+	mi := &file_mgmt_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3208,7 +3480,7 @@ func (x *ContShardSnapshotsReq) String() string {
 func (*ContShardSnapshotsReq) ProtoMessage() {}
 
 func (x *ContShardSnapshotsReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[41]
+	mi := &file_mgmt_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3221,7 +3493,7 @@ func (x *ContShardSnapshotsReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContShardSnapshotsReq.ProtoReflect.Descriptor instead.
 func (*ContShardSnapshotsReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{41}
+	return file_mgmt_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ContShardSnapshotsReq) GetPoolUuid() string {
@@ -3267,7 +3539,7 @@ type ContShardQuotaReq struct {
 
 func (x *ContShardQuotaReq) Reset() {
 	*x = ContShardQuotaReq{}
-	mi := &file_mgmt_proto_msgTypes[42]
+	mi := &file_mgmt_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3551,7 @@ func (x *ContShardQuotaReq) String() string {
 func (*ContShardQuotaReq) ProtoMessage() {}
 
 func (x *ContShardQuotaReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[42]
+	mi := &file_mgmt_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3564,7 @@ func (x *ContShardQuotaReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContShardQuotaReq.ProtoReflect.Descriptor instead.
 func (*ContShardQuotaReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{42}
+	return file_mgmt_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ContShardQuotaReq) GetPoolUuid() string {
@@ -3327,7 +3599,7 @@ type ContShardQuota struct {
 
 func (x *ContShardQuota) Reset() {
 	*x = ContShardQuota{}
-	mi := &file_mgmt_proto_msgTypes[43]
+	mi := &file_mgmt_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3611,7 @@ func (x *ContShardQuota) String() string {
 func (*ContShardQuota) ProtoMessage() {}
 
 func (x *ContShardQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[43]
+	mi := &file_mgmt_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3624,7 @@ func (x *ContShardQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContShardQuota.ProtoReflect.Descriptor instead.
 func (*ContShardQuota) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{43}
+	return file_mgmt_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ContShardQuota) GetContUuid() string {
@@ -3385,7 +3657,7 @@ type AggregateReq struct {
 
 func (x *AggregateReq) Reset() {
 	*x = AggregateReq{}
-	mi := &file_mgmt_proto_msgTypes[44]
+	mi := &file_mgmt_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3397,7 +3669,7 @@ func (x *AggregateReq) String() string {
 func (*AggregateReq) ProtoMessage() {}
 
 func (x *AggregateReq) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[44]
+	mi := &file_mgmt_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3410,7 +3682,7 @@ func (x *AggregateReq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateReq.ProtoReflect.Descriptor instead.
 func (*AggregateReq) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{44}
+	return file_mgmt_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AggregateReq) GetPoolUuid() string {
@@ -3429,7 +3701,7 @@ type AggregateResp struct {
 
 func (x *AggregateResp) Reset() {
 	*x = AggregateResp{}
-	mi := &file_mgmt_proto_msgTypes[45]
+	mi := &file_mgmt_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3441,7 +3713,7 @@ func (x *AggregateResp) String() string {
 func (*AggregateResp) ProtoMessage() {}
 
 func (x *AggregateResp) ProtoReflect() protoreflect.Message {
-	mi := &file_mgmt_proto_msgTypes[45]
+	mi := &file_mgmt_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3454,7 +3726,7 @@ func (x *AggregateResp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateResp.ProtoReflect.Descriptor instead.
 func (*AggregateResp) Descriptor() ([]byte, []int) {
-	return file_mgmt_proto_rawDescGZIP(), []int{45}
+	return file_mgmt_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AggregateResp) GetReclaimedBytes() uint64 {
@@ -3540,16 +3812,23 @@ const file_mgmt_proto_rawDesc = "" +
 	"mapVersion\x12F\n" +
 	"\tsnapshots\x18\x02 \x03(\v2(.peregrine.mgmt.v1.ContShardSnapshotsReqR\tsnapshots\x12>\n" +
 	"\tpool_maps\x18\x03 \x03(\v2!.peregrine.mgmt.v1.PoolMapVersionR\bpoolMaps\x12&\n" +
-	"\x0fpool_maps_known\x18\x04 \x01(\bR\rpoolMapsKnown\"\xa6\x01\n" +
+	"\x0fpool_maps_known\x18\x04 \x01(\bR\rpoolMapsKnown\"\xdd\x01\n" +
 	"\x0ePoolMapVersion\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x124\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x1e.peregrine.mgmt.v1.TargetStateR\x05state\x12'\n" +
-	"\x0faggregation_cap\x18\x04 \x01(\x04R\x0eaggregationCap\"D\n" +
+	"\x0faggregation_cap\x18\x04 \x01(\x04R\x0eaggregationCap\x125\n" +
+	"\x06access\x18\x05 \x01(\v2\x1d.peregrine.mgmt.v1.PoolAccessR\x06access\"Y\n" +
+	"\n" +
+	"PoolAccess\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1f\n" +
+	"\vkey_version\x18\x02 \x01(\rR\n" +
+	"keyVersion\x12\x18\n" +
+	"\arevoked\x18\x03 \x03(\fR\arevoked\"D\n" +
 	"\x04Tier\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\x04R\x05total\x12\x12\n" +
-	"\x04free\x18\x03 \x01(\x04R\x04free\"\xae\x02\n" +
+	"\x04free\x18\x03 \x01(\x04R\x04free\"\xe1\x02\n" +
 	"\rPoolCreateReq\x12\x14\n" +
 	"\x05label\x18\x01 \x01(\tR\x05label\x12\x1d\n" +
 	"\n" +
@@ -3559,7 +3838,8 @@ const file_mgmt_proto_rawDesc = "" +
 	"\bscm_size\x18\x04 \x01(\x04R\ascmSize\x12\x1b\n" +
 	"\tnvme_size\x18\x05 \x01(\x04R\bnvmeSize\x12\x14\n" +
 	"\x05ranks\x18\x06 \x03(\rR\x05ranks\x12A\n" +
-	"\x05props\x18\a \x03(\v2+.peregrine.mgmt.v1.PoolCreateReq.PropsEntryR\x05props\x1a8\n" +
+	"\x05props\x18\a \x03(\v2+.peregrine.mgmt.v1.PoolCreateReq.PropsEntryR\x05props\x121\n" +
+	"\x04cred\x18\b \x01(\v2\x1d.peregrine.mgmt.v1.CredentialR\x04cred\x1a8\n" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -3603,9 +3883,19 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\" \n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
+	"\n" +
+	"Credential\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x12\n" +
+	"\x04user\x18\x03 \x01(\tR\x04user\x12\x16\n" +
+	"\x06groups\x18\x04 \x03(\tR\x06groups\"S\n" +
 	"\x0ePoolConnectReq\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xd7\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x121\n" +
+	"\x04cred\x18\x02 \x01(\v2\x1d.peregrine.mgmt.v1.CredentialR\x04cred\"6\n" +
+	"\fPoolEvictReq\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06handle\x18\x02 \x01(\fR\x06handle\"\xd7\x01\n" +
 	"\n" +
 	"PoolTarget\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
@@ -3614,12 +3904,13 @@ const file_mgmt_proto_rawDesc = "" +
 	"\ffault_domain\x18\x04 \x01(\tR\vfaultDomain\x12\x0e\n" +
 	"\x02up\x18\x05 \x01(\bR\x02up\x12\x19\n" +
 	"\bshm_path\x18\x06 \x01(\tR\ashmPath\x124\n" +
-	"\x05state\x18\a \x01(\x0e2\x1e.peregrine.mgmt.v1.TargetStateR\x05state\"\x86\x01\n" +
+	"\x05state\x18\a \x01(\x0e2\x1e.peregrine.mgmt.v1.TargetStateR\x05state\"\x9e\x01\n" +
 	"\aPoolMap\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x127\n" +
-	"\atargets\x18\x04 \x03(\v2\x1d.peregrine.mgmt.v1.PoolTargetR\atargets\"\xa9\x03\n" +
+	"\atargets\x18\x04 \x03(\v2\x1d.peregrine.mgmt.v1.PoolTargetR\atargets\x12\x16\n" +
+	"\x06handle\x18\x05 \x01(\fR\x06handle\"\xdc\x03\n" +
 	"\rContCreateReq\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x12\n" +
@@ -3636,11 +3927,12 @@ const file_mgmt_proto_rawDesc = "" +
 	"clone_from\x18\n" +
 	" \x01(\tR\tcloneFrom\x12\x1f\n" +
 	"\vclone_epoch\x18\v \x01(\x04R\n" +
-	"cloneEpoch\x1a8\n" +
+	"cloneEpoch\x121\n" +
+	"\x04cred\x18\f \x01(\v2\x1d.peregrine.mgmt.v1.CredentialR\x04cred\x1a8\n" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xad\x05\n" +
 	"\bContInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x1b\n" +
@@ -3662,7 +3954,8 @@ const file_mgmt_proto_rawDesc = "" +
 	"\vquota_bytes\x18\x0e \x01(\x04R\n" +
 	"quotaBytes\x12(\n" +
 	"\x10quota_used_bytes\x18\x0f \x01(\x04R\x0equotaUsedBytes\x122\n" +
-	"\x05state\x18\x10 \x01(\x0e2\x1c.peregrine.mgmt.v1.ContStateR\x05state\x1a8\n" +
+	"\x05state\x18\x10 \x01(\x0e2\x1c.peregrine.mgmt.v1.ContStateR\x05state\x12\x16\n" +
+	"\x06handle\x18\x11 \x01(\fR\x06handle\x1a8\n" +
 	"\n" +
 	"PropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -3672,10 +3965,12 @@ const file_mgmt_proto_rawDesc = "" +
 	"\fContListResp\x12;\n" +
 	"\n" +
 	"containers\x18\x01 \x03(\v2\x1b.peregrine.mgmt.v1.ContInfoR\n" +
-	"containers\"2\n" +
+	"containers\"\x82\x01\n" +
 	"\fContQueryReq\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"J\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x121\n" +
+	"\x04cred\x18\x03 \x01(\v2\x1d.peregrine.mgmt.v1.CredentialR\x04cred\x12\x1b\n" +
+	"\tread_only\x18\x04 \x01(\bR\breadOnly\"J\n" +
 	"\x0eContDestroyReq\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -3705,11 +4000,12 @@ const file_mgmt_proto_rawDesc = "" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x12\n" +
 	"\x04cont\x18\x02 \x01(\tR\x04cont\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x12\n" +
-	"\x04name\x18\x04 \x01(\tR\x04name\"\x7f\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\xb6\x01\n" +
 	"\x12PoolShardCreateReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\x12$\n" +
 	"\x0escm_per_target\x18\x02 \x01(\x04R\fscmPerTarget\x12&\n" +
-	"\x0fnvme_per_target\x18\x03 \x01(\x04R\rnvmePerTarget\"2\n" +
+	"\x0fnvme_per_target\x18\x03 \x01(\x04R\rnvmePerTarget\x125\n" +
+	"\x06access\x18\x04 \x01(\v2\x1d.peregrine.mgmt.v1.PoolAccessR\x06access\"2\n" +
 	"\x13PoolShardDestroyReq\x12\x1b\n" +
 	"\tpool_uuid\x18\x01 \x01(\tR\bpoolUuid\"0\n" +
 	"\x11PoolShardQueryReq\x12\x1b\n" +
@@ -3776,7 +4072,7 @@ const file_mgmt_proto_rawDesc = "" +
 	"\n" +
 	"CONT_READY\x10\x00\x12\x10\n" +
 	"\fCONT_COPYING\x10\x01\x12\x14\n" +
-	"\x10CONT_COPY_FAILED\x10\x022\x83\v\n" +
+	"\x10CONT_COPY_FAILED\x10\x022\xcb\v\n" +
 	"\x04Mgmt\x12T\n" +
 	"\vSystemQuery\x12!.peregrine.mgmt.v1.SystemQueryReq\x1a\".peregrine.mgmt.v1.SystemQueryResp\x12T\n" +
 	"\vStorageScan\x12!.peregrine.mgmt.v1.StorageScanReq\x1a\".peregrine.mgmt.v1.StorageScanResp\x12Z\n" +
@@ -3788,7 +4084,8 @@ const file_mgmt_proto_rawDesc = "" +
 	"\tPoolQuery\x12\x1f.peregrine.mgmt.v1.PoolQueryReq\x1a\x1b.peregrine.mgmt.v1.PoolInfo\x12J\n" +
 	"\vPoolDestroy\x12!.peregrine.mgmt.v1.PoolDestroyReq\x1a\x18.peregrine.mgmt.v1.Empty\x12M\n" +
 	"\vPoolSetProp\x12!.peregrine.mgmt.v1.PoolSetPropReq\x1a\x1b.peregrine.mgmt.v1.PoolInfo\x12L\n" +
-	"\vPoolConnect\x12!.peregrine.mgmt.v1.PoolConnectReq\x1a\x1a.peregrine.mgmt.v1.PoolMap\x12K\n" +
+	"\vPoolConnect\x12!.peregrine.mgmt.v1.PoolConnectReq\x1a\x1a.peregrine.mgmt.v1.PoolMap\x12F\n" +
+	"\tPoolEvict\x12\x1f.peregrine.mgmt.v1.PoolEvictReq\x1a\x18.peregrine.mgmt.v1.Empty\x12K\n" +
 	"\n" +
 	"ContCreate\x12 .peregrine.mgmt.v1.ContCreateReq\x1a\x1b.peregrine.mgmt.v1.ContInfo\x12K\n" +
 	"\bContList\x12\x1e.peregrine.mgmt.v1.ContListReq\x1a\x1f.peregrine.mgmt.v1.ContListResp\x12I\n" +
@@ -3824,7 +4121,7 @@ func file_mgmt_proto_rawDescGZIP() []byte {
 }
 
 var file_mgmt_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_mgmt_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_mgmt_proto_goTypes = []any{
 	(MemberState)(0),              // 0: peregrine.mgmt.v1.MemberState
 	(StorageState)(0),             // 1: peregrine.mgmt.v1.StorageState
@@ -3845,47 +4142,50 @@ var file_mgmt_proto_goTypes = []any{
 	(*JoinReq)(nil),               // 16: peregrine.mgmt.v1.JoinReq
 	(*JoinResp)(nil),              // 17: peregrine.mgmt.v1.JoinResp
 	(*PoolMapVersion)(nil),        // 18: peregrine.mgmt.v1.PoolMapVersion
-	(*Tier)(nil),                  // 19: peregrine.mgmt.v1.Tier
-	(*PoolCreateReq)(nil),         // 20: peregrine.mgmt.v1.PoolCreateReq
-	(*PoolInfo)(nil),              // 21: peregrine.mgmt.v1.PoolInfo
-	(*RankTargetState)(nil),       // 22: peregrine.mgmt.v1.RankTargetState
-	(*PoolListReq)(nil),           // 23: peregrine.mgmt.v1.PoolListReq
-	(*PoolListResp)(nil),          // 24: peregrine.mgmt.v1.PoolListResp
-	(*PoolQueryReq)(nil),          // 25: peregrine.mgmt.v1.PoolQueryReq
-	(*PoolDestroyReq)(nil),        // 26: peregrine.mgmt.v1.PoolDestroyReq
-	(*PoolSetPropReq)(nil),        // 27: peregrine.mgmt.v1.PoolSetPropReq
-	(*PoolConnectReq)(nil),        // 28: peregrine.mgmt.v1.PoolConnectReq
-	(*PoolTarget)(nil),            // 29: peregrine.mgmt.v1.PoolTarget
-	(*PoolMap)(nil),               // 30: peregrine.mgmt.v1.PoolMap
-	(*ContCreateReq)(nil),         // 31: peregrine.mgmt.v1.ContCreateReq
-	(*ContInfo)(nil),              // 32: peregrine.mgmt.v1.ContInfo
-	(*ContListReq)(nil),           // 33: peregrine.mgmt.v1.ContListReq
-	(*ContListResp)(nil),          // 34: peregrine.mgmt.v1.ContListResp
-	(*ContQueryReq)(nil),          // 35: peregrine.mgmt.v1.ContQueryReq
-	(*ContDestroyReq)(nil),        // 36: peregrine.mgmt.v1.ContDestroyReq
-	(*ContSetPropReq)(nil),        // 37: peregrine.mgmt.v1.ContSetPropReq
-	(*Snapshot)(nil),              // 38: peregrine.mgmt.v1.Snapshot
-	(*SnapCreateReq)(nil),         // 39: peregrine.mgmt.v1.SnapCreateReq
-	(*SnapListReq)(nil),           // 40: peregrine.mgmt.v1.SnapListReq
-	(*SnapListResp)(nil),          // 41: peregrine.mgmt.v1.SnapListResp
-	(*SnapDestroyReq)(nil),        // 42: peregrine.mgmt.v1.SnapDestroyReq
-	(*PoolShardCreateReq)(nil),    // 43: peregrine.mgmt.v1.PoolShardCreateReq
-	(*PoolShardDestroyReq)(nil),   // 44: peregrine.mgmt.v1.PoolShardDestroyReq
-	(*PoolShardQueryReq)(nil),     // 45: peregrine.mgmt.v1.PoolShardQueryReq
-	(*PoolShardSpace)(nil),        // 46: peregrine.mgmt.v1.PoolShardSpace
-	(*ContShardDestroyReq)(nil),   // 47: peregrine.mgmt.v1.ContShardDestroyReq
-	(*ContShardSnapshotsReq)(nil), // 48: peregrine.mgmt.v1.ContShardSnapshotsReq
-	(*ContShardQuotaReq)(nil),     // 49: peregrine.mgmt.v1.ContShardQuotaReq
-	(*ContShardQuota)(nil),        // 50: peregrine.mgmt.v1.ContShardQuota
-	(*AggregateReq)(nil),          // 51: peregrine.mgmt.v1.AggregateReq
-	(*AggregateResp)(nil),         // 52: peregrine.mgmt.v1.AggregateResp
-	nil,                           // 53: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	nil,                           // 54: peregrine.mgmt.v1.PoolInfo.PropsEntry
-	nil,                           // 55: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	nil,                           // 56: peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	nil,                           // 57: peregrine.mgmt.v1.ContInfo.PropsEntry
-	nil,                           // 58: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	nil,                           // 59: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	(*PoolAccess)(nil),            // 19: peregrine.mgmt.v1.PoolAccess
+	(*Tier)(nil),                  // 20: peregrine.mgmt.v1.Tier
+	(*PoolCreateReq)(nil),         // 21: peregrine.mgmt.v1.PoolCreateReq
+	(*PoolInfo)(nil),              // 22: peregrine.mgmt.v1.PoolInfo
+	(*RankTargetState)(nil),       // 23: peregrine.mgmt.v1.RankTargetState
+	(*PoolListReq)(nil),           // 24: peregrine.mgmt.v1.PoolListReq
+	(*PoolListResp)(nil),          // 25: peregrine.mgmt.v1.PoolListResp
+	(*PoolQueryReq)(nil),          // 26: peregrine.mgmt.v1.PoolQueryReq
+	(*PoolDestroyReq)(nil),        // 27: peregrine.mgmt.v1.PoolDestroyReq
+	(*PoolSetPropReq)(nil),        // 28: peregrine.mgmt.v1.PoolSetPropReq
+	(*Credential)(nil),            // 29: peregrine.mgmt.v1.Credential
+	(*PoolConnectReq)(nil),        // 30: peregrine.mgmt.v1.PoolConnectReq
+	(*PoolEvictReq)(nil),          // 31: peregrine.mgmt.v1.PoolEvictReq
+	(*PoolTarget)(nil),            // 32: peregrine.mgmt.v1.PoolTarget
+	(*PoolMap)(nil),               // 33: peregrine.mgmt.v1.PoolMap
+	(*ContCreateReq)(nil),         // 34: peregrine.mgmt.v1.ContCreateReq
+	(*ContInfo)(nil),              // 35: peregrine.mgmt.v1.ContInfo
+	(*ContListReq)(nil),           // 36: peregrine.mgmt.v1.ContListReq
+	(*ContListResp)(nil),          // 37: peregrine.mgmt.v1.ContListResp
+	(*ContQueryReq)(nil),          // 38: peregrine.mgmt.v1.ContQueryReq
+	(*ContDestroyReq)(nil),        // 39: peregrine.mgmt.v1.ContDestroyReq
+	(*ContSetPropReq)(nil),        // 40: peregrine.mgmt.v1.ContSetPropReq
+	(*Snapshot)(nil),              // 41: peregrine.mgmt.v1.Snapshot
+	(*SnapCreateReq)(nil),         // 42: peregrine.mgmt.v1.SnapCreateReq
+	(*SnapListReq)(nil),           // 43: peregrine.mgmt.v1.SnapListReq
+	(*SnapListResp)(nil),          // 44: peregrine.mgmt.v1.SnapListResp
+	(*SnapDestroyReq)(nil),        // 45: peregrine.mgmt.v1.SnapDestroyReq
+	(*PoolShardCreateReq)(nil),    // 46: peregrine.mgmt.v1.PoolShardCreateReq
+	(*PoolShardDestroyReq)(nil),   // 47: peregrine.mgmt.v1.PoolShardDestroyReq
+	(*PoolShardQueryReq)(nil),     // 48: peregrine.mgmt.v1.PoolShardQueryReq
+	(*PoolShardSpace)(nil),        // 49: peregrine.mgmt.v1.PoolShardSpace
+	(*ContShardDestroyReq)(nil),   // 50: peregrine.mgmt.v1.ContShardDestroyReq
+	(*ContShardSnapshotsReq)(nil), // 51: peregrine.mgmt.v1.ContShardSnapshotsReq
+	(*ContShardQuotaReq)(nil),     // 52: peregrine.mgmt.v1.ContShardQuotaReq
+	(*ContShardQuota)(nil),        // 53: peregrine.mgmt.v1.ContShardQuota
+	(*AggregateReq)(nil),          // 54: peregrine.mgmt.v1.AggregateReq
+	(*AggregateResp)(nil),         // 55: peregrine.mgmt.v1.AggregateResp
+	nil,                           // 56: peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	nil,                           // 57: peregrine.mgmt.v1.PoolInfo.PropsEntry
+	nil,                           // 58: peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	nil,                           // 59: peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	nil,                           // 60: peregrine.mgmt.v1.ContInfo.PropsEntry
+	nil,                           // 61: peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	nil,                           // 62: peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
 }
 var file_mgmt_proto_depIdxs = []int32{
 	0,  // 0: peregrine.mgmt.v1.Member.state:type_name -> peregrine.mgmt.v1.MemberState
@@ -3893,90 +4193,98 @@ var file_mgmt_proto_depIdxs = []int32{
 	1,  // 2: peregrine.mgmt.v1.RankStorage.state:type_name -> peregrine.mgmt.v1.StorageState
 	12, // 3: peregrine.mgmt.v1.StorageScanResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
 	12, // 4: peregrine.mgmt.v1.StorageFormatResp.ranks:type_name -> peregrine.mgmt.v1.RankStorage
-	48, // 5: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	51, // 5: peregrine.mgmt.v1.JoinResp.snapshots:type_name -> peregrine.mgmt.v1.ContShardSnapshotsReq
 	18, // 6: peregrine.mgmt.v1.JoinResp.pool_maps:type_name -> peregrine.mgmt.v1.PoolMapVersion
 	2,  // 7: peregrine.mgmt.v1.PoolMapVersion.state:type_name -> peregrine.mgmt.v1.TargetState
-	53, // 8: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
-	3,  // 9: peregrine.mgmt.v1.PoolInfo.state:type_name -> peregrine.mgmt.v1.PoolState
-	19, // 10: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
-	54, // 11: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
-	22, // 12: peregrine.mgmt.v1.PoolInfo.rank_states:type_name -> peregrine.mgmt.v1.RankTargetState
-	2,  // 13: peregrine.mgmt.v1.RankTargetState.state:type_name -> peregrine.mgmt.v1.TargetState
-	21, // 14: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
-	55, // 15: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
-	2,  // 16: peregrine.mgmt.v1.PoolTarget.state:type_name -> peregrine.mgmt.v1.TargetState
-	29, // 17: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
-	56, // 18: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
-	4,  // 19: peregrine.mgmt.v1.ContInfo.type:type_name -> peregrine.mgmt.v1.ContType
-	5,  // 20: peregrine.mgmt.v1.ContInfo.checksum:type_name -> peregrine.mgmt.v1.Checksum
-	57, // 21: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
-	6,  // 22: peregrine.mgmt.v1.ContInfo.state:type_name -> peregrine.mgmt.v1.ContState
-	32, // 23: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
-	58, // 24: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
-	38, // 25: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
-	59, // 26: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
-	50, // 27: peregrine.mgmt.v1.ContShardQuotaReq.quotas:type_name -> peregrine.mgmt.v1.ContShardQuota
-	8,  // 28: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
-	11, // 29: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
-	14, // 30: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	16, // 31: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
-	20, // 32: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
-	23, // 33: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
-	25, // 34: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
-	26, // 35: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
-	27, // 36: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
-	28, // 37: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
-	31, // 38: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
-	33, // 39: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
-	35, // 40: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
-	36, // 41: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
-	37, // 42: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
-	39, // 43: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
-	40, // 44: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
-	42, // 45: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
-	7,  // 46: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
-	14, // 47: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
-	43, // 48: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
-	44, // 49: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
-	45, // 50: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
-	47, // 51: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
-	48, // 52: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
-	49, // 53: peregrine.mgmt.v1.Engine.ContShardQuota:input_type -> peregrine.mgmt.v1.ContShardQuotaReq
-	51, // 54: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
-	18, // 55: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
-	10, // 56: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
-	13, // 57: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
-	15, // 58: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
-	17, // 59: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
-	21, // 60: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
-	24, // 61: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
-	21, // 62: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
-	7,  // 63: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
-	21, // 64: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
-	30, // 65: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
-	32, // 66: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
-	34, // 67: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
-	32, // 68: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
-	7,  // 69: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
-	32, // 70: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
-	38, // 71: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
-	41, // 72: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
-	7,  // 73: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
-	12, // 74: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
-	12, // 75: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
-	7,  // 76: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
-	7,  // 77: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	46, // 78: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
-	7,  // 79: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
-	7,  // 80: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
-	7,  // 81: peregrine.mgmt.v1.Engine.ContShardQuota:output_type -> peregrine.mgmt.v1.Empty
-	52, // 82: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
-	7,  // 83: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
-	56, // [56:84] is the sub-list for method output_type
-	28, // [28:56] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	19, // 8: peregrine.mgmt.v1.PoolMapVersion.access:type_name -> peregrine.mgmt.v1.PoolAccess
+	56, // 9: peregrine.mgmt.v1.PoolCreateReq.props:type_name -> peregrine.mgmt.v1.PoolCreateReq.PropsEntry
+	29, // 10: peregrine.mgmt.v1.PoolCreateReq.cred:type_name -> peregrine.mgmt.v1.Credential
+	3,  // 11: peregrine.mgmt.v1.PoolInfo.state:type_name -> peregrine.mgmt.v1.PoolState
+	20, // 12: peregrine.mgmt.v1.PoolInfo.tiers:type_name -> peregrine.mgmt.v1.Tier
+	57, // 13: peregrine.mgmt.v1.PoolInfo.props:type_name -> peregrine.mgmt.v1.PoolInfo.PropsEntry
+	23, // 14: peregrine.mgmt.v1.PoolInfo.rank_states:type_name -> peregrine.mgmt.v1.RankTargetState
+	2,  // 15: peregrine.mgmt.v1.RankTargetState.state:type_name -> peregrine.mgmt.v1.TargetState
+	22, // 16: peregrine.mgmt.v1.PoolListResp.pools:type_name -> peregrine.mgmt.v1.PoolInfo
+	58, // 17: peregrine.mgmt.v1.PoolSetPropReq.props:type_name -> peregrine.mgmt.v1.PoolSetPropReq.PropsEntry
+	29, // 18: peregrine.mgmt.v1.PoolConnectReq.cred:type_name -> peregrine.mgmt.v1.Credential
+	2,  // 19: peregrine.mgmt.v1.PoolTarget.state:type_name -> peregrine.mgmt.v1.TargetState
+	32, // 20: peregrine.mgmt.v1.PoolMap.targets:type_name -> peregrine.mgmt.v1.PoolTarget
+	59, // 21: peregrine.mgmt.v1.ContCreateReq.props:type_name -> peregrine.mgmt.v1.ContCreateReq.PropsEntry
+	29, // 22: peregrine.mgmt.v1.ContCreateReq.cred:type_name -> peregrine.mgmt.v1.Credential
+	4,  // 23: peregrine.mgmt.v1.ContInfo.type:type_name -> peregrine.mgmt.v1.ContType
+	5,  // 24: peregrine.mgmt.v1.ContInfo.checksum:type_name -> peregrine.mgmt.v1.Checksum
+	60, // 25: peregrine.mgmt.v1.ContInfo.props:type_name -> peregrine.mgmt.v1.ContInfo.PropsEntry
+	6,  // 26: peregrine.mgmt.v1.ContInfo.state:type_name -> peregrine.mgmt.v1.ContState
+	35, // 27: peregrine.mgmt.v1.ContListResp.containers:type_name -> peregrine.mgmt.v1.ContInfo
+	29, // 28: peregrine.mgmt.v1.ContQueryReq.cred:type_name -> peregrine.mgmt.v1.Credential
+	61, // 29: peregrine.mgmt.v1.ContSetPropReq.props:type_name -> peregrine.mgmt.v1.ContSetPropReq.PropsEntry
+	41, // 30: peregrine.mgmt.v1.SnapListResp.snapshots:type_name -> peregrine.mgmt.v1.Snapshot
+	19, // 31: peregrine.mgmt.v1.PoolShardCreateReq.access:type_name -> peregrine.mgmt.v1.PoolAccess
+	62, // 32: peregrine.mgmt.v1.PoolShardSpace.cont_used:type_name -> peregrine.mgmt.v1.PoolShardSpace.ContUsedEntry
+	53, // 33: peregrine.mgmt.v1.ContShardQuotaReq.quotas:type_name -> peregrine.mgmt.v1.ContShardQuota
+	8,  // 34: peregrine.mgmt.v1.Mgmt.SystemQuery:input_type -> peregrine.mgmt.v1.SystemQueryReq
+	11, // 35: peregrine.mgmt.v1.Mgmt.StorageScan:input_type -> peregrine.mgmt.v1.StorageScanReq
+	14, // 36: peregrine.mgmt.v1.Mgmt.StorageFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	16, // 37: peregrine.mgmt.v1.Mgmt.Join:input_type -> peregrine.mgmt.v1.JoinReq
+	21, // 38: peregrine.mgmt.v1.Mgmt.PoolCreate:input_type -> peregrine.mgmt.v1.PoolCreateReq
+	24, // 39: peregrine.mgmt.v1.Mgmt.PoolList:input_type -> peregrine.mgmt.v1.PoolListReq
+	26, // 40: peregrine.mgmt.v1.Mgmt.PoolQuery:input_type -> peregrine.mgmt.v1.PoolQueryReq
+	27, // 41: peregrine.mgmt.v1.Mgmt.PoolDestroy:input_type -> peregrine.mgmt.v1.PoolDestroyReq
+	28, // 42: peregrine.mgmt.v1.Mgmt.PoolSetProp:input_type -> peregrine.mgmt.v1.PoolSetPropReq
+	30, // 43: peregrine.mgmt.v1.Mgmt.PoolConnect:input_type -> peregrine.mgmt.v1.PoolConnectReq
+	31, // 44: peregrine.mgmt.v1.Mgmt.PoolEvict:input_type -> peregrine.mgmt.v1.PoolEvictReq
+	34, // 45: peregrine.mgmt.v1.Mgmt.ContCreate:input_type -> peregrine.mgmt.v1.ContCreateReq
+	36, // 46: peregrine.mgmt.v1.Mgmt.ContList:input_type -> peregrine.mgmt.v1.ContListReq
+	38, // 47: peregrine.mgmt.v1.Mgmt.ContQuery:input_type -> peregrine.mgmt.v1.ContQueryReq
+	39, // 48: peregrine.mgmt.v1.Mgmt.ContDestroy:input_type -> peregrine.mgmt.v1.ContDestroyReq
+	40, // 49: peregrine.mgmt.v1.Mgmt.ContSetProp:input_type -> peregrine.mgmt.v1.ContSetPropReq
+	42, // 50: peregrine.mgmt.v1.Mgmt.SnapCreate:input_type -> peregrine.mgmt.v1.SnapCreateReq
+	43, // 51: peregrine.mgmt.v1.Mgmt.SnapList:input_type -> peregrine.mgmt.v1.SnapListReq
+	45, // 52: peregrine.mgmt.v1.Mgmt.SnapDestroy:input_type -> peregrine.mgmt.v1.SnapDestroyReq
+	7,  // 53: peregrine.mgmt.v1.Engine.LocalScan:input_type -> peregrine.mgmt.v1.Empty
+	14, // 54: peregrine.mgmt.v1.Engine.LocalFormat:input_type -> peregrine.mgmt.v1.StorageFormatReq
+	46, // 55: peregrine.mgmt.v1.Engine.PoolShardCreate:input_type -> peregrine.mgmt.v1.PoolShardCreateReq
+	47, // 56: peregrine.mgmt.v1.Engine.PoolShardDestroy:input_type -> peregrine.mgmt.v1.PoolShardDestroyReq
+	48, // 57: peregrine.mgmt.v1.Engine.PoolShardQuery:input_type -> peregrine.mgmt.v1.PoolShardQueryReq
+	50, // 58: peregrine.mgmt.v1.Engine.ContShardDestroy:input_type -> peregrine.mgmt.v1.ContShardDestroyReq
+	51, // 59: peregrine.mgmt.v1.Engine.ContShardSnapshots:input_type -> peregrine.mgmt.v1.ContShardSnapshotsReq
+	52, // 60: peregrine.mgmt.v1.Engine.ContShardQuota:input_type -> peregrine.mgmt.v1.ContShardQuotaReq
+	54, // 61: peregrine.mgmt.v1.Engine.Aggregate:input_type -> peregrine.mgmt.v1.AggregateReq
+	18, // 62: peregrine.mgmt.v1.Engine.PoolMapUpdate:input_type -> peregrine.mgmt.v1.PoolMapVersion
+	10, // 63: peregrine.mgmt.v1.Mgmt.SystemQuery:output_type -> peregrine.mgmt.v1.SystemQueryResp
+	13, // 64: peregrine.mgmt.v1.Mgmt.StorageScan:output_type -> peregrine.mgmt.v1.StorageScanResp
+	15, // 65: peregrine.mgmt.v1.Mgmt.StorageFormat:output_type -> peregrine.mgmt.v1.StorageFormatResp
+	17, // 66: peregrine.mgmt.v1.Mgmt.Join:output_type -> peregrine.mgmt.v1.JoinResp
+	22, // 67: peregrine.mgmt.v1.Mgmt.PoolCreate:output_type -> peregrine.mgmt.v1.PoolInfo
+	25, // 68: peregrine.mgmt.v1.Mgmt.PoolList:output_type -> peregrine.mgmt.v1.PoolListResp
+	22, // 69: peregrine.mgmt.v1.Mgmt.PoolQuery:output_type -> peregrine.mgmt.v1.PoolInfo
+	7,  // 70: peregrine.mgmt.v1.Mgmt.PoolDestroy:output_type -> peregrine.mgmt.v1.Empty
+	22, // 71: peregrine.mgmt.v1.Mgmt.PoolSetProp:output_type -> peregrine.mgmt.v1.PoolInfo
+	33, // 72: peregrine.mgmt.v1.Mgmt.PoolConnect:output_type -> peregrine.mgmt.v1.PoolMap
+	7,  // 73: peregrine.mgmt.v1.Mgmt.PoolEvict:output_type -> peregrine.mgmt.v1.Empty
+	35, // 74: peregrine.mgmt.v1.Mgmt.ContCreate:output_type -> peregrine.mgmt.v1.ContInfo
+	37, // 75: peregrine.mgmt.v1.Mgmt.ContList:output_type -> peregrine.mgmt.v1.ContListResp
+	35, // 76: peregrine.mgmt.v1.Mgmt.ContQuery:output_type -> peregrine.mgmt.v1.ContInfo
+	7,  // 77: peregrine.mgmt.v1.Mgmt.ContDestroy:output_type -> peregrine.mgmt.v1.Empty
+	35, // 78: peregrine.mgmt.v1.Mgmt.ContSetProp:output_type -> peregrine.mgmt.v1.ContInfo
+	41, // 79: peregrine.mgmt.v1.Mgmt.SnapCreate:output_type -> peregrine.mgmt.v1.Snapshot
+	44, // 80: peregrine.mgmt.v1.Mgmt.SnapList:output_type -> peregrine.mgmt.v1.SnapListResp
+	7,  // 81: peregrine.mgmt.v1.Mgmt.SnapDestroy:output_type -> peregrine.mgmt.v1.Empty
+	12, // 82: peregrine.mgmt.v1.Engine.LocalScan:output_type -> peregrine.mgmt.v1.RankStorage
+	12, // 83: peregrine.mgmt.v1.Engine.LocalFormat:output_type -> peregrine.mgmt.v1.RankStorage
+	7,  // 84: peregrine.mgmt.v1.Engine.PoolShardCreate:output_type -> peregrine.mgmt.v1.Empty
+	7,  // 85: peregrine.mgmt.v1.Engine.PoolShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	49, // 86: peregrine.mgmt.v1.Engine.PoolShardQuery:output_type -> peregrine.mgmt.v1.PoolShardSpace
+	7,  // 87: peregrine.mgmt.v1.Engine.ContShardDestroy:output_type -> peregrine.mgmt.v1.Empty
+	7,  // 88: peregrine.mgmt.v1.Engine.ContShardSnapshots:output_type -> peregrine.mgmt.v1.Empty
+	7,  // 89: peregrine.mgmt.v1.Engine.ContShardQuota:output_type -> peregrine.mgmt.v1.Empty
+	55, // 90: peregrine.mgmt.v1.Engine.Aggregate:output_type -> peregrine.mgmt.v1.AggregateResp
+	7,  // 91: peregrine.mgmt.v1.Engine.PoolMapUpdate:output_type -> peregrine.mgmt.v1.Empty
+	63, // [63:92] is the sub-list for method output_type
+	34, // [34:63] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_mgmt_proto_init() }
@@ -3990,7 +4298,7 @@ func file_mgmt_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mgmt_proto_rawDesc), len(file_mgmt_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   53,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -42,6 +42,7 @@ const (
 	Mgmt_PoolDestroy_FullMethodName   = "/peregrine.mgmt.v1.Mgmt/PoolDestroy"
 	Mgmt_PoolSetProp_FullMethodName   = "/peregrine.mgmt.v1.Mgmt/PoolSetProp"
 	Mgmt_PoolConnect_FullMethodName   = "/peregrine.mgmt.v1.Mgmt/PoolConnect"
+	Mgmt_PoolEvict_FullMethodName     = "/peregrine.mgmt.v1.Mgmt/PoolEvict"
 	Mgmt_ContCreate_FullMethodName    = "/peregrine.mgmt.v1.Mgmt/ContCreate"
 	Mgmt_ContList_FullMethodName      = "/peregrine.mgmt.v1.Mgmt/ContList"
 	Mgmt_ContQuery_FullMethodName     = "/peregrine.mgmt.v1.Mgmt/ContQuery"
@@ -71,6 +72,9 @@ type MgmtClient interface {
 	PoolSetProp(ctx context.Context, in *PoolSetPropReq, opts ...grpc.CallOption) (*PoolInfo, error)
 	// The pool map a client needs to place objects and reach engines.
 	PoolConnect(ctx context.Context, in *PoolConnectReq, opts ...grpc.CallOption) (*PoolMap, error)
+	// End handles of a pool: one (its UUID), or all (the pool's access key
+	// is replaced, so every handle issued so far is refused by the engines).
+	PoolEvict(ctx context.Context, in *PoolEvictReq, opts ...grpc.CallOption) (*Empty, error)
 	ContCreate(ctx context.Context, in *ContCreateReq, opts ...grpc.CallOption) (*ContInfo, error)
 	ContList(ctx context.Context, in *ContListReq, opts ...grpc.CallOption) (*ContListResp, error)
 	ContQuery(ctx context.Context, in *ContQueryReq, opts ...grpc.CallOption) (*ContInfo, error)
@@ -189,6 +193,16 @@ func (c *mgmtClient) PoolConnect(ctx context.Context, in *PoolConnectReq, opts .
 	return out, nil
 }
 
+func (c *mgmtClient) PoolEvict(ctx context.Context, in *PoolEvictReq, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Mgmt_PoolEvict_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *mgmtClient) ContCreate(ctx context.Context, in *ContCreateReq, opts ...grpc.CallOption) (*ContInfo, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ContInfo)
@@ -288,6 +302,9 @@ type MgmtServer interface {
 	PoolSetProp(context.Context, *PoolSetPropReq) (*PoolInfo, error)
 	// The pool map a client needs to place objects and reach engines.
 	PoolConnect(context.Context, *PoolConnectReq) (*PoolMap, error)
+	// End handles of a pool: one (its UUID), or all (the pool's access key
+	// is replaced, so every handle issued so far is refused by the engines).
+	PoolEvict(context.Context, *PoolEvictReq) (*Empty, error)
 	ContCreate(context.Context, *ContCreateReq) (*ContInfo, error)
 	ContList(context.Context, *ContListReq) (*ContListResp, error)
 	ContQuery(context.Context, *ContQueryReq) (*ContInfo, error)
@@ -335,6 +352,9 @@ func (UnimplementedMgmtServer) PoolSetProp(context.Context, *PoolSetPropReq) (*P
 }
 func (UnimplementedMgmtServer) PoolConnect(context.Context, *PoolConnectReq) (*PoolMap, error) {
 	return nil, status.Error(codes.Unimplemented, "method PoolConnect not implemented")
+}
+func (UnimplementedMgmtServer) PoolEvict(context.Context, *PoolEvictReq) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method PoolEvict not implemented")
 }
 func (UnimplementedMgmtServer) ContCreate(context.Context, *ContCreateReq) (*ContInfo, error) {
 	return nil, status.Error(codes.Unimplemented, "method ContCreate not implemented")
@@ -561,6 +581,24 @@ func _Mgmt_PoolConnect_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Mgmt_PoolEvict_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PoolEvictReq)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MgmtServer).PoolEvict(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Mgmt_PoolEvict_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MgmtServer).PoolEvict(ctx, req.(*PoolEvictReq))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Mgmt_ContCreate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ContCreateReq)
 	if err := dec(in); err != nil {
@@ -751,6 +789,10 @@ var Mgmt_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PoolConnect",
 			Handler:    _Mgmt_PoolConnect_Handler,
+		},
+		{
+			MethodName: "PoolEvict",
+			Handler:    _Mgmt_PoolEvict_Handler,
 		},
 		{
 			MethodName: "ContCreate",

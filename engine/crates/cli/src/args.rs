@@ -1,10 +1,12 @@
 //! The command line, as clap derive types.
 
+use crate::acl::{parse_entries, parse_owner, parse_principal};
 use crate::parse::{
     parse_oclass, parse_oid, parse_prop, parse_ranks, parse_ratio, parse_secs, parse_size, Prop,
     Ranks, Size,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use peregrine_proto::acl::{Acl, Principal};
 use peregrine_proto::oclass::ObjectId;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -139,6 +141,78 @@ pub enum PoolCmd {
         #[arg(required = true, value_parser = parse_prop, value_name = "KEY=VALUE")]
         props: Vec<Prop>,
     },
+    /// Show the pool's owner, owner group and ACL (one entry a line).
+    GetAcl {
+        /// Pool label or UUID.
+        id: String,
+    },
+    /// Add ACL entries, replacing those of the same principals; print the new ACL.
+    UpdateAcl {
+        /// Pool label or UUID.
+        id: String,
+        #[command(flatten)]
+        entries: AclEntries,
+    },
+    /// Remove the ACL entry of one principal; print the new ACL.
+    DeleteAcl {
+        /// Pool label or UUID.
+        id: String,
+        #[command(flatten)]
+        principal: AclPrincipal,
+    },
+    /// Set the pool's owner user and/or owner group (whom OWNER@ and GROUP@ stand for).
+    SetOwner {
+        /// Pool label or UUID.
+        id: String,
+        #[command(flatten)]
+        owner: OwnerArgs,
+    },
+    /// End open handles of the pool: one, or all of them (clients must connect
+    /// and open again, and are checked against the ACLs again).
+    Evict {
+        /// Pool label or UUID.
+        id: String,
+        /// The handle to end (its UUID); without it, every handle of the pool.
+        #[arg(long, value_name = "UUID", value_parser = parse_handle)]
+        handle: Option<uuid::Uuid>,
+    },
+}
+
+/// `update-acl`: the entries to add, on the command line or from a file.
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct AclEntries {
+    /// An entry A:<flags>:<principal>:<perms>, e.g. A::alice@:rw or A:G:staff@:r
+    /// (repeatable; commas may separate several).
+    #[arg(long = "entry", value_name = "ACE", value_parser = parse_entries)]
+    pub entry: Vec<Acl>,
+    /// A file of entries: one a line, `#` comments (what get-acl prints).
+    #[arg(long, value_name = "FILE")]
+    pub acl_file: Option<PathBuf>,
+}
+
+/// `delete-acl`: whose entry to remove.
+#[derive(Args, Debug)]
+pub struct AclPrincipal {
+    /// OWNER@, GROUP@, EVERYONE@, u:NAME@ (a user) or g:NAME@ (a group).
+    #[arg(long, value_name = "PRINCIPAL", value_parser = parse_principal)]
+    pub principal: Principal,
+}
+
+/// `set-owner`: the new owner user, owner group, or both.
+#[derive(Args, Debug)]
+#[group(required = true, multiple = true)]
+pub struct OwnerArgs {
+    /// The owner user: NAME@ or a decimal uid (the property `owner`).
+    #[arg(long, visible_alias = "owner", value_name = "NAME@", value_parser = parse_owner)]
+    pub user: Option<String>,
+    /// The owner group: NAME@ or a decimal gid (the property `group`).
+    #[arg(long, value_name = "NAME@", value_parser = parse_owner)]
+    pub group: Option<String>,
+}
+
+fn parse_handle(s: &str) -> Result<uuid::Uuid, String> {
+    uuid::Uuid::parse_str(s.trim()).map_err(|e| format!("not a UUID: {e}"))
 }
 
 #[derive(Args, Debug)]
@@ -201,6 +275,40 @@ pub enum ContCmd {
         /// Properties as KEY=VALUE.
         #[arg(required = true, value_parser = parse_prop, value_name = "KEY=VALUE")]
         props: Vec<Prop>,
+    },
+    /// Show the container's owner, owner group and ACL (one entry a line).
+    GetAcl {
+        /// Pool label or UUID.
+        pool: String,
+        /// Container label or UUID.
+        cont: String,
+    },
+    /// Add ACL entries, replacing those of the same principals; print the new ACL.
+    UpdateAcl {
+        /// Pool label or UUID.
+        pool: String,
+        /// Container label or UUID.
+        cont: String,
+        #[command(flatten)]
+        entries: AclEntries,
+    },
+    /// Remove the ACL entry of one principal; print the new ACL.
+    DeleteAcl {
+        /// Pool label or UUID.
+        pool: String,
+        /// Container label or UUID.
+        cont: String,
+        #[command(flatten)]
+        principal: AclPrincipal,
+    },
+    /// Set the container's owner user and/or owner group (whom OWNER@ and GROUP@ stand for).
+    SetOwner {
+        /// Pool label or UUID.
+        pool: String,
+        /// Container label or UUID.
+        cont: String,
+        #[command(flatten)]
+        owner: OwnerArgs,
     },
     /// Snapshots: create, list, destroy.
     #[command(subcommand)]
@@ -408,5 +516,112 @@ mod tests {
         .is_err());
         let e = ok(&["peregrine", "pool", "create", "t", "--size", "12XB"]).unwrap_err();
         assert!(e.contains("--size") && e.contains("12XB"), "{e}");
+    }
+
+    fn parse(args: &[&str]) -> Result<Command, String> {
+        let mut v = vec!["peregrine"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v)
+            .map(|c| c.cmd)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn acl_commands() {
+        assert!(matches!(
+            parse(&["pool", "get-acl", "tank"]),
+            Ok(Command::Pool(PoolCmd::GetAcl { id })) if id == "tank"
+        ));
+        assert!(matches!(
+            parse(&["cont", "get-acl", "tank", "c"]),
+            Ok(Command::Cont(ContCmd::GetAcl { pool, cont })) if pool == "tank" && cont == "c"
+        ));
+        // Repeated --entry, each may hold several entries.
+        let Ok(Command::Pool(PoolCmd::UpdateAcl { entries, .. })) = parse(&[
+            "pool",
+            "update-acl",
+            "tank",
+            "--entry",
+            "A::alice@:rw",
+            "--entry",
+            "A:G:staff@:r,A::EVERYONE@:r",
+        ]) else {
+            panic!("update-acl with entries")
+        };
+        assert_eq!(entries.entry.len(), 2);
+        assert_eq!(entries.entry[1].entries().len(), 2);
+        assert!(entries.acl_file.is_none());
+        let Ok(Command::Cont(ContCmd::UpdateAcl { entries, .. })) =
+            parse(&["cont", "update-acl", "p", "c", "--acl-file", "/tmp/x"])
+        else {
+            panic!("update-acl with a file")
+        };
+        assert_eq!(entries.acl_file, Some(PathBuf::from("/tmp/x")));
+        // One source, and one is needed.
+        assert!(parse(&["pool", "update-acl", "tank"]).is_err());
+        assert!(parse(&[
+            "pool",
+            "update-acl",
+            "tank",
+            "--entry",
+            "A::a@:r",
+            "--acl-file",
+            "f"
+        ])
+        .is_err());
+        // A bad entry is named.
+        let e = parse(&["pool", "update-acl", "tank", "--entry", "A::bob@:rz"]).unwrap_err();
+        assert!(e.contains("A::bob@:rz") && e.contains("permission"), "{e}");
+
+        let Ok(Command::Cont(ContCmd::DeleteAcl { principal, .. })) =
+            parse(&["cont", "delete-acl", "p", "c", "--principal", "g:staff@"])
+        else {
+            panic!("delete-acl")
+        };
+        assert_eq!(principal.principal, Principal::Group("staff".into()));
+        assert!(parse(&["pool", "delete-acl", "tank"]).is_err());
+        assert!(parse(&["pool", "delete-acl", "tank", "--principal", "bob"]).is_err());
+
+        let Ok(Command::Pool(PoolCmd::SetOwner { owner, .. })) =
+            parse(&["pool", "set-owner", "tank", "--owner", "ann@"])
+        else {
+            panic!("set-owner")
+        };
+        assert_eq!((owner.user.as_deref(), owner.group), (Some("ann"), None));
+        let Ok(Command::Cont(ContCmd::SetOwner { owner, .. })) = parse(&[
+            "cont",
+            "set-owner",
+            "p",
+            "c",
+            "--user",
+            "ann@",
+            "--group",
+            "staff@",
+        ]) else {
+            panic!("set-owner of a container")
+        };
+        assert_eq!(owner.group.as_deref(), Some("staff"));
+        assert!(parse(&["pool", "set-owner", "tank"]).is_err());
+        assert!(parse(&["pool", "set-owner", "tank", "--group", "st aff@"]).is_err());
+    }
+
+    #[test]
+    fn evict_forms() {
+        let u = "0b7f6a43-9c1e-4c52-8d0e-5f2a1b3c4d5e";
+        let Ok(Command::Pool(PoolCmd::Evict { id, handle })) =
+            parse(&["pool", "evict", "tank", "--handle", u])
+        else {
+            panic!("evict one")
+        };
+        assert_eq!(
+            (id.as_str(), handle.unwrap().to_string()),
+            ("tank", u.into())
+        );
+        assert!(matches!(
+            parse(&["pool", "evict", "tank"]),
+            Ok(Command::Pool(PoolCmd::Evict { handle: None, .. }))
+        ));
+        let e = parse(&["pool", "evict", "tank", "--handle", "nope"]).unwrap_err();
+        assert!(e.contains("UUID"), "{e}");
     }
 }

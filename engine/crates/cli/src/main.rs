@@ -4,6 +4,7 @@
 //! Every failure ends as ONE line on stderr, `peregrine: <what failed>: <reason>`,
 //! and exit code 1; usage errors exit 2 as clap's do. Scripts depend on both.
 
+mod acl;
 mod args;
 mod mgmt;
 mod obj;

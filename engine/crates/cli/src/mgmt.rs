@@ -1,14 +1,18 @@
 //! Management commands: system, storage, pool and container, each one gRPC call
 //! to the management service.
 
+use crate::acl::{self, Access};
 use crate::args::{
-    ContCmd, ContCreateArgs, PoolCmd, PoolCreateArgs, SnapCmd, StorageCmd, SystemCmd,
+    AclEntries, ContCmd, ContCreateArgs, OwnerArgs, PoolCmd, PoolCreateArgs, SnapCmd, StorageCmd,
+    SystemCmd,
 };
 use crate::output::{self as out, human_size, human_time, Table};
 use crate::parse::props_map;
 use anyhow::{anyhow, Context, Result};
+use peregrine_proto::acl::Principal;
 use peregrine_proto::mgmt::{self as pb, mgmt_client::MgmtClient};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
@@ -416,7 +420,202 @@ pub async fn pool(m: &mut Mgmt, cmd: PoolCmd, json: bool, o: &mut impl Write) ->
             }
             pool_details(&p, o)?;
         }
+        PoolCmd::GetAcl { id } => access(m, Target::Pool(id), AclOp::Get, json, o).await?,
+        PoolCmd::UpdateAcl { id, entries } => {
+            access(m, Target::Pool(id), AclOp::Update(entries), json, o).await?
+        }
+        PoolCmd::DeleteAcl { id, principal } => {
+            let op = AclOp::Delete(principal.principal);
+            access(m, Target::Pool(id), op, json, o).await?
+        }
+        PoolCmd::SetOwner { id, owner } => {
+            access(m, Target::Pool(id), AclOp::SetOwner(owner), json, o).await?
+        }
+        PoolCmd::Evict { id, handle } => {
+            let which = match handle {
+                Some(h) => format!("handle {h}"),
+                None => "every handle".to_string(),
+            };
+            call!(
+                m,
+                pool_evict,
+                pb::PoolEvictReq {
+                    id: id.clone(),
+                    handle: handle.map(|h| h.as_bytes().to_vec()).unwrap_or_default(),
+                },
+                format!("pool evict {which} of {id:?}")
+            );
+            if json {
+                return print_json(
+                    o,
+                    &json!({"pool": id, "evicted": handle.map_or("all".to_string(), |h| h.to_string())}),
+                );
+            }
+            match handle {
+                Some(h) => writeln!(o, "Handle {h} of pool {id:?} evicted")?,
+                None => writeln!(
+                    o,
+                    "Every handle of pool {id:?} evicted (new pool key): clients connect again"
+                )?,
+            }
+        }
     }
+    Ok(())
+}
+
+// ---- access: ACL, owner, group ----
+
+/// The pool or container an ACL command acts on.
+enum Target {
+    Pool(String),
+    Cont { pool: String, cont: String },
+}
+
+impl Target {
+    /// `pool get-acl "tank"`, `cont get-acl "c" in pool "tank"`: the `what` of errors.
+    fn what(&self, cmd: &str) -> String {
+        match self {
+            Target::Pool(id) => format!("pool {cmd} {id:?}"),
+            Target::Cont { pool, cont } => format!("cont {cmd} {cont:?} in pool {pool:?}"),
+        }
+    }
+}
+
+enum AclOp {
+    Get,
+    Update(AclEntries),
+    Delete(Principal),
+    SetOwner(OwnerArgs),
+}
+
+/// The properties of `t`. A container is queried first without a
+/// credential, so that an administrator (admin certificate, or an insecure
+/// system) sees the ACL even if it grants the local user nothing (refusals
+/// name `get-acl`); a `client` certificate must name its user, so a refusal
+/// is asked again with this process's credential.
+async fn props_of(m: &mut Mgmt, t: &Target, what: &str) -> Result<HashMap<String, String>> {
+    Ok(match t {
+        Target::Pool(id) => {
+            call!(
+                m,
+                pool_query,
+                pb::PoolQueryReq { id: id.clone() },
+                what.to_string()
+            )
+            .props
+        }
+        Target::Cont { pool, cont } => {
+            let req = |cred| pb::ContQueryReq {
+                pool: pool.clone(),
+                id: cont.clone(),
+                cred,
+                read_only: true,
+            };
+            match m.client.cont_query(req(None)).await {
+                Ok(r) => r.into_inner().props,
+                Err(s) if s.code() == tonic::Code::PermissionDenied => {
+                    let cred = Some(peregrine::credential::of_process());
+                    call!(m, cont_query, req(cred), what.to_string()).props
+                }
+                Err(s) => return Err(m.status(s).context(what.to_string())),
+            }
+        }
+    })
+}
+
+/// The owner, group and ACL of `t` now.
+async fn current(m: &mut Mgmt, t: &Target, what: &str) -> Result<Access> {
+    let props = props_of(m, t, what).await?;
+    Access::of_props(&props).map_err(|e| anyhow!(e).context(what.to_string()))
+}
+
+/// Set `props` on `t`; its properties after.
+async fn set_props(
+    m: &mut Mgmt,
+    t: &Target,
+    props: HashMap<String, String>,
+    what: &str,
+) -> Result<HashMap<String, String>> {
+    Ok(match t {
+        Target::Pool(id) => {
+            call!(
+                m,
+                pool_set_prop,
+                pb::PoolSetPropReq {
+                    id: id.clone(),
+                    props
+                },
+                what.to_string()
+            )
+            .props
+        }
+        Target::Cont { pool, cont } => {
+            call!(
+                m,
+                cont_set_prop,
+                pb::ContSetPropReq {
+                    pool: pool.clone(),
+                    id: cont.clone(),
+                    props
+                },
+                what.to_string()
+            )
+            .props
+        }
+    })
+}
+
+/// get-acl, update-acl, delete-acl, set-owner: each prints the owner, group
+/// and ACL the object has after it. update-acl and delete-acl read the ACL,
+/// change it here and set it whole (two of them at once: the last one wins).
+async fn access(m: &mut Mgmt, t: Target, op: AclOp, json: bool, o: &mut impl Write) -> Result<()> {
+    let cmd = match op {
+        AclOp::Get => "get-acl",
+        AclOp::Update(_) => "update-acl",
+        AclOp::Delete(_) => "delete-acl",
+        AclOp::SetOwner(_) => "set-owner",
+    };
+    let what = t.what(cmd);
+    let fail = |e: String| anyhow!(e).context(what.clone());
+    let props = match op {
+        AclOp::Get => None,
+        AclOp::Update(e) => {
+            let add = match &e.acl_file {
+                Some(f) => acl::read_file(f),
+                None => acl::join(&e.entry),
+            }
+            .map_err(fail)?;
+            let cur = current(m, &t, &what).await?;
+            let new = acl::updated(&cur.acl, &add).map_err(fail)?;
+            Some(HashMap::from([("acl".to_string(), new.to_string())]))
+        }
+        AclOp::Delete(p) => {
+            let cur = current(m, &t, &what).await?;
+            let new = acl::removed(&cur.acl, &p).map_err(fail)?;
+            Some(HashMap::from([("acl".to_string(), new.to_string())]))
+        }
+        AclOp::SetOwner(w) => {
+            let mut props = HashMap::new();
+            if let Some(u) = w.user {
+                props.insert("owner".to_string(), u);
+            }
+            if let Some(g) = w.group {
+                props.insert("group".to_string(), g);
+            }
+            Some(props)
+        }
+    };
+    let after = match props {
+        None => current(m, &t, &what).await?,
+        Some(p) => {
+            let props = set_props(m, &t, p, &what).await?;
+            Access::of_props(&props).map_err(fail)?
+        }
+    };
+    if json {
+        return print_json(o, &after.json());
+    }
+    after.write(o)?;
     Ok(())
 }
 
@@ -430,6 +629,8 @@ fn pool_create_req(a: PoolCreateArgs) -> Result<pb::PoolCreateReq> {
         nvme_size: a.nvme_size.map_or(0, |s| s.0),
         ranks: a.ranks.map(|r| r.0).unwrap_or_default(),
         props,
+        // The creator owns the pool unless --prop owner=/group= say otherwise.
+        cred: Some(peregrine::credential::of_process()),
     })
 }
 
@@ -482,6 +683,7 @@ fn cont_create_req(a: ContCreateArgs) -> Result<pb::ContCreateReq> {
         checksum: a.checksum.map(|c| c.name().to_string()).unwrap_or_default(),
         clone_from: a.clone_from.unwrap_or_default(),
         clone_epoch: a.clone_epoch.unwrap_or(0),
+        cred: Some(peregrine::credential::of_process()),
     })
 }
 
@@ -534,7 +736,19 @@ pub async fn cont(m: &mut Mgmt, cmd: ContCmd, json: bool, o: &mut impl Write) ->
         }
         ContCmd::Query { pool, cont } => {
             let what = format!("cont query {cont:?} in pool {pool:?}");
-            let c = call!(m, cont_query, pb::ContQueryReq { pool, id: cont }, what);
+            let c = call!(
+                m,
+                cont_query,
+                pb::ContQueryReq {
+                    pool,
+                    id: cont,
+                    // Checked against the pool's and the container's ACLs
+                    // (with an admin certificate, the certificate speaks).
+                    cred: Some(peregrine::credential::of_process()),
+                    read_only: true,
+                },
+                what
+            );
             if json {
                 return print_json(o, &out::cont_json(&c));
             }
@@ -576,6 +790,41 @@ pub async fn cont(m: &mut Mgmt, cmd: ContCmd, json: bool, o: &mut impl Write) ->
                 return print_json(o, &out::cont_json(&c));
             }
             cont_details(&c, o)?;
+        }
+        ContCmd::GetAcl { pool, cont } => {
+            access(m, Target::Cont { pool, cont }, AclOp::Get, json, o).await?
+        }
+        ContCmd::UpdateAcl {
+            pool,
+            cont,
+            entries,
+        } => {
+            access(
+                m,
+                Target::Cont { pool, cont },
+                AclOp::Update(entries),
+                json,
+                o,
+            )
+            .await?
+        }
+        ContCmd::DeleteAcl {
+            pool,
+            cont,
+            principal,
+        } => {
+            let op = AclOp::Delete(principal.principal);
+            access(m, Target::Cont { pool, cont }, op, json, o).await?
+        }
+        ContCmd::SetOwner { pool, cont, owner } => {
+            access(
+                m,
+                Target::Cont { pool, cont },
+                AclOp::SetOwner(owner),
+                json,
+                o,
+            )
+            .await?
         }
         ContCmd::Snap(s) => snap(m, s, json, o).await?,
     }

@@ -160,7 +160,10 @@ impl Client {
     pub fn pool_connect(&self, id: &str) -> Result<Pool> {
         let m = self
             .mgmt()
-            .pool_connect(PoolConnectReq { id: id.into() })
+            .pool_connect(PoolConnectReq {
+                id: id.into(),
+                ..Default::default()
+            })
             .map_err(|e| e.context(format!("pool {id:?}")))?;
         let map = PoolMap::from_proto(m)?;
         self.learn_routes(&map);

@@ -56,6 +56,11 @@ impl Container {
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
     }
+    /// The handle the container was opened with, which every request on it
+    /// carries (see `peregrine_proto::handle`).
+    pub fn handle(&self) -> &[u8] {
+        &self.inner.info.handle
+    }
     /// Whether end-to-end CRC32C checksums are on.
     pub fn checksum(&self) -> bool {
         self.inner.csum

@@ -137,6 +137,7 @@ impl Object {
                 pool: map.uuid,
                 target: t.index,
                 map_version: map.version,
+                handle: map.handle.clone(),
                 id,
             }
         }));
@@ -169,6 +170,8 @@ struct Commit {
     pool: Uuid,
     target: u32,
     map_version: u64,
+    /// The pool handle the decision is sent with.
+    handle: Vec<u8>,
     id: DtxId,
 }
 
@@ -249,20 +252,23 @@ fn send_loop(queue: &(Mutex<Queue>, Condvar), tr: &dyn Transport) {
             }
             (std::mem::take(&mut q.waiting), q.pushed)
         };
-        let mut to: BTreeMap<(String, Uuid, u32), (u64, Vec<DtxId>)> = BTreeMap::new();
+        let mut to: BTreeMap<(String, Uuid, u32), (u64, Vec<u8>, Vec<DtxId>)> = BTreeMap::new();
         for c in batch {
             let e = to.entry((c.addr, c.pool, c.target)).or_default();
-            e.0 = e.0.max(c.map_version);
-            e.1.push(c.id);
+            if c.map_version >= e.0 {
+                (e.0, e.1) = (c.map_version, c.handle);
+            }
+            e.2.push(c.id);
         }
         let groups: Vec<_> = to.into_iter().collect();
-        crate::object::par_map(&groups, |((addr, pool, target), (version, ids))| {
+        crate::object::par_map(&groups, |((addr, pool, target), (version, handle, ids))| {
             for chunk in ids.chunks(MAX_DECIDE) {
                 let req = DtxDecideReq {
                     addr: Some(data::Address {
                         pool: pool.as_bytes().to_vec(),
                         target: *target,
                         map_version: *version,
+                        handle: handle.clone(),
                         ..Default::default()
                     }),
                     ids: chunk.to_vec(),
@@ -330,6 +336,7 @@ pub fn query(
             pool: map.uuid.as_bytes().to_vec(),
             target: shard.target,
             map_version: map.version,
+            handle: map.handle.clone(),
             ..Default::default()
         }),
         id: Some(*id),

@@ -27,6 +27,7 @@ pub mod certs;
 pub mod client;
 pub mod clone;
 pub mod container;
+pub mod credential;
 pub mod dtx;
 mod ec_read;
 mod ec_write;

@@ -22,6 +22,35 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Mgmt {
     via: Via,
     addr: String,
+    /// The user pool connects, container opens and creations act for
+    /// (filled into requests that name none); `None`: the certificate
+    /// speaks for the caller (engines' own clients).
+    credential: crate::sync::RwLock<Option<Credential>>,
+}
+
+/// A request that may name the user it acts for.
+trait Credentialed {
+    fn fill(&mut self, _cred: &Option<Credential>) {}
+}
+
+macro_rules! credentialed {
+    (none: $($t:ty),*; cred: $($c:ty),*) => {
+        $(impl Credentialed for $t {})*
+        $(impl Credentialed for $c {
+            fn fill(&mut self, cred: &Option<Credential>) {
+                if self.cred.is_none() {
+                    self.cred = cred.clone();
+                }
+            }
+        })*
+    };
+}
+
+credentialed! {
+    none: SystemQueryReq, StorageScanReq, StorageFormatReq, PoolListReq, PoolQueryReq,
+        PoolDestroyReq, PoolSetPropReq, PoolEvictReq, ContListReq, ContDestroyReq,
+        ContSetPropReq, SnapCreateReq, SnapListReq, SnapDestroyReq;
+    cred: PoolCreateReq, PoolConnectReq, ContCreateReq, ContQueryReq
 }
 
 enum Via {
@@ -73,7 +102,8 @@ macro_rules! rpcs {
     ($($(#[$m:meta])* $name:ident($req:ty) -> $resp:ty;)*) => {
         $(
             $(#[$m])*
-            pub fn $name(&self, req: $req) -> Result<$resp> {
+            pub fn $name(&self, mut req: $req) -> Result<$resp> {
+                req.fill(&self.credential.read());
                 let (rt, mut c) = match &self.via {
                     Via::Grpc(g) => (&g.rt, g.client.clone()),
                     Via::Source(src) => {
@@ -153,6 +183,7 @@ impl Mgmt {
                 client: MgmtClient::new(chan),
             })),
             addr: addr.to_string(),
+            credential: crate::sync::RwLock::new(Some(crate::credential::of_process())),
         })
     }
 
@@ -161,11 +192,18 @@ impl Mgmt {
         Mgmt {
             via: Via::Source(source),
             addr: name.to_string(),
+            credential: crate::sync::RwLock::new(Some(crate::credential::of_process())),
         }
     }
 
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Act for `cred` from now on (`None`: for no user, as an engine's or
+    /// admin's own client, which its certificate authorizes).
+    pub fn set_credential(&self, cred: Option<Credential>) {
+        *self.credential.write() = cred;
     }
 
     rpcs! {
@@ -179,6 +217,8 @@ impl Mgmt {
         pool_set_prop(PoolSetPropReq) -> PoolInfo;
         /// The pool map (targets in placement order) of a pool.
         pool_connect(PoolConnectReq) -> PoolMap;
+        /// End one handle of a pool, or all of them.
+        pool_evict(PoolEvictReq) -> Empty;
         cont_create(ContCreateReq) -> ContInfo;
         cont_list(ContListReq) -> ContListResp;
         cont_query(ContQueryReq) -> ContInfo;

@@ -612,6 +612,7 @@ impl Object {
             shard: loc.shard,
             target: t.index,
             map_version: map.version,
+            handle: self.cont.handle().to_vec(),
         }
     }
 

@@ -55,6 +55,9 @@ pub struct PoolMap {
     pub label: String,
     pub version: u64,
     pub targets: Vec<Target>,
+    /// The pool handle this client connected with (see
+    /// `peregrine_proto::handle`): requests that name no container carry it.
+    pub handle: Vec<u8>,
 }
 
 impl PoolMap {
@@ -89,6 +92,7 @@ impl PoolMap {
             label: m.label,
             version: m.version,
             targets,
+            handle: m.handle,
         })
     }
 
@@ -296,6 +300,7 @@ pub(crate) fn test_map(engines: u32, targets: u32) -> PoolMap {
         label: "tank".into(),
         version: 1,
         targets: t,
+        handle: vec![],
     }
 }
 

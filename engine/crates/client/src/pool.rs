@@ -50,6 +50,7 @@ impl Pool {
     pub fn refresh(&self) -> Result<Arc<PoolMap>> {
         let m = self.client().mgmt().pool_connect(PoolConnectReq {
             id: self.inner.id.clone(),
+            ..Default::default()
         })?;
         let new = Arc::new(PoolMap::from_proto(m)?);
         self.client().learn_routes(&new);
@@ -60,14 +61,27 @@ impl Pool {
         Ok(cur.clone())
     }
 
-    /// Open a container by label or UUID.
+    /// Open a container by label or UUID, for reading and (if its ACL
+    /// grants this client's user that) writing.
     pub fn cont_open(&self, id: &str) -> Result<Container> {
+        self.open(id, false)
+    }
+
+    /// Open a container for reading only: its handle allows no writes,
+    /// whatever the ACL grants.
+    pub fn cont_open_read_only(&self, id: &str) -> Result<Container> {
+        self.open(id, true)
+    }
+
+    fn open(&self, id: &str, read_only: bool) -> Result<Container> {
         let info = self
             .client()
             .mgmt()
             .cont_query(ContQueryReq {
                 pool: self.uuid().to_string(),
                 id: id.into(),
+                read_only,
+                ..Default::default()
             })
             .map_err(|e| e.context(format!("container {id:?} of pool {:?}", self.map().name())))?;
         let uuid = Uuid::parse_str(&info.uuid).map_err(|e| {

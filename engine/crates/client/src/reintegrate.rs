@@ -203,6 +203,7 @@ pub(crate) fn list_changed(
             pool: map.uuid.as_bytes().to_vec(),
             target: target.index,
             map_version: map.version,
+            handle: map.handle.clone(),
             ..Default::default()
         }),
         since,

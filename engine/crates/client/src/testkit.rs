@@ -504,6 +504,9 @@ impl mgmt_server::Mgmt for FakeMgmt {
     ) -> Result<Response<mgmt::PoolInfo>, Status> {
         unimpl()
     }
+    async fn pool_evict(&self, _: Request<mgmt::PoolEvictReq>) -> Result<Response<mgmt::Empty>, Status> {
+        unimpl()
+    }
     async fn pool_connect(
         &self,
         r: Request<mgmt::PoolConnectReq>,
@@ -611,6 +614,7 @@ impl FakeCluster {
                 label: "tank".into(),
                 version: 1,
                 targets: tl,
+                ..Default::default()
             }],
             conts: ["c1", "nocsum"]
                 .iter()

@@ -752,6 +752,7 @@ impl Dfs {
         let cont = pool.client().mgmt().cont_query(ContQueryReq {
             pool: pool.uuid().to_string(),
             id: self.inner.cont.uuid().to_string(),
+            ..Default::default()
         })?;
         if cont.quota_bytes > 0 {
             total = cont.quota_bytes;

@@ -97,6 +97,19 @@ pub struct Config {
     /// explicit choice (a loud warning at start), never as a fallback.
     #[serde(default)]
     pub allow_insecure: bool,
+    /// Check the handle of every data-plane request against the pool's key
+    /// (docs/access-control.md). Default: on with `tls_dir`, off with
+    /// `allow_insecure` (where anyone may claim any user anyway); either
+    /// may be chosen explicitly (the benchmark compares both).
+    #[serde(default)]
+    pub access_checks: Option<bool>,
+}
+
+impl Config {
+    /// Whether data-plane requests are checked (see `access_checks`).
+    pub fn access_checks(&self) -> bool {
+        self.access_checks.unwrap_or(!self.allow_insecure)
+    }
 }
 
 /// Who may use the shared-memory data plane's unix socket, and its limits:

@@ -62,6 +62,13 @@ impl Engine for EngineService {
     ) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
         let pool = parse_uuid("pool_uuid", &r.pool_uuid)?;
+        if let Some(a) = &r.access {
+            self.node
+                .pool_maps
+                .access
+                .install(pool, a)
+                .map_err(Status::invalid_argument)?;
+        }
         let st = self.node.storage()?;
         blocking(move || {
             st.pool_create(pool, r.scm_per_target, r.nvme_per_target)
@@ -78,6 +85,7 @@ impl Engine for EngineService {
         let pool = parse_uuid("pool_uuid", &req.into_inner().pool_uuid)?;
         let st = self.node.storage()?;
         blocking(move || st.pool_destroy(pool).map_err(storage_status)).await?;
+        self.node.pool_maps.access.remove(&pool);
         Ok(Response::new(Empty {}))
     }
 

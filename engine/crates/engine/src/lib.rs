@@ -5,6 +5,7 @@
 // gRPC handlers return tonic::Status, which is large by design; boxing it everywhere buys nothing here.
 #![allow(clippy::result_large_err)]
 
+pub mod access;
 pub mod auth;
 pub mod config;
 pub mod control;

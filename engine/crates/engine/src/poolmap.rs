@@ -22,6 +22,7 @@
 //! drains every target, so the answer to a push means that nothing admitted
 //! under an older version is still unapplied.
 
+use crate::access::Access;
 use parking_lot::{RwLock, RwLockReadGuard};
 use peregrine_proto::mgmt::{PoolMapVersion, TargetState};
 use peregrine_vos::Request;
@@ -38,14 +39,21 @@ pub struct PoolView {
     pub aggregation_cap: Option<u64>,
 }
 
-#[derive(Default)]
 pub struct PoolMaps {
     /// `None` until the management service answered a heartbeat.
     known: RwLock<Option<HashMap<Uuid, PoolView>>>,
+    /// The pools' keys: what a request's handle is checked with.
+    pub access: Access,
 }
 
-/// Why a request may not run, as an errno and a message for the client.
-pub type Refusal = (i32, String);
+impl Default for PoolMaps {
+    /// Without access checks.
+    fn default() -> PoolMaps {
+        PoolMaps::new(Access::new(false))
+    }
+}
+
+pub use crate::access::Refusal;
 
 /// Whether a request reads shard contents (a target that is not up-and-in
 /// must not answer those) or changes them. A record listing (epochs and
@@ -59,6 +67,13 @@ fn reads(req: &Request) -> bool {
 }
 
 impl PoolMaps {
+    pub fn new(access: Access) -> PoolMaps {
+        PoolMaps {
+            known: RwLock::new(None),
+            access,
+        }
+    }
+
     /// Admit `req` or say why not. Hold the returned guard until the
     /// request is handed to its target.
     pub fn admit(
@@ -72,6 +87,9 @@ impl PoolMaps {
                 "engine is starting: it has not heard from the management service yet".into(),
             ));
         };
+        // Its handle first: whatever the map, a request without the right
+        // to run learns nothing else of the pool.
+        self.access.check(req)?;
         // A malformed address is the target's to reject, with its own message.
         let Some(addr) = peregrine_vos::request_addr(req) else {
             return Ok(guard);
@@ -127,6 +145,9 @@ impl PoolMaps {
             .map_err(|_| format!("pool map: pool {:?} is not a UUID", m.pool_uuid))?;
         let state = TargetState::try_from(m.state)
             .map_err(|_| format!("pool map of pool {pool}: unknown target state {}", m.state))?;
+        if let Some(a) = &m.access {
+            self.access.install(pool, a)?;
+        }
         let mut guard = self.known.write();
         let known = guard.get_or_insert_with(HashMap::new);
         let new = PoolView {
@@ -223,6 +244,7 @@ mod tests {
             version,
             state: state as i32,
             aggregation_cap: 0,
+            ..Default::default()
         }
     }
 

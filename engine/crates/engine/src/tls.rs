@@ -90,7 +90,26 @@ pub fn security() -> Result<peregrine::Security, String> {
 pub fn insecure_warning(cfg: &Config) -> String {
     format!(
         "insecure: control plane without TLS (allow_insecure: true): anyone who reaches {} \
-         can format storage, destroy pools and join as any rank; set tls_dir for production",
-        cfg.control_addr()
+         can format storage, destroy pools and join as any rank, and claim any user; \
+         data-plane access checks are {}; set tls_dir for production",
+        cfg.control_addr(),
+        if cfg.access_checks() {
+            "on"
+        } else {
+            "off (access_checks: true turns them on)"
+        }
     )
+}
+
+/// A client of the engine's own (reintegration, clones, transaction
+/// recovery): it acts for no user, so its engine certificate (or, on an
+/// insecure system, its naming none) gets it pool-wide handles.
+pub fn own_client(
+    mgmt: &str,
+    security: &peregrine::Security,
+) -> peregrine::Result<peregrine::Client> {
+    let c =
+        peregrine::Client::connect_with_transport(mgmt, security, peregrine::TransportKind::Tcp)?;
+    c.mgmt().set_credential(None);
+    Ok(c)
 }

@@ -28,6 +28,7 @@ fn fetch(pool: uuid::Uuid, cont: uuid::Uuid, target: u32, n: usize, len: u64) ->
             shard: 0,
             target,
             map_version: u64::MAX,
+            ..Default::default()
         }),
         epoch: u64::MAX,
         dkey: b"d".to_vec(),

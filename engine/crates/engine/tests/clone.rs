@@ -117,6 +117,7 @@ fn clone_holds_the_snapshot_of_striped_replicated_and_ec_objects() {
         c.rt.block_on(c.mgmt().cont_query(ContQueryReq {
             pool: "pool".into(),
             id: "copy".into(),
+            ..Default::default()
         }))
         .unwrap()
         .into_inner()
@@ -152,6 +153,7 @@ fn clone_holds_the_snapshot_of_striped_replicated_and_ec_objects() {
             c.rt.block_on(m.cont_query(ContQueryReq {
                 pool: "pool".into(),
                 id: "impatient".into(),
+                ..Default::default()
             }))
             .unwrap_or_else(|e| panic!("{e}\n{}", c.logs()))
             .into_inner();

@@ -66,6 +66,8 @@ fn read_replica(obj: &Object, loc: &ShardLoc, dkey: &[u8], akey: &[u8]) -> Optio
             shard: loc.shard,
             target: t.index,
             map_version: map.version,
+            handle: obj.container().handle().to_vec(),
+            ..Default::default()
         }),
         epoch: EPOCH_LATEST,
         dkey: dkey.to_vec(),

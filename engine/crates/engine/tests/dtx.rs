@@ -80,6 +80,8 @@ impl Setup {
             shard: loc.shard,
             target: map.targets[loc.target].index,
             map_version: map.version,
+            handle: self.cont.handle().to_vec(),
+            ..Default::default()
         }
     }
 

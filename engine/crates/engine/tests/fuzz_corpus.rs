@@ -43,6 +43,7 @@ fn addr(target: u32) -> Option<data::Address> {
         shard: 0,
         target,
         map_version: 1,
+        ..Default::default()
     })
 }
 

@@ -207,6 +207,7 @@ fn addr(pool: uuid::Uuid, cont: uuid::Uuid, target: u32) -> Option<data::Address
         shard: 0,
         target,
         map_version: u64::MAX,
+        ..Default::default()
     })
 }
 

@@ -172,6 +172,7 @@ fn pool_and_container_lifecycle() {
         c.rt.block_on(m.cont_query(ContQueryReq {
             pool: "tank".into(),
             id: cont.uuid.clone(),
+            ..Default::default()
         }))
         .unwrap()
         .into_inner();
@@ -301,6 +302,7 @@ fn unformatted_engine_refuses_io_and_foreign_device_needs_force() {
                 shard: 0,
                 target: 0,
                 map_version: 0,
+                ..Default::default()
             }),
             epoch: u64::MAX,
             dkey: b"d".to_vec(),

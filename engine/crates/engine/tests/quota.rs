@@ -25,6 +25,7 @@ fn query(c: &Cluster) -> ContInfo {
     c.rt.block_on(m.cont_query(ContQueryReq {
         pool: "pool".into(),
         id: "cont".into(),
+        ..Default::default()
     }))
     .unwrap()
     .into_inner()

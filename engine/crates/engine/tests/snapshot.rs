@@ -46,6 +46,7 @@ fn snapshot_reads_survive_overwrite_and_aggregation() {
         c.rt.block_on(m.cont_query(ContQueryReq {
             pool: "pool".into(),
             id: "cont".into(),
+            ..Default::default()
         }))
         .unwrap()
         .into_inner();

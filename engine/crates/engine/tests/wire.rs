@@ -107,6 +107,7 @@ fn malformed_frames_close_only_their_connection() {
             shard: 0,
             target: 999,
             map_version: 0,
+            ..Default::default()
         }),
         epoch: 1,
         dkey: b"d".to_vec(),

@@ -21,6 +21,7 @@ pub(crate) fn get_cont(dfs: &Dfs, in_data: &[u8], out_size: u32) -> Result<Vec<u
         .mgmt()
         .pool_connect(PoolConnectReq {
             id: pool.uuid().to_string(),
+            ..Default::default()
         })
         .map_err(|e| {
             eprintln!("peregrine-fuse: PEREGRINE_IOC_GET_CONT: pool map: {e}");

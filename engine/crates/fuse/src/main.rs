@@ -406,7 +406,13 @@ fn main() {
         let kind = peregrine::TransportKind::from_env()?;
         let client = peregrine::Client::connect_with_shm(&cfg.mgmt, &cfg.security, kind, shm)?;
         let pool = client.pool_connect(&cfg.pool)?;
-        let cont = pool.cont_open(&cfg.cont)?;
+        // A read-only mount holds a read-only handle: the interception
+        // library, which takes the daemon's, cannot write through it either.
+        let cont = if cfg.read_only {
+            pool.cont_open_read_only(&cfg.cont)?
+        } else {
+            pool.cont_open(&cfg.cont)?
+        };
         peregrine_dfs::Dfs::mount(cont, !cfg.read_only, cfg.read_only)
     })()
     .unwrap_or_else(|e| fail(&mut ready, format!("mount {}/{}: {e}", cfg.pool, cfg.cont)));

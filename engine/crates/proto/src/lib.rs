@@ -4,11 +4,15 @@
 //! - [`data`]: data-plane messages (generated from `proto/data.proto`).
 //! - [`ms`]: the management service's persistent state (generated from
 //!   `proto/ms_state.proto`; only the engine's management service uses it).
+//! - [`acl`]: access control lists of pools and containers.
+//! - [`handle`]: the capabilities data-plane requests carry.
 //! - [`frame`]: the versioned, length-checked framing around data messages.
 //! - [`oclass`]: object classes and 128-bit object ids.
 //! - [`shm`]: the shared-memory data plane's handshake and mapping (one node).
 
+pub mod acl;
 pub mod frame;
+pub mod handle;
 pub mod oclass;
 pub mod shm;
 pub mod size;

@@ -2594,6 +2594,7 @@ mod tests {
             shard: 0,
             target: 0,
             map_version: 1,
+            ..Default::default()
         })
     }
 

@@ -6,7 +6,7 @@ mod resolve;
 
 use crate::node::Node;
 use peregrine::placement::PoolMap;
-use peregrine::{Client, TransportKind};
+use peregrine::Client;
 use peregrine_proto::data::{self, response::Body};
 use peregrine_vos::{Request, Storage};
 use std::collections::HashMap;
@@ -36,9 +36,8 @@ impl Maps {
         max_age: Duration,
     ) -> Result<(Arc<PoolMap>, Client), String> {
         if self.client.is_none() {
-            let c =
-                Client::connect_with_transport(mgmt, &crate::tls::security()?, TransportKind::Tcp)
-                    .map_err(|e| e.to_string())?;
+            let c = crate::tls::own_client(mgmt, &crate::tls::security()?)
+                .map_err(|e| e.to_string())?;
             self.client = Some(c);
         }
         let client = self.client.clone().expect("set above");

@@ -154,12 +154,8 @@ impl MgmtService {
         std::thread::Builder::new()
             .name(format!("clone-{}", rec.label))
             .spawn(move || {
-                let r = peregrine::Client::connect_with_transport(
-                    &addr,
-                    &security,
-                    peregrine::TransportKind::Tcp,
-                )
-                .and_then(|c| peregrine::clone::clone_container(&c, &pool, &src, epoch, &dst));
+                let r = crate::tls::own_client(&addr, &security)
+                    .and_then(|c| peregrine::clone::clone_container(&c, &pool, &src, epoch, &dst));
                 let _ = tx.send(r);
             })
             .map_err(|e| format!("cannot start the copy: {e}"))?;

@@ -148,6 +148,7 @@ fn convert(st: State) -> MsState {
                     props: p.props,
                     map_version: p.map_version,
                     conts: p.conts.into_iter().map(|(u, c)| (u, cont(c))).collect(),
+                    access: super::access::new_access(),
                 };
                 (u, rec)
             })

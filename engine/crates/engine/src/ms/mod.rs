@@ -9,6 +9,7 @@
 //! members that joined). Raft replication will later replace the single
 //! host without changing the API.
 
+mod access;
 mod clone;
 mod join;
 mod legacy;
@@ -109,6 +110,8 @@ struct PoolRec {
     props: BTreeMap<String, String>,
     map_version: u64,
     conts: BTreeMap<Uuid, ContRec>,
+    /// The key the pool's handles are MAC'd with, and those revoked.
+    access: PoolAccess,
 }
 
 /// The service's state, persisted whole after every change (`persist`:
@@ -399,6 +402,7 @@ impl MgmtService {
             quota_bytes: quota::limit(c).unwrap_or(0),
             quota_used_bytes: quota::data_bytes(c, used),
             state: self.cont_state(c).into(),
+            ..Default::default()
         }
     }
 
@@ -700,6 +704,8 @@ impl Mgmt for MgmtService {
         let r = req.into_inner();
         validate_label("pool", &r.label)?;
         validate_pool_props(&r.props)?;
+        access::validate_props("pool", &r.props)?;
+        let pool_access = access::new_access();
         let mut s = self.state.lock().await;
         if let Some(existing) = s.pools.values().find(|p| p.label == r.label) {
             return Err(Status::already_exists(format!(
@@ -783,6 +789,7 @@ impl Mgmt for MgmtService {
                     pool_uuid: uuid.to_string(),
                     scm_per_target: scm_pt,
                     nvme_per_target: nvme_pt,
+                    access: Some(pool_access.clone()),
                 })
                 .await
                 .map(|_| ())
@@ -807,6 +814,8 @@ impl Mgmt for MgmtService {
             }
             done.push(rank);
         }
+        let mut props = r.props.into_iter().collect();
+        access::normalize_props(&mut props, r.cred.as_ref());
         let rec = PoolRec {
             uuid,
             label: r.label.clone(),
@@ -814,9 +823,10 @@ impl Mgmt for MgmtService {
             targets,
             scm_per_target: scm_pt,
             nvme_per_target: nvme_pt,
-            props: r.props.into_iter().collect(),
+            props,
             map_version: 1,
             conts: BTreeMap::new(),
+            access: pool_access,
         };
         s.pools.insert(uuid, rec.clone());
         self.persist(&s)?;
@@ -873,10 +883,12 @@ impl Mgmt for MgmtService {
     ) -> Result<Response<PoolInfo>, Status> {
         let r = req.into_inner();
         validate_pool_props(&r.props)?;
+        access::validate_props("pool", &r.props)?;
         let mut s = self.state.lock().await;
         let uuid = MgmtService::find_pool(&s, &r.id)?.uuid;
         let p = s.pools.get_mut(&uuid).unwrap();
         p.props.extend(r.props);
+        access::normalize_props(&mut p.props, None);
         let p = p.clone();
         self.persist(&s)?;
         Ok(Response::new(self.pool_info(&s, &p).await))
@@ -886,8 +898,10 @@ impl Mgmt for MgmtService {
         &self,
         req: Request<PoolConnectReq>,
     ) -> Result<Response<PoolMap>, Status> {
+        let who = access::Requester::of(req.extensions(), req.get_ref().cred.clone())?;
         let s = self.state.lock().await;
         let p = MgmtService::find_pool(&s, &req.into_inner().id)?;
+        let handle = access::pool_handle(p, &who)?;
         let mut targets = vec![];
         for (i, &rank) in p.ranks.iter().enumerate() {
             let m = s.members.get(&rank);
@@ -911,7 +925,25 @@ impl Mgmt for MgmtService {
             label: p.label.clone(),
             version: p.map_version,
             targets,
+            handle,
         }))
+    }
+
+    async fn pool_evict(&self, req: Request<PoolEvictReq>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        let mut s = self.state.lock().await;
+        let uuid = MgmtService::find_pool(&s, &r.id)?.uuid;
+        let p = s.pools.get_mut(&uuid).unwrap();
+        let done = access::evict(&mut p.access, &r.handle)?;
+        let p = p.clone();
+        self.persist(&s)?;
+        // Engines that miss the push learn it at their next heartbeat,
+        // before they serve again if they were away.
+        if let Err(e) = self.push_pool_map(&s, &p).await {
+            tracing::warn!("pool {}: eviction not pushed everywhere yet: {e}", p.label);
+        }
+        tracing::info!("pool {} ({uuid}): {done}", p.label);
+        Ok(Response::new(Empty {}))
     }
 
     async fn cont_create(&self, req: Request<ContCreateReq>) -> Result<Response<ContInfo>, Status> {
@@ -929,7 +961,8 @@ impl Mgmt for MgmtService {
                 r.label, pool.label, c.uuid
             )));
         }
-        let rec = cont_record(&r, pool, pool.ranks.len())?;
+        let mut rec = cont_record(&r, pool, pool.ranks.len())?;
+        access::normalize_props(&mut rec.props, r.cred.as_ref());
         let pool = s.pools.get_mut(&puuid).unwrap();
         pool.conts.insert(rec.uuid, rec.clone());
         let info = self.cont_info(pool, &rec, 0);
@@ -959,16 +992,17 @@ impl Mgmt for MgmtService {
     }
 
     async fn cont_query(&self, req: Request<ContQueryReq>) -> Result<Response<ContInfo>, Status> {
+        let who = access::Requester::of(req.extensions(), req.get_ref().cred.clone())?;
         let r = req.into_inner();
         let s = self.state.lock().await;
         let p = MgmtService::find_pool(&s, &r.pool)?;
         let c = MgmtService::find_cont(p, &r.id)?;
+        let handle = access::cont_handle(p, &c.uuid, &who, r.read_only)?;
         let (_, used, _) = self.pool_space(&s, p).await;
-        Ok(Response::new(self.cont_info(
-            p,
-            c,
-            used.get(&c.uuid).copied().unwrap_or(0),
-        )))
+        Ok(Response::new(ContInfo {
+            handle,
+            ..self.cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0))
+        }))
     }
 
     async fn cont_destroy(&self, req: Request<ContDestroyReq>) -> Result<Response<Empty>, Status> {
@@ -991,6 +1025,7 @@ impl Mgmt for MgmtService {
         req: Request<ContSetPropReq>,
     ) -> Result<Response<ContInfo>, Status> {
         let r = req.into_inner();
+        access::validate_props("container", &r.props)?;
         let mut s = self.state.lock().await;
         let p = MgmtService::find_pool(&s, &r.pool)?.clone();
         let mut c = MgmtService::find_cont(&p, &r.id)?.clone();
@@ -1047,7 +1082,7 @@ impl Mgmt for MgmtService {
                         "container property {k} cannot change after creation"
                     )));
                 }
-                _ if k.starts_with("user.") || k == "acl" => {
+                _ if k.starts_with("user.") || ["acl", "owner", "group"].contains(&k.as_str()) => {
                     c.props.insert(k.clone(), v.clone());
                 }
                 _ => {
@@ -1058,6 +1093,7 @@ impl Mgmt for MgmtService {
                 }
             }
         }
+        access::normalize_props(&mut c.props, None);
         s.pools
             .get_mut(&p.uuid)
             .unwrap()

@@ -95,6 +95,7 @@ fn pool_to_pb(p: &PoolRec) -> pb::Pool {
         nvme_per_target: p.nvme_per_target,
         props: p.props.clone(),
         map_version: p.map_version,
+        access: Some(p.access.clone()),
         containers: p
             .conts
             .values()
@@ -196,6 +197,8 @@ fn from_pb(m: pb::MsState) -> Result<MsState, String> {
                 props: p.props,
                 map_version: p.map_version,
                 conts,
+                // Pools recorded before handles existed get their key now.
+                access: p.access.unwrap_or_else(super::access::new_access),
             },
         );
     }
@@ -224,6 +227,7 @@ fn from_pb(m: pb::MsState) -> Result<MsState, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use peregrine_proto::mgmt::PoolAccess;
     use peregrine_proto::ms::EngineState;
 
     fn unhex(s: &str) -> Vec<u8> {
@@ -289,6 +293,7 @@ mod tests {
                 props: [("rf".to_string(), "1".to_string())].into(),
                 map_version: 3,
                 conts: [(cont, c)].into(),
+                access: fixture_access(),
             },
         );
         if with_out {
@@ -304,17 +309,39 @@ mod tests {
         s
     }
 
+    fn fixture_access() -> PoolAccess {
+        PoolAccess {
+            key: vec![7; 32],
+            key_version: 2,
+            revoked: vec![vec![1; 16]],
+        }
+    }
+
+    /// A state of an encoding from before pool keys: each pool got a new
+    /// key at load, here replaced by the fixture's to compare the rest.
+    fn keyed(mut s: MsState) -> MsState {
+        for p in s.pools.values_mut() {
+            assert_eq!((p.access.key.len(), p.access.key_version), (32, 1));
+            p.access = fixture_access();
+        }
+        s
+    }
+
     #[test]
     fn states_of_earlier_encodings_load() {
         let v1 = unhex(include_str!("testdata/state-v1.hex"));
         let v2 = unhex(include_str!("testdata/state-v2.hex"));
         assert!(!is_current(&v1) && !is_current(&v2));
-        assert_eq!(MsState::decode(&v1).unwrap(), fixture(false));
-        assert_eq!(MsState::decode(&v2).unwrap(), fixture(true));
-        // Loaded once, written back in the current encoding.
+        assert_eq!(keyed(MsState::decode(&v1).unwrap()), fixture(false));
+        assert_eq!(keyed(MsState::decode(&v2).unwrap()), fixture(true));
+        // Loaded once, written back in the current encoding, keys kept.
         let again = MsState::decode(&v2).unwrap().encode();
         assert!(is_current(&again));
-        assert_eq!(MsState::decode(&again).unwrap(), fixture(true));
+        assert_eq!(
+            MsState::decode(&again).unwrap(),
+            MsState::decode(&again).unwrap()
+        );
+        assert_eq!(keyed(MsState::decode(&again).unwrap()), fixture(true));
         assert!(MsState::decode(b"PRGMS\x02garbage").is_err());
         assert!(MsState::decode(b"PRGMS\x03garbage").is_err());
     }

@@ -112,6 +112,7 @@ fn view(s: &MsState, p: &PoolRec, rank: u32) -> PoolMapVersion {
             .get(&p.uuid)
             .and_then(|o| o.values().filter(|r| !r.full).map(|r| r.since.max(1)).min())
             .unwrap_or(0),
+        access: Some(p.access.clone()),
     }
 }
 
@@ -213,6 +214,7 @@ impl MgmtService {
             pool_uuid: id,
             scm_per_target: p.scm_per_target,
             nvme_per_target: p.nvme_per_target,
+            ..Default::default()
         })
         .await
         .map_err(|e| format!("create: {}", e.message()))?;
@@ -348,7 +350,7 @@ impl MgmtService {
 
     /// Tell every live engine of the pool its map version and state; the
     /// first failure is returned (after trying them all).
-    async fn push_pool_map(&self, s: &MsState, pool: &PoolRec) -> Result<(), String> {
+    pub(super) async fn push_pool_map(&self, s: &MsState, pool: &PoolRec) -> Result<(), String> {
         let mut first_err = None;
         for &rank in &pool.ranks {
             if !self.alive(rank) {
@@ -411,12 +413,7 @@ impl MgmtService {
         std::thread::Builder::new()
             .name(format!("reint-{pool}"))
             .spawn(move || {
-                let r = peregrine::Client::connect_with_transport(
-                    &addr,
-                    &security,
-                    peregrine::TransportKind::Tcp,
-                )
-                .and_then(|c| {
+                let r = crate::tls::own_client(&addr, &security).and_then(|c| {
                     peregrine::reintegrate::reintegrate_pool(
                         &c,
                         &pool.to_string(),
@@ -479,6 +476,7 @@ mod tests {
             props: Default::default(),
             map_version: 1,
             conts: Default::default(),
+            access: crate::ms::access::new_access(),
         }
     }
 

@@ -34,7 +34,7 @@ pub(super) fn props_map(p: &BTreeMap<String, String>) -> HashMap<String, String>
     p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-const POOL_PROPS: &[&str] = &["rf", "reclaim", "acl", "scrub"];
+const POOL_PROPS: &[&str] = &["rf", "reclaim", "acl", "owner", "group", "scrub"];
 
 pub(super) fn validate_pool_props(props: &HashMap<String, String>) -> Result<(), Status> {
     for (k, v) in props {
@@ -94,6 +94,8 @@ pub(super) const CONT_PROPS: &[&str] = &[
     "checksum",
     "sync",
     "acl",
+    "owner",
+    "group",
     "label",
     "quota",
 ];

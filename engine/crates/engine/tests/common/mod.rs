@@ -25,6 +25,20 @@ pub fn rank0_alive(c: &mut Cluster) -> bool {
     )
 }
 
+/// A pool-wide handle of pool "pool" (the harness speaks as admin), for
+/// requests a test sends raw to engines that check handles.
+pub fn admin_handle(c: &Cluster) -> Vec<u8> {
+    use peregrine_proto::mgmt::PoolConnectReq;
+    let mut m = c.mgmt();
+    c.rt.block_on(m.pool_connect(PoolConnectReq {
+        id: "pool".into(),
+        ..Default::default()
+    }))
+    .unwrap()
+    .into_inner()
+    .handle
+}
+
 /// The uuids of pool "pool" and container "cont".
 pub fn pool_cont(c: &Cluster) -> (uuid::Uuid, uuid::Uuid) {
     use peregrine_proto::mgmt::{ContQueryReq, PoolQueryReq};
@@ -37,6 +51,7 @@ pub fn pool_cont(c: &Cluster) -> (uuid::Uuid, uuid::Uuid) {
         c.rt.block_on(m.cont_query(ContQueryReq {
             pool: "pool".into(),
             id: "cont".into(),
+            ..Default::default()
         }))
         .unwrap()
         .into_inner();

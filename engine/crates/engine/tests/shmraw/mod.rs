@@ -250,6 +250,8 @@ pub fn object_address(c: &Cluster) -> peregrine_proto::data::Address {
         shard: 0,
         target: 0,
         map_version: pool.map().version,
+        handle: cont.handle().to_vec(),
+        ..Default::default()
     }
 }
 

@@ -84,6 +84,7 @@ impl Obj {
             shard: 0,
             target: self.target,
             map_version: 1,
+            ..Default::default()
         })
     }
 }
