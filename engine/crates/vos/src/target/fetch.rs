@@ -4,6 +4,78 @@
 
 use super::*;
 
+/// A fetch waiting to start, and where its source would take its bytes.
+pub(super) type Queued = (data::FetchReq, Responder, Option<ReplyArea>);
+
+/// Fetches whose device reads are in flight.
+pub(super) struct InFetch {
+    pub(super) fetches: Vec<Queued>,
+    pub(super) plans: Vec<Result<Vec<IodRead>, Errno>>,
+    /// Per device op: where its bytes go, and where it reads them into.
+    pub(super) reads: Vec<(PieceDst, ReadInto)>,
+    pub(super) pending: usize,
+}
+
+/// Where a fetch's device read lands.
+#[derive(Clone, Copy)]
+pub(super) enum ReadInto {
+    /// A region of the registered buffers: (buffer, offset).
+    Region(usize, usize),
+    /// The source's reply area, at this address.
+    Area(usize),
+}
+
+/// Give back the regions fetch reads landed in.
+pub(super) fn release_reads(dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]) {
+    for (_, into) in reads {
+        if let ReadInto::Region(buf, _) = *into {
+            dev.release(buf);
+        }
+    }
+}
+
+/// `len` bytes the device read into a source's reply area at `addr`.
+pub(super) fn area_bytes<'a>(addr: usize, len: usize) -> &'a [u8] {
+    // SAFETY: the read completed, and the area stays mapped and untouched by
+    // the engine until the fetch's reply has been sent (see ReplyArea).
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+}
+
+/// Where the bytes of one device read of a fetch go: (fetch, iod, seg,
+/// start of the piece in the value, bytes wanted).
+#[derive(Clone, Copy)]
+pub(super) struct PieceDst {
+    pub(super) fetch: usize,
+    pub(super) iod: usize,
+    pub(super) seg: usize,
+    pub(super) start: u64,
+    pub(super) len: usize,
+}
+
+/// Where some of a fetch's bytes are.
+pub(super) enum Piece {
+    Bytes(Vec<u8>),
+    /// In a region of the registered buffers: (buffer, offset, length).
+    Region(usize, usize, usize),
+    /// In the source's reply area: (address, length).
+    InArea(usize, usize),
+}
+
+/// One iod of a fetch being served.
+pub(super) struct IodRead {
+    pub(super) fv: data::FetchedValue,
+    pub(super) has_crc: bool,
+    /// The bytes returned (`fv.len` of them): pieces at their offsets, zeros
+    /// between them.
+    pub(super) out: Vec<(u64, Piece)>,
+    /// Device segments still to read into `out`.
+    pub(super) segs: Vec<Seg>,
+    /// The client's checksum of exactly the bytes returned, if stored.
+    pub(super) stored_crc: Option<u32>,
+    /// A checksum failure of one of its chunks: the iod fails with it.
+    pub(super) bad: Option<Errno>,
+}
+
 impl Target {
     /// Plan one fetch against the index: its iods, with inline bytes already
     /// in place; device segments still to read.
@@ -400,4 +472,63 @@ impl Target {
             Vec::new(),
         ))
     }
+}
+
+/// Check a completed device read of a fetch against its chunk checksums;
+/// returns the part the caller asked for: (iod, offset in the iod's bytes,
+/// offset in the piece, length), or nothing if the iod or its fetch failed.
+pub(super) fn absorb_piece(
+    id: u32,
+    chunk: u64,
+    plans: &mut [Result<Vec<IodRead>, Errno>],
+    dst: PieceDst,
+    res: std::io::Result<&[u8]>,
+) -> Option<(usize, u64, usize, usize)> {
+    let Ok(iods) = &mut plans[dst.fetch] else {
+        return None;
+    };
+    let r = &mut iods[dst.iod];
+    let s = &r.segs[dst.seg];
+    let Src::Dev { ext, value_off, .. } = &s.src else {
+        return None;
+    };
+    let bytes = match res {
+        Ok(b) => b,
+        Err(e) => {
+            let e = Errno::new(
+                -libc::EIO,
+                format!("target {id}: read block {}: {e}", ext.block),
+            );
+            plans[dst.fetch] = Err(e);
+            return None;
+        }
+    };
+    let ps = dst.start;
+    let c0 = (ps / chunk) as usize;
+    for (i, b) in bytes.chunks(chunk as usize).enumerate() {
+        let c = c0 + i;
+        if ext.csums.get(c).copied() != Some(peregrine_isal::crc32c(b)) {
+            r.bad.get_or_insert(Errno::new(
+                -peregrine_proto::CSUM_ERRNO,
+                format!(
+                    "target {id}: checksum mismatch in chunk {c} ({chunk} bytes) of the extent at data block {} (device corruption)",
+                    ext.block
+                ),
+            ));
+            return None;
+        }
+    }
+    // The part of the piece the caller asked for.
+    let (from, to) = (
+        ps.max(*value_off),
+        (ps + bytes.len() as u64).min(value_off + s.len),
+    );
+    (from < to).then(|| {
+        (
+            dst.iod,
+            s.out_off + from - value_off,
+            (from - ps) as usize,
+            (to - from) as usize,
+        )
+    })
 }
