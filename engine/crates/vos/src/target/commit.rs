@@ -8,6 +8,54 @@
 
 use super::*;
 
+/// Where the target is in its WAL and checkpoint slots.
+pub(super) struct Wal {
+    /// Sequence number of the last applied (written) WAL record.
+    pub(super) seq: u64,
+    /// Sequence number of the last WAL record written or being written.
+    pub(super) seq_started: u64,
+    /// Byte offset inside the WAL where the next record goes.
+    pub(super) tail: u64,
+    /// Stamped on the WAL records of this opening (nonzero, random): see [`crate::wal`].
+    pub(super) generation: u64,
+    /// Checkpoint slot the next checkpoint goes to (the other holds the newest).
+    pub(super) next_ckpt: usize,
+    pub(super) checkpoints: u64,
+    /// A checkpoint is due: no new device work starts until it is written.
+    pub(super) ckpt_due: bool,
+}
+
+impl Wal {
+    pub(super) fn new() -> Self {
+        Wal {
+            seq: 0,
+            seq_started: 0,
+            tail: 0,
+            generation: Uuid::new_v4().as_u64_pair().0.max(1),
+            next_ckpt: 0,
+            checkpoints: 0,
+            ckpt_due: false,
+        }
+    }
+}
+
+/// The commit pipeline: the batch being gathered, the commits in flight
+/// and the writes started ahead of them.
+#[derive(Default)]
+pub(super) struct Commits {
+    /// The batch being gathered.
+    pub(super) open: Batch,
+    /// Data writes started ahead of their batch's commit, by tag.
+    pub(super) ahead: HashMap<u64, AheadWrite>,
+    /// Blocks of failed batches whose writes were still in flight: they
+    /// return to the allocator when the last of them is done.
+    pub(super) orphans: Vec<(u64, Vec<(u64, u64)>)>,
+    /// Commits in flight, oldest first (applied and answered in this order).
+    pub(super) commits: VecDeque<InCommit>,
+    /// Space claimed by the commits in flight per pool: (scm, nvme).
+    pub(super) claimed: HashMap<Uuid, (u64, u64)>,
+}
+
 /// Changes waiting for the next group commit.
 #[derive(Default)]
 pub(super) struct Batch {
@@ -23,7 +71,7 @@ pub(super) struct Batch {
     pub(super) space: HashMap<Uuid, (u64, u64)>,
     /// Bytes of values going to data blocks.
     pub(super) data: usize,
-    /// The first of its writes started ahead ([`Target::ahead`]) that failed.
+    /// The first of its writes started ahead ([`Commits::ahead`]) that failed.
     pub(super) err: Option<std::io::Error>,
     /// Flushed before it is answered (see "Acknowledgement" in [`super`]).
     pub(super) sync: bool,
@@ -113,20 +161,20 @@ impl Target {
     /// ([`Target::write_done`]); a failed update's blocks are given back
     /// after its last such write.
     pub(super) fn written(&mut self, batch: u64, res: std::io::Result<()>) {
-        if self.open.id == batch {
+        if self.commit.open.id == batch {
             if let Err(e) = res {
-                self.open.err.get_or_insert(e);
+                self.commit.open.err.get_or_insert(e);
             }
-        } else if let Some(i) = self.commits.iter().position(|c| c.batch == batch) {
+        } else if let Some(i) = self.commit.commits.iter().position(|c| c.batch == batch) {
             if let Err(e) = res {
-                self.commits[i].err.get_or_insert(e);
+                self.commit.commits[i].err.get_or_insert(e);
             }
             self.write_done(i);
         }
         if self.writes_ahead(batch) == 0 {
             // Nothing lands on a failed update's blocks any more.
-            while let Some(i) = self.orphans.iter().position(|(b, _)| *b == batch) {
-                for (b, n) in self.orphans.swap_remove(i).1 {
+            while let Some(i) = self.commit.orphans.iter().position(|(b, _)| *b == batch) {
+                for (b, n) in self.commit.orphans.swap_remove(i).1 {
                     self.alloc.free(b, n);
                 }
             }
@@ -135,14 +183,18 @@ impl Target {
 
     /// Writes started ahead for batch `batch` that are still in flight.
     fn writes_ahead(&self, batch: u64) -> usize {
-        self.ahead.values().filter(|w| w.batch == batch).count()
+        self.commit
+            .ahead
+            .values()
+            .filter(|w| w.batch == batch)
+            .count()
     }
 
     /// Give back the blocks of a failed update or batch of `batch`: now, or
     /// once no write started ahead for that batch can still land on them.
     pub(super) fn free_after_writes(&mut self, batch: u64, runs: Vec<(u64, u64)>) {
         if self.writes_ahead(batch) > 0 {
-            self.orphans.push((batch, runs));
+            self.commit.orphans.push((batch, runs));
         } else {
             for (b, n) in runs {
                 self.alloc.free(b, n);
@@ -154,7 +206,7 @@ impl Target {
     /// done, unless it is synchronous and all went well: then it waits for
     /// its fdatasync ([`Target::start_syncs`]).
     pub(super) fn write_done(&mut self, i: usize) {
-        let c = &mut self.commits[i];
+        let c = &mut self.commit.commits[i];
         c.writing -= 1;
         if c.writing > 0 {
             return;
@@ -167,7 +219,7 @@ impl Target {
     /// and those of every commit before it: it covers its own record and
     /// all before it, so replay reaches it.
     pub(super) fn start_syncs(&mut self) {
-        for c in self.commits.iter_mut() {
+        for c in self.commit.commits.iter_mut() {
             if c.writing > 0 {
                 return;
             }
@@ -188,10 +240,10 @@ impl Target {
     /// device writes failed fails, and so does every later one (its record
     /// follows a record that may be missing, so replay would not reach it).
     pub(super) fn retire_commits(&mut self) {
-        while self.commits.front().is_some_and(|c| c.done) {
-            let c = self.commits.pop_front().expect("front");
+        while self.commit.commits.front().is_some_and(|c| c.done) {
+            let c = self.commit.commits.pop_front().expect("front");
             for (pool, (scm, nvme)) in &c.space {
-                let e = self.claimed.entry(*pool).or_default();
+                let e = self.commit.claimed.entry(*pool).or_default();
                 e.0 -= scm;
                 e.1 -= nvme;
             }
@@ -213,7 +265,7 @@ impl Target {
                 }
                 continue;
             }
-            self.seq = c.seq;
+            self.wal.seq = c.seq;
             for op in c.ops {
                 if let Some(pool) = op.changed_pool() {
                     self.dirty.insert(pool);
@@ -224,8 +276,8 @@ impl Target {
                 tx.send(Ok((ok_response(None), Gather::default())));
             }
         }
-        if self.wal_tail > self.sb.wal_bytes / 2 {
-            self.ckpt_due = true;
+        if self.wal.tail > self.sb.wal_bytes / 2 {
+            self.wal.ckpt_due = true;
         }
     }
 
@@ -235,25 +287,26 @@ impl Target {
     /// (and, if synchronous, its fdatasync: [`Target::start_syncs`]), after
     /// the commits before it.
     pub(super) fn start_commit(&mut self) {
-        if (self.open.ops.is_empty() && !self.open.sync) || self.commits.len() >= MAX_COMMITS {
+        if (self.commit.open.ops.is_empty() && !self.commit.open.sync)
+            || self.commit.commits.len() >= MAX_COMMITS
+        {
             return;
         }
         // Stamp the record with the last flush; a flush alone writes a
         // record only to stamp it, for freed blocks waiting to be settled.
-        let stamped = self
-            .open
-            .ops
-            .iter()
-            .any(|op| matches!(op, WalOp::Flushed { through } if *through >= self.durable));
+        let stamped =
+            self.commit.open.ops.iter().any(
+                |op| matches!(op, WalOp::Flushed { through } if *through >= self.flush.durable),
+            );
         if !stamped
-            && self.durable > self.stamped
-            && (!self.open.ops.is_empty() || !self.unsettled.is_empty())
+            && self.flush.durable > self.flush.stamped
+            && (!self.commit.open.ops.is_empty() || !self.flush.unsettled.is_empty())
         {
-            self.open.ops.push(WalOp::Flushed {
-                through: self.durable,
+            self.commit.open.ops.push(WalOp::Flushed {
+                through: self.flush.durable,
             });
         }
-        if let Some(e) = self.open.err.take() {
+        if let Some(e) = self.commit.open.err.take() {
             self.device_failed(e);
         }
         if let Some(e) = self.broken.clone() {
@@ -261,14 +314,14 @@ impl Target {
             self.fail_batch(b, e);
             return;
         }
-        if self.open.ops.is_empty() {
+        if self.commit.open.ops.is_empty() {
             let b = self.seal();
             let tag = self.next_tag;
             self.next_tag += 2;
-            self.commits.push_back(InCommit {
+            self.commit.commits.push_back(InCommit {
                 tag,
                 batch: b.id,
-                seq: self.seq_started,
+                seq: self.wal.seq_started,
                 ops: Vec::new(),
                 replies: b.replies,
                 runs: b.runs,
@@ -285,7 +338,7 @@ impl Target {
             self.start_syncs();
             return;
         }
-        let rec = match self.wal_record(&self.open.ops) {
+        let rec = match self.wal_record(&self.commit.open.ops) {
             Ok(r) => r,
             Err(e) => {
                 let b = self.seal();
@@ -293,13 +346,13 @@ impl Target {
                 return;
             }
         };
-        if self.wal_tail + rec.len() as u64 > self.sb.wal_bytes {
+        if self.wal.tail + rec.len() as u64 > self.sb.wal_bytes {
             // The WAL restarts after a checkpoint, which waits for the device.
-            self.ckpt_due = true;
+            self.wal.ckpt_due = true;
             return;
         }
         let mut b = self.seal();
-        let wal_off = self.sb.wal_offset(self.id) + self.wal_tail;
+        let wal_off = self.sb.wal_offset(self.id) + self.wal.tail;
         let mut ops = Vec::new();
         let mut regions = Vec::new();
         // Regions taken here (the staged ones stay with the batch if it waits).
@@ -335,7 +388,7 @@ impl Target {
                 b.unstage(&mut self.dev);
                 self.commit_sync(b);
             } else {
-                self.open = b;
+                self.commit.open = b;
             }
             return;
         }
@@ -352,22 +405,22 @@ impl Target {
             self.fail_batch(b, e);
             return;
         }
-        self.seq_started += 1;
+        self.wal.seq_started += 1;
         self.counters.wal_record();
-        self.wal_tail += rec.len() as u64;
-        self.note_stamps(self.seq_started, &b.ops);
+        self.wal.tail += rec.len() as u64;
+        self.note_stamps(self.wal.seq_started, &b.ops);
         if b.ops.iter().any(|op| !matches!(op, WalOp::Flushed { .. })) {
-            self.last_real = self.seq_started;
+            self.flush.last_real = self.wal.seq_started;
         }
         for (pool, (scm, nvme)) in &b.space {
-            let e = self.claimed.entry(*pool).or_default();
+            let e = self.commit.claimed.entry(*pool).or_default();
             e.0 += scm;
             e.1 += nvme;
         }
-        self.commits.push_back(InCommit {
+        self.commit.commits.push_back(InCommit {
             tag,
             batch: b.id,
-            seq: self.seq_started,
+            seq: self.wal.seq_started,
             ops: b.ops,
             replies: b.replies,
             runs: b.runs,
@@ -385,9 +438,9 @@ impl Target {
 
     /// Close the open batch (a new one gathers from now on).
     fn seal(&mut self) -> Batch {
-        let id = self.open.id + 1;
+        let id = self.commit.open.id + 1;
         std::mem::replace(
-            &mut self.open,
+            &mut self.commit.open,
             Batch {
                 id,
                 ..Batch::default()
@@ -399,7 +452,7 @@ impl Target {
     /// refused from now on (the first failure is the one reported).
     fn device_failed(&mut self, e: std::io::Error) {
         if self.broken.is_none() {
-            tracing::error!(target = self.id, seq = self.seq_started, error = %e, "device write failed; this target refuses updates until the engine restarts");
+            tracing::error!(target = self.id, seq = self.wal.seq_started, error = %e, "device write failed; this target refuses updates until the engine restarts");
             self.stop_updates(Errno::new(
                 -libc::EIO,
                 format!("target {}: a device write failed ({e}); the target refuses updates until the engine restarts", self.id),
@@ -443,7 +496,7 @@ impl Target {
                     if let Some(pool) = op.changed_pool() {
                         self.dirty.insert(pool);
                     }
-                    self.apply(op, self.seq);
+                    self.apply(op, self.wal.seq);
                 }
                 for tx in b.replies {
                     tx.send(Ok((ok_response(None), Gather::default())));
@@ -459,7 +512,7 @@ impl Target {
         let mut rel = Released::default();
         self.index.apply(op, &mut rel);
         if !rel.runs.is_empty() {
-            self.unsettled.push((seq, rel.runs.clone()));
+            self.flush.unsettled.push((seq, rel.runs.clone()));
         }
         rel
     }
@@ -468,7 +521,7 @@ impl Target {
     pub(super) fn commit_ctl(&mut self, op: WalOp) -> Result<Released, StorageError> {
         self.log(std::slice::from_ref(&op))
             .map_err(|e| StorageError::io(e.msg, std::io::Error::from_raw_os_error(-e.code)))?;
-        let rel = self.apply(op, self.seq);
+        let rel = self.apply(op, self.wal.seq);
         self.maybe_checkpoint();
         Ok(rel)
     }
@@ -488,7 +541,7 @@ impl Target {
             return Err(e.clone());
         }
         let rec = self.wal_record(ops)?;
-        if self.wal_tail + rec.len() as u64 > self.sb.wal_bytes {
+        if self.wal.tail + rec.len() as u64 > self.sb.wal_bytes {
             self.checkpoint().map_err(|e| {
                 Errno::new(
                     -libc::ENOSPC,
@@ -496,7 +549,7 @@ impl Target {
                 )
             })?;
         }
-        let off = self.sb.wal_offset(self.id) + self.wal_tail;
+        let off = self.sb.wal_offset(self.id) + self.wal.tail;
         let mut writes = data.to_vec();
         writes.push((off, &rec));
         self.dev.write(&writes, true).map_err(|e| {
@@ -505,15 +558,15 @@ impl Target {
                 format!("target {}: write data and WAL: {e}", self.id),
             )
         })?;
-        self.seq += 1;
-        self.seq_started = self.seq;
+        self.wal.seq += 1;
+        self.wal.seq_started = self.wal.seq;
         self.counters.wal_record();
-        self.wal_tail += rec.len() as u64;
-        self.note_stamps(self.seq, ops);
+        self.wal.tail += rec.len() as u64;
+        self.note_stamps(self.wal.seq, ops);
         if ops.iter().any(|op| !matches!(op, WalOp::Flushed { .. })) {
-            self.last_real = self.seq;
+            self.flush.last_real = self.wal.seq;
         }
-        self.flushed(self.seq);
+        self.flushed(self.wal.seq);
         Ok(())
     }
 
@@ -524,8 +577,8 @@ impl Target {
         let rec = wal::encode(
             WAL_MAGIC,
             self.sb.device_uuid,
-            self.seq_started + 1,
-            self.generation,
+            self.wal.seq_started + 1,
+            self.wal.generation,
             &payload,
         );
         if rec.len() as u64 > self.sb.wal_bytes / 2 {

@@ -78,6 +78,15 @@ impl QuotaShare {
     }
 }
 
+/// The quotas of containers this target enforces ([`Ctl::SetQuota`]).
+#[derive(Default)]
+pub(super) struct Quotas {
+    /// Containers with a space quota: (pool, container).
+    pub(super) limits: HashMap<(Uuid, Uuid), ContQuota>,
+    /// The newest quota push applied per container (see [`Ctl::SetQuota`]).
+    pub(super) versions: HashMap<(Uuid, Uuid), u64>,
+}
+
 pub(crate) enum CtlOut {
     Done,
     /// Pool created (true) or already there with the same sizes (false).
@@ -224,14 +233,14 @@ impl Target {
                 version,
                 quota,
             } => {
-                let newest = self.quota_versions.entry((pool, cont)).or_insert(0);
+                let newest = self.quota.versions.entry((pool, cont)).or_insert(0);
                 if version < *newest {
                     return Ok(CtlOut::Done);
                 }
                 *newest = version;
                 match quota {
-                    Some(q) => self.quotas.insert((pool, cont), q),
-                    None => self.quotas.remove(&(pool, cont)),
+                    Some(q) => self.quota.limits.insert((pool, cont), q),
+                    None => self.quota.limits.remove(&(pool, cont)),
                 };
                 // A full container gets back what its overwrites and
                 // removals freed now, not when the target is next idle.
@@ -247,11 +256,11 @@ impl Target {
                 Ok(CtlOut::Scrub(self.scrub.report.clone()))
             }
             Ctl::Stats => Ok(CtlOut::Stats(crate::TargetStats {
-                seq: self.seq,
-                durable: self.durable,
+                seq: self.wal.seq,
+                durable: self.flush.durable,
                 flushes: self.prof.flushes,
-                wal_tail: self.wal_tail,
-                checkpoints: self.checkpoints,
+                wal_tail: self.wal.tail,
+                checkpoints: self.wal.checkpoints,
                 free_blocks: self.alloc.free_blocks(),
             })),
         }

@@ -102,7 +102,7 @@ impl Target {
             self.publish(false);
             if !stopping {
                 let mut n = 0;
-                while n < MAX_BATCH && self.open.data < BATCH_DATA {
+                while n < MAX_BATCH && self.commit.open.data < BATCH_DATA {
                     let m = match inbox.rx.try_recv() {
                         Ok(m) => m,
                         Err(TryRecvError::Empty) => break,
@@ -150,8 +150,8 @@ impl Target {
                 }
                 self.poll_until = None;
                 if self.stamp_due() {
-                    self.open.ops.push(WalOp::Flushed {
-                        through: self.durable,
+                    self.commit.open.ops.push(WalOp::Flushed {
+                        through: self.flush.durable,
                     });
                     continue;
                 }
@@ -179,7 +179,7 @@ impl Target {
             // A lone read in flight (QD1): poll for a short while rather
             // than sleep, a wake-up less on the way back.
             let spin = self.dev.spin;
-            let lone = self.dev.in_flight() == 1 && self.fetch_jobs.len() == 1;
+            let lone = self.dev.in_flight() == 1 && self.fetch.jobs.len() == 1;
             if !spin.is_zero() && !spun && lone && inbox.rx.is_empty() {
                 spun = true;
                 self.wait(&inbox, Some(spin));
@@ -205,7 +205,7 @@ impl Target {
             "target closing"
         );
         // A checkpoint at close makes the next open fast; failure is harmless.
-        if self.wal_tail > 0 && self.refused.is_none() {
+        if self.wal.tail > 0 && self.refused.is_none() {
             if let Err(e) = self.checkpoint() {
                 tracing::warn!(target = self.id, error = %e, "checkpoint at close failed");
             }
@@ -214,10 +214,10 @@ impl Target {
 
     /// Refresh the space the metrics read, if due ([`crate::counters`]).
     fn publish(&mut self, idle: bool) {
-        if self.published.due(self.seq, idle) {
+        if self.published.due(self.wal.seq, idle) {
             let (scm, data) = (self.scm_budget, self.sb.data_bytes);
             self.published
-                .publish(&self.counters, self.seq, &self.index, scm, data);
+                .publish(&self.counters, self.wal.seq, &self.index, scm, data);
         }
     }
 
@@ -230,7 +230,7 @@ impl Target {
             return tx.send(Err(e));
         }
         match req {
-            Request::Fetch(f) => self.queued.push((f, tx, area)),
+            Request::Fetch(f) => self.fetch.queued.push((f, tx, area)),
             req => self.handle(req, tx),
         }
     }
@@ -260,17 +260,19 @@ impl Target {
         if !self.going_to_sleep(inbox) {
             return true;
         }
-        let timeout = match self.dirty_since {
+        let timeout = match self.flush.dirty_since {
             Some(t) if self.flush_wanted() => self
-                .flush_interval
+                .flush
+                .interval
                 .saturating_sub(t.elapsed())
                 .clamp(Duration::from_millis(1), IDLE_AGGREGATE),
             _ => IDLE_AGGREGATE,
         };
         let timeout = match self.stamp_wanted() {
             true => timeout.min(
-                self.flush_interval
-                    .saturating_sub(self.flushed_at.elapsed())
+                self.flush
+                    .interval
+                    .saturating_sub(self.flush.flushed_at.elapsed())
                     .max(Duration::from_millis(1)),
             ),
             false => timeout,
@@ -321,31 +323,31 @@ impl Target {
 
     /// Whether anything is gathered, queued or in flight.
     fn busy(&self) -> bool {
-        !self.open.ops.is_empty()
-            || self.open.sync
-            || !self.ahead.is_empty()
-            || !self.queued.is_empty()
-            || !self.commits.is_empty()
-            || !self.fetch_jobs.is_empty()
+        !self.commit.open.ops.is_empty()
+            || self.commit.open.sync
+            || !self.commit.ahead.is_empty()
+            || !self.fetch.queued.is_empty()
+            || !self.commit.commits.is_empty()
+            || !self.fetch.jobs.is_empty()
     }
 
     /// Start what can start: a due checkpoint once nothing is in flight,
     /// the queued fetches, the gathered batch.
     fn pump(&mut self) {
-        if self.ckpt_due && self.dev.in_flight() == 0 {
-            self.ckpt_due = false;
-            self.open.unstage(&mut self.dev);
+        if self.wal.ckpt_due && self.dev.in_flight() == 0 {
+            self.wal.ckpt_due = false;
+            self.commit.open.unstage(&mut self.dev);
             if let Err(e) = self.checkpoint() {
                 tracing::warn!(target = self.id, error = %e, "checkpoint failed; WAL keeps growing");
             }
         }
         if self.flush_wanted() {
-            let since = *self.dirty_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= self.flush_interval {
-                self.open.sync = true;
+            let since = *self.flush.dirty_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.flush.interval {
+                self.commit.open.sync = true;
             }
         }
-        if !self.ckpt_due {
+        if !self.wal.ckpt_due {
             self.start_fetches();
             self.start_commit();
         }
@@ -356,7 +358,7 @@ impl Target {
     pub(super) fn drain(&mut self) {
         loop {
             self.pump();
-            if !self.busy() && !self.ckpt_due {
+            if !self.busy() && !self.wal.ckpt_due {
                 return;
             }
             if self.dev.in_flight() > 0 && !self.dev.completed() {
@@ -383,7 +385,7 @@ impl Target {
             tracing::error!(target = self.id, error = %e, "reaping device completions failed");
         }
         for d in done {
-            if let Some(job) = self.fetch_jobs.get_mut(&d.tag) {
+            if let Some(job) = self.fetch.jobs.get_mut(&d.tag) {
                 let (dst, into) = job.reads[d.idx];
                 let res = d.res.map(|()| match into {
                     ReadInto::Region(buf, off) => self.dev.bytes(buf, off, dst.len),
@@ -403,22 +405,23 @@ impl Target {
                 job.pending -= 1;
                 if job.pending == 0 {
                     // The replies borrow the regions: released once they are sent.
-                    let job = self.fetch_jobs.remove(&d.tag).expect("job");
+                    let job = self.fetch.jobs.remove(&d.tag).expect("job");
                     for ((f, tx, _), p) in job.fetches.into_iter().zip(job.plans) {
                         tx.send(p.map(|iods| self.assemble(&f, iods)));
                     }
                     release_reads(&mut self.dev, &job.reads);
                     self.release_deferred();
                 }
-            } else if let Some(w) = self.ahead.remove(&d.tag) {
+            } else if let Some(w) = self.commit.ahead.remove(&d.tag) {
                 self.dev.release(w.buf);
                 self.written(w.batch, d.res);
             } else if let Some(i) = self
+                .commit
                 .commits
                 .iter()
                 .position(|c| (c.tag..c.tag + 2).contains(&d.tag))
             {
-                let c = &mut self.commits[i];
+                let c = &mut self.commit.commits[i];
                 let ok = d.res.is_ok();
                 if let Err(e) = d.res {
                     c.err.get_or_insert(e);

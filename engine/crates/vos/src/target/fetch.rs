@@ -4,6 +4,14 @@
 
 use super::*;
 
+/// The fetches waiting to start and those whose reads are in flight.
+#[derive(Default)]
+pub(super) struct Fetches {
+    /// Fetches waiting to start (for buffers, or for a checkpoint).
+    pub(super) queued: Vec<Queued>,
+    pub(super) jobs: HashMap<u64, InFetch>,
+}
+
 /// A fetch waiting to start, and where its source would take its bytes.
 pub(super) type Queued = (data::FetchReq, Responder, Option<ReplyArea>);
 
@@ -175,10 +183,10 @@ impl Target {
     /// buffers; each is verified, assembled and answered when its reads
     /// complete. Without room in the buffers they wait for completions.
     pub(super) fn start_fetches(&mut self) {
-        if self.queued.is_empty() {
+        if self.fetch.queued.is_empty() {
             return;
         }
-        let fetches = std::mem::take(&mut self.queued);
+        let fetches = std::mem::take(&mut self.fetch.queued);
         let plans: Vec<Result<Vec<IodRead>, Errno>> =
             fetches.iter().map(|(f, _, _)| self.plan(f)).collect();
         let pieces = self.pieces(&plans);
@@ -203,7 +211,7 @@ impl Target {
                     // Larger than the buffers: the blocking path reads it in groups.
                     self.fetch_sync(fetches, plans, &pieces);
                 } else {
-                    self.queued = fetches;
+                    self.fetch.queued = fetches;
                 }
                 return;
             };
@@ -229,7 +237,7 @@ impl Target {
             }
             return;
         }
-        self.fetch_jobs.insert(
+        self.fetch.jobs.insert(
             tag,
             InFetch {
                 fetches,

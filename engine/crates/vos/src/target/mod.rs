@@ -110,9 +110,10 @@ mod scrub;
 mod tests;
 mod update;
 
-use commit::{release_staged, staged_bytes, AheadWrite, Batch, InCommit, Staged};
-use fetch::{absorb_piece, area_bytes, release_reads, InFetch, Piece, Queued, ReadInto};
-use flush::stamp_of;
+use commit::{release_staged, staged_bytes, AheadWrite, Commits, Staged, Wal};
+use control::Quotas;
+use fetch::{absorb_piece, area_bytes, release_reads, Fetches, Piece, ReadInto};
+use flush::{stamp_of, Flush};
 use update::blocks_wanted;
 
 pub use control::{ContQuota, QuotaShare};
@@ -141,73 +142,20 @@ pub(crate) struct Target {
     dev: DeviceIo,
     index: TargetIndex,
     alloc: BlockAlloc,
-    /// Sequence number of the last applied (written) WAL record.
-    seq: u64,
-    /// Every record up to this one, and its data, is flushed.
-    durable: u64,
-    /// The highest `durable` written into a record ([`WalOp::Flushed`]).
-    stamped: u64,
-    /// The last record holding more than a stamp: an idle target stamps
-    /// the flush that covers it ([`Target::stamp_due`]).
-    last_real: u64,
-    /// When `durable` last rose.
-    flushed_at: Instant,
-    /// Records carrying a stamp that are not flushed yet: (seq, stamp).
-    stamps: VecDeque<(u64, u64)>,
-    /// The highest stamp in a flushed record: replay checks the data of no
-    /// record up to it, so the blocks such records freed may be rewritten.
-    settled: u64,
-    /// Blocks freed by applying the record `seq`, kept until `settled`
-    /// reaches it: (seq, runs).
-    unsettled: Vec<(u64, Vec<(u64, u64)>)>,
-    /// Since when something waits for a flush ([`Target::flush_wanted`]).
-    dirty_since: Option<Instant>,
-    /// How long it may wait before the target flushes on its own.
-    pub(crate) flush_interval: Duration,
     /// How long it keeps polling its sources after taking a request
     /// ([`crate::StorageOptions::poll`]).
     poll: Duration,
-    /// Sequence number of the last WAL record written or being written.
-    seq_started: u64,
-    /// Byte offset inside the WAL where the next record goes.
-    wal_tail: u64,
-    /// Stamped on the WAL records of this opening (nonzero, random): see [`wal`].
-    generation: u64,
-    /// Checkpoint slot the next checkpoint goes to (the other holds the newest).
-    next_ckpt: usize,
     scm_budget: u64,
     /// Pools changed since their last aggregation.
     dirty: BTreeSet<Uuid>,
-    checkpoints: u64,
     /// Bytes of value per data checksum (the device's format).
     chunk: u64,
     prof: Prof,
     /// What the engine's metrics read without asking ([`crate::counters`]).
     pub(crate) counters: Arc<crate::TargetCounters>,
     published: crate::counters::Published,
-    /// The batch being gathered.
-    open: Batch,
-    /// Data writes started ahead of their batch's commit, by tag.
-    ahead: HashMap<u64, AheadWrite>,
-    /// Blocks of failed batches whose writes were still in flight: they
-    /// return to the allocator when the last of them is done.
-    orphans: Vec<(u64, Vec<(u64, u64)>)>,
-    /// Commits in flight, oldest first (applied and answered in this order).
-    commits: VecDeque<InCommit>,
-    /// Space claimed by the commits in flight per pool: (scm, nvme).
-    claimed: HashMap<Uuid, (u64, u64)>,
-    /// Fetches waiting to start (for buffers, or for a checkpoint).
-    queued: Vec<Queued>,
-    fetch_jobs: HashMap<u64, InFetch>,
     /// Tag of the next job started on the device (increasing).
     next_tag: u64,
-    /// Blocks freed while reads were in flight, with the tag from which on
-    /// fetches no longer see them: they return to the allocator once every
-    /// fetch started before that tag is done (a read in flight never reads
-    /// a block rewritten under it).
-    deferred: Vec<(u64, Vec<(u64, u64)>)>,
-    /// A checkpoint is due: no new device work starts until it is written.
-    ckpt_due: bool,
     /// Set by a failed device write: updates are refused from then on.
     broken: Option<Errno>,
     /// Set by replay finding acknowledged state damaged: every request is
@@ -224,10 +172,16 @@ pub(crate) struct Target {
     poll_until: Option<Instant>,
     /// Whether it may aggregate on its own ([`crate::AggregationLease`]).
     lease: Arc<crate::AggregationLease>,
-    /// Containers with a space quota: (pool, container).
-    quotas: HashMap<(Uuid, Uuid), ContQuota>,
-    /// The newest quota push applied per container (see [`Ctl::SetQuota`]).
-    quota_versions: HashMap<(Uuid, Uuid), u64>,
+    /// The WAL and the checkpoints ([`commit`], [`checkpoint`]).
+    wal: Wal,
+    /// Flushes, and the blocks freed that wait for one ([`flush`]).
+    flush: Flush,
+    /// The open batch and the commits in flight ([`commit`]).
+    commit: Commits,
+    /// Fetches queued and in flight ([`fetch`]).
+    fetch: Fetches,
+    /// Containers' quotas ([`control`], [`update`]).
+    quota: Quotas,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -295,40 +249,14 @@ impl Target {
             dev,
             index: TargetIndex::default(),
             alloc,
-            seq: 0,
-            durable: 0,
-            stamped: 0,
-            last_real: 0,
-            flushed_at: Instant::now(),
-            stamps: VecDeque::new(),
-            settled: 0,
-            unsettled: Vec::new(),
-            dirty_since: None,
-            flush_interval: opts.flush_interval,
             poll: opts.poll,
-            seq_started: 0,
-            wal_tail: 0,
-            generation: Uuid::new_v4().as_u64_pair().0.max(1),
-            next_ckpt: 0,
             scm_budget,
             dirty: BTreeSet::new(),
-            checkpoints: 0,
             chunk: 0,
             prof: Prof::default(),
             counters: Default::default(),
             published: Default::default(),
-            open: Batch::default(),
-            ahead: HashMap::new(),
-            orphans: Vec::new(),
-            commits: VecDeque::new(),
-            claimed: HashMap::new(),
-            quotas: HashMap::new(),
-            quota_versions: HashMap::new(),
-            queued: Vec::new(),
-            fetch_jobs: HashMap::new(),
             next_tag: 0,
-            deferred: Vec::new(),
-            ckpt_due: false,
             broken: None,
             refused: None,
             scrub: scrub::Scrubber::new(opts.scrub_rate),
@@ -336,10 +264,15 @@ impl Target {
             sources: Vec::new(),
             poll_until: None,
             lease,
+            wal: Wal::new(),
+            flush: Flush::new(opts.flush_interval),
+            commit: Commits::default(),
+            fetch: Fetches::default(),
+            quota: Quotas::default(),
         };
         t.chunk = t.sb.csum_chunk();
         match t.replay() {
-            Ok(()) => t.last_real = t.stamped,
+            Ok(()) => t.flush.last_real = t.flush.stamped,
             Err(replay::ReplayError::Storage(e)) => return Err(e),
             Err(replay::ReplayError::Damaged(msg)) => t.refuse(msg),
         }
@@ -353,7 +286,12 @@ impl Target {
     fn refuse(&mut self, msg: String) {
         tracing::error!(target = self.id, "{msg}");
         self.index = TargetIndex::default();
-        (self.seq, self.seq_started, self.durable, self.wal_tail) = (0, 0, 0, 0);
+        (
+            self.wal.seq,
+            self.wal.seq_started,
+            self.flush.durable,
+            self.wal.tail,
+        ) = (0, 0, 0, 0);
         *self.fault.lock() = Some(msg.clone());
         self.refused = Some(Errno::new(-libc::EIO, msg));
     }

@@ -8,7 +8,8 @@ impl Target {
     pub(super) fn handle(&mut self, req: Request, tx: Responder) {
         let r = match req {
             Request::Update(u, bulk) => {
-                if !self.unsettled.is_empty() && self.alloc.free_blocks() < blocks_wanted(&u) {
+                if !self.flush.unsettled.is_empty() && self.alloc.free_blocks() < blocks_wanted(&u)
+                {
                     self.settle_now();
                 }
                 let sync = u.sync;
@@ -25,18 +26,18 @@ impl Target {
                 }
             }
             Request::Flush(f) => match self.check_flush(&f) {
-                Ok(()) if self.durable >= self.seq => Ok((ok_response(None), Vec::new())),
+                Ok(()) if self.flush.durable >= self.wal.seq => Ok((ok_response(None), Vec::new())),
                 Ok(()) => {
                     // Answered after the next synchronous commit, whose
                     // fdatasync starts once everything acknowledged is written.
-                    self.open.sync = true;
-                    self.open.replies.push(tx);
+                    self.commit.open.sync = true;
+                    self.commit.open.replies.push(tx);
                     return;
                 }
                 Err(e) => Err(e),
             },
             Request::Fetch(f) => {
-                self.queued.push((f, tx, None));
+                self.fetch.queued.push((f, tx, None));
                 return;
             }
             Request::List(l) => self.list(l),
@@ -90,10 +91,11 @@ impl Target {
     /// The changes logged or gathered and not applied yet, in the order
     /// they will be applied.
     pub(super) fn in_flight(&self) -> impl Iterator<Item = &WalOp> + Clone {
-        self.commits
+        self.commit
+            .commits
             .iter()
             .flat_map(|c| c.ops.iter())
-            .chain(self.open.ops.iter())
+            .chain(self.commit.open.ops.iter())
     }
 
     /// Answer an update or punch [`Self::prepare_update`] or
@@ -103,17 +105,17 @@ impl Target {
     /// `sync`, that is flushed), else after the changes in flight.
     fn answer_staged(&mut self, admit: Admit, sync: bool, tx: Responder) {
         match admit {
-            Admit::Known { durable: true } if !sync || self.durable >= self.seq => {
+            Admit::Known { durable: true } if !sync || self.flush.durable >= self.wal.seq => {
                 tx.send(Ok((ok_response(None), Gather::default())));
             }
             Admit::Known { .. } => {
                 // A batch with nothing to log commits only when synchronous.
-                self.open.sync |= sync || self.open.ops.is_empty();
-                self.open.replies.push(tx);
+                self.commit.open.sync |= sync || self.commit.open.ops.is_empty();
+                self.commit.open.replies.push(tx);
             }
             Admit::Stage => {
-                self.open.sync |= sync;
-                self.open.replies.push(tx);
+                self.commit.open.sync |= sync;
+                self.commit.open.replies.push(tx);
             }
         }
     }
@@ -125,14 +127,14 @@ impl Target {
             tx.send(Err(e.clone()));
             return;
         }
-        self.open.ops.extend(ops);
+        self.commit.open.ops.extend(ops);
         let tx = match resp {
             None => tx,
             Some(resp) => Responder(Some(Box::new(move |r: crate::ReplyRef<'_>| {
                 tx.send(r.map(|(_, bulk)| (resp, bulk)))
             }))),
         };
-        self.open.replies.push(tx);
+        self.commit.open.replies.push(tx);
     }
 
     /// The address's pool, checked: present, for this target, a uuid.

@@ -140,7 +140,7 @@ fn aligned_fetches_are_read_straight_into_the_reply_area() {
             tx.send((resp, bytes)).unwrap();
         })));
         let area_len = 8 * MIB as usize;
-        t.queued.push((
+        t.fetch.queued.push((
             f,
             reply,
             Some(ReplyArea {
@@ -208,17 +208,17 @@ fn blocks_freed_under_a_read_in_flight_wait_for_it() {
         rtx.send(r.map(|(resp, bulk)| (resp, bulk.into_vec())))
             .unwrap()
     })));
-    t.queued.push((fetch, reply, None));
+    t.fetch.queued.push((fetch, reply, None));
     t.start_fetches();
-    assert_eq!(t.fetch_jobs.len(), 1, "the fetch is in flight");
+    assert_eq!(t.fetch.jobs.len(), 1, "the fetch is in flight");
 
     // The same epoch: the new value replaces the old one and frees its blocks.
     t.handle(update(pool, 2, len), Responder(None));
-    for op in std::mem::take(&mut t.open.ops) {
-        t.apply(op, t.seq + 1);
+    for op in std::mem::take(&mut t.commit.open.ops) {
+        t.apply(op, t.wal.seq + 1);
     }
     // As if a flushed record said that one was flushed.
-    t.settled = t.seq + 1;
+    t.flush.settled = t.wal.seq + 1;
     t.settle();
     assert_eq!(
         t.alloc.free_blocks(),
@@ -258,7 +258,7 @@ fn blocks_written_ahead_for_a_refused_update_wait_for_those_writes() {
     let e = rx.try_recv().expect("answered at once").unwrap_err();
     assert_eq!(e.code, -peregrine_proto::CSUM_ERRNO, "{e}");
     assert_eq!(
-        t.ahead.len(),
+        t.commit.ahead.len(),
         len / WRITE_PIECE,
         "every piece was started ahead"
     );
@@ -268,10 +268,10 @@ fn blocks_written_ahead_for_a_refused_update_wait_for_those_writes() {
         "the blocks stay taken while writes to them are in flight"
     );
     t.drain();
-    assert!(t.ahead.is_empty() && t.orphans.is_empty());
+    assert!(t.commit.ahead.is_empty() && t.commit.orphans.is_empty());
     assert_eq!(t.alloc.free_blocks(), free, "given back once they are done");
     // Nothing was committed, and the target carries on.
-    assert!(t.commits.is_empty() && t.open.ops.is_empty());
+    assert!(t.commit.commits.is_empty() && t.commit.open.ops.is_empty());
     t.handle(update(pool, 4, len), Responder(None));
     t.drain();
     assert_eq!(t.alloc.free_blocks(), free - MIB / BLOCK);

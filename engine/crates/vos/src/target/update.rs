@@ -55,7 +55,7 @@ impl Target {
     /// Refuse an update of `need` bytes that would take the container past
     /// its quota ([`ContQuota`]).
     pub(super) fn check_quota(&self, pool: &Uuid, cont: &Uuid, need: u64) -> Result<(), Errno> {
-        let Some(q) = self.quotas.get(&(*pool, *cont)) else {
+        let Some(q) = self.quota.limits.get(&(*pool, *cont)) else {
             return Ok(());
         };
         let here = self
@@ -197,8 +197,14 @@ impl Target {
             dtx::check_unchanged(&self.index, self.in_flight(), own, at, iod)?;
         }
         let p = &self.index.pools[&pool];
-        let (os, on) = self.open.space.get(&pool).copied().unwrap_or_default();
-        let (cs, cn) = self.claimed.get(&pool).copied().unwrap_or_default();
+        let (os, on) = self
+            .commit
+            .open
+            .space
+            .get(&pool)
+            .copied()
+            .unwrap_or_default();
+        let (cs, cn) = self.commit.claimed.get(&pool).copied().unwrap_or_default();
         // Changes held by transactions take their space until decided.
         let (hs, hn) = self.index.dtx.held_space(&pool);
         let (bs, bn) = (os + cs + hs, on + cn + hn);
@@ -278,7 +284,7 @@ impl Target {
                 payload,
             });
         }
-        let batch = &mut self.open;
+        let batch = &mut self.commit.open;
         batch.data += staging.bytes;
         batch.writes.extend(staging.writes);
         batch.runs.extend(staging.runs);
@@ -339,9 +345,9 @@ impl Target {
             let len = BUF_BYTES.min(range.end - start);
             // A batch stages at most BATCH_DATA: the rest of the buffers
             // stays for the commit in flight and for reads.
-            let room = staged_bytes(&self.open.writes)
+            let room = staged_bytes(&self.commit.open.writes)
                 + staged_bytes(&staging.writes)
-                + self.ahead.values().map(|w| w.len).sum::<usize>()
+                + self.commit.ahead.values().map(|w| w.len).sum::<usize>()
                 < BATCH_DATA;
             let at = dev_off + (k * BUF_BYTES) as u64;
             let bulk_err = |e| Errno::inval(format!("update: bulk {start}+{len}: {e}"));
@@ -403,7 +409,7 @@ impl Target {
     /// Give back what a failed update took: its blocks once no write of it
     /// started ahead can still land on them (once the open batch has none).
     fn undo(&mut self, staging: Staging) {
-        self.free_after_writes(self.open.id, staging.runs);
+        self.free_after_writes(self.commit.open.id, staging.runs);
         release_staged(&mut self.dev, staging.writes);
     }
 
@@ -415,7 +421,7 @@ impl Target {
     /// commit writes it. The write holds the region's buffer until it is done.
     fn write_ahead(&mut self, off: u64, (buf, boff, len): (usize, usize, usize)) -> bool {
         let tag = self.next_tag;
-        if self.ckpt_due
+        if self.wal.ckpt_due
             || self
                 .dev
                 .start(tag, &[Op::write(off, (buf, boff, len))])
@@ -425,10 +431,10 @@ impl Target {
         }
         self.dev.share(buf);
         self.next_tag += 1;
-        self.ahead.insert(
+        self.commit.ahead.insert(
             tag,
             AheadWrite {
-                batch: self.open.id,
+                batch: self.commit.open.id,
                 buf,
                 len,
             },
@@ -480,7 +486,7 @@ impl Target {
             akeys: p.akeys,
             epoch: p.epoch,
         };
-        self.open.ops.push(match tx {
+        self.commit.open.ops.push(match tx {
             None => op,
             Some((id, shards)) => WalOp::Prepare {
                 id,
