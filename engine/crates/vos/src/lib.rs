@@ -171,11 +171,12 @@
 //! # Source files
 //! - `target/`: one target's thread. `mod.rs` (its state), `event_loop.rs`
 //!   (queue, sources, ring, completions), `request.rs` (data-plane requests
-//!   other than fetches), `fetch.rs` (fetches, listings), `update.rs`
-//!   (update and punch preparation), `commit.rs` (group commit, WAL
-//!   records), `flush.rs` (flushes, stamps, freed blocks), `checkpoint.rs`,
-//!   `replay.rs`, `control.rs` (pools, containers, snapshots, quotas),
-//!   `aggregate.rs` (when aggregation runs), `scrub.rs`.
+//!   other than fetches), `fetch.rs` (fetches), `list.rs` (listings, size
+//!   queries), `update.rs` (update and punch preparation), `commit.rs`
+//!   (group commit, WAL records), `flush.rs` (flushes, stamps, freed
+//!   blocks), `checkpoint.rs`, `replay.rs`, `control.rs` (pools,
+//!   containers, snapshots, quotas), `aggregate.rs` (when aggregation
+//!   runs), `scrub.rs`.
 //! - `index/`: the in-RAM trees of a target. `mod.rs` (the trees),
 //!   `apply.rs` (logged changes and their application), `read.rs`
 //!   (visibility, fetch plans), `list.rs` (listings), `aggregate.rs`.

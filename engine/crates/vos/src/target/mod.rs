@@ -103,6 +103,7 @@ mod control;
 mod event_loop;
 mod fetch;
 mod flush;
+mod list;
 mod replay;
 mod request;
 mod scrub;
