@@ -6,6 +6,19 @@
 
 use super::*;
 
+/// The sources the target polls besides its queue (local clients), and
+/// for how long it keeps polling them rather than sleep.
+pub(super) struct Polling {
+    /// Sources polled between the other work (local clients).
+    pub(super) sources: Vec<Box<dyn Source>>,
+    /// How long it keeps polling its sources after taking a request
+    /// ([`crate::StorageOptions::poll`]).
+    pub(super) poll: Duration,
+    /// Keep polling, rather than sleep, until then: a source's next request
+    /// usually follows its reply closely.
+    pub(super) until: Option<Instant>,
+}
+
 pub(crate) enum Msg {
     Data(Request, Responder),
     /// A source of requests the target polls from now on.
@@ -113,7 +126,7 @@ impl Target {
                     };
                     match m {
                         Msg::Data(req, tx) => self.take(req, tx, None),
-                        Msg::Attach(src) => self.sources.push(src),
+                        Msg::Attach(src) => self.polling.sources.push(src),
                         Msg::Ctl(c, tx) => {
                             // Control ops see (and log after) everything queued before them.
                             self.drain();
@@ -143,12 +156,12 @@ impl Target {
                 if stopping {
                     break;
                 }
-                if self.poll_until.is_some_and(|t| Instant::now() < t) {
+                if self.polling.until.is_some_and(|t| Instant::now() < t) {
                     // Polling for a source's next request: let others have the core meanwhile.
                     std::thread::yield_now();
                     continue;
                 }
-                self.poll_until = None;
+                self.polling.until = None;
                 if self.stamp_due() {
                     self.commit.open.ops.push(WalOp::Flushed {
                         through: self.flush.durable,
@@ -238,16 +251,16 @@ impl Target {
     /// Take the request each source has waiting; forget closed sources.
     fn poll_sources(&mut self) {
         let mut i = 0;
-        while i < self.sources.len() {
-            match self.sources[i].poll() {
+        while i < self.polling.sources.len() {
+            match self.polling.sources[i].poll() {
                 Polled::Idle => i += 1,
                 Polled::Request(req, reply, area) => {
-                    self.poll_until = Some(Instant::now() + self.poll);
+                    self.polling.until = Some(Instant::now() + self.polling.poll);
                     self.take(req, Responder(Some(reply)), area);
                     i += 1;
                 }
                 Polled::Closed => {
-                    self.sources.swap_remove(i);
+                    self.polling.sources.swap_remove(i);
                 }
             }
         }
@@ -300,7 +313,7 @@ impl Target {
         // Pairs with the fence of a sender (Mailbox::send, a source's client):
         // either the target sees its work now, or the sender sees it asleep.
         fence(Ordering::SeqCst);
-        if !inbox.rx.is_empty() || self.sources.iter().any(|s| s.pending()) {
+        if !inbox.rx.is_empty() || self.polling.sources.iter().any(|s| s.pending()) {
             inbox.wake.asleep().store(0, Ordering::SeqCst);
             return false;
         }

@@ -119,6 +119,7 @@ use update::blocks_wanted;
 
 pub use control::{ContQuota, QuotaShare};
 pub(crate) use control::{Ctl, CtlOut};
+use event_loop::Polling;
 pub(crate) use event_loop::{mailbox, Mailbox, Msg};
 pub use scrub::{ScrubReport, DEFAULT_SCRUB_RATE};
 
@@ -143,9 +144,6 @@ pub(crate) struct Target {
     dev: DeviceIo,
     index: TargetIndex,
     alloc: BlockAlloc,
-    /// How long it keeps polling its sources after taking a request
-    /// ([`crate::StorageOptions::poll`]).
-    poll: Duration,
     scm_budget: u64,
     /// Pools changed since their last aggregation.
     dirty: BTreeSet<Uuid>,
@@ -166,11 +164,6 @@ pub(crate) struct Target {
     scrub: scrub::Scrubber,
     /// Why updates are refused, for whoever asks the storage (no queue hop).
     fault: Arc<parking_lot::Mutex<Option<String>>>,
-    /// Sources polled between the other work (local clients).
-    sources: Vec<Box<dyn Source>>,
-    /// Keep polling, rather than sleep, until then: a source's next request
-    /// usually follows its reply closely.
-    poll_until: Option<Instant>,
     /// Whether it may aggregate on its own ([`crate::AggregationLease`]).
     lease: Arc<crate::AggregationLease>,
     /// The WAL and the checkpoints ([`commit`], [`checkpoint`]).
@@ -183,6 +176,8 @@ pub(crate) struct Target {
     fetch: Fetches,
     /// Containers' quotas ([`control`], [`update`]).
     quota: Quotas,
+    /// Sources polled besides the queue ([`event_loop`]).
+    polling: Polling,
 }
 
 /// Counters for the log line at close (how well group commit and read batching work).
@@ -250,7 +245,6 @@ impl Target {
             dev,
             index: TargetIndex::default(),
             alloc,
-            poll: opts.poll,
             scm_budget,
             dirty: BTreeSet::new(),
             chunk: 0,
@@ -262,14 +256,17 @@ impl Target {
             refused: None,
             scrub: scrub::Scrubber::new(opts.scrub_rate),
             fault,
-            sources: Vec::new(),
-            poll_until: None,
             lease,
             wal: Wal::new(),
             flush: Flush::new(opts.flush_interval),
             commit: Commits::default(),
             fetch: Fetches::default(),
             quota: Quotas::default(),
+            polling: Polling {
+                sources: Vec::new(),
+                poll: opts.poll,
+                until: None,
+            },
         };
         t.chunk = t.sb.csum_chunk();
         match t.replay() {
