@@ -504,7 +504,10 @@ impl mgmt_server::Mgmt for FakeMgmt {
     ) -> Result<Response<mgmt::PoolInfo>, Status> {
         unimpl()
     }
-    async fn pool_evict(&self, _: Request<mgmt::PoolEvictReq>) -> Result<Response<mgmt::Empty>, Status> {
+    async fn pool_evict(
+        &self,
+        _: Request<mgmt::PoolEvictReq>,
+    ) -> Result<Response<mgmt::Empty>, Status> {
         unimpl()
     }
     async fn pool_connect(

@@ -90,10 +90,22 @@ fn acls_decide_the_handles_and_engines_enforce_them_on_both_transports() {
         let v = format!("{kind:?}").into_bytes();
         // The owner writes; bob reads it; cy (group writers) writes too.
         let owner = client_as(&c, Some(ann.clone()), kind);
-        let shared = owner.pool_connect("pool").unwrap().cont_open("shared").unwrap();
-        shared.object(oid()).unwrap().update_single(b"d", b"a", &v).unwrap();
+        let shared = owner
+            .pool_connect("pool")
+            .unwrap()
+            .cont_open("shared")
+            .unwrap();
+        shared
+            .object(oid())
+            .unwrap()
+            .update_single(b"d", b"a", &v)
+            .unwrap();
         let reader = client_as(&c, Some(bob.clone()), kind);
-        let r = reader.pool_connect("pool").unwrap().cont_open("shared").unwrap();
+        let r = reader
+            .pool_connect("pool")
+            .unwrap()
+            .cont_open("shared")
+            .unwrap();
         let o = r.object(oid()).unwrap();
         assert_eq!(o.fetch_single(b"d", b"a").unwrap().unwrap(), v);
         // bob's handle is read-only: the engine refuses his write.
@@ -101,15 +113,25 @@ fn acls_decide_the_handles_and_engines_enforce_them_on_both_transports() {
         assert_eq!(code, -libc::EACCES, "{kind:?}: {msg}");
         assert!(msg.contains("read-only"), "{msg}");
         let writer = client_as(&c, Some(cy.clone()), kind);
-        let w = writer.pool_connect("pool").unwrap().cont_open("shared").unwrap();
-        w.object(oid()).unwrap().update_single(b"d", b"b", b"cy").unwrap();
+        let w = writer
+            .pool_connect("pool")
+            .unwrap()
+            .cont_open("shared")
+            .unwrap();
+        w.object(oid())
+            .unwrap()
+            .update_single(b"d", b"b", b"cy")
+            .unwrap();
         // Asked read-only, cy gets a read-only handle.
         let ro = writer
             .pool_connect("pool")
             .unwrap()
             .cont_open_read_only("shared")
             .unwrap();
-        assert_eq!(errno(ro.object(oid()).unwrap().update_single(b"d", b"b", b"x")).0, -libc::EACCES);
+        assert_eq!(
+            errno(ro.object(oid()).unwrap().update_single(b"d", b"b", b"x")).0,
+            -libc::EACCES
+        );
         // eve may connect (EVERYONE@:r on the pool) but not open either container.
         let stranger = client_as(&c, Some(eve.clone()), kind);
         let p = stranger.pool_connect("pool").unwrap();
@@ -119,7 +141,10 @@ fn acls_decide_the_handles_and_engines_enforce_them_on_both_transports() {
             assert!(msg.contains("user eve@") && msg.contains(cont), "{msg}");
         }
         // bob may not open ann's private container.
-        assert_eq!(errno(reader.pool_connect("pool").unwrap().cont_open("private")).0, -libc::EACCES);
+        assert_eq!(
+            errno(reader.pool_connect("pool").unwrap().cont_open("private")).0,
+            -libc::EACCES
+        );
     }
     // A client certificate acting for no one is refused outright.
     let nobody = client_as(&c, None, TransportKind::Tcp);
@@ -128,9 +153,8 @@ fn acls_decide_the_handles_and_engines_enforce_them_on_both_transports() {
     assert!(msg.contains("credential"), "{msg}");
     // A malformed ACL is refused naming the entry.
     let mut m = c.mgmt();
-    let e = c
-        .rt
-        .block_on(m.cont_set_prop(ContSetPropReq {
+    let e =
+        c.rt.block_on(m.cont_set_prop(ContSetPropReq {
             pool: "pool".into(),
             id: "shared".into(),
             props: props(&[("acl", "A::OWNER@:rwa,A::bob@:rx")]),
@@ -162,7 +186,14 @@ fn shard(cont: &peregrine::Container, handle: Vec<u8>) -> (data::Address, String
 }
 
 /// Send `op` with `msg` raw through `client`'s transport to `endpoint`.
-fn raw(client: &Client, endpoint: &str, target: u32, op: Opcode, msg: Vec<u8>, bulk: &[&[u8]]) -> data::Status {
+fn raw(
+    client: &Client,
+    endpoint: &str,
+    target: u32,
+    op: Opcode,
+    msg: Vec<u8>,
+    bulk: &[&[u8]],
+) -> data::Status {
     let reply = client
         .transport()
         .call(endpoint, target, op, &msg, bulk)
@@ -204,8 +235,16 @@ fn update(addr: data::Address, v: &[u8]) -> Vec<u8> {
 fn forged_missing_foreign_and_evicted_handles_are_refused_and_keys_survive_a_kill() {
     let mut c = cluster();
     let ann = client_as(&c, Some(user("ann", 1000, &[])), TransportKind::Tcp);
-    let shared = ann.pool_connect("pool").unwrap().cont_open("shared").unwrap();
-    let private = ann.pool_connect("pool").unwrap().cont_open("private").unwrap();
+    let shared = ann
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("shared")
+        .unwrap();
+    let private = ann
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("private")
+        .unwrap();
     let o = shared.object(oid()).unwrap();
     o.update_single(b"d", b"a", b"v1").unwrap();
     // The shard's address, as the library builds it, with a chosen handle.
@@ -214,9 +253,27 @@ fn forged_missing_foreign_and_evicted_handles_are_refused_and_keys_survive_a_kil
     let at = |handle: Vec<u8>| shard(&shared, handle).0;
     let target = at(vec![]).target;
     let good = shared.handle().to_vec();
-    assert_eq!(raw(&ann, &endpoint, target, Opcode::Fetch, fetch(at(good.clone())), &[]).code, 0);
+    assert_eq!(
+        raw(
+            &ann,
+            &endpoint,
+            target,
+            Opcode::Fetch,
+            fetch(at(good.clone())),
+            &[]
+        )
+        .code,
+        0
+    );
     let refused = |handle: Vec<u8>, says: &str| {
-        let s = raw(&ann, &endpoint, target, Opcode::Fetch, fetch(at(handle)), &[]);
+        let s = raw(
+            &ann,
+            &endpoint,
+            target,
+            Opcode::Fetch,
+            fetch(at(handle)),
+            &[],
+        );
         assert_eq!(s.code, -libc::EACCES, "{says}: {}", s.message);
         assert!(s.message.contains(says), "{says}: {}", s.message);
     };
@@ -243,13 +300,31 @@ fn forged_missing_foreign_and_evicted_handles_are_refused_and_keys_survive_a_kil
         max: 10,
         ..Default::default()
     };
-    let s = raw(&ann, &endpoint, target, Opcode::ListChanged, list.encode_to_vec(), &[]);
+    let s = raw(
+        &ann,
+        &endpoint,
+        target,
+        Opcode::ListChanged,
+        list.encode_to_vec(),
+        &[],
+    );
     assert_eq!(s.code, -libc::EACCES, "{}", s.message);
     assert!(s.message.contains("pool-wide"), "{}", s.message);
     // A write with a read handle never reaches the target.
     let bob = client_as(&c, Some(user("bob", 1001, &[])), TransportKind::Tcp);
-    let bobs = bob.pool_connect("pool").unwrap().cont_open("shared").unwrap();
-    let s = raw(&bob, &endpoint, target, Opcode::Update, update(at(bobs.handle().to_vec()), b"v2"), &[b"v2"]);
+    let bobs = bob
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("shared")
+        .unwrap();
+    let s = raw(
+        &bob,
+        &endpoint,
+        target,
+        Opcode::Update,
+        update(at(bobs.handle().to_vec()), b"v2"),
+        &[b"v2"],
+    );
     assert_eq!(s.code, -libc::EACCES, "{}", s.message);
     assert_eq!(o.fetch_single(b"d", b"a").unwrap().unwrap(), b"v1");
 
@@ -266,8 +341,20 @@ fn forged_missing_foreign_and_evicted_handles_are_refused_and_keys_survive_a_kil
     assert!(msg.contains("evicted"), "{msg}");
     assert_eq!(o.fetch_single(b"d", b"a").unwrap().unwrap(), b"v1");
     // Opened again, bob reads.
-    let again = bob.pool_connect("pool").unwrap().cont_open("shared").unwrap();
-    assert_eq!(again.object(oid()).unwrap().fetch_single(b"d", b"a").unwrap().unwrap(), b"v1");
+    let again = bob
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("shared")
+        .unwrap();
+    assert_eq!(
+        again
+            .object(oid())
+            .unwrap()
+            .fetch_single(b"d", b"a")
+            .unwrap()
+            .unwrap(),
+        b"v1"
+    );
 
     // A kill -9: the engine learns the keys and revocations again before it
     // serves; handles issued before still work, the evicted one does not.
@@ -275,7 +362,10 @@ fn forged_missing_foreign_and_evicted_handles_are_refused_and_keys_survive_a_kil
     c.engines[0].start();
     c.wait_serving(0);
     assert_eq!(o.fetch_single(b"d", b"a").unwrap().unwrap(), b"v1");
-    assert_eq!(errno(bobs.object(oid()).unwrap().fetch_single(b"d", b"a")).0, -libc::EACCES);
+    assert_eq!(
+        errno(bobs.object(oid()).unwrap().fetch_single(b"d", b"a")).0,
+        -libc::EACCES
+    );
     o.update_single(b"d", b"a", b"v3").unwrap();
 
     // Evict everyone: a new key; every handle so far ends, new opens work.
@@ -289,8 +379,20 @@ fn forged_missing_foreign_and_evicted_handles_are_refused_and_keys_survive_a_kil
         let s = raw(&ann, &endpoint, target, Opcode::Fetch, fetch(at(h)), &[]);
         assert_eq!(s.code, -libc::EACCES, "{}", s.message);
     }
-    let fresh = ann.pool_connect("pool").unwrap().cont_open("shared").unwrap();
-    assert_eq!(fresh.object(oid()).unwrap().fetch_single(b"d", b"a").unwrap().unwrap(), b"v3");
+    let fresh = ann
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("shared")
+        .unwrap();
+    assert_eq!(
+        fresh
+            .object(oid())
+            .unwrap()
+            .fetch_single(b"d", b"a")
+            .unwrap()
+            .unwrap(),
+        b"v3"
+    );
 }
 
 #[test]
@@ -315,12 +417,18 @@ fn an_insecure_system_checks_handles_when_asked_and_believes_credentials() {
     .unwrap();
     let ann = client_as(&c, Some(user("ann", 1000, &[])), TransportKind::Tcp);
     let cont = ann.pool_connect("pool").unwrap().cont_open("cont").unwrap();
-    cont.object(oid()).unwrap().update_single(b"d", b"a", b"x").unwrap();
+    cont.object(oid())
+        .unwrap()
+        .update_single(b"d", b"a", b"x")
+        .unwrap();
     let eve = client_as(&c, Some(user("eve", 1003, &[])), TransportKind::Tcp);
     let (code, msg) = errno(eve.pool_connect("pool").unwrap().cont_open("cont"));
     assert_eq!(code, -libc::EACCES, "{msg}");
     // A raw request without a handle is refused here too.
     let (a, endpoint) = shard(&cont, vec![]);
     let target = a.target;
-    assert_eq!(raw(&eve, &endpoint, target, Opcode::Fetch, fetch(a), &[]).code, -libc::EACCES);
+    assert_eq!(
+        raw(&eve, &endpoint, target, Opcode::Fetch, fetch(a), &[]).code,
+        -libc::EACCES
+    );
 }

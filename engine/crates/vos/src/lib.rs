@@ -167,6 +167,25 @@
 //! Fetches are answered from applied (acknowledged) state only, before the updates queued
 //! in the same batch commit (see the `target` module). Control calls (`pool_create`, ...) block
 //! until every target has answered.
+//!
+//! # Source files
+//! - `target/`: one target's thread. `mod.rs` (its state), `event_loop.rs`
+//!   (queue, sources, ring, completions), `request.rs` (data-plane requests
+//!   other than fetches), `fetch.rs` (fetches), `list.rs` (listings, size
+//!   queries), `update.rs` (update and punch preparation), `commit.rs`
+//!   (group commit, WAL records), `flush.rs` (flushes, stamps, freed
+//!   blocks), `checkpoint.rs`, `replay.rs`, `control.rs` (pools,
+//!   containers, snapshots, quotas), `aggregate.rs` (when aggregation
+//!   runs), `scrub.rs`.
+//! - `index/`: the in-RAM trees of a target. `mod.rs` (the trees),
+//!   `apply.rs` (logged changes and their application), `read.rs`
+//!   (visibility, fetch plans), `list.rs` (listings), `aggregate.rs`.
+//! - `dtx.rs` (transactions), `condition.rs` (conditional updates and
+//!   punches), `wal.rs` (record format), `superblock.rs` (device layout),
+//!   `device.rs` and `bufpool.rs` (io_uring, registered buffers), `alloc.rs`
+//!   (data blocks), `compact.rs` (compact keys and maps of the index),
+//!   `bulk.rs` (request and reply bytes), `counters.rs` (metrics),
+//!   `mgmt.rs` (the management-service blob), `error.rs`.
 
 mod alloc;
 mod bufpool;

@@ -1,8 +1,87 @@
 //! The read side of a target: a fetch planned over the index, its pieces
-//! read from the device (or copied from RAM), assembled into the reply;
-//! listings, size queries and the records a reintegration copies.
+//! read from the device (or copied from RAM), assembled into the reply.
 
 use super::*;
+
+/// The fetches waiting to start and those whose reads are in flight.
+#[derive(Default)]
+pub(super) struct Fetches {
+    /// Fetches waiting to start (for buffers, or for a checkpoint).
+    pub(super) queued: Vec<Queued>,
+    pub(super) jobs: HashMap<u64, InFetch>,
+}
+
+/// A fetch waiting to start, and where its source would take its bytes.
+pub(super) type Queued = (data::FetchReq, Responder, Option<ReplyArea>);
+
+/// Fetches whose device reads are in flight.
+pub(super) struct InFetch {
+    pub(super) fetches: Vec<Queued>,
+    pub(super) plans: Vec<Result<Vec<IodRead>, Errno>>,
+    /// Per device op: where its bytes go, and where it reads them into.
+    pub(super) reads: Vec<(PieceDst, ReadInto)>,
+    pub(super) pending: usize,
+}
+
+/// Where a fetch's device read lands.
+#[derive(Clone, Copy)]
+pub(super) enum ReadInto {
+    /// A region of the registered buffers: (buffer, offset).
+    Region(usize, usize),
+    /// The source's reply area, at this address.
+    Area(usize),
+}
+
+/// Give back the regions fetch reads landed in.
+pub(super) fn release_reads(dev: &mut DeviceIo, reads: &[(PieceDst, ReadInto)]) {
+    for (_, into) in reads {
+        if let ReadInto::Region(buf, _) = *into {
+            dev.release(buf);
+        }
+    }
+}
+
+/// `len` bytes the device read into a source's reply area at `addr`.
+pub(super) fn area_bytes<'a>(addr: usize, len: usize) -> &'a [u8] {
+    // SAFETY: the read completed, and the area stays mapped and untouched by
+    // the engine until the fetch's reply has been sent (see ReplyArea).
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+}
+
+/// Where the bytes of one device read of a fetch go: (fetch, iod, seg,
+/// start of the piece in the value, bytes wanted).
+#[derive(Clone, Copy)]
+pub(super) struct PieceDst {
+    pub(super) fetch: usize,
+    pub(super) iod: usize,
+    pub(super) seg: usize,
+    pub(super) start: u64,
+    pub(super) len: usize,
+}
+
+/// Where some of a fetch's bytes are.
+pub(super) enum Piece {
+    Bytes(Vec<u8>),
+    /// In a region of the registered buffers: (buffer, offset, length).
+    Region(usize, usize, usize),
+    /// In the source's reply area: (address, length).
+    InArea(usize, usize),
+}
+
+/// One iod of a fetch being served.
+pub(super) struct IodRead {
+    pub(super) fv: data::FetchedValue,
+    pub(super) has_crc: bool,
+    /// The bytes returned (`fv.len` of them): pieces at their offsets, zeros
+    /// between them.
+    pub(super) out: Vec<(u64, Piece)>,
+    /// Device segments still to read into `out`.
+    pub(super) segs: Vec<Seg>,
+    /// The client's checksum of exactly the bytes returned, if stored.
+    pub(super) stored_crc: Option<u32>,
+    /// A checksum failure of one of its chunks: the iod fails with it.
+    pub(super) bad: Option<Errno>,
+}
 
 impl Target {
     /// Plan one fetch against the index: its iods, with inline bytes already
@@ -103,10 +182,10 @@ impl Target {
     /// buffers; each is verified, assembled and answered when its reads
     /// complete. Without room in the buffers they wait for completions.
     pub(super) fn start_fetches(&mut self) {
-        if self.queued.is_empty() {
+        if self.fetch.queued.is_empty() {
             return;
         }
-        let fetches = std::mem::take(&mut self.queued);
+        let fetches = std::mem::take(&mut self.fetch.queued);
         let plans: Vec<Result<Vec<IodRead>, Errno>> =
             fetches.iter().map(|(f, _, _)| self.plan(f)).collect();
         let pieces = self.pieces(&plans);
@@ -131,7 +210,7 @@ impl Target {
                     // Larger than the buffers: the blocking path reads it in groups.
                     self.fetch_sync(fetches, plans, &pieces);
                 } else {
-                    self.queued = fetches;
+                    self.fetch.queued = fetches;
                 }
                 return;
             };
@@ -157,7 +236,7 @@ impl Target {
             }
             return;
         }
-        self.fetch_jobs.insert(
+        self.fetch.jobs.insert(
             tag,
             InFetch {
                 fetches,
@@ -297,107 +376,63 @@ impl Target {
             bulk,
         )
     }
+}
 
-    pub(super) fn list(&mut self, l: data::ListReq) -> Reply {
-        let (pool, cont, obj) = self.addr(l.addr.as_ref(), "list")?;
-        let dkey = (!l.dkey.is_empty()).then_some(l.dkey.as_slice());
-        self.index
-            .dtx
-            .check_read("list", &pool, &cont, &obj, dkey, l.epoch)?;
-        let max = if l.max == 0 {
-            DEFAULT_LIST_MAX
-        } else {
-            l.max as usize
-        };
-        let (keys, done) = self
-            .index
-            .list(&pool, &cont, &obj, &l.dkey, &l.anchor, max, l.epoch);
-        let anchor = keys.last().cloned().unwrap_or(l.anchor);
-        Ok((
-            ok_response(Some(data::response::Body::List(data::ListResp {
-                keys,
-                anchor,
-                done,
-            }))),
-            Vec::new(),
-        ))
+/// Check a completed device read of a fetch against its chunk checksums;
+/// returns the part the caller asked for: (iod, offset in the iod's bytes,
+/// offset in the piece, length), or nothing if the iod or its fetch failed.
+pub(super) fn absorb_piece(
+    id: u32,
+    chunk: u64,
+    plans: &mut [Result<Vec<IodRead>, Errno>],
+    dst: PieceDst,
+    res: std::io::Result<&[u8]>,
+) -> Option<(usize, u64, usize, usize)> {
+    let Ok(iods) = &mut plans[dst.fetch] else {
+        return None;
+    };
+    let r = &mut iods[dst.iod];
+    let s = &r.segs[dst.seg];
+    let Src::Dev { ext, value_off, .. } = &s.src else {
+        return None;
+    };
+    let bytes = match res {
+        Ok(b) => b,
+        Err(e) => {
+            let e = Errno::new(
+                -libc::EIO,
+                format!("target {id}: read block {}: {e}", ext.block),
+            );
+            plans[dst.fetch] = Err(e);
+            return None;
+        }
+    };
+    let ps = dst.start;
+    let c0 = (ps / chunk) as usize;
+    for (i, b) in bytes.chunks(chunk as usize).enumerate() {
+        let c = c0 + i;
+        if ext.csums.get(c).copied() != Some(peregrine_isal::crc32c(b)) {
+            r.bad.get_or_insert(Errno::new(
+                -peregrine_proto::CSUM_ERRNO,
+                format!(
+                    "target {id}: checksum mismatch in chunk {c} ({chunk} bytes) of the extent at data block {} (device corruption)",
+                    ext.block
+                ),
+            ));
+            return None;
+        }
     }
-
-    pub(super) fn query_size(&mut self, q: data::QuerySizeReq) -> Reply {
-        let (pool, cont, obj) = self.addr(q.addr.as_ref(), "query size")?;
-        self.index
-            .dtx
-            .check_read("query size", &pool, &cont, &obj, Some(&q.dkey), q.epoch)?;
-        let (size, absent) = self
-            .index
-            .query_size(&pool, &cont, &obj, &q.dkey, &q.akey, q.epoch);
-        Ok((
-            ok_response(Some(data::response::Body::Size(data::QuerySizeResp {
-                size,
-                absent,
-            }))),
-            Vec::new(),
-        ))
-    }
-
-    pub(super) fn list_changed(&mut self, l: data::ListChangedReq) -> Reply {
-        const OP: &str = "list changed";
-        let pool = self.pool_addr(l.addr.as_ref(), OP)?;
-        let anchor = match &l.anchor {
-            None => None,
-            Some(k) => {
-                let cont = peregrine_proto::uuid_from_bytes("anchor cont", &k.cont)
-                    .map_err(|e| Errno::inval(format!("{OP}: {e}")))?;
-                let oid = k
-                    .oid
-                    .as_ref()
-                    .ok_or_else(|| Errno::inval(format!("{OP}: anchor without object id")))?;
-                let obj = ObjKey {
-                    hi: oid.hi,
-                    lo: oid.lo,
-                    shard: k.shard,
-                };
-                Some((cont, obj, k.dkey.clone()))
-            }
-        };
-        let (keys, done) = self
-            .index
-            .list_changed(&pool, l.since, anchor.as_ref(), l.max as usize);
-        let keys = keys
-            .into_iter()
-            .map(|(cont, obj, dkey)| data::ChangedKey {
-                cont: cont.as_bytes().to_vec(),
-                oid: Some(data::ObjectId {
-                    hi: obj.hi,
-                    lo: obj.lo,
-                }),
-                shard: obj.shard,
-                dkey,
-            })
-            .collect();
-        Ok((
-            ok_response(Some(data::response::Body::Changed(data::ListChangedResp {
-                keys,
-                done,
-            }))),
-            Vec::new(),
-        ))
-    }
-
-    pub(super) fn list_records(&mut self, l: data::ListRecordsReq) -> Reply {
-        let (pool, cont, obj) = self.addr(l.addr.as_ref(), "list records")?;
-        let r = peregrine_proto::EPOCH_LATEST;
-        self.index
-            .dtx
-            .check_read("list records", &pool, &cont, &obj, Some(&l.dkey), r)?;
-        let records = self
-            .index
-            .list_records(&pool, &cont, &obj, &l.dkey, l.since)?;
-        Ok((
-            ok_response(Some(data::response::Body::Records(data::ListRecordsResp {
-                records,
-            }))),
-            Vec::new(),
-        ))
-    }
+    // The part of the piece the caller asked for.
+    let (from, to) = (
+        ps.max(*value_off),
+        (ps + bytes.len() as u64).min(value_off + s.len),
+    );
+    (from < to).then(|| {
+        (
+            dst.iod,
+            s.out_off + from - value_off,
+            (from - ps) as usize,
+            (to - from) as usize,
+        )
+    })
 }

@@ -278,12 +278,12 @@ impl Target {
         self.dev
             .sync()
             .map_err(|e| self.io_err("flush the replayed WAL", e))?;
-        self.seq = seq;
-        self.seq_started = seq;
-        self.durable = seq;
-        self.stamped = settled;
-        self.settled = settled;
-        self.wal_tail = tail;
+        self.wal.seq = seq;
+        self.wal.seq_started = seq;
+        self.flush.durable = seq;
+        self.flush.stamped = settled;
+        self.flush.settled = settled;
+        self.wal.tail = tail;
         let t_rebuild = Instant::now();
         self.index.recount();
         let freed = unsettled.iter().flat_map(|(_, runs)| runs);
@@ -296,14 +296,14 @@ impl Target {
                 ))));
             }
         }
-        self.unsettled = unsettled;
+        self.flush.unsettled = unsettled;
         if let End::Bad(why) = end {
             tracing::warn!(target = self.id, wal_offset = tail, batch = seq + 1, why, "WAL ends at a torn record; nothing after it was flushed, dropping it (a torn tail)");
         }
         tracing::info!(
             target = self.id,
             records = n,
-            seq = self.seq,
+            seq = self.wal.seq,
             pools = self.index.pools.len(),
             checkpoint_ms = ckpt_ms,
             wal_ms,
@@ -368,9 +368,9 @@ impl Target {
             );
             match ix {
                 Ok(ix) => {
-                    self.seq = h.seq;
+                    self.wal.seq = h.seq;
                     self.index = ix;
-                    self.next_ckpt = slot ^ 1;
+                    self.wal.next_ckpt = slot ^ 1;
                     for b in &bad {
                         tracing::warn!(target = self.id, slot = b.slot, seq = b.seq, why = %b.why, loaded = h.seq, "checkpoint slot damaged; loaded the other (the next checkpoint rewrites the damaged slot)");
                     }
