@@ -252,7 +252,10 @@ fn send_loop(queue: &(Mutex<Queue>, Condvar), tr: &dyn Transport) {
             }
             (std::mem::take(&mut q.waiting), q.pushed)
         };
-        let mut to: BTreeMap<(String, Uuid, u32), (u64, Vec<u8>, Vec<DtxId>)> = BTreeMap::new();
+        // Per shard (endpoint, pool, target): the newest map version and
+        // its pool handle, and the transactions to decide.
+        type Decisions = (u64, Vec<u8>, Vec<DtxId>);
+        let mut to: BTreeMap<(String, Uuid, u32), Decisions> = BTreeMap::new();
         for c in batch {
             let e = to.entry((c.addr, c.pool, c.target)).or_default();
             if c.map_version >= e.0 {

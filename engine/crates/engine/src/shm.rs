@@ -786,14 +786,8 @@ impl Channel {
         let live = &self.live;
         // Polled on the target's own thread: admitted requests queue in order
         // with the drain that follows a pool map change (see `crate::poolmap`).
-        let mut track = self.io.track(&req);
-        if let Err((code, message)) = self.pool_maps.admit(&req).map(drop) {
-            if let Some(t) = track {
-                t.refused(code);
-            }
-            live.reply(&header, owned(dataplane::error_reply(code, message)));
-            return Polled::Idle;
-        }
+        // A request for another target breaks the protocol: the connection
+        // ends, whatever its handle or pool map would have said.
         if let Some(t) = peregrine_vos::request_target(&req).filter(|t| *t != self.target) {
             live.stats.rejected.fetch_add(1, Ordering::Relaxed);
             live.close(&format!(
@@ -801,6 +795,14 @@ impl Channel {
                 self.target
             ));
             return Polled::Closed;
+        }
+        let mut track = self.io.track(&req);
+        if let Err((code, message)) = self.pool_maps.admit(&req).map(drop) {
+            if let Some(t) = track {
+                t.refused(code);
+            }
+            live.reply(&header, owned(dataplane::error_reply(code, message)));
+            return Polled::Idle;
         }
         // A fetch's bytes may be read straight into the response region,
         // page-aligned after the frame header (the region stays mapped: the

@@ -49,6 +49,8 @@ fn call(c: &Cluster, req: &data::FetchReq) -> (data::Status, usize) {
     let addr = format!("127.0.0.1:{}", c.engines[0].data_port);
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = req.clone();
+    req.addr.as_mut().expect("an address").handle = admin_handle(c);
     let msg = req.encode_to_vec();
     frame::write_frame(&mut s, Opcode::Fetch, 0, 11, &msg, &[]).unwrap();
     let f = frame::read_frame(&mut s).unwrap_or_else(|e| {

@@ -199,7 +199,7 @@ fn stalled_frames_reserve_nothing_and_are_closed_after_the_read_timeout() {
     assert!(lines <= 3, "{lines} log lines for one burst of timeouts");
 }
 
-fn addr(pool: uuid::Uuid, cont: uuid::Uuid, target: u32) -> Option<data::Address> {
+fn addr(pool: uuid::Uuid, cont: uuid::Uuid, target: u32, handle: &[u8]) -> Option<data::Address> {
     Some(data::Address {
         pool: pool.as_bytes().to_vec(),
         cont: cont.as_bytes().to_vec(),
@@ -207,6 +207,7 @@ fn addr(pool: uuid::Uuid, cont: uuid::Uuid, target: u32) -> Option<data::Address
         shard: 0,
         target,
         map_version: u64::MAX,
+        handle: handle.to_vec(),
         ..Default::default()
     })
 }
@@ -225,7 +226,7 @@ fn array(len: u64) -> data::Iod {
 /// shard of object 7.7 on `target`, over a raw connection.
 fn write_mib(c: &Cluster, pool: uuid::Uuid, cont: uuid::Uuid, target: u32) {
     let req = data::UpdateReq {
-        addr: addr(pool, cont, target),
+        addr: addr(pool, cont, target, &admin_handle(c)),
         epoch: peregrine::hlc::now(),
         dkey: b"d".to_vec(),
         iods: vec![array(1 << 20)],
@@ -241,9 +242,9 @@ fn write_mib(c: &Cluster, pool: uuid::Uuid, cont: uuid::Uuid, target: u32) {
 }
 
 /// A fetch of that MiB `times` over (one iod each): `times` MiB of reply.
-fn fetch(pool: uuid::Uuid, cont: uuid::Uuid, target: u32, times: usize) -> Vec<u8> {
+fn fetch(pool: uuid::Uuid, cont: uuid::Uuid, target: u32, times: usize, handle: &[u8]) -> Vec<u8> {
     data::FetchReq {
-        addr: addr(pool, cont, target),
+        addr: addr(pool, cont, target, handle),
         epoch: u64::MAX,
         dkey: b"d".to_vec(),
         iods: vec![array(1 << 20); times],
@@ -256,7 +257,7 @@ fn fetch(pool: uuid::Uuid, cont: uuid::Uuid, target: u32, times: usize) -> Vec<u
 /// The connection and how many were sent.
 fn never_read(c: &Cluster, target: u32, n: usize, mib: usize) -> (TcpStream, usize) {
     let (pool, cont) = pool_cont(c);
-    let msg = fetch(pool, cont, target, mib);
+    let msg = fetch(pool, cont, target, mib, &admin_handle(c));
     let mut s = TcpStream::connect(data_addr(c)).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     let one = frame::encode_frame(Opcode::Fetch, 0, 9, &msg, &[]).unwrap();
@@ -459,6 +460,7 @@ fn idle_connections_are_closed_and_clients_reconnect() {
 fn a_tiny_target_mailbox_slows_readers_and_never_deadlocks() {
     let mut c = cluster("data_plane:\n  target_queue_depth: 1\n  max_queued_request_bytes: 1MiB\n");
     let (pool, cont) = pool_cont(&c);
+    let handle = admin_handle(&c);
     write_mib(&c, pool, cont, 0);
     write_mib(&c, pool, cont, 1);
     let container = tcp_container(&c);
@@ -469,7 +471,7 @@ fn a_tiny_target_mailbox_slows_readers_and_never_deadlocks() {
             let mut raw = TcpStream::connect(data_addr(&c)).unwrap();
             raw.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
             for i in 0..200u64 {
-                let msg = fetch(pool, cont, (i % 2) as u32, 1);
+                let msg = fetch(pool, cont, (i % 2) as u32, 1, &handle);
                 let f = frame::encode_frame(Opcode::Fetch, 0, i, &msg, &[]).unwrap();
                 raw.write_all(&f).unwrap();
             }
