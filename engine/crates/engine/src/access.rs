@@ -106,10 +106,6 @@ impl Access {
         }
     }
 
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
     /// Take a pool's key and revocations as the management service sent
     /// them. An older key version than the one known is ignored.
     pub fn install(&self, pool: Uuid, a: &PoolAccess) -> Result<(), String> {
@@ -289,23 +285,5 @@ impl Access {
             ));
         }
         Ok((h.rights, checked_for))
-    }
-
-    /// A pool-wide handle of `pool` for this engine's own requests to other
-    /// engines, if it knows the pool's key.
-    pub fn mint(&self, pool: &Uuid) -> Option<Vec<u8>> {
-        let pools = self.pools.read();
-        let k = pools.get(pool)?;
-        Some(
-            Handle::issue(
-                &k.key,
-                k.version,
-                pool,
-                &NO_CONT,
-                Uuid::new_v4(),
-                Rights::READ.union(Rights::WRITE).union(Rights::POOL_WIDE),
-            )
-            .encode(),
-        )
     }
 }
