@@ -67,7 +67,6 @@ fn read_replica(obj: &Object, loc: &ShardLoc, dkey: &[u8], akey: &[u8]) -> Optio
             target: t.index,
             map_version: map.version,
             handle: obj.container().handle().to_vec(),
-            ..Default::default()
         }),
         epoch: EPOCH_LATEST,
         dkey: dkey.to_vec(),

@@ -81,7 +81,6 @@ impl Setup {
             target: map.targets[loc.target].index,
             map_version: map.version,
             handle: self.cont.handle().to_vec(),
-            ..Default::default()
         }
     }
 

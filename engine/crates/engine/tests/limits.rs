@@ -208,7 +208,6 @@ fn addr(pool: uuid::Uuid, cont: uuid::Uuid, target: u32, handle: &[u8]) -> Optio
         target,
         map_version: u64::MAX,
         handle: handle.to_vec(),
-        ..Default::default()
     })
 }
 

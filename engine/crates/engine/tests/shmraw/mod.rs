@@ -251,7 +251,6 @@ pub fn object_address(c: &Cluster) -> peregrine_proto::data::Address {
         target: 0,
         map_version: pool.map().version,
         handle: cont.handle().to_vec(),
-        ..Default::default()
     }
 }
 
