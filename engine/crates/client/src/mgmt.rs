@@ -192,7 +192,10 @@ impl Mgmt {
         Mgmt {
             via: Via::Source(source),
             addr: name.to_string(),
-            credential: crate::sync::RwLock::new(Some(crate::credential::of_process())),
+            // The source answers with its own handles: no user to name (and
+            // no user database to read inside the interception library's
+            // host program, whose open(2) the lookup would re-enter).
+            credential: crate::sync::RwLock::new(None),
         }
     }
 
