@@ -557,6 +557,31 @@ fn unprivileged_mount_through_fusermount3() {
         return;
     }
     let c = cluster(1);
+    // The daemon acts for nobody, whom the pool and container must grant
+    // (docs/access-control.md): by uid, as nobody's name varies by system.
+    {
+        use peregrine_proto::mgmt::{ContSetPropReq, PoolSetPropReq};
+        let acl = || {
+            [(
+                "acl".to_string(),
+                "A::OWNER@:rwa,A:G:GROUP@:rw,A::65534@:rw".to_string(),
+            )]
+            .into_iter()
+            .collect()
+        };
+        let mut m = c.mgmt();
+        c.rt.block_on(m.pool_set_prop(PoolSetPropReq {
+            id: "pool".into(),
+            props: acl(),
+        }))
+        .unwrap();
+        c.rt.block_on(m.cont_set_prop(ContSetPropReq {
+            pool: "pool".into(),
+            id: "cont".into(),
+            props: acl(),
+        }))
+        .unwrap();
+    }
     let tmp = tempfile::tempdir().unwrap();
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
