@@ -43,7 +43,7 @@ fn props(kv: &[(&str, &str)]) -> HashMap<String, String> {
 /// containers "shared" (ann owns it; bob reads; group "writers" writes)
 /// and "private" (ann's alone).
 fn cluster() -> Cluster {
-    let c = Cluster::start(ClusterSpec::default());
+    let c = Cluster::start_configured(ClusterSpec::default(), "access_checks: true\n");
     c.format();
     let mut m = c.mgmt();
     c.rt.block_on(m.pool_create(PoolCreateReq {
