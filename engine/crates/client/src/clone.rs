@@ -50,7 +50,12 @@ pub fn clone_container(
             let (keys, finished) = list_changed(client, &map, t, 0, anchor.take())?;
             for key in &keys {
                 let (cont, oid) = changed_key_ids(&map, key)?;
-                if cont != src.uuid() || !seen.insert((oid, key.dkey.clone())) {
+                // An empty dkey is a punch of the whole object: nothing of
+                // it to copy (its dkeys written since are listed apart).
+                if cont != src.uuid()
+                    || key.dkey.is_empty()
+                    || !seen.insert((oid, key.dkey.clone()))
+                {
                     continue;
                 }
                 let from = src.object(oid)?;

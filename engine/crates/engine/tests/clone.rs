@@ -63,6 +63,11 @@ fn clone_holds_the_snapshot_of_striped_replicated_and_ec_objects() {
         o.update_array(b"sparse", b"data", 5 << 20, b"tail")
             .unwrap();
     }
+    // A whole object punched before the snapshot: what the copy lists of it
+    // is a punch that names no dkey.
+    let gone = cont.object(ObjectId::new(ObjectClass::SX, 9, 99)).unwrap();
+    gone.update_single(b"d", b"meta", b"soon gone").unwrap();
+    gone.punch().unwrap();
     let epoch = snapshot(&c, "s1");
     // After the snapshot: overwrites, a new dkey, a punched dkey.
     for o in &objs {
@@ -82,6 +87,13 @@ fn clone_holds_the_snapshot_of_striped_replicated_and_ec_objects() {
         .unwrap()
         .cont_open("copy")
         .unwrap();
+    assert_eq!(
+        copy.object(gone.id())
+            .unwrap()
+            .fetch_single(b"d", b"meta")
+            .unwrap(),
+        None
+    );
     for (i, o) in objs.iter().enumerate() {
         let k = copy.object(o.id()).unwrap();
         for d in 0..4u64 {
