@@ -103,14 +103,7 @@ pub struct Config {
     /// moving back after a chmod (an update or decision of that path is
     /// refused somewhere); on by default once that is found.
     #[serde(default)]
-    pub access_checks: Option<bool>,
-}
-
-impl Config {
-    /// Whether data-plane requests are checked (see `access_checks`).
-    pub fn access_checks(&self) -> bool {
-        self.access_checks.unwrap_or(false)
-    }
+    pub access_checks: bool,
 }
 
 /// Who may use the shared-memory data plane's unix socket, and its limits:
