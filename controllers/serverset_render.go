@@ -422,6 +422,9 @@ const tlsRanksMountPath = "/etc/peregrine-tls-ranks"
 // tlsInitScript copies this pod's rank's certificate (the ordinal ends the pod's name) into the
 // in-memory volume the engine reads (tls_dir). A new rank's pod may start before the kubelet has
 // the Secret's update that added it: it waits for it (two minutes, then fails and is restarted).
+// The copies of an earlier start go first: a pod whose sandbox is re-created (a node restart)
+// keeps its in-memory volume, and the script, holding no capability, cannot write over the 0400
+// files it left there.
 const tlsInitScript = `set -eu
 rank="${POD_NAME##*-}"
 src=` + tlsRanksMountPath + `
@@ -431,6 +434,7 @@ until [ -s "$src/$rank.crt" ] && [ -s "$src/$rank.key" ]; do
   [ "$n" -le 120 ] || { echo "tls: no certificate for rank $rank in $src" >&2; exit 1; }
   sleep 1
 done
+rm -f ` + tlsMountPath + `/ca.crt ` + tlsMountPath + `/tls.crt ` + tlsMountPath + `/tls.key
 cp "$src/ca.crt" ` + tlsMountPath + `/ca.crt
 cp "$src/$rank.crt" ` + tlsMountPath + `/tls.crt
 cp "$src/$rank.key" ` + tlsMountPath + `/tls.key

@@ -118,7 +118,7 @@ var _ = Describe("CA rotation decisions", func() {
 })
 
 var _ = Describe("The engine pod's certificate init script", func() {
-	It("copies the pod's own rank's certificate, and only it, read-only", func() {
+	It("copies the pod's own rank's certificate, and only it, read-only, again at a restart, without capabilities", func() {
 		root := GinkgoT().TempDir()
 		ranks, own := filepath.Join(root, "ranks"), filepath.Join(root, "tls")
 		Expect(os.MkdirAll(ranks, 0o700)).To(Succeed())
@@ -128,10 +128,21 @@ var _ = Describe("The engine pod's certificate init script", func() {
 		}
 		Expect(os.MkdirAll(own, 0o700)).To(Succeed())
 		script := strings.NewReplacer(tlsRanksMountPath, ranks, tlsMountPath, own).Replace(tlsInitScript)
-		cmd := exec.Command("/bin/sh", "-c", script)
-		cmd.Env = []string{"POD_NAME=tank-web-12"}
-		out, err := cmd.CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), "%s", out)
+		// As the init container runs it: without capabilities (root without CAP_DAC_OVERRIDE
+		// cannot write over a 0400 file). The second run is the pod's sandbox re-created after a
+		// node restart: the volume still holds the first run's copies.
+		argv := []string{"/bin/sh", "-c", script}
+		if os.Geteuid() == 0 {
+			setpriv, err := exec.LookPath("setpriv")
+			Expect(err).NotTo(HaveOccurred(), "setpriv (util-linux) drops root's capabilities for the script")
+			argv = append([]string{setpriv, "--bounding-set=-all", "--inh-caps=-all"}, argv...)
+		}
+		for run := 1; run <= 2; run++ {
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Env = []string{"POD_NAME=tank-web-12"}
+			out, err := cmd.CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), "run %d: %s", run, out)
+		}
 		entries, err := os.ReadDir(own)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(entries).To(HaveLen(3))
