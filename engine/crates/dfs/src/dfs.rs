@@ -703,9 +703,12 @@ impl Dfs {
     }
 
     /// Record a size hint and mtime after writes (called on close).
-    pub fn touch_written(&self, node: &Node, size: u64) -> Result<()> {
+    /// Returns the mtime recorded, for a caller that caches the attributes
+    /// (a second clock reading would differ from what a later stat reads).
+    pub fn touch_written(&self, node: &Node, size: u64) -> Result<i64> {
+        let t = now_ns();
         if self.inner.read_only {
-            return Ok(());
+            return Ok(t);
         }
         let _g = self.lock(&[(node.parent, &node.name)]);
         retry_changed(|| {
@@ -715,12 +718,12 @@ impl Dfs {
                 Some(v) => v,
                 None => return Ok(()),
             };
-            let t = now_ns();
             n.entry.mtime = t;
             n.entry.ctime = t;
             n.entry.size_hint = size;
             self.replace_entry(&n, epoch)
-        })
+        })?;
+        Ok(t)
     }
 
     /// fallocate(2): mode 0 extends the size to `off + len` if larger;

@@ -346,13 +346,16 @@ pub(crate) fn record(s: &Shared, p: &Placeholder) {
     let recent = p.created && now_ns() - p.node.entry.mtime < DIR_TIME_TICK_NS;
     let mut e = p.node.entry.clone();
     if !recent {
-        if let Err(x) = ns.dfs.touch_written(&p.node, size) {
-            note_failure(format!("recording the mtime of a written file: {x}"));
-        }
-        e.mtime = now_ns();
+        // The cache gets the very time the entry got: stat after a chmod
+        // (which drops the cache) must not see the mtime move back.
+        e.mtime = match ns.dfs.touch_written(&p.node, size) {
+            Ok(t) => t,
+            Err(x) => {
+                note_failure(format!("recording the mtime of a written file: {x}"));
+                now_ns()
+            }
+        };
         e.ctime = e.mtime;
-    }
-    if !recent {
         cache::entry_changed(p.node.oid());
     }
     cache::put_attr(ns.key(), &ns.dfs.stat_of(&e, size));

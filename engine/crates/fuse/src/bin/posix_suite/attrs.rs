@@ -6,7 +6,14 @@ use crate::{Suite, MIB};
 impl Suite {
     pub(crate) fn attrs(&mut self) {
         let p = self.p("attr");
-        let _ = write_file(&p, b"attributes");
+        // Closed a clock tick after it was made, so that the close records a
+        // new mtime (the interception library caches it: a chmod must not
+        // show an older one).
+        if let Ok(fd) = open(&p, libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY, 0o644) {
+            let _ = write_all(fd, b"attributes");
+            pause();
+            let _ = close(fd);
+        }
         let before = stat(&p);
         pause();
         self.check(
