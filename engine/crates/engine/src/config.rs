@@ -98,12 +98,12 @@ pub struct Config {
     #[serde(default)]
     pub allow_insecure: bool,
     /// Check the handle of every data-plane request against the pool's key
-    /// (docs/access-control.md). Off unless set: with checks on, the POSIX
-    /// suite under the interception library still shows a file's mtime
-    /// moving back after a chmod (an update or decision of that path is
-    /// refused somewhere); on by default once that is found.
+    /// (docs/access-control.md). Default: on with `tls_dir`, off with
+    /// `allow_insecure` (where anyone may claim any user anyway); either
+    /// may be chosen explicitly (the benchmark compares both). Read it
+    /// through [`Config::access_checks`].
     #[serde(default)]
-    pub access_checks: bool,
+    pub access_checks: Option<bool>,
 }
 
 /// Who may use the shared-memory data plane's unix socket, and its limits:
@@ -364,6 +364,11 @@ pub const ENV_FALLBACKS: [(&str, &str); 3] = [
 ];
 
 impl Config {
+    /// Whether data-plane requests are checked (see the field).
+    pub fn access_checks(&self) -> bool {
+        self.access_checks.unwrap_or(!self.allow_insecure)
+    }
+
     pub fn load(path: &Path) -> Result<Config, String> {
         let text =
             std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;

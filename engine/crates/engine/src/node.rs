@@ -67,7 +67,9 @@ impl Node {
             maintenance_reason: Mutex::new(String::new()),
             format_lock: Mutex::new(()),
             heartbeat_now: tokio::sync::Notify::new(),
-            pool_maps: Arc::new(PoolMaps::new(crate::access::Access::new(cfg.access_checks))),
+            pool_maps: Arc::new(PoolMaps::new(crate::access::Access::new(
+                cfg.access_checks(),
+            ))),
             stopping: Default::default(),
             io: IoMetrics::leak(cfg.targets),
             cfg,

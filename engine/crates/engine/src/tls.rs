@@ -93,7 +93,7 @@ pub fn insecure_warning(cfg: &Config) -> String {
          can format storage, destroy pools and join as any rank, and claim any user; \
          data-plane access checks are {}; set tls_dir for production",
         cfg.control_addr(),
-        if cfg.access_checks {
+        if cfg.access_checks() {
             "on"
         } else {
             "off (access_checks: true turns them on)"

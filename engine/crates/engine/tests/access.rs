@@ -41,9 +41,9 @@ fn props(kv: &[(&str, &str)]) -> HashMap<String, String> {
 
 /// A cluster of one engine with pool "pool" (anyone may connect) and
 /// containers "shared" (ann owns it; bob reads; group "writers" writes)
-/// and "private" (ann's alone).
+/// and "private" (ann's alone). A TLS cluster: checks are on by default.
 fn cluster() -> Cluster {
-    let c = Cluster::start_configured(ClusterSpec::default(), "access_checks: true\n");
+    let c = Cluster::start(ClusterSpec::default());
     c.format();
     let mut m = c.mgmt();
     c.rt.block_on(m.pool_create(PoolCreateReq {
