@@ -37,10 +37,12 @@ impl Client {
     /// Connect to the management service at `mgmt_addr` ("host:port") with
     /// `security` (the control plane's mutual TLS, docs/tls.md; the data
     /// plane is not affected). The data plane uses shared memory with
-    /// engines on this node that offer it and TCP otherwise, unless
-    /// `PEREGRINE_TRANSPORT` (tcp, shm, auto) says otherwise.
+    /// engines on this node that offer it and TCP otherwise
+    /// ([`TransportKind::Auto`]); the library reads no environment: a
+    /// program that lets `PEREGRINE_TRANSPORT` choose passes
+    /// [`TransportKind::from_env`] to [`Client::connect_with_transport`].
     pub fn connect(mgmt_addr: &str, security: &Security) -> Result<Client> {
-        Self::connect_with_transport(mgmt_addr, security, TransportKind::from_env()?)
+        Self::connect_with_transport(mgmt_addr, security, TransportKind::Auto)
     }
 
     /// Like [`Client::connect`] with the transport chosen explicitly.

@@ -95,7 +95,8 @@ pub enum TransportKind {
     Auto,
 }
 
-/// Environment variable choosing the transport of [`crate::Client::connect`].
+/// Environment variable the edges (CLI, FUSE daemon, C ABI, interception
+/// library, benchmarks) read to choose the transport ([`TransportKind::from_env`]).
 pub const TRANSPORT_ENV: &str = "PEREGRINE_TRANSPORT";
 
 impl std::str::FromStr for TransportKind {
@@ -113,7 +114,8 @@ impl std::str::FromStr for TransportKind {
 }
 
 impl TransportKind {
-    /// From `PEREGRINE_TRANSPORT` (default auto).
+    /// From `PEREGRINE_TRANSPORT` (default auto), for the edges that read
+    /// the environment, once.
     pub fn from_env() -> Result<TransportKind> {
         match std::env::var(TRANSPORT_ENV) {
             Ok(v) => v.parse().map_err(|e: Error| e.context(TRANSPORT_ENV)),

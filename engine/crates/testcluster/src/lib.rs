@@ -491,10 +491,13 @@ impl Cluster {
         }
     }
 
-    /// A client library connection, as admin.
+    /// A client library connection, as admin, on the transport
+    /// `PEREGRINE_TRANSPORT` names (auto by default), so that a whole
+    /// suite can be run over TCP or shared memory alone.
     pub fn client(&self) -> peregrine::Client {
-        peregrine::Client::connect(&self.mgmt_addr(), &self.security())
-            .unwrap_or_else(|e| panic!("client connect: {e}"))
+        let kind = peregrine::TransportKind::from_env()
+            .unwrap_or_else(|e| panic!("{}: {e}", peregrine::transport::TRANSPORT_ENV));
+        self.client_with(kind)
     }
 
     /// A client library connection with a chosen transport, as admin.
