@@ -16,12 +16,10 @@
 # Needs python3 (it formats the table) and a filesystem with O_DIRECT for --dir.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="$ROOT/engine/target/release"
-PEREGRINE="$BIN/peregrine"
-ENGINE="$BIN/peregrine-engine"
+BENCH_NAME=access
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BENCH="$BIN/peregrine-bench"
-RESULTS="$ROOT/bench/results"
 
 ROUNDS=3
 COUNT=1
@@ -30,16 +28,8 @@ SECS=10
 DEVICE_SIZE=8GiB
 TARGETS=2
 OCLASS=S1
-PARENT=${TMPDIR:-/var/tmp}
 TRANSPORT=${PEREGRINE_TRANSPORT:-auto}
 MAX_LOSS=3
-BUILD=1
-
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
-die() {
-  echo "access: $*" >&2
-  exit 1
-}
 
 while (($#)); do
   case $1 in
@@ -57,8 +47,8 @@ while (($#)); do
     *) usage >&2; die "unknown option $1" ;;
   esac
 done
-[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds wants a positive number, got $ROUNDS"
-[[ $COUNT =~ ^[1-9][0-9]*$ ]] || die "--engines wants a positive number, got $COUNT"
+want_positive --rounds "$ROUNDS"
+want_positive --engines "$COUNT"
 [[ $SECS =~ ^[0-9]+$ ]] || die "--secs wants whole seconds, got $SECS"
 [[ $MAX_LOSS =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--max-loss wants a percentage, got $MAX_LOSS"
 case $TRANSPORT in
@@ -68,52 +58,15 @@ esac
 # peregrine-bench reads it (run.sh leaves it to the environment, default auto).
 export PEREGRINE_TRANSPORT=$TRANSPORT
 
-export PEREGRINE_MGMT=127.0.0.1:10001
-# shellcheck source=hack/engines.sh
-source "$ROOT/hack/engines.sh"
-
-# ---- build ----
-if ((BUILD)); then
-  echo "==> cargo build --release"
-  (cd "$ROOT/engine" && cargo build --release -p peregrine-engine -p peregrine-cli -p peregrine-bench) \
-    || die "build failed"
-fi
-for b in "$PEREGRINE" "$ENGINE" "$BENCH"; do
-  [[ -x "$b" ]] || die "$b is missing (run without --no-build)"
-done
+bench_build peregrine-engine peregrine-cli peregrine-bench -- "$PEREGRINE" "$ENGINE" "$BENCH"
 command -v python3 >/dev/null || die "python3 not found (it formats the table)"
 engines_check_ports_free || die "refusing to start"
-
-# Bytes from a size string in the CLI's binary units: 1GiB, 512MiB, 4G, 4096.
-bytes_of() {
-  local s=${1%B}
-  numfmt --from=iec "${s%i}"
-}
 SIZE_BYTES=$(bytes_of "$SIZE") || die "--size: cannot parse $SIZE"
 DEVICE_BYTES=$(bytes_of "$DEVICE_SIZE") || die "--device-size: cannot parse $DEVICE_SIZE"
-
-# ---- temp dir and cleanup ----
-# $TOP keeps every run's results; each run gets a fresh $WORK under it (device
-# files, certificates, configs, logs), removed once the run is done.
-TOP=$(mktemp -d "$PARENT/peregrine-access.XXXXXX")
-WORK=$TOP
-if [[ $(stat -f -c %T "$TOP") == tmpfs ]]; then
-  echo "access: warning: $TOP is on tmpfs, which has no O_DIRECT: the device numbers mean nothing; use --dir" >&2
-fi
-cleanup() {
-  local rc=$?
-  trap - EXIT
-  if ((rc != 0)); then
-    echo "access: FAILED (exit $rc); engine logs follow" >&2
-    engines_dump_logs
-  fi
-  engines_stop
-  rm -rf "$TOP"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# BENCH_TOP keeps every run's results; each run gets a fresh WORK under it (device files,
+# certificates, configs, logs), removed once the run is done.
+bench_workdir peregrine-access
+TOP=$BENCH_TOP
 
 # CPU counters of /proc/stat: "total steal" in clock ticks.
 cpu_ticks() {

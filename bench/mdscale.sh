@@ -16,10 +16,9 @@
 # up to ~1.5 GiB per target for the WAL and the two checkpoint slots).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="${CARGO_TARGET_DIR:-$ROOT/engine/target}/release"
-PEREGRINE="$BIN/peregrine"
-ENGINE="$BIN/peregrine-engine"
+BENCH_NAME=mdscale
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 MDSCALE="$BIN/peregrine-mdscale"
 
 FILES=1000000
@@ -28,15 +27,6 @@ PER_DIR=1000
 THREADS=4
 STATS=20000
 TARGETS=
-PARENT=${TMPDIR:-/var/tmp}
-BUILD=1
-KEEP=0
-
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
-die() {
-  echo "mdscale: $*" >&2
-  exit 1
-}
 
 while (($#)); do
   case $1 in
@@ -73,39 +63,9 @@ DEVICE_BYTES=$((TARGETS * (8 << 30) + (64 << 20)))
 SCM=$((TARGETS * BUDGET))
 NVME=$((TARGETS * (4 << 30)))
 
-export PEREGRINE_MGMT=127.0.0.1:10001
-# shellcheck source=hack/engines.sh
-source "$ROOT/hack/engines.sh"
-
-if ((BUILD)); then
-  echo "==> cargo build --release"
-  (cd "$ROOT/engine" && cargo build --release -p peregrine-engine -p peregrine-cli -p peregrine-bench) \
-    || die "build failed"
-fi
-for b in "$PEREGRINE" "$ENGINE" "$MDSCALE"; do
-  [[ -x "$b" ]] || die "$b is missing (run without --no-build)"
-done
+bench_build peregrine-engine peregrine-cli peregrine-bench -- "$PEREGRINE" "$ENGINE" "$MDSCALE"
 engines_check_ports_free || die "refusing to start"
-
-WORK=$(mktemp -d "$PARENT/peregrine-mdscale.XXXXXX")
-cleanup() {
-  local rc=$?
-  trap - EXIT
-  if ((rc != 0)); then
-    echo "mdscale: FAILED (exit $rc); engine logs follow" >&2
-    engines_dump_logs
-  fi
-  if ((KEEP)); then
-    echo "mdscale: --keep: engine still running; stop with: kill ${ENGINE_PIDS[*]}; rm -rf $WORK"
-    exit "$rc"
-  fi
-  engines_stop
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_workdir peregrine-mdscale
 
 echo "==> 1 engine, $TARGETS targets, $((DEVICE_BYTES >> 30)) GiB sparse device, in $WORK"
 engines_start 1 "$DEVICE_BYTES" "$TARGETS" "$SCM"

@@ -31,14 +31,12 @@
 # and a filesystem with O_DIRECT for --dir (not tmpfs).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="$ROOT/engine/target/release"
-PEREGRINE="$BIN/peregrine"
-ENGINE="$BIN/peregrine-engine"
+BENCH_NAME=posix-bench
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 FUSE="$BIN/peregrine-fuse"
 MDTEST="$BIN/peregrine-mdtest"
 IL="$BIN/libperegrine_il.so"
-RESULTS="$ROOT/bench/results"
 
 SIZE=1GiB
 SECS=10
@@ -46,21 +44,13 @@ ROUNDS=8
 DEVICE_WRITTEN=1
 DEVICE_SIZE=8GiB
 TARGETS=2
-PARENT=${TMPDIR:-/var/tmp}
 ITEMS=1000
 THREADS=4
 PROCS=1
 MD_SIZES=0,3901
 MD_LAYOUT=unique,shared
 MD_ONLY=0
-BUILD=1
 RAW=1
-
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
-die() {
-  echo "posix-bench: $*" >&2
-  exit 1
-}
 
 while (($#)); do
   case $1 in
@@ -83,45 +73,26 @@ while (($#)); do
   esac
 done
 [[ $SECS =~ ^[1-9][0-9]*$ ]] || die "--secs wants whole seconds, got $SECS"
-[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds wants a positive number, got $ROUNDS"
-[[ $ITEMS =~ ^[1-9][0-9]*$ ]] || die "--items wants a positive number, got $ITEMS"
-[[ $THREADS =~ ^[1-9][0-9]*$ ]] || die "--threads wants a positive number, got $THREADS"
-[[ $PROCS =~ ^[1-9][0-9]*$ ]] || die "--procs wants a positive number, got $PROCS"
+want_positive --rounds "$ROUNDS"
+want_positive --items "$ITEMS"
+want_positive --threads "$THREADS"
+want_positive --procs "$PROCS"
 ((MD_ONLY)) && RAW=0
 
-export PEREGRINE_MGMT=127.0.0.1:10001
-# shellcheck source=hack/engines.sh
-source "$ROOT/hack/engines.sh"
-
-# ---- build and prerequisites ----
-if ((BUILD)); then
-  echo "==> cargo build --release"
-  (cd "$ROOT/engine" && cargo build --release -p peregrine-engine -p peregrine-cli \
-    -p peregrine-bench -p peregrine-fuse -p peregrine-il) || die "build failed"
-fi
-for b in "$PEREGRINE" "$ENGINE" "$FUSE" "$MDTEST"; do
-  [[ -x "$b" ]] || die "$b is missing (run without --no-build)"
-done
+bench_build peregrine-engine peregrine-cli peregrine-bench peregrine-fuse peregrine-il \
+  -- "$PEREGRINE" "$ENGINE" "$FUSE" "$MDTEST"
 command -v fio >/dev/null || die "fio not found: run hack/install-deps.sh"
 command -v python3 >/dev/null || die "python3 not found (it formats the table)"
 [[ -e /dev/fuse ]] || die "/dev/fuse is missing: no FUSE on this machine"
 engines_check_ports_free || die "refusing to start"
-
-bytes_of() {
-  local s=${1%B}
-  numfmt --from=iec "${s%i}"
-}
 SIZE_BYTES=$(bytes_of "$SIZE") || die "--size: cannot parse $SIZE"
 DEVICE_BYTES=$(bytes_of "$DEVICE_SIZE") || die "--device-size: cannot parse $DEVICE_SIZE"
 QUARTER=$((SIZE_BYTES / 4))
 
-# ---- temp dir and cleanup ----
-WORK=$(mktemp -d "$PARENT/peregrine-posix.XXXXXX")
+# ---- work directory, and the mount removed before the engine stops ----
+bench_workdir peregrine-posix
 MNT="$WORK/mnt"
 FUSE_PID=""
-if [[ $(stat -f -c %T "$WORK") == tmpfs ]]; then
-  echo "posix-bench: warning: $WORK is on tmpfs (no O_DIRECT): raw fio will fail; use --dir" >&2
-fi
 unmount() {
   if [[ -n $FUSE_PID ]]; then
     kill -TERM "$FUSE_PID" 2>/dev/null || true
@@ -137,22 +108,13 @@ unmount() {
     umount -l "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
   fi
 }
-cleanup() {
-  local rc=$?
-  trap - EXIT
-  if ((rc != 0)); then
-    echo "posix-bench: FAILED (exit $rc); logs follow" >&2
-    engines_dump_logs
-    [[ -s $WORK/fuse.log ]] && tail -n 15 "$WORK/fuse.log" >&2
+bench_before_stop() {
+  if (($1 != 0)) && [[ -s $WORK/fuse.log ]]; then
+    echo "--- $WORK/fuse.log" >&2
+    tail -n 15 "$WORK/fuse.log" >&2
   fi
   unmount
-  engines_stop
-  rm -rf "$WORK"
-  exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 # ---- engine, pool, container, mount ----
 echo "==> 1 engine, $DEVICE_SIZE device ($( ((DEVICE_WRITTEN)) && echo written || echo sparse)), $TARGETS targets, in $WORK"

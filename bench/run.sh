@@ -14,12 +14,10 @@
 # O_DIRECT for --dir (not tmpfs).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="$ROOT/engine/target/release"
-PEREGRINE="$BIN/peregrine"
-ENGINE="$BIN/peregrine-engine"
+BENCH_NAME=bench
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BENCH="$BIN/peregrine-bench"
-RESULTS="$ROOT/bench/results"
 
 COUNT=1
 SIZE=1GiB
@@ -27,16 +25,7 @@ SECS=10
 DEVICE_SIZE=8GiB
 TARGETS=2
 OCLASS=S1
-PARENT=${TMPDIR:-/var/tmp}
-BUILD=1
 FIO=1
-KEEP=0
-
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
-die() {
-  echo "bench: $*" >&2
-  exit 1
-}
 
 while (($#)); do
   case $1 in
@@ -53,58 +42,17 @@ while (($#)); do
     *) usage >&2; die "unknown option $1" ;;
   esac
 done
-[[ $COUNT =~ ^[1-9][0-9]*$ ]] || die "--engines wants a positive number, got $COUNT"
+want_positive --engines "$COUNT"
 [[ $SECS =~ ^[0-9]+$ ]] || die "--secs wants whole seconds, got $SECS"
 
-export PEREGRINE_MGMT=127.0.0.1:10001
-# shellcheck source=hack/engines.sh
-source "$ROOT/hack/engines.sh"
-
-# ---- build ----
-if ((BUILD)); then
-  echo "==> cargo build --release"
-  (cd "$ROOT/engine" && cargo build --release -p peregrine-engine -p peregrine-cli -p peregrine-bench) \
-    || die "build failed"
-fi
-for b in "$PEREGRINE" "$ENGINE" "$BENCH"; do
-  [[ -x "$b" ]] || die "$b is missing (run without --no-build)"
-done
+bench_build peregrine-engine peregrine-cli peregrine-bench -- "$PEREGRINE" "$ENGINE" "$BENCH"
 if ((FIO)); then
   command -v fio >/dev/null || die "fio not found: run hack/install-deps.sh (or pass --no-fio)"
 fi
 engines_check_ports_free || die "refusing to start"
-
-# Bytes from a size string in the CLI's binary units: 1GiB, 512MiB, 4G, 4096.
-bytes_of() {
-  local s=${1%B}
-  numfmt --from=iec "${s%i}"
-}
 SIZE_BYTES=$(bytes_of "$SIZE") || die "--size: cannot parse $SIZE"
 DEVICE_BYTES=$(bytes_of "$DEVICE_SIZE") || die "--device-size: cannot parse $DEVICE_SIZE"
-
-# ---- temp dir and cleanup ----
-WORK=$(mktemp -d "$PARENT/peregrine-bench.XXXXXX")
-if [[ $(stat -f -c %T "$WORK") == tmpfs ]]; then
-  echo "bench: warning: $WORK is on tmpfs, which has no O_DIRECT: fio will fail and neither number means NVMe; use --dir" >&2
-fi
-cleanup() {
-  local rc=$?
-  trap - EXIT
-  if ((rc != 0)); then
-    echo "bench: FAILED (exit $rc); engine logs follow" >&2
-    engines_dump_logs
-  fi
-  if ((KEEP)); then
-    echo "bench: --keep: engines still running; stop with: kill ${ENGINE_PIDS[*]}; rm -rf $WORK"
-    exit "$rc"
-  fi
-  engines_stop
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_workdir peregrine-bench
 
 # ---- engines, pool, container ----
 echo "==> $COUNT engine(s), $DEVICE_SIZE sparse device each, $TARGETS targets, in $WORK"

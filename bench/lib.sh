@@ -1,0 +1,96 @@
+# What the benchmark scripts share; sourced by each, after it sets BENCH_NAME (the prefix of
+# its messages). It gives the release binaries' paths, option checks, sizes, the release build,
+# a work directory, local engines (hack/engines.sh, on 127.0.0.1:10001) and the clean-up on any
+# exit. A script then sets its own defaults and parses its options.
+# shellcheck shell=bash
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN="${CARGO_TARGET_DIR:-$ROOT/engine/target}/release"
+PEREGRINE="$BIN/peregrine"
+ENGINE="$BIN/peregrine-engine"
+# shellcheck disable=SC2034 # the scripts write their results there
+RESULTS="$ROOT/bench/results"
+PARENT=${TMPDIR:-/var/tmp}
+BUILD=1
+KEEP=0
+WORK=
+
+# usage: the script's opening comment, its help.
+usage() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+}
+
+die() {
+  echo "$BENCH_NAME: $*" >&2
+  exit 1
+}
+
+# want_positive OPTION VALUE: VALUE is a whole number above zero.
+want_positive() {
+  [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 wants a positive number, got $2"
+}
+
+# Bytes from a size string in the CLI's binary units: 1GiB, 512MiB, 4G, 4096.
+bytes_of() {
+  local s=${1%B}
+  numfmt --from=iec "${s%i}"
+}
+
+# bench_build PACKAGE... -- BINARY...: cargo's release build of the packages (unless the script
+# was given --no-build: BUILD=0), then each binary must be there.
+bench_build() {
+  local packages=()
+  while (($#)) && [[ $1 != -- ]]; do
+    packages+=(-p "$1")
+    shift
+  done
+  (($#)) && shift
+  if ((BUILD)); then
+    echo "==> cargo build --release"
+    (cd "$ROOT/engine" && cargo build --release "${packages[@]}") || die "build failed"
+  fi
+  local b
+  for b in "$@"; do
+    [[ -x $b ]] || die "$b is missing (run without --no-build)"
+  done
+}
+
+# bench_workdir PREFIX: a fresh directory under --dir, in WORK (and BENCH_TOP, what the clean-up
+# removes), with a warning on tmpfs, which has no O_DIRECT; from here on, bench_cleanup runs at
+# any exit.
+bench_workdir() {
+  WORK=$(mktemp -d "$PARENT/$1.XXXXXX")
+  BENCH_TOP=$WORK
+  trap bench_cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  if [[ $(stat -f -c %T "$WORK") == tmpfs ]]; then
+    echo "$BENCH_NAME: warning: $WORK is on tmpfs (no O_DIRECT): device figures mean nothing; use --dir" >&2
+  fi
+}
+
+# On any exit: engine logs on a failure, the script's bench_before_stop (if it defines one:
+# a mount to remove), then the engines stopped and BENCH_TOP removed; with --keep (KEEP=1) both
+# are left.
+bench_cleanup() {
+  local rc=$?
+  trap - EXIT
+  if ((rc != 0)); then
+    echo "$BENCH_NAME: FAILED (exit $rc); engine logs follow" >&2
+    engines_dump_logs
+  fi
+  if declare -F bench_before_stop >/dev/null; then
+    bench_before_stop "$rc"
+  fi
+  if ((KEEP)); then
+    echo "$BENCH_NAME: --keep: engines still running; stop with: kill ${ENGINE_PIDS[*]}; rm -rf $BENCH_TOP"
+    exit "$rc"
+  fi
+  engines_stop
+  rm -rf "$BENCH_TOP"
+  exit "$rc"
+}
+
+export PEREGRINE_MGMT=127.0.0.1:10001
+# shellcheck source=hack/engines.sh
+source "$ROOT/hack/engines.sh"
