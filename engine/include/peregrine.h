@@ -67,7 +67,11 @@ typedef int (*prg_key_cb)(const void *key, size_t len, void *arg);
  * The control plane's security comes from the environment, read at the
  * first connect of the process (docs/tls.md): PEREGRINE_TLS_DIR, a
  * directory with ca.crt, tls.crt and tls.key, or PEREGRINE_INSECURE=1 for
- * engines started with allow_insecure; neither fails with -EINVAL.
+ * engines started with allow_insecure; neither fails with -EINVAL. A
+ * process without a certificate sets PEREGRINE_AGENT_SOCKET instead: its
+ * pool connects and container opens then go through the node's
+ * peregrine-agent, which names its user to the ACLs (docs/access-control.md;
+ * mgmt_addr is then not used).
  */
 int prg_connect(const char *mgmt_addr, prg_client_t **client);
 int prg_disconnect(prg_client_t *client);

@@ -167,9 +167,25 @@ pub unsafe extern "C" fn prg_connect(
             return Err(null("out"));
         }
         let kind = crate::TransportKind::from_env()?;
-        let client = Client::connect_with_shm(addr, &env_security()?, kind, env_shm())?;
+        let client = match env_agent() {
+            Some(socket) => crate::agent::connect(socket, kind, env_shm())?,
+            None => Client::connect_with_shm(addr, &env_security()?, kind, env_shm())?,
+        };
         out(out_client, PrgClient(client), "out")
     })
+}
+
+/// The node agent's socket of C callers without a certificate:
+/// `PEREGRINE_AGENT_SOCKET`, read at the first connect of the process.
+fn env_agent() -> Option<&'static std::path::Path> {
+    static AGENT: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    AGENT
+        .get_or_init(|| {
+            std::env::var_os(crate::agent::ENV_SOCKET)
+                .filter(|s| !s.is_empty())
+                .map(std::path::PathBuf::from)
+        })
+        .as_deref()
 }
 
 /// The shared-memory settings of C callers: the defaults with

@@ -35,6 +35,38 @@ pub fn of_ids(uid: u32, gid: u32, groups: &[u32]) -> Credential {
     }
 }
 
+/// The credential of a peer on this node known by its uid and gid (from
+/// SO_PEERCRED): its supplementary groups are those the node's group
+/// database gives its user (as `id` shows), not what the peer says.
+pub fn of_peer(uid: u32, gid: u32) -> Credential {
+    of_ids(uid, gid, &database_groups(uid, gid))
+}
+
+fn database_groups(uid: u32, gid: u32) -> Vec<u32> {
+    let Some(name) = user_db_name(uid) else {
+        return vec![];
+    };
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return vec![];
+    };
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut v = vec![0 as libc::gid_t; n as usize];
+        let mut got = n;
+        // SAFETY: name is NUL-terminated; v has room for `got` entries, and
+        // getgrouplist writes at most that many (and the count it needs).
+        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, v.as_mut_ptr(), &mut got) };
+        if rc >= 0 {
+            v.truncate(got.max(0) as usize);
+            return v;
+        }
+        if got <= n || got as usize > MAX_GROUPS * 4 {
+            return vec![];
+        }
+        n = got;
+    }
+}
+
 fn supplementary_groups() -> Vec<u32> {
     // SAFETY: with a null list and 0, getgroups only returns the count.
     let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
@@ -58,21 +90,28 @@ fn fit(name: Option<String>, id: u32) -> String {
 }
 
 fn user_name(uid: u32) -> String {
+    // uid 0 is root on every node, whatever its passwd file says (images
+    // without one included).
+    fit(
+        user_db_name(uid).or_else(|| (uid == 0).then(|| "root".into())),
+        uid,
+    )
+}
+
+/// The user's name in the node's passwd database.
+fn user_db_name(uid: u32) -> Option<String> {
     let mut buf = vec![0 as libc::c_char; 4096];
     // SAFETY: zeroed passwd is a valid out-parameter for getpwuid_r.
     let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
     let mut out: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: every pointer is to live memory of the sizes given.
     let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
-    let name = (rc == 0 && !out.is_null()).then(|| {
+    (rc == 0 && !out.is_null()).then(|| {
         // SAFETY: on success pw_name points to a NUL-terminated string in buf.
         unsafe { CStr::from_ptr(pw.pw_name) }
             .to_string_lossy()
             .into_owned()
-    });
-    // uid 0 is root on every node, whatever its passwd file says (images
-    // without one included).
-    fit(name.or_else(|| (uid == 0).then(|| "root".into())), uid)
+    })
 }
 
 fn group_name(gid: u32) -> String {

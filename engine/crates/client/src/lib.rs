@@ -20,6 +20,7 @@
 //! Layout decisions (EC cells and the size companion akey, read order,
 //! degraded reads) are documented in [`object`].
 
+pub mod agent;
 pub mod capi;
 /// Certificates for local use (`peregrine certs`, test clusters).
 #[cfg(feature = "certgen")]

@@ -1,0 +1,177 @@
+//! `peregrine-agent`: the node agent (as DAOS's daos_agent). It holds the
+//! node's `client` certificate and serves a unix socket on which processes
+//! without a certificate make their pool connects and container opens; each
+//! call is forwarded with the caller's user and groups taken from the socket
+//! (SO_PEERCRED and this node's user database), whatever the caller wrote,
+//! so the ACLs see who really asks (peregrine::agent has the protocol).
+//!
+//! Bounds: requests of at most 64 KiB, `--max-connections` callers at once
+//! (the next is told the agent is busy), and a connection idle for
+//! `--idle-timeout` seconds is closed.
+
+use clap::Parser;
+use peregrine::agent;
+use peregrine::{Error, Mgmt, Security};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "peregrine-agent",
+    about = "Peregrine's node agent: management calls of processes without a certificate, named by their uid"
+)]
+struct Args {
+    /// The socket to serve (made 0666: anyone on the node may ask; the agent names them).
+    #[arg(long, env = agent::ENV_SOCKET, default_value = agent::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The management service ("host:port").
+    #[arg(long, env = "PEREGRINE_MGMT", default_value = "127.0.0.1:10001")]
+    mgmt: String,
+    /// The node's client certificate directory (`peregrine certs --client`).
+    #[arg(long, env = peregrine::tls::ENV_TLS_DIR)]
+    tls_dir: Option<PathBuf>,
+    /// A management service started with allow_insecure (it believes any credential anyway).
+    #[arg(long)]
+    insecure: bool,
+    /// Callers served at once.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
+    /// Seconds a caller's connection may stay idle.
+    #[arg(long, default_value_t = 300)]
+    idle_timeout: u64,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("peregrine-agent: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let security = Security::from_flags(args.tls_dir.clone(), args.insecure)?;
+    if args.insecure {
+        eprintln!(
+            "peregrine-agent: insecure: the management service at {} has no TLS and believes \
+             any caller's credential, the agent's included",
+            args.mgmt
+        );
+    }
+    let mgmt = Mgmt::connect(&args.mgmt, &security).map_err(|e| e.to_string())?;
+    // Every forwarded call names its caller; the agent itself is no one.
+    mgmt.set_credential(None);
+    let mgmt = Arc::new(mgmt);
+
+    if let Ok(m) = std::fs::symlink_metadata(&args.socket) {
+        if !m.file_type().is_socket() {
+            return Err(format!(
+                "{} exists and is not a socket: not replacing it",
+                args.socket.display()
+            ));
+        }
+        std::fs::remove_file(&args.socket)
+            .map_err(|e| format!("removing the old {}: {e}", args.socket.display()))?;
+    }
+    if let Some(dir) = args.socket.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let listener =
+        UnixListener::bind(&args.socket).map_err(|e| format!("{}: {e}", args.socket.display()))?;
+    std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| format!("{}: {e}", args.socket.display()))?;
+    eprintln!(
+        "peregrine-agent: serving {} for the management service at {}",
+        args.socket.display(),
+        args.mgmt
+    );
+
+    let active = Arc::new(AtomicUsize::new(0));
+    let idle = Duration::from_secs(args.idle_timeout.max(1));
+    for conn in listener.incoming() {
+        let mut s = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("peregrine-agent: accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::AcqRel) >= args.max_connections {
+            active.fetch_sub(1, Ordering::AcqRel);
+            let busy = Error::new(
+                -libc::EAGAIN,
+                format!("the agent serves {} callers already", args.max_connections),
+            );
+            let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = agent::write_reply(&mut s, &Err(busy));
+            continue;
+        }
+        let (mgmt, active) = (mgmt.clone(), active.clone());
+        std::thread::spawn(move || {
+            serve(&mgmt, s, idle);
+            active.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+    Ok(())
+}
+
+/// One caller: its calls, one at a time, until it hangs up, idles out or
+/// breaks the protocol (told why, then dropped).
+fn serve(mgmt: &Mgmt, mut s: UnixStream, idle: Duration) {
+    let (uid, gid) = match peer_ids(&s) {
+        Ok(ids) => ids,
+        Err(e) => {
+            eprintln!("peregrine-agent: SO_PEERCRED: {e}");
+            return;
+        }
+    };
+    if s.set_read_timeout(Some(idle)).is_err() || s.set_write_timeout(Some(idle)).is_err() {
+        return;
+    }
+    let cred = peregrine::credential::of_peer(uid, gid);
+    loop {
+        let (rpc, req) = match agent::read_request(&mut s) {
+            Ok(r) => r,
+            Err(e) if e.code == -libc::EPROTO => {
+                let _ = agent::write_reply(&mut s, &Err(e));
+                return;
+            }
+            // Hung up or idle.
+            Err(_) => return,
+        };
+        let reply = agent::forward(mgmt, &cred, &rpc, &req);
+        if agent::write_reply(&mut s, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// The connecting process's uid and gid, as the kernel recorded them at connect.
+fn peer_ids(s: &UnixStream) -> std::io::Result<(u32, u32)> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `len` are live out-parameters of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((c.uid, c.gid))
+}

@@ -1,0 +1,235 @@
+//! `peregrine-agent` against a real TLS cluster (docs/access-control.md):
+//! programs of other users, without a certificate, connect through it, and
+//! the ACLs see the uid the kernel gives the agent's socket, not what the
+//! caller says; the engines then enforce the handles they got. The agent
+//! forwards only the calls a client certificate may make, refuses frames
+//! past its bound, and keeps serving.
+
+use peregrine::agent::{self, AgentSource};
+use peregrine::mgmt::ControlSource;
+use peregrine::{ObjectClass, ObjectId, TransportKind};
+use peregrine_proto::mgmt::*;
+use peregrine_testcluster::{engine_bin, Cluster, ClusterSpec};
+use prost::Message;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// uid and gid of "nobody" on Debian (the test grants it by name).
+const NOBODY: u32 = 65534;
+/// A uid no passwd file names (its user is "12345").
+const STRANGER: u32 = 12345;
+
+struct Agent {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The agent with the cluster's client certificate, on a socket in a
+/// directory every user may enter.
+fn start_agent(c: &Cluster) -> Agent {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("agent.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_peregrine-agent"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--mgmt", &c.mgmt_addr()])
+        .arg("--tls-dir")
+        .arg(c.client_tls_dir().expect("a TLS cluster"))
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "the agent did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Agent {
+        child,
+        socket,
+        _dir: dir,
+    }
+}
+
+fn props(kv: &[(&str, &str)]) -> HashMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Pool "pool" (everyone may connect), container "ro" (nobody reads) and
+/// "rw" (group nogroup writes), both owned by ann; d/a of object 7 holds
+/// "admin" in "ro".
+fn cluster() -> Cluster {
+    let c = Cluster::start(ClusterSpec::default());
+    c.format();
+    let mut m = c.mgmt();
+    c.rt.block_on(m.pool_create(PoolCreateReq {
+        label: "pool".into(),
+        total_size: 64 << 20,
+        props: props(&[("acl", "A::OWNER@:rwa,A::EVERYONE@:r")]),
+        ..Default::default()
+    }))
+    .unwrap();
+    for (label, acl) in [
+        ("ro", "A::OWNER@:rwa,A::nobody@:r"),
+        ("rw", "A::OWNER@:rwa,A:G:nogroup@:rw"),
+    ] {
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: "pool".into(),
+            label: label.into(),
+            oclass: "S1".into(),
+            props: props(&[("acl", acl), ("owner", "ann@")]),
+            ..Default::default()
+        }))
+        .unwrap();
+    }
+    c.client()
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("ro")
+        .unwrap()
+        .object(ObjectId::new(ObjectClass::S1, 0, 7))
+        .unwrap()
+        .update_single(b"d", b"a", b"admin")
+        .unwrap();
+    c
+}
+
+/// The C program `agent_user`, built against libperegrine.so.
+fn build_program(dir: &Path) -> (PathBuf, PathBuf) {
+    let lib_dir = engine_bin().parent().unwrap().to_path_buf();
+    assert!(
+        lib_dir.join("libperegrine.so").exists(),
+        "libperegrine.so missing in {}: run `cargo build --workspace` first (make test does)",
+        lib_dir.display()
+    );
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let exe = dir.join("agent_user");
+    let cc = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root.join("crates/client/tests/c/agent_user.c"))
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg("-lperegrine")
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (exe, lib_dir)
+}
+
+/// Run the program as `uid` (its own group: nobody's is nogroup, 65534).
+fn run_as(uid: u32, prog: &(PathBuf, PathBuf), agent: &Agent, cont: &str, expect: &str) {
+    let out = Command::new(&prog.0)
+        .args(["pool", cont, expect])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", &prog.1)
+        .env(agent::ENV_SOCKET, &agent.socket)
+        .env("PEREGRINE_TRANSPORT", "tcp")
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "uid {uid}, {cont}, {expect}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn other_users_connect_through_the_agent_as_the_kernel_names_them() {
+    let c = cluster();
+    let agent = start_agent(&c);
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let prog = build_program(bin.path());
+
+    // nobody reads "ro" and is refused its write there (a read-only handle,
+    // enforced by the engine); as a member of nogroup it writes "rw".
+    run_as(NOBODY, &prog, &agent, "ro", "read");
+    run_as(NOBODY, &prog, &agent, "rw", "write");
+    // A uid the ACLs do not name opens neither.
+    run_as(STRANGER, &prog, &agent, "ro", "none");
+    run_as(STRANGER, &prog, &agent, "rw", "none");
+
+    // This process (root) may claim to be nobody: the agent names it root,
+    // whom "ro" does not list.
+    let src = AgentSource::connect(&agent.socket).unwrap();
+    let claim = ContQueryReq {
+        pool: "pool".into(),
+        id: "ro".into(),
+        cred: Some(Credential {
+            uid: NOBODY,
+            gid: NOBODY,
+            user: "nobody".into(),
+            groups: vec!["nogroup".into()],
+        }),
+        ..Default::default()
+    };
+    let e = src
+        .call("cont_query", claim.encode_to_vec())
+        .expect_err("root is not in the ACL, whatever it claims");
+    assert_eq!(e.code, -libc::EACCES, "{e}");
+    assert!(
+        e.msg.contains("root"),
+        "the refusal names the real user: {e}"
+    );
+
+    // Through the library: the pool connects (EVERYONE@ reads it).
+    let root = agent::connect(&agent.socket, TransportKind::Tcp, Default::default()).unwrap();
+    let pool = root.pool_connect("pool").unwrap();
+    assert_eq!(
+        pool.cont_open("ro").err().map(|e| e.code),
+        Some(-libc::EACCES)
+    );
+
+    // Calls that need an administrator are not forwarded.
+    let e = src
+        .call(
+            "pool_destroy",
+            PoolDestroyReq {
+                id: "pool".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+        .expect_err("not forwarded");
+    assert_eq!(e.code, -libc::EACCES, "{e}");
+    assert!(e.msg.contains("administrator"), "{e}");
+
+    // A frame past the bound is refused by name, and the connection closed;
+    // the agent serves the next caller.
+    let mut s = UnixStream::connect(&agent.socket).unwrap();
+    s.write_all(&(agent::MAX_REQUEST as u32 + 1).to_le_bytes())
+        .unwrap();
+    let e = agent::read_reply(&mut s).expect_err("refused");
+    assert_eq!(e.code, -libc::EPROTO, "{e}");
+    assert!(e.msg.contains("at most"), "{e}");
+    let mut rest = Vec::new();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(s.read_to_end(&mut rest).unwrap(), 0, "then closed");
+    run_as(NOBODY, &prog, &agent, "ro", "read");
+}
