@@ -1,10 +1,15 @@
 package csi
 
 import (
+	"context"
+	"net"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"google.golang.org/grpc"
 )
 
 // TestSanity runs the CSI community's conformance suite (csi-sanity) against the real driver:
@@ -22,7 +27,18 @@ import (
 func TestSanity(t *testing.T) {
 	dut := startDriver(t, 1, "sanity", 512<<20)
 	cfg := sanity.NewTestConfig()
-	cfg.Address = dut.endpoint
+	// csi-test's Connect dials without blocking, then waits for a change away from the state it
+	// reads; a connection already READY by then never changes, and it gives up after a minute
+	// ("Connection timed out", seen once in CI). A dialer that takes 100 ms keeps the first read
+	// at CONNECTING. The passthrough address keeps csi-test from putting its own unix dialer
+	// after this one.
+	socket := strings.TrimPrefix(dut.endpoint, "unix://")
+	cfg.Address = "passthrough:///" + socket
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		time.Sleep(100 * time.Millisecond)
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}))
 	cfg.TargetPath = filepath.Join(dut.dir, "target")
 	cfg.StagingPath = filepath.Join(dut.dir, "staging")
 	cfg.TestVolumeParameters = map[string]string{ParamPool: "sanity"}
