@@ -180,12 +180,15 @@
 //! - `index/`: the in-RAM trees of a target. `mod.rs` (the trees),
 //!   `apply.rs` (logged changes and their application), `read.rs`
 //!   (visibility, fetch plans), `list.rs` (listings), `aggregate.rs`.
-//! - `dtx.rs` (transactions), `condition.rs` (conditional updates and
-//!   punches), `wal.rs` (record format), `superblock.rs` (device layout),
-//!   `device.rs` and `bufpool.rs` (io_uring, registered buffers), `alloc.rs`
-//!   (data blocks), `compact.rs` (compact keys and maps of the index),
-//!   `bulk.rs` (request and reply bytes), `counters.rs` (metrics),
-//!   `mgmt.rs` (the management-service blob), `error.rs`.
+//! - `dtx/`: transactions. `mod.rs` (their types), `table.rs` (the table
+//!   of those held and decided), `decisions.rs` (what a target decides on
+//!   them), `tests.rs`.
+//! - `condition.rs` (conditional updates and punches), `wal.rs` (record
+//!   format), `superblock.rs` (device layout), `device.rs` and
+//!   `bufpool.rs` (io_uring, registered buffers), `alloc.rs` (data blocks),
+//!   `compact.rs` (compact keys and maps of the index), `bulk.rs` (request
+//!   and reply bytes), `counters.rs` (metrics), `mgmt.rs` (the
+//!   management-service blob), `error.rs`.
 //! - `request.rs` (the request and reply types, sources, request checks),
 //!   `open.rs` (storage options, [`Storage::open`]), `stats.rs` (space,
 //!   counters, faults and scrub reports of a [`Storage`]); `lib.rs` keeps
