@@ -7,6 +7,8 @@
 //! reading requests from /dev/fuse and calling into the Dfs, so requests
 //! proceed in parallel.
 
+mod handles;
+mod inodes;
 mod list;
 
 use fuser::{
@@ -226,61 +228,6 @@ impl PeregrineFs {
         self.notifier.clone()
     }
 
-    /// `PEREGRINE_IOC_INVALIDATE`: size from the store into the entry (with
-    /// a new mtime), then drop the kernel's attributes and pages.
-    fn invalidate(&self, ino: u64, file: &File) -> Result<(), Error> {
-        let size = file.size()?;
-        let node = self.inodes.lock().get(&ino).map(|i| i.node.clone());
-        if let Some(n) = node {
-            self.dfs.touch_written(&n, size)?;
-        }
-        if let Some(nt) = self.notifier.get() {
-            // offset 0, len 0: every page; attributes always.
-            if let Err(e) = nt.inval_inode(INodeNo(ino), 0, 0) {
-                // ENOENT: the kernel no longer caches the inode: nothing to do.
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    return Err(Error::new(-libc::EIO, format!("inval_inode: {e}")));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn ino(&self, oid: ObjectId) -> u64 {
-        ino_of(oid, self.dfs.root().oid())
-    }
-
-    fn node(&self, ino: INodeNo) -> Result<Node, Error> {
-        self.inodes
-            .lock()
-            .get(&ino.0)
-            .map(|i| i.node.clone())
-            .ok_or_else(stale)
-    }
-
-    /// Remember `node` (one more kernel lookup reference).
-    fn remember(&self, node: &Node) -> u64 {
-        let ino = self.ino(node.oid());
-        let mut t = self.inodes.lock();
-        let e = t.entry(ino).or_insert_with(|| Ino {
-            node: node.clone(),
-            lookups: 0,
-            open: 0,
-            unlinked: None,
-            cache_stamp: None,
-        });
-        e.node = node.clone();
-        e.lookups += 1;
-        ino
-    }
-
-    fn update(&self, node: &Node) {
-        let ino = self.ino(node.oid());
-        if let Some(e) = self.inodes.lock().get_mut(&ino) {
-            e.node = node.clone();
-        }
-    }
-
     fn attr(&self, st: &Stat) -> FileAttr {
         FileAttr {
             ino: INodeNo(self.ino(st.oid)),
@@ -313,147 +260,6 @@ impl PeregrineFs {
         let st = tryr!(reply, self.stat_node(n));
         self.remember(n);
         reply.entry(&self.opts.entry_ttl, &self.attr(&st), Generation(0));
-    }
-
-    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Error> {
-        self.handles
-            .lock()
-            .get(&fh.0)
-            .cloned()
-            .ok_or_else(|| Error::new(-libc::EBADF, "unknown file handle"))
-    }
-
-    fn add_handle(&self, h: Handle) -> u64 {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(fh, Arc::new(h));
-        fh
-    }
-
-    fn open_flags(&self, ino: u64) -> FopenFlags {
-        match self.opts.data_cache {
-            DataCache::Off => FopenFlags::FOPEN_DIRECT_IO,
-            DataCache::On => FopenFlags::FOPEN_KEEP_CACHE,
-            DataCache::For(d) => {
-                let mut t = self.inodes.lock();
-                let Some(i) = t.get_mut(&ino) else {
-                    return FopenFlags::empty();
-                };
-                let now = Instant::now();
-                match i.cache_stamp {
-                    Some(s) if now.duration_since(s) < d => FopenFlags::FOPEN_KEEP_CACHE,
-                    _ => {
-                        i.cache_stamp = Some(now);
-                        FopenFlags::empty()
-                    }
-                }
-            }
-        }
-    }
-
-    fn open_file(&self, n: &Node, reply_fn: impl FnOnce(u64, FopenFlags)) -> Result<(), Error> {
-        let file = self.dfs.open(n)?;
-        let ino = self.ino(n.oid());
-        if let Some(i) = self.inodes.lock().get_mut(&ino) {
-            i.open += 1;
-        }
-        let flags = self.open_flags(ino);
-        let fh = self.add_handle(Handle::File {
-            ino,
-            file,
-            written: AtomicBool::new(false),
-        });
-        reply_fn(fh, flags);
-        Ok(())
-    }
-
-    /// A removed entry: punch now, or at the last close if open here.
-    fn removed(&self, e: Entry) -> Result<(), Error> {
-        let ino = self.ino(e.oid);
-        {
-            let mut t = self.inodes.lock();
-            if let Some(i) = t.get_mut(&ino) {
-                if i.open > 0 {
-                    i.unlinked = Some(e);
-                    return Ok(());
-                }
-            }
-        }
-        self.dfs.release_object(&e)
-    }
-
-    /// The entry of an inode that is open here although its name is gone
-    /// (removed here, or by another client): what it was when removed.
-    fn orphan(&self, ino: u64) -> Option<Entry> {
-        let t = self.inodes.lock();
-        let i = t.get(&ino)?;
-        if i.open == 0 {
-            return None;
-        }
-        Some(i.unlinked.clone().unwrap_or_else(|| i.node.entry.clone()))
-    }
-
-    /// Attributes of a file removed while open: no name links to it any
-    /// more, so `st_nlink` is 0 (as Linux file systems report through fstat).
-    fn orphan_stat(&self, e: &Entry) -> Result<Stat, Error> {
-        let size = if e.is_file() {
-            File::new(self.dfs.container(), e.oid, e.chunk_size, true)?.size()?
-        } else {
-            0
-        };
-        let mut st = self.dfs.stat_of(e, size);
-        st.nlink = 0;
-        Ok(st)
-    }
-
-    /// setattr of an orphan: the size on its object, the rest on the
-    /// remembered entry (there is no stored one any more).
-    fn orphan_setattr(&self, ino: u64, a: &SetAttr) -> Result<Stat, Error> {
-        if self.opts.read_only {
-            return Err(Error::new(-libc::EROFS, "file system mounted read-only"));
-        }
-        let mut e = self.orphan(ino).ok_or_else(stale)?;
-        let now = now_ns();
-        if let Some(size) = a.size {
-            if !e.is_file() {
-                return Err(Error::inval("truncate of a non-regular file"));
-            }
-            File::new(self.dfs.container(), e.oid, e.chunk_size, false)?.truncate(size)?;
-            e.mtime = now;
-        }
-        a.apply_to(&mut e, now);
-        if let Some(i) = self.inodes.lock().get_mut(&ino) {
-            if i.unlinked.is_some() {
-                i.unlinked = Some(e.clone());
-            } else {
-                i.node.entry = e.clone();
-            }
-        }
-        self.orphan_stat(&e)
-    }
-
-    fn handle_bytes(&self, file: &File) -> Vec<u8> {
-        let cont = self.dfs.container();
-        let mut b = Vec::with_capacity(HANDLE_SIZE);
-        b.extend_from_slice(&HANDLE_VERSION.to_ne_bytes());
-        let flags = if self.opts.read_only {
-            HANDLE_FLAG_RDONLY
-        } else {
-            0
-        };
-        b.extend_from_slice(&flags.to_ne_bytes());
-        b.extend_from_slice(cont.pool().uuid().as_bytes());
-        b.extend_from_slice(cont.uuid().as_bytes());
-        b.extend_from_slice(&file.oid().hi.to_ne_bytes());
-        b.extend_from_slice(&file.oid().lo.to_ne_bytes());
-        b.extend_from_slice(&file.chunk_size().to_ne_bytes());
-        b.extend_from_slice(&[0u8; 16]);
-        let mut m = [0u8; HANDLE_MGMT_MAX];
-        let a = self.opts.mgmt.as_bytes();
-        let n = a.len().min(HANDLE_MGMT_MAX - 1);
-        m[..n].copy_from_slice(&a[..n]);
-        b.extend_from_slice(&m);
-        debug_assert_eq!(b.len(), HANDLE_SIZE);
-        b
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! A condition is judged on what the shard will hold once the changes in
 //! flight (logged or gathered, not yet applied) are applied, as the
-//! transactions' states are ([`crate::dtx::state_with`]). A change of the
+//! transactions' states are ([`crate::dtx::decisions::state_with`]). A change of the
 //! akey that another transaction holds prepared fails it with `-EBUSY`
 //! whatever it expects: that transaction may still commit or abort, and
 //! answering either way could be wrong. Two transactions with conditions

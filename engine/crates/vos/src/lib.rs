@@ -180,12 +180,19 @@
 //! - `index/`: the in-RAM trees of a target. `mod.rs` (the trees),
 //!   `apply.rs` (logged changes and their application), `read.rs`
 //!   (visibility, fetch plans), `list.rs` (listings), `aggregate.rs`.
-//! - `dtx.rs` (transactions), `condition.rs` (conditional updates and
-//!   punches), `wal.rs` (record format), `superblock.rs` (device layout),
-//!   `device.rs` and `bufpool.rs` (io_uring, registered buffers), `alloc.rs`
-//!   (data blocks), `compact.rs` (compact keys and maps of the index),
-//!   `bulk.rs` (request and reply bytes), `counters.rs` (metrics),
-//!   `mgmt.rs` (the management-service blob), `error.rs`.
+//! - `dtx/`: transactions. `mod.rs` (their types), `table.rs` (the table
+//!   of those held and decided), `decisions.rs` (what a target decides on
+//!   them), `tests.rs`.
+//! - `condition.rs` (conditional updates and punches), `wal.rs` (record
+//!   format), `superblock.rs` (device layout), `device.rs` and
+//!   `bufpool.rs` (io_uring, registered buffers), `alloc.rs` (data blocks),
+//!   `compact.rs` (compact keys and maps of the index), `bulk.rs` (request
+//!   and reply bytes), `counters.rs` (metrics), `mgmt.rs` (the
+//!   management-service blob), `error.rs`.
+//! - `request.rs` (the request and reply types, sources, request checks),
+//!   `open.rs` (storage options, [`Storage::open`]), `stats.rs` (space,
+//!   counters, faults and scrub reports of a [`Storage`]); `lib.rs` keeps
+//!   [`Storage`] itself (submission, pools and containers, aggregation).
 
 mod alloc;
 mod bufpool;
@@ -198,6 +205,9 @@ mod dtx;
 mod error;
 mod index;
 mod mgmt;
+mod open;
+mod request;
+mod stats;
 mod superblock;
 mod target;
 mod wal;
@@ -206,6 +216,15 @@ pub use bulk::{Bulk, Gather, SharedBytes};
 pub use counters::{TargetCounters, TargetSpace, TierSpace};
 pub use dtx::DTX_STALE_MS;
 pub use error::{Errno, StorageError};
+pub use open::{
+    BdevClass, BdevSpec, StorageOptions, DEFAULT_FLUSH_INTERVAL, DEFAULT_POLL, DEFAULT_READ_SPIN,
+};
+pub(crate) use request::Responder;
+pub use request::{
+    check_request, request_addr, request_target, Polled, Reply, ReplyArea, ReplyFn, ReplyRef,
+    Request, Source,
+};
+pub use stats::{PoolSpace, TargetStats};
 pub use superblock::{format, scan, ScanState, Superblock};
 pub use target::{ContQuota, QuotaShare, ScrubReport, DEFAULT_SCRUB_RATE};
 
@@ -219,186 +238,13 @@ pub struct QuotaPush {
 }
 
 use parking_lot::Mutex;
-use peregrine_proto::data;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
-use target::{Ctl, CtlOut, Mailbox, Msg, Target};
+use target::{Ctl, CtlOut, Mailbox, Msg};
 use uuid::Uuid;
-
-/// Kind of block device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BdevClass {
-    /// A regular file, created or extended to `size` at format (emulated NVMe).
-    File,
-    /// A kernel block device (loop device, NVMe namespace); its size is read from it.
-    Kdev,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BdevSpec {
-    pub class: BdevClass,
-    pub path: PathBuf,
-    /// File: bytes to create/extend to. Kdev: ignored.
-    pub size: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageOptions {
-    pub bdev: BdevSpec,
-    /// RAM budget for metadata and small values, split evenly over targets.
-    pub scm_bytes: u64,
-    pub targets: u32,
-    pub hugepages: bool,
-    /// The longest an acknowledged update stays in the device's volatile
-    /// write cache before its target flushes on its own (a power cut may
-    /// lose it until then; any process may crash meanwhile).
-    pub flush_interval: std::time::Duration,
-    /// How long a target keeps polling its sources ([`Storage::attach`])
-    /// after taking a request from one, rather than sleep (zero: sleeps at
-    /// once). Costs up to that much CPU time per request on an idle target.
-    pub poll: std::time::Duration,
-    /// How long a target polls for the completion of a lone read (a QD1
-    /// fetch) before it sleeps in the kernel (zero: never polls).
-    pub read_spin: std::time::Duration,
-    /// Bytes of stored extents each target's scrubber verifies per second
-    /// (0: off); [`Storage::set_scrub_rate`] changes it at run time.
-    pub scrub_rate: u64,
-}
-
-/// [`StorageOptions::flush_interval`] unless configured.
-pub const DEFAULT_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-/// [`StorageOptions::poll`] unless configured.
-pub const DEFAULT_POLL: std::time::Duration = std::time::Duration::from_micros(200);
-/// [`StorageOptions::read_spin`] unless configured.
-pub const DEFAULT_READ_SPIN: std::time::Duration = std::time::Duration::from_micros(150);
-
-/// One data-plane request; the target comes from its `Address.target`.
-#[derive(Debug)]
-pub enum Request {
-    /// The update and its bulk (values concatenated in iod order).
-    Update(data::UpdateReq, Bulk),
-    Fetch(data::FetchReq),
-    Punch(data::PunchReq),
-    List(data::ListReq),
-    QuerySize(data::QuerySizeReq),
-    Flush(data::FlushReq),
-    /// Reintegration: the dkeys of a pool changed since an epoch (only
-    /// `addr.pool` and `addr.target` are read).
-    ListChanged(data::ListChangedReq),
-    /// Reintegration: the versions and punches of one dkey above an epoch.
-    ListRecords(data::ListRecordsReq),
-    /// Decide transactions (leader) or apply their decision (the others).
-    DtxDecide(data::DtxDecideReq),
-    /// What this target knows of a transaction (see `DtxQueryReq.resolve`).
-    DtxQuery(data::DtxQueryReq),
-    /// Engine-internal: transactions held prepared here for a while.
-    DtxPending(data::DtxPendingReq),
-}
-
-/// A response and its bulk (fetched values concatenated in iod order), or an errno.
-pub type Reply = Result<(data::Response, Vec<u8>), Errno>;
-
-/// A [`Reply`] as the target hands it to a callback: the bulk may borrow
-/// the target's device buffers until the callback returns.
-pub type ReplyRef<'a> = Result<(data::Response, Gather<'a>), Errno>;
-
-/// Takes the one reply of a request, on the target's thread.
-pub type ReplyFn = Box<dyn for<'a> FnOnce(ReplyRef<'a>) + Send>;
-
-/// A source of requests that a target polls itself, between its other work
-/// ([`Storage::attach`]): the engine's shared-memory connections of local
-/// clients. No thread stands between such a client and its target, and
-/// while the target polls (it is busy, or answered the source less than
-/// [`StorageOptions::poll`] ago) the client needs no wake-up either.
-pub trait Source: Send {
-    /// Take the request waiting, if any. Called on the target's thread; must not block.
-    fn poll(&mut self) -> Polled;
-    /// Whether a request is waiting (without taking it), or the source closed.
-    fn pending(&self) -> bool;
-}
-
-/// Memory a source offers for a fetch's bytes: the client's response
-/// region, shared with the engine. When a fetch's bytes are whole checksum
-/// chunks of one extent, the target reads them from the device straight
-/// into it (the reply's [`Gather`] is then [`Gather::in_place`]), instead of
-/// into its own buffers and copying them over.
-#[derive(Clone, Copy, Debug)]
-pub struct ReplyArea {
-    /// Address of the first byte: 4 KiB-aligned (O_DIRECT), mapped until the
-    /// reply has been sent.
-    pub addr: usize,
-    pub len: usize,
-}
-
-/// What a [`Source`] had.
-// Returned by value once per poll and taken apart at once: boxing the
-// request would cost an allocation per request for nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Polled {
-    Idle,
-    /// A request, the function that takes its one reply (on the target's
-    /// thread), and where a fetch's bytes may go.
-    Request(Request, ReplyFn, Option<ReplyArea>),
-    /// The source is gone: the target drops it.
-    Closed,
-}
-
-/// Delivers the one reply of a request submitted with [`Storage::submit_with`]
-/// (on the target's thread). Dropped unanswered (a target stopping with the
-/// request still queued), it answers `-ESHUTDOWN`, so no caller waits forever.
-pub(crate) struct Responder(Option<ReplyFn>);
-
-impl Responder {
-    pub(crate) fn send(mut self, r: ReplyRef<'_>) {
-        if let Some(f) = self.0.take() {
-            f(r)
-        }
-    }
-}
-
-impl Drop for Responder {
-    fn drop(&mut self) {
-        if let Some(f) = self.0.take() {
-            f(Err(Errno::new(
-                -libc::ESHUTDOWN,
-                "target stopped before answering",
-            )))
-        }
-    }
-}
-
-/// Space of a pool, summed over the engine's targets.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolSpace {
-    pub scm_total: u64,
-    pub scm_free: u64,
-    pub nvme_total: u64,
-    pub nvme_free: u64,
-    /// Bytes used per container (scm records + nvme blocks).
-    pub cont_used: HashMap<Uuid, u64>,
-}
-
-/// Counters of one target, for tests and diagnostics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TargetStats {
-    /// Sequence number of the last applied (written) WAL record.
-    pub seq: u64,
-    /// Every WAL record up to this one, and its data, is flushed from the
-    /// device's volatile cache.
-    pub durable: u64,
-    /// Device flushes (fdatasync) of the batches since open.
-    pub flushes: u64,
-    /// Bytes of WAL in use since the last checkpoint.
-    pub wal_tail: u64,
-    /// Checkpoints written since open.
-    pub checkpoints: u64,
-    /// Free blocks of the target's data region.
-    pub free_blocks: u64,
-}
 
 /// An open device with its running target threads.
 pub struct Storage {
@@ -452,174 +298,7 @@ impl AggregationLease {
     }
 }
 
-/// The target a request names, if it has an address.
-pub fn request_target(req: &Request) -> Option<u32> {
-    request_addr(req).map(|a| a.target)
-}
-
-/// The address a request names, if it has one.
-pub fn request_addr(req: &Request) -> Option<&data::Address> {
-    match req {
-        Request::Update(r, _) => r.addr.as_ref(),
-        Request::Fetch(r) => r.addr.as_ref(),
-        Request::Punch(r) => r.addr.as_ref(),
-        Request::List(r) => r.addr.as_ref(),
-        Request::QuerySize(r) => r.addr.as_ref(),
-        Request::Flush(r) => r.addr.as_ref(),
-        Request::ListChanged(r) => r.addr.as_ref(),
-        Request::ListRecords(r) => r.addr.as_ref(),
-        Request::DtxDecide(r) => r.addr.as_ref(),
-        Request::DtxQuery(r) => r.addr.as_ref(),
-        Request::DtxPending(r) => r.addr.as_ref(),
-    }
-}
-
-/// Check what a request asks for against the hard limits, before anything
-/// is allocated or queued for it: the bytes an update carries and the bytes
-/// an ARRAY fetch asks for, in total over its iods, are at most
-/// [`peregrine_proto::MAX_IO_BYTES`] (one frame's bulk, which is also the
-/// most a reply can carry). Stateless and cheap: every target runs it on
-/// every request it takes, from any transport.
-pub fn check_request(req: &Request) -> Result<(), Errno> {
-    use peregrine_proto::MAX_IO_BYTES;
-    let (op, iods, only_arrays) = match req {
-        Request::Update(u, _) => ("update", &u.iods, false),
-        Request::Fetch(f) => ("fetch", &f.iods, true),
-        _ => return Ok(()),
-    };
-    let array = data::ValueKind::Array as i32;
-    let asked = iods
-        .iter()
-        .filter(|i| !only_arrays || i.kind == array)
-        .try_fold(0u64, |t, i| t.checked_add(i.len));
-    match asked {
-        Some(t) if t <= MAX_IO_BYTES => Ok(()),
-        _ => Err(Errno::new(
-            -libc::EINVAL,
-            format!(
-                "{op}: {} bytes in {} iods, more than the limit of {MAX_IO_BYTES} bytes per request (MAX_IO_BYTES); split it",
-                asked.map_or_else(
-                    || format!("more than {}", u64::MAX),
-                    |t| t.to_string()
-                ),
-                iods.len()
-            ),
-        )),
-    }
-}
-
 impl Storage {
-    /// Open a formatted device: replay every target's checkpoint and WAL and
-    /// start `opts.targets` target threads.
-    pub fn open(opts: &StorageOptions) -> Result<Storage, StorageError> {
-        let name = opts.bdev.path.display().to_string();
-        let sb = match scan(&opts.bdev)? {
-            ScanState::Formatted(sb) => sb,
-            ScanState::Unformatted => {
-                return Err(StorageError::NotFound(format!(
-                    "device {name} is not formatted"
-                )))
-            }
-            ScanState::Foreign(what) => {
-                return Err(StorageError::Refused(format!(
-                    "device {name} is not a Peregrine device: it holds {what}"
-                )))
-            }
-        };
-        if opts.targets != sb.targets {
-            return Err(StorageError::Invalid(format!(
-                "targets: options ask for {} but device {name} was formatted for {}",
-                opts.targets, sb.targets
-            )));
-        }
-        let mut f = superblock::open_rw(&opts.bdev.path)?;
-        let repairs = superblock::repair(&f, &name)?;
-        let size = superblock::device_size(&mut f, &opts.bdev.path)?;
-        if size < sb.device_bytes {
-            return Err(StorageError::Invalid(format!(
-                "device {name}: {size} bytes, but it was formatted with {} bytes",
-                sb.device_bytes
-            )));
-        }
-        // Checkpoints make the SCM tier durable, so a target may hold no more
-        // metadata than a checkpoint slot can take (half of it: the encoded
-        // index is larger than the accounted bytes). Past that, updates get a
-        // clean ENOSPC instead of failing checkpoints and a WAL that fills.
-        let configured = opts.scm_bytes / sb.targets as u64;
-        let scm_budget = configured.min(sb.ckpt_bytes / 2);
-        if scm_budget < configured {
-            tracing::warn!(
-                "scm.size {} gives {configured} bytes per target, but this device's checkpoint slots hold {} bytes; using {scm_budget} bytes per target (a larger device raises it)",
-                opts.scm_bytes,
-                sb.ckpt_bytes
-            );
-        }
-        let mut senders = Vec::new();
-        let mut faults = Vec::new();
-        let mut counters = Vec::new();
-        let mut threads = Vec::new();
-        let mut ready = Vec::new();
-        let lease = std::sync::Arc::<AggregationLease>::default();
-        for t in 0..sb.targets {
-            let (tx, rx) = target::mailbox(t)
-                .map_err(|e| StorageError::io(format!("target {t}: eventfd"), e))?;
-            let (rtx, rrx) = mpsc::channel();
-            let (sb2, opts2) = (sb.clone(), opts.clone());
-            let fault = std::sync::Arc::new(Mutex::new(None));
-            faults.push(fault.clone());
-            let lease = lease.clone();
-            let tc = std::sync::Arc::new(TargetCounters::default());
-            counters.push(tc.clone());
-            let h = std::thread::Builder::new()
-                .name(format!("vos-target-{t}"))
-                .spawn(
-                    move || match Target::open(sb2, &opts2, t, scm_budget, fault, lease) {
-                        Ok(mut target) => {
-                            target.counters = tc;
-                            let _ = rtx.send(Ok(()));
-                            target.run(rx);
-                        }
-                        Err(e) => {
-                            let _ = rtx.send(Err(e));
-                        }
-                    },
-                )
-                .map_err(|e| StorageError::io(format!("target {t}: spawn thread"), e))?;
-            senders.push(tx);
-            threads.push(h);
-            ready.push(rrx);
-        }
-        let mut storage = Storage {
-            mgmt: Mutex::new(mgmt::MgmtSlots::new(f, sb.clone())),
-            sb,
-            senders,
-            faults,
-            counters,
-            threads,
-            lease,
-            repairs,
-        };
-        for (t, r) in ready.into_iter().enumerate() {
-            let res = r.recv().unwrap_or_else(|_| {
-                Err(StorageError::Shutdown(format!(
-                    "target {t}: thread died while opening"
-                )))
-            });
-            if let Err(e) = res {
-                storage.stop();
-                return Err(e);
-            }
-        }
-        // Where each target's data blocks are (offset+bytes): benchmarks
-        // write the raw device where the targets do.
-        let data_regions = (0..storage.sb.targets)
-            .map(|t| format!("{}+{}", storage.sb.data_offset(t), storage.sb.data_bytes))
-            .collect::<Vec<_>>()
-            .join(",");
-        tracing::info!(device = %name, targets = storage.sb.targets, data_regions = %data_regions, "storage open");
-        Ok(storage)
-    }
-
     pub fn superblock(&self) -> &Superblock {
         &self.sb
     }
@@ -742,22 +421,6 @@ impl Storage {
         self.ctl_all(|| Ctl::PoolDestroy { pool }).map(|_| ())
     }
 
-    pub fn pool_space(&self, pool: Uuid) -> Result<PoolSpace, StorageError> {
-        let mut sum = PoolSpace::default();
-        for out in self.ctl_all(|| Ctl::PoolSpace { pool })? {
-            if let CtlOut::Space(s) = out {
-                sum.scm_total += s.scm_total;
-                sum.scm_free += s.scm_free;
-                sum.nvme_total += s.nvme_total;
-                sum.nvme_free += s.nvme_free;
-                for (c, u) in s.cont_used {
-                    *sum.cont_used.entry(c).or_default() += u;
-                }
-            }
-        }
-        Ok(sum)
-    }
-
     pub fn pools(&self) -> Vec<Uuid> {
         match self.ctl(0, Ctl::Pools) {
             Ok(CtlOut::Pools(p)) => p,
@@ -873,19 +536,6 @@ impl Storage {
             .sum())
     }
 
-    /// (nvme total, nvme unreserved, scm total, scm unreserved) over all targets.
-    pub fn device_space(&self) -> (u64, u64, u64, u64) {
-        let mut s = [0u64; 4];
-        for t in 0..self.senders.len() {
-            if let Ok(CtlOut::Device(d)) = self.ctl(t, Ctl::DeviceSpace) {
-                for i in 0..4 {
-                    s[i] += d[i];
-                }
-            }
-        }
-        (s[0], s[1], s[2], s[3])
-    }
-
     /// The newest durable management blob, if any was stored.
     pub fn mgmt_load(&self) -> Result<Option<Vec<u8>>, StorageError> {
         self.mgmt.lock().load()
@@ -894,28 +544,6 @@ impl Storage {
     /// Store the management blob atomically and durably.
     pub fn mgmt_store(&self, blob: &[u8]) -> Result<(), StorageError> {
         self.mgmt.lock().store(blob)
-    }
-
-    /// Why targets refuse updates, one line per such target (empty: none
-    /// does). A target stops taking updates after a device write failed:
-    /// what the device holds is unknown until the engine restarts and
-    /// replays it.
-    pub fn faults(&self) -> Vec<String> {
-        self.faults
-            .iter()
-            .filter_map(|f| f.lock().clone())
-            .collect()
-    }
-
-    /// What each target's scrubber verified and found damaged, by target
-    /// index (a target that does not answer reports nothing).
-    pub fn scrub_reports(&self) -> Vec<ScrubReport> {
-        (0..self.senders.len())
-            .map(|t| match self.ctl(t, Ctl::Scrub(None)) {
-                Ok(CtlOut::Scrub(r)) => r,
-                _ => ScrubReport::default(),
-            })
-            .collect()
     }
 
     /// Set every target's scrubbing rate, bytes per second (0: off; until
@@ -931,27 +559,6 @@ impl Storage {
     /// missing superblock copy rewritten from the other).
     pub fn repairs(&self) -> &[String] {
         &self.repairs
-    }
-
-    /// What each target publishes for metrics, by target index: read
-    /// without a message to the target (see [`TargetCounters`]).
-    pub fn counters(&self) -> &[std::sync::Arc<TargetCounters>] {
-        &self.counters
-    }
-
-    /// Why target `t` refuses updates, if it does (see [`Storage::faults`]).
-    pub fn fault(&self, t: u32) -> Option<String> {
-        self.faults.get(t as usize).and_then(|f| f.lock().clone())
-    }
-
-    /// Per-target counters (diagnostics).
-    pub fn target_stats(&self) -> Vec<TargetStats> {
-        (0..self.senders.len())
-            .map(|t| match self.ctl(t, Ctl::Stats) {
-                Ok(CtlOut::Stats(s)) => s,
-                _ => TargetStats::default(),
-            })
-            .collect()
     }
 
     /// Stop the target threads WITHOUT their closing checkpoint, leaving the
@@ -984,77 +591,5 @@ impl Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-#[cfg(test)]
-mod bounds_tests {
-    use super::*;
-    use peregrine_proto::MAX_IO_BYTES;
-
-    fn iod(kind: data::ValueKind, len: u64) -> data::Iod {
-        data::Iod {
-            akey: b"a".to_vec(),
-            kind: kind as i32,
-            len,
-            ..Default::default()
-        }
-    }
-
-    fn fetch(iods: Vec<data::Iod>) -> Request {
-        Request::Fetch(data::FetchReq {
-            iods,
-            ..Default::default()
-        })
-    }
-
-    #[test]
-    fn a_fetch_may_ask_for_the_limit_in_total_and_no_more() {
-        use data::ValueKind::{Array, Single};
-        let split = |n: u64, extra: u64| {
-            let mut v: Vec<_> = (0..n).map(|_| iod(Array, MAX_IO_BYTES / n)).collect();
-            v[0].len += extra;
-            fetch(v)
-        };
-        assert!(check_request(&split(64, 0)).is_ok());
-        assert!(check_request(&split(1, 0)).is_ok());
-        let e = check_request(&split(64, 1)).unwrap_err();
-        assert_eq!(e.code, -libc::EINVAL);
-        assert!(e.msg.contains(&MAX_IO_BYTES.to_string()), "{e}");
-        assert!(e.msg.contains(&(MAX_IO_BYTES + 1).to_string()), "{e}");
-        // The reported crash: 100 iods of 1 GiB.
-        let e = check_request(&fetch((0..100).map(|_| iod(Array, 1 << 30)).collect())).unwrap_err();
-        assert!(e.msg.contains("107374182400"), "{e}");
-        // Lengths that overflow a u64 in total.
-        let e = check_request(&fetch(vec![iod(Array, u64::MAX), iod(Array, 2)])).unwrap_err();
-        assert_eq!(e.code, -libc::EINVAL);
-        // A SINGLE iod's length is not what it returns: planned, then checked.
-        assert!(check_request(&fetch(vec![iod(Single, u64::MAX)])).is_ok());
-    }
-
-    #[test]
-    fn an_update_may_carry_the_limit_in_total_and_no_more() {
-        use data::ValueKind::{Array, Single};
-        let update = |iods| {
-            Request::Update(
-                data::UpdateReq {
-                    iods,
-                    ..Default::default()
-                },
-                Bulk::from(Vec::new()),
-            )
-        };
-        let ok = update(vec![
-            iod(Single, MAX_IO_BYTES / 2),
-            iod(Array, MAX_IO_BYTES / 2),
-        ]);
-        assert!(check_request(&ok).is_ok());
-        let e = check_request(&update(vec![iod(Single, MAX_IO_BYTES), iod(Array, 1)])).unwrap_err();
-        assert_eq!(e.code, -libc::EINVAL);
-        assert!(
-            e.msg.starts_with("update:") && e.msg.contains("MAX_IO_BYTES"),
-            "{e}"
-        );
-        assert!(check_request(&update(vec![iod(Array, u64::MAX), iod(Array, u64::MAX)])).is_err());
     }
 }

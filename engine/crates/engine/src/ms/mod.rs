@@ -11,10 +11,12 @@
 
 mod access;
 mod clone;
+mod containers;
 mod join;
 mod legacy;
 mod persist;
 mod pool_map;
+mod pools;
 mod props;
 mod quota;
 
@@ -24,10 +26,8 @@ use peregrine_proto::mgmt::engine_client::EngineClient;
 use peregrine_proto::mgmt::mgmt_server::Mgmt;
 use peregrine_proto::mgmt::*;
 use peregrine_proto::ms::EngineState;
-use peregrine_proto::{epoch_now, ObjectClass};
 pub use pool_map::{spawn_pool_watch, REINTEGRATION_MARGIN};
 use pool_map::{RankOut, Reintegration};
-use props::{cont_record, props_map, sync_mode, validate_label, validate_pool_props, CONT_PROPS};
 pub use quota::spawn_quota_watch;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -47,9 +47,6 @@ pub const AGGREGATION_LEASE: Duration = Duration::from_secs(3);
 pub const STATE_STOPPING: &str = "stopping";
 /// Share of a pool's total size given to the SCM tier when none is given.
 pub const DEFAULT_TIER_RATIO: f64 = 0.06;
-/// Epochs a snapshot creation tries before giving up (each refusal means an
-/// engine aggregated past the epoch between its choice and its arrival).
-const SNAP_ATTEMPTS: u32 = 5;
 
 #[derive(Clone, Debug, PartialEq)]
 struct MemberRec {
@@ -283,160 +280,6 @@ impl MgmtService {
             .ok_or_else(|| Status::not_found(format!("rank {rank}: not a member of the system")))
     }
 
-    /// What each rank of a pool reports of its shard (`None`: stopped or
-    /// not answering), in the pool's rank order.
-    async fn shard_spaces(
-        &self,
-        state: &MsState,
-        pool: &PoolRec,
-    ) -> Vec<(u32, Option<PoolShardSpace>)> {
-        let mut out = Vec::with_capacity(pool.ranks.len());
-        for &rank in &pool.ranks {
-            let reply = match (self.alive(rank), Self::member_addr(state, rank)) {
-                (true, Ok(addr)) => match engine_client(&addr).await {
-                    Ok(mut c) => c
-                        .pool_shard_query(PoolShardQueryReq {
-                            pool_uuid: pool.uuid.to_string(),
-                        })
-                        .await
-                        .ok()
-                        .map(|r| r.into_inner()),
-                    Err(_) => None,
-                },
-                _ => None,
-            };
-            out.push((rank, reply));
-        }
-        out
-    }
-
-    async fn pool_space(
-        &self,
-        state: &MsState,
-        pool: &PoolRec,
-    ) -> (Vec<Tier>, HashMap<Uuid, u64>, u32) {
-        let (mut scm_t, mut scm_f, mut nv_t, mut nv_f) = (0, 0, 0, 0);
-        let mut used: HashMap<Uuid, u64> = HashMap::new();
-        let mut down = 0;
-        for (i, (_, reply)) in self.shard_spaces(state, pool).await.into_iter().enumerate() {
-            let targets = pool.targets.get(i).copied().unwrap_or(1);
-            match reply {
-                Some(r) => {
-                    scm_t += r.scm_total;
-                    scm_f += r.scm_free;
-                    nv_t += r.nvme_total;
-                    nv_f += r.nvme_free;
-                    for (k, v) in r.cont_used {
-                        if let Ok(u) = Uuid::parse_str(&k) {
-                            *used.entry(u).or_default() += v;
-                        }
-                    }
-                }
-                None => {
-                    // A stopped engine still holds its reservation; its free space is unknown.
-                    down += targets;
-                    scm_t += pool.scm_per_target * targets as u64;
-                    nv_t += pool.nvme_per_target * targets as u64;
-                }
-            }
-        }
-        let tiers = vec![
-            Tier {
-                name: "scm".into(),
-                total: scm_t,
-                free: scm_f,
-            },
-            Tier {
-                name: "nvme".into(),
-                total: nv_t,
-                free: nv_f,
-            },
-        ];
-        (tiers, used, down)
-    }
-
-    async fn pool_info(&self, state: &MsState, pool: &PoolRec) -> PoolInfo {
-        let (tiers, _, unreachable) = self.pool_space(state, pool).await;
-        let out = pool_map::OutTargets::of(state, pool);
-        PoolInfo {
-            uuid: pool.uuid.to_string(),
-            label: pool.label.clone(),
-            state: if out.down > 0 || unreachable > 0 {
-                PoolState::Degraded
-            } else if out.reintegrating > 0 {
-                PoolState::Reintegrating
-            } else {
-                PoolState::Ready
-            }
-            .into(),
-            map_version: pool.map_version,
-            ranks: pool.ranks.clone(),
-            total_targets: pool.targets.iter().sum(),
-            // Counted out by the map, or not answering (not yet excluded).
-            disabled_targets: out.down.max(unreachable),
-            tiers,
-            props: props_map(&pool.props),
-            containers: pool.conts.len() as u32,
-            reintegrating_targets: out.reintegrating,
-            rank_states: out.ranks,
-        }
-    }
-
-    fn cont_info(&self, pool: &PoolRec, c: &ContRec, used: u64) -> ContInfo {
-        let mut props = props_map(&c.props);
-        props.remove(clone::STATE_PROP);
-        ContInfo {
-            uuid: c.uuid.to_string(),
-            label: c.label.clone(),
-            pool_uuid: pool.uuid.to_string(),
-            r#type: c.kind.into(),
-            oclass: c.oclass.clone(),
-            dir_oclass: c.dir_oclass.clone(),
-            chunk_size: c.chunk_size,
-            redundancy_factor: c.rf,
-            checksum: c.checksum.into(),
-            props,
-            used_bytes: used,
-            snapshots: c.snapshots.len() as u32,
-            create_epoch: c.create_epoch,
-            quota_bytes: quota::limit(c).unwrap_or(0),
-            quota_used_bytes: quota::data_bytes(c, used),
-            state: self.cont_state(c).into(),
-            ..Default::default()
-        }
-    }
-
-    /// Destroy a container's shards on every rank (skipping stopped ones if
-    /// `force`) and its record.
-    async fn drop_cont(
-        &self,
-        s: &mut MsState,
-        p: &PoolRec,
-        c: &ContRec,
-        force: bool,
-    ) -> Result<(), Status> {
-        let (pid, cid) = (p.uuid.to_string(), c.uuid.to_string());
-        self.on_ranks(s, &p.ranks, force, |mut cl| {
-            let req = ContShardDestroyReq {
-                pool_uuid: pid.clone(),
-                cont_uuid: cid.clone(),
-            };
-            async move { cl.cont_shard_destroy(req).await.map(|_| ()) }
-        })
-        .await?;
-        if let Some(pool) = s.pools.get_mut(&p.uuid) {
-            pool.conts.remove(&c.uuid);
-        }
-        self.persist(s)?;
-        tracing::info!(
-            "destroyed container {} ({}) in pool {}",
-            c.label,
-            c.uuid,
-            p.label
-        );
-        Ok(())
-    }
-
     /// Call `f` on the Engine service of every rank of a pool; fails on the first error.
     async fn on_ranks<F, Fut>(
         &self,
@@ -462,35 +305,6 @@ impl MgmtService {
                 .map_err(|e| Status::new(e.code(), format!("rank {rank}: {}", e.message())))?;
         }
         Ok(())
-    }
-
-    /// Send a container's snapshot list to its engines; `adding`: the epoch
-    /// of the snapshot being created, refused (ABORTED) by a target that
-    /// already aggregated past it.
-    async fn push_snapshots(
-        &self,
-        state: &MsState,
-        pool: &PoolRec,
-        cont: &ContRec,
-        adding: Option<u64>,
-    ) -> Result<(), Status> {
-        let epochs: Vec<u64> = cont.snapshots.iter().map(|s| s.epoch).collect();
-        let (p, c) = (pool.uuid.to_string(), cont.uuid.to_string());
-        // An engine counted as stopped is skipped: it does not aggregate
-        // (AGGREGATION_LEASE) and gets the lists when it joins again. A
-        // service just started has not heard from anyone yet: an engine it
-        // has not heard from may still be up, and aggregating.
-        let skip_down = self.started.elapsed() >= HEARTBEAT_TIMEOUT;
-        self.on_ranks(state, &pool.ranks, skip_down, |mut cl| {
-            let req = ContShardSnapshotsReq {
-                pool_uuid: p.clone(),
-                cont_uuid: c.clone(),
-                epochs: epochs.clone(),
-                adding: adding.unwrap_or(0),
-            };
-            async move { cl.cont_shard_snapshots(req).await.map(|_| ()) }
-        })
-        .await
     }
 }
 
@@ -700,506 +514,75 @@ impl Mgmt for MgmtService {
         }))
     }
 
+    // The pool calls are served by the inherent methods of the same names
+    // in `pools`, the container and snapshot calls by those in `containers`
+    // (an inherent method is found before the trait's).
     async fn pool_create(&self, req: Request<PoolCreateReq>) -> Result<Response<PoolInfo>, Status> {
-        let r = req.into_inner();
-        validate_label("pool", &r.label)?;
-        validate_pool_props(&r.props)?;
-        access::validate_props("pool", &r.props)?;
-        let pool_access = access::new_access();
-        let mut s = self.state.lock().await;
-        if let Some(existing) = s.pools.values().find(|p| p.label == r.label) {
-            return Err(Status::already_exists(format!(
-                "pool {:?} already exists ({})",
-                r.label, existing.uuid
-            )));
-        }
-        let ranks: Vec<u32> = if r.ranks.is_empty() {
-            s.members
-                .values()
-                .filter(|m| self.alive(m.rank) && m.state == EngineState::Ready)
-                .map(|m| m.rank)
-                .collect()
-        } else {
-            let mut v = r.ranks.clone();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
-        if ranks.is_empty() {
-            return Err(Status::failed_precondition(
-                "no ready engines: format storage first (`peregrine storage format`)",
-            ));
-        }
-        let mut targets = vec![];
-        for &rank in &ranks {
-            let m = s.members.get(&rank).ok_or_else(|| {
-                Status::not_found(format!("rank {rank}: not a member of the system"))
-            })?;
-            if !self.alive(rank) || m.state != EngineState::Ready {
-                return Err(Status::failed_precondition(format!(
-                    "rank {rank} is not ready ({})",
-                    props::member_state_word(self.member_state(m))
-                )));
-            }
-            // Refused at join; a state written before may still hold one.
-            targets.push(check_targets(rank, m.targets).map_err(|e| {
-                Status::failed_precondition(format!(
-                    "pool {:?}: {}: it cannot hold a pool",
-                    r.label,
-                    e.message()
-                ))
-            })?);
-        }
-        let (scm, nvme) = if r.total_size > 0 {
-            if r.scm_size > 0 || r.nvme_size > 0 {
-                return Err(Status::invalid_argument(
-                    "give either total_size or scm_size/nvme_size, not both",
-                ));
-            }
-            let ratio = if r.tier_ratio == 0.0 {
-                DEFAULT_TIER_RATIO
-            } else {
-                r.tier_ratio
-            };
-            if !(ratio > 0.0 && ratio < 1.0) {
-                return Err(Status::invalid_argument(format!(
-                    "tier_ratio {ratio}: must be between 0 and 1"
-                )));
-            }
-            let scm = (r.total_size as f64 * ratio) as u64;
-            (scm, r.total_size - scm)
-        } else {
-            (r.scm_size, r.nvme_size)
-        };
-        let ntargets: u64 = targets.iter().map(|&t| t as u64).sum::<u64>().max(1);
-        let (scm_pt, nvme_pt) = (scm / ntargets, nvme / ntargets);
-        if scm_pt < (1 << 20) || nvme_pt < (1 << 20) {
-            return Err(Status::invalid_argument(format!(
-                "pool {:?}: size too small (scm {scm} B, nvme {nvme} B over {ntargets} targets; need at least 1 MiB per target per tier)",
-                r.label
-            )));
-        }
-        let uuid = Uuid::new_v4();
-        let mut done = vec![];
-        for &rank in &ranks {
-            let addr = MgmtService::member_addr(&s, rank)?;
-            let res = async {
-                let mut c = engine_client(&addr).await?;
-                c.pool_shard_create(PoolShardCreateReq {
-                    pool_uuid: uuid.to_string(),
-                    scm_per_target: scm_pt,
-                    nvme_per_target: nvme_pt,
-                    access: Some(pool_access.clone()),
-                })
-                .await
-                .map(|_| ())
-            }
-            .await;
-            if let Err(e) = res {
-                for &d in &done {
-                    if let Ok(addr) = MgmtService::member_addr(&s, d) {
-                        if let Ok(mut c) = engine_client(&addr).await {
-                            let _ = c
-                                .pool_shard_destroy(PoolShardDestroyReq {
-                                    pool_uuid: uuid.to_string(),
-                                })
-                                .await;
-                        }
-                    }
-                }
-                return Err(Status::new(
-                    e.code(),
-                    format!("rank {rank}: {}", e.message()),
-                ));
-            }
-            done.push(rank);
-        }
-        let mut props = r.props.into_iter().collect();
-        access::normalize_props(&mut props, r.cred.as_ref());
-        let rec = PoolRec {
-            uuid,
-            label: r.label.clone(),
-            ranks,
-            targets,
-            scm_per_target: scm_pt,
-            nvme_per_target: nvme_pt,
-            props,
-            map_version: 1,
-            conts: BTreeMap::new(),
-            access: pool_access,
-        };
-        s.pools.insert(uuid, rec.clone());
-        self.persist(&s)?;
-        tracing::info!("created pool {} ({uuid})", rec.label);
-        Ok(Response::new(self.pool_info(&s, &rec).await))
+        self.pool_create(req).await
     }
 
-    async fn pool_list(&self, _: Request<PoolListReq>) -> Result<Response<PoolListResp>, Status> {
-        let s = self.state.lock().await;
-        let mut pools = vec![];
-        for p in s.pools.values() {
-            pools.push(self.pool_info(&s, p).await);
-        }
-        Ok(Response::new(PoolListResp { pools }))
+    async fn pool_list(&self, req: Request<PoolListReq>) -> Result<Response<PoolListResp>, Status> {
+        self.pool_list(req).await
     }
 
     async fn pool_query(&self, req: Request<PoolQueryReq>) -> Result<Response<PoolInfo>, Status> {
-        let s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &req.into_inner().id)?;
-        Ok(Response::new(self.pool_info(&s, p).await))
+        self.pool_query(req).await
     }
 
     async fn pool_destroy(&self, req: Request<PoolDestroyReq>) -> Result<Response<Empty>, Status> {
-        let r = req.into_inner();
-        let mut s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &r.id)?.clone();
-        if !p.conts.is_empty() && !r.force {
-            let names: Vec<&str> = p.conts.values().map(|c| c.label.as_str()).collect();
-            return Err(Status::failed_precondition(format!(
-                "pool {:?} still has {} container(s) ({}); destroy them or use --force",
-                p.label,
-                names.len(),
-                names.join(", ")
-            )));
-        }
-        let id = p.uuid.to_string();
-        self.on_ranks(&s, &p.ranks, r.force, |mut c| {
-            let req = PoolShardDestroyReq {
-                pool_uuid: id.clone(),
-            };
-            async move { c.pool_shard_destroy(req).await.map(|_| ()) }
-        })
-        .await?;
-        s.pools.remove(&p.uuid);
-        s.pool_out.remove(&p.uuid);
-        self.persist(&s)?;
-        tracing::info!("destroyed pool {} ({})", p.label, p.uuid);
-        Ok(Response::new(Empty {}))
+        self.pool_destroy(req).await
     }
 
     async fn pool_set_prop(
         &self,
         req: Request<PoolSetPropReq>,
     ) -> Result<Response<PoolInfo>, Status> {
-        let r = req.into_inner();
-        validate_pool_props(&r.props)?;
-        access::validate_props("pool", &r.props)?;
-        let mut s = self.state.lock().await;
-        let uuid = MgmtService::find_pool(&s, &r.id)?.uuid;
-        let p = s.pools.get_mut(&uuid).unwrap();
-        p.props.extend(r.props);
-        access::normalize_props(&mut p.props, None);
-        let p = p.clone();
-        self.persist(&s)?;
-        Ok(Response::new(self.pool_info(&s, &p).await))
+        self.pool_set_prop(req).await
     }
 
     async fn pool_connect(
         &self,
         req: Request<PoolConnectReq>,
     ) -> Result<Response<PoolMap>, Status> {
-        let who = access::Requester::of(req.extensions(), req.get_ref().cred.clone())?;
-        let s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &req.into_inner().id)?;
-        let handle = access::pool_handle(p, &who)?;
-        let mut targets = vec![];
-        for (i, &rank) in p.ranks.iter().enumerate() {
-            let m = s.members.get(&rank);
-            // A target that stopped answering stays in (writes wait for it)
-            // until the pool watch excludes it: see `pool_map`.
-            let state = pool_map::target_state(&s, &p.uuid, rank);
-            for index in 0..p.targets.get(i).copied().unwrap_or(1) {
-                targets.push(PoolTarget {
-                    rank,
-                    index,
-                    data_addr: m.map(|m| m.data_addr.clone()).unwrap_or_default(),
-                    fault_domain: m.map(|m| m.fault_domain.clone()).unwrap_or_default(),
-                    up: matches!(state, TargetState::TargetUpIn | TargetState::TargetUp),
-                    shm_path: m.map(|m| m.shm_path.clone()).unwrap_or_default(),
-                    state: state.into(),
-                });
-            }
-        }
-        Ok(Response::new(PoolMap {
-            uuid: p.uuid.to_string(),
-            label: p.label.clone(),
-            version: p.map_version,
-            targets,
-            handle,
-        }))
+        self.pool_connect(req).await
     }
 
     async fn pool_evict(&self, req: Request<PoolEvictReq>) -> Result<Response<Empty>, Status> {
-        let r = req.into_inner();
-        let mut s = self.state.lock().await;
-        let uuid = MgmtService::find_pool(&s, &r.id)?.uuid;
-        let p = s.pools.get_mut(&uuid).unwrap();
-        let done = access::evict(&mut p.access, &r.handle)?;
-        let p = p.clone();
-        self.persist(&s)?;
-        // Engines that miss the push learn it at their next heartbeat,
-        // before they serve again if they were away.
-        if let Err(e) = self.push_pool_map(&s, &p).await {
-            tracing::warn!("pool {}: eviction not pushed everywhere yet: {e}", p.label);
-        }
-        tracing::info!("pool {} ({uuid}): {done}", p.label);
-        Ok(Response::new(Empty {}))
+        self.pool_evict(req).await
     }
 
     async fn cont_create(&self, req: Request<ContCreateReq>) -> Result<Response<ContInfo>, Status> {
-        let r = req.into_inner();
-        if !r.clone_from.is_empty() {
-            return self.cont_clone(r).await.map(Response::new);
-        }
-        validate_label("container", &r.label)?;
-        let mut s = self.state.lock().await;
-        let puuid = MgmtService::find_pool(&s, &r.pool)?.uuid;
-        let pool = &s.pools[&puuid];
-        if let Some(c) = pool.conts.values().find(|c| c.label == r.label) {
-            return Err(Status::already_exists(format!(
-                "container {:?} already exists in pool {:?} ({})",
-                r.label, pool.label, c.uuid
-            )));
-        }
-        let mut rec = cont_record(&r, pool, pool.ranks.len())?;
-        access::normalize_props(&mut rec.props, r.cred.as_ref());
-        let pool = s.pools.get_mut(&puuid).unwrap();
-        pool.conts.insert(rec.uuid, rec.clone());
-        let info = self.cont_info(pool, &rec, 0);
-        self.persist(&s)?;
-        if quota::limit(&rec).is_some() {
-            let v = self.quota_changed();
-            self.push_quotas(&s, &s.pools[&puuid], &[&rec], v).await;
-        }
-        tracing::info!(
-            "created container {} ({}) in pool {puuid}",
-            rec.label,
-            rec.uuid
-        );
-        Ok(Response::new(info))
+        self.cont_create(req).await
     }
 
     async fn cont_list(&self, req: Request<ContListReq>) -> Result<Response<ContListResp>, Status> {
-        let s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &req.into_inner().pool)?;
-        let (_, used, _) = self.pool_space(&s, p).await;
-        let containers = p
-            .conts
-            .values()
-            .map(|c| self.cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0)))
-            .collect();
-        Ok(Response::new(ContListResp { containers }))
+        self.cont_list(req).await
     }
 
     async fn cont_query(&self, req: Request<ContQueryReq>) -> Result<Response<ContInfo>, Status> {
-        let who = access::Requester::of(req.extensions(), req.get_ref().cred.clone())?;
-        let r = req.into_inner();
-        let s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &r.pool)?;
-        let c = MgmtService::find_cont(p, &r.id)?;
-        let handle = access::cont_handle(p, &c.uuid, &who, r.read_only)?;
-        let (_, used, _) = self.pool_space(&s, p).await;
-        Ok(Response::new(ContInfo {
-            handle,
-            ..self.cont_info(p, c, used.get(&c.uuid).copied().unwrap_or(0))
-        }))
+        self.cont_query(req).await
     }
 
     async fn cont_destroy(&self, req: Request<ContDestroyReq>) -> Result<Response<Empty>, Status> {
-        let r = req.into_inner();
-        let mut s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
-        let c = MgmtService::find_cont(&p, &r.id)?.clone();
-        if self.cloning.lock().contains(&c.uuid) {
-            return Err(Status::unavailable(format!(
-                "container {:?} is being filled as a clone; destroy it once the copy ends",
-                c.label
-            )));
-        }
-        self.drop_cont(&mut s, &p, &c, r.force).await?;
-        Ok(Response::new(Empty {}))
+        self.cont_destroy(req).await
     }
 
     async fn cont_set_prop(
         &self,
         req: Request<ContSetPropReq>,
     ) -> Result<Response<ContInfo>, Status> {
-        let r = req.into_inner();
-        access::validate_props("container", &r.props)?;
-        let mut s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
-        let mut c = MgmtService::find_cont(&p, &r.id)?.clone();
-        for (k, v) in &r.props {
-            match k.as_str() {
-                "checksum" => {
-                    c.checksum = props::parse_checksum(v).ok_or_else(|| {
-                        Status::invalid_argument(format!(
-                            "checksum {:?}: must be crc32c or off",
-                            v.to_ascii_lowercase()
-                        ))
-                    })?;
-                }
-                "sync" => {
-                    c.props.insert(k.clone(), sync_mode(v)?);
-                }
-                "quota" => match quota::parse(v)? {
-                    Some(q) => {
-                        c.props.insert(k.clone(), q);
-                    }
-                    None => {
-                        c.props.remove(k);
-                    }
-                },
-                "oclass" | "dir_oclass" => {
-                    let class = v
-                        .parse::<ObjectClass>()
-                        .map_err(|e| Status::invalid_argument(format!("{k}: {e}")))?;
-                    if class.group_size() as usize > p.ranks.len() {
-                        return Err(Status::invalid_argument(format!(
-                            "{k}: object class {class} needs {} engines, pool has {}",
-                            class.group_size(),
-                            p.ranks.len()
-                        )));
-                    }
-                    if k == "oclass" {
-                        c.oclass = class.name().into();
-                    } else {
-                        c.dir_oclass = class.name().into();
-                    }
-                }
-                "label" => {
-                    validate_label("container", v)?;
-                    if p.conts.values().any(|o| o.label == *v && o.uuid != c.uuid) {
-                        return Err(Status::already_exists(format!(
-                            "container {v:?} already exists in pool {:?}",
-                            p.label
-                        )));
-                    }
-                    c.label = v.clone();
-                }
-                "rf" | "chunk_size" | "type" => {
-                    return Err(Status::invalid_argument(format!(
-                        "container property {k} cannot change after creation"
-                    )));
-                }
-                _ if k.starts_with("user.") || ["acl", "owner", "group"].contains(&k.as_str()) => {
-                    c.props.insert(k.clone(), v.clone());
-                }
-                _ => {
-                    return Err(Status::invalid_argument(format!(
-                        "container property {k:?}: unknown (settable: {}, or user.*)",
-                        CONT_PROPS.join(", ")
-                    )))
-                }
-            }
-        }
-        access::normalize_props(&mut c.props, None);
-        s.pools
-            .get_mut(&p.uuid)
-            .unwrap()
-            .conts
-            .insert(c.uuid, c.clone());
-        self.persist(&s)?;
-        if r.props.contains_key("quota") {
-            let v = self.quota_changed();
-            self.push_quotas(&s, &p, &[&c], v).await;
-        }
-        let (_, used, _) = self.pool_space(&s, &p).await;
-        let used = used.get(&c.uuid).copied().unwrap_or(0);
-        Ok(Response::new(self.cont_info(&p, &c, used)))
+        self.cont_set_prop(req).await
     }
 
     async fn snap_create(&self, req: Request<SnapCreateReq>) -> Result<Response<Snapshot>, Status> {
-        let r = req.into_inner();
-        let mut s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
-        let mut c = MgmtService::find_cont(&p, &r.cont)?.clone();
-        if !r.name.is_empty() && c.snapshots.iter().any(|x| x.name == r.name) {
-            return Err(Status::already_exists(format!(
-                "snapshot {:?} already exists in container {:?}",
-                r.name, c.label
-            )));
-        }
-        // Engines must keep the epoch before the snapshot is reported taken.
-        // A target that aggregated past the epoch meanwhile (it only learns
-        // of the snapshot now) refuses it: then a newer epoch is tried.
-        let before = c.snapshots.clone();
-        let mut attempt = 1;
-        let snap = loop {
-            let snap = SnapRec {
-                epoch: epoch_now(),
-                name: r.name.clone(),
-                created_unix: now_unix(),
-            };
-            c.snapshots = before.clone();
-            c.snapshots.push(snap.clone());
-            match self.push_snapshots(&s, &p, &c, Some(snap.epoch)).await {
-                Ok(()) => break snap,
-                Err(e) if e.code() == tonic::Code::Aborted && attempt < SNAP_ATTEMPTS => {
-                    tracing::info!(
-                        "snapshot of container {}: {}; retrying",
-                        c.label,
-                        e.message()
-                    );
-                    attempt += 1;
-                }
-                Err(e) => {
-                    // Targets that took the new list keep an epoch nobody reads: harmless, but put back.
-                    c.snapshots = before;
-                    let _ = self.push_snapshots(&s, &p, &c, None).await;
-                    return Err(e);
-                }
-            }
-        };
-        s.pools.get_mut(&p.uuid).unwrap().conts.insert(c.uuid, c);
-        self.persist(&s)?;
-        Ok(Response::new((&snap).into()))
+        self.snap_create(req).await
     }
 
     async fn snap_list(&self, req: Request<SnapListReq>) -> Result<Response<SnapListResp>, Status> {
-        let r = req.into_inner();
-        let s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &r.pool)?;
-        let c = MgmtService::find_cont(p, &r.cont)?;
-        Ok(Response::new(SnapListResp {
-            snapshots: c.snapshots.iter().map(Snapshot::from).collect(),
-        }))
+        self.snap_list(req).await
     }
 
     async fn snap_destroy(&self, req: Request<SnapDestroyReq>) -> Result<Response<Empty>, Status> {
-        let r = req.into_inner();
-        let mut s = self.state.lock().await;
-        let p = MgmtService::find_pool(&s, &r.pool)?.clone();
-        let mut c = MgmtService::find_cont(&p, &r.cont)?.clone();
-        let before = c.snapshots.len();
-        c.snapshots.retain(|x| {
-            !((r.epoch != 0 && x.epoch == r.epoch) || (!r.name.is_empty() && x.name == r.name))
-        });
-        if c.snapshots.len() == before {
-            return Err(Status::not_found(format!(
-                "container {:?}: no snapshot {}",
-                c.label,
-                if r.name.is_empty() {
-                    format!("at epoch {}", r.epoch)
-                } else {
-                    format!("named {:?}", r.name)
-                }
-            )));
-        }
-        s.pools
-            .get_mut(&p.uuid)
-            .unwrap()
-            .conts
-            .insert(c.uuid, c.clone());
-        self.persist(&s)?;
-        // Aggregation may now reclaim what only the snapshot kept; a stopped engine learns it later.
-        if let Err(e) = self.push_snapshots(&s, &p, &c, None).await {
-            tracing::warn!(
-                "snapshot list of container {} not pushed everywhere: {}",
-                c.label,
-                e.message()
-            );
-        }
-        Ok(Response::new(Empty {}))
+        self.snap_destroy(req).await
     }
 }
