@@ -101,12 +101,23 @@ fi
 
 log "installing Peregrine with Helm (charts/peregrine): operator, CRDs, webhook, CSI driver"
 HELM="$(bash hack/build-helm.sh)"
+# A cluster left by an earlier run (its node restarted with it) runs the images of that run:
+# the ones imported above have the same tags, so nothing in the pod templates changes. What it
+# runs is restarted below, so that the demo shows the code just built.
+REUSED=0
+if "$HELM" status peregrine -n peregrine-system >/dev/null 2>&1; then REUSED=1; fi
 # The local images (peregrine/*:dev, imported above; nothing to pull). The StorageClass comes
 # from config/samples/csi below, so the chart's is off. --take-ownership adopts the same objects
 # left by an install made with `kubectl apply -k config/default -k config/csi`.
 "$HELM" upgrade --install peregrine charts/peregrine -n peregrine-system --create-namespace \
   --take-ownership --set imagePullPolicy=IfNotPresent --set storageClass.enabled=false "${INSECURE[@]}" \
   --wait --timeout "${WAIT}s" >&2
+if ((REUSED)); then
+  log "the release was there already: its operator and CSI driver restarted on the new images"
+  k -n peregrine-system rollout restart deployment daemonset >&2
+  k -n peregrine-system rollout status deployment/peregrine-operator --timeout="${WAIT}s" >&2
+  k -n peregrine-system rollout status deployment/peregrine-csi-controller --timeout="${WAIT}s" >&2
+fi
 k -n peregrine-system rollout status daemonset/peregrine-csi-node --timeout="${WAIT}s" >&2
 
 log "a ServerSet of three engines and a Pool"
@@ -116,6 +127,12 @@ else
   k apply -f config/samples/storage_v1alpha1_serverset.yaml >&2
 fi
 k apply -f config/samples/storage_v1alpha1_pool.yaml >&2
+if ((REUSED)); then
+  # The StatefulSet makes them again, from the template the new operator renders, on the new image.
+  log "the engine pods and the reader pod of the earlier run replaced"
+  k delete pod -l storage.peregrine.dev/serverset=tank --ignore-not-found --wait=false >&2
+  k delete -f config/samples/csi/pod.yaml --ignore-not-found --wait --timeout="${WAIT}s" >&2
+fi
 k wait --for=condition=Ready serverset/tank --timeout="${WAIT}s" >&2
 k wait --for=condition=Ready pool/tank --timeout="${WAIT}s" >&2
 k get serversets,pools >&2
