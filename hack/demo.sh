@@ -114,7 +114,8 @@ if "$HELM" status peregrine -n peregrine-system >/dev/null 2>&1; then REUSED=1; 
   --wait --timeout "${WAIT}s" >&2
 if ((REUSED)); then
   log "the release was there already: its operator and CSI driver restarted on the new images"
-  k -n peregrine-system rollout restart deployment daemonset >&2
+  k -n peregrine-system rollout restart deployment/peregrine-operator deployment/peregrine-csi-controller \
+    daemonset/peregrine-csi-node >&2
   k -n peregrine-system rollout status deployment/peregrine-operator --timeout="${WAIT}s" >&2
   k -n peregrine-system rollout status deployment/peregrine-csi-controller --timeout="${WAIT}s" >&2
 fi
