@@ -9,15 +9,15 @@ use peregrine::agent::{self, AgentSource};
 use peregrine::mgmt::ControlSource;
 use peregrine::{ObjectClass, ObjectId, TransportKind};
 use peregrine_proto::mgmt::*;
-use peregrine_testcluster::{engine_bin, Cluster, ClusterSpec};
+use peregrine_testcluster::{build_c_program, props, Cluster, ClusterSpec};
 use prost::Message;
-use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// uid and gid of "nobody" on Debian (the test grants it by name).
@@ -44,30 +44,39 @@ fn start_agent(c: &Cluster) -> Agent {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = dir.path().join("agent.sock");
+    Agent {
+        child: spawn_agent(c, &socket),
+        socket,
+        _dir: dir,
+    }
+}
+
+/// An agent process serving `socket`, once it listens.
+fn spawn_agent(c: &Cluster, socket: &Path) -> Child {
+    let _ = std::fs::remove_file(socket);
     let child = Command::new(env!("CARGO_BIN_EXE_peregrine-agent"))
         .arg("--socket")
-        .arg(&socket)
+        .arg(socket)
         .args(["--mgmt", &c.mgmt_addr()])
         .arg("--tls-dir")
         .arg(c.client_tls_dir().expect("a TLS cluster"))
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while UnixStream::connect(&socket).is_err() {
+    while UnixStream::connect(socket).is_err() {
         assert!(Instant::now() < deadline, "the agent did not listen");
         std::thread::sleep(Duration::from_millis(50));
     }
-    Agent {
-        child,
-        socket,
-        _dir: dir,
-    }
+    child
 }
 
-fn props(kv: &[(&str, &str)]) -> HashMap<String, String> {
-    kv.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+impl Agent {
+    /// kill -9, then a new agent on the same socket.
+    fn restart(&mut self, c: &Cluster) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = spawn_agent(c, &self.socket);
+    }
 }
 
 /// Pool "pool" (everyone may connect), container "ro" (nobody reads) and
@@ -109,36 +118,6 @@ fn cluster() -> Cluster {
     c
 }
 
-/// The C program `agent_user`, built against libperegrine.so.
-fn build_program(dir: &Path) -> (PathBuf, PathBuf) {
-    let lib_dir = engine_bin().parent().unwrap().to_path_buf();
-    assert!(
-        lib_dir.join("libperegrine.so").exists(),
-        "libperegrine.so missing in {}: run `cargo build --workspace` first (make test does)",
-        lib_dir.display()
-    );
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let exe = dir.join("agent_user");
-    let cc = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(root.join("crates/client/tests/c/agent_user.c"))
-        .arg("-I")
-        .arg(root.join("include"))
-        .arg("-L")
-        .arg(&lib_dir)
-        .arg("-lperegrine")
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-    (exe, lib_dir)
-}
-
 /// Run the program as `uid` (its own group: nobody's is nogroup, 65534).
 fn run_as(uid: u32, prog: &(PathBuf, PathBuf), agent: &Agent, cont: &str, expect: &str) {
     let out = Command::new(&prog.0)
@@ -165,7 +144,7 @@ fn other_users_connect_through_the_agent_as_the_kernel_names_them() {
     let agent = start_agent(&c);
     let bin = tempfile::tempdir().unwrap();
     std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let prog = build_program(bin.path());
+    let prog = build_c_program("agent_user", bin.path());
 
     // nobody reads "ro" and is refused its write there (a read-only handle,
     // enforced by the engine); as a member of nogroup it writes "rw".
@@ -232,4 +211,66 @@ fn other_users_connect_through_the_agent_as_the_kernel_names_them() {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(s.read_to_end(&mut rest).unwrap(), 0, "then closed");
     run_as(NOBODY, &prog, &agent, "ro", "read");
+}
+
+#[test]
+fn a_client_keeps_working_across_an_agent_restart() {
+    let c = cluster();
+    let mut agent = start_agent(&c);
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (exe, lib_dir) = build_c_program("agent_user", bin.path());
+
+    // nobody writes d/c through the agent, then waits with its client open.
+    let mut prog = Command::new(&exe)
+        .args(["pool", "rw", "reopen"])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .env(agent::ENV_SOCKET, &agent.socket)
+        .env("PEREGRINE_TRANSPORT", "tcp")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(prog.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n", "the program wrote d/c: {}", {
+        let out = prog.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    });
+
+    // While the agent is down a caller is told so at once, not left hanging.
+    agent.child.kill().unwrap();
+    agent.child.wait().unwrap();
+    let e = AgentSource::connect(&agent.socket)
+        .err()
+        .expect("no agent listens");
+    assert!(
+        [-libc::ECONNREFUSED, -libc::ENOENT].contains(&e.code),
+        "{e}"
+    );
+
+    // The agent comes back; the program's next pool connect and container
+    // open go through the new one, as nobody again, and read d/c back.
+    agent.child = spawn_agent(&c, &agent.socket);
+    prog.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = prog.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "after the agent's restart: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // In-process too: a client made before a restart connects after it.
+    let root = agent::connect(&agent.socket, TransportKind::Tcp, Default::default()).unwrap();
+    root.pool_connect("pool").unwrap();
+    agent.restart(&c);
+    root.pool_connect("pool")
+        .expect("the library dials the restarted agent");
 }

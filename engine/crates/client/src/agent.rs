@@ -14,7 +14,7 @@
 //! before anything is reserved for them.
 
 use crate::error::{Error, Result};
-use crate::mgmt::{ControlSource, Mgmt};
+use crate::mgmt::ControlSource;
 use crate::shm::ShmConfig;
 use crate::{Client, TransportKind};
 use std::io::{Read, Write};
@@ -189,50 +189,6 @@ pub fn connect(socket: &Path, kind: TransportKind, shm: ShmConfig) -> Result<Cli
     let source = Arc::new(AgentSource::connect(socket)?);
     let name = format!("peregrine-agent at {}", socket.display());
     Ok(Client::connect_via_with_shm(&name, source, kind, shm))
-}
-
-/// Forward one call for the user `cred` (the agent's side): only the
-/// [`FORWARDED`] calls, with the credential replaced by `cred`.
-pub fn forward(
-    mgmt: &Mgmt,
-    cred: &peregrine_proto::mgmt::Credential,
-    rpc: &str,
-    req: &[u8],
-) -> Result<Vec<u8>> {
-    use peregrine_proto::mgmt::*;
-    use prost::Message;
-    fn decode<T: Message + Default>(rpc: &str, b: &[u8]) -> Result<T> {
-        T::decode(b).map_err(|e| Error::inval(format!("{rpc}: bad request: {e}")))
-    }
-    let cred = Some(cred.clone());
-    Ok(match rpc {
-        "system_query" => mgmt
-            .system_query(decode::<SystemQueryReq>(rpc, req)?)?
-            .encode_to_vec(),
-        "pool_query" => mgmt
-            .pool_query(decode::<PoolQueryReq>(rpc, req)?)?
-            .encode_to_vec(),
-        "pool_connect" => {
-            let mut r: PoolConnectReq = decode(rpc, req)?;
-            r.cred = cred;
-            mgmt.pool_connect(r)?.encode_to_vec()
-        }
-        "cont_query" => {
-            let mut r: ContQueryReq = decode(rpc, req)?;
-            r.cred = cred;
-            mgmt.cont_query(r)?.encode_to_vec()
-        }
-        _ => {
-            return Err(Error::new(
-                -libc::EACCES,
-                format!(
-                    "{rpc:?} is not a call the agent makes for users (only {}); it needs an \
-                     administrator's certificate",
-                    FORWARDED.join(", ")
-                ),
-            ))
-        }
-    })
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use peregrine_proto::data;
 use peregrine_proto::frame::Opcode;
 use peregrine_proto::mgmt::*;
 use prost::Message;
-use std::collections::HashMap;
 
 /// A user as the client library sends it.
 fn user(name: &str, uid: u32, groups: &[&str]) -> Credential {
@@ -31,12 +30,6 @@ fn client_as(c: &Cluster, cred: Option<Credential>, kind: TransportKind) -> Clie
         .unwrap_or_else(|e| panic!("connect: {e}"));
     cl.mgmt().set_credential(cred);
     cl
-}
-
-fn props(kv: &[(&str, &str)]) -> HashMap<String, String> {
-    kv.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 /// A cluster of one engine with pool "pool" (anyone may connect) and

@@ -40,6 +40,50 @@ pub fn engine_bin() -> PathBuf {
     p
 }
 
+/// Properties as the management API takes them (`acl`, `owner`, ...).
+pub fn props(kv: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Builds the C program `crates/client/tests/c/<name>.c` against the
+/// libperegrine.so next to the engine binary, into `out_dir` (made
+/// executable by all, so tests may run it as other users). Returns the
+/// program and the library's directory, for `LD_LIBRARY_PATH`.
+pub fn build_c_program(name: &str, out_dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let lib_dir = engine_bin()
+        .parent()
+        .expect("target/<profile>")
+        .to_path_buf();
+    assert!(
+        lib_dir.join("libperegrine.so").exists(),
+        "libperegrine.so missing in {}: run `cargo build --workspace` first (make test does)",
+        lib_dir.display()
+    );
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let exe = out_dir.join(name);
+    let cc = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root.join(format!("crates/client/tests/c/{name}.c")))
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg("-lperegrine")
+        .output()
+        .expect("running cc");
+    assert!(
+        cc.status.success(),
+        "cc {name}.c: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (exe, lib_dir)
+}
+
 /// A loopback port nothing listens on, never the same twice in this process:
 /// the kernel may hand a just-released port out again, and two engines of one
 /// cluster given the same port fail to start.

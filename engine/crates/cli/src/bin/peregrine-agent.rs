@@ -12,6 +12,8 @@
 use clap::Parser;
 use peregrine::agent;
 use peregrine::{Error, Mgmt, Security};
+use peregrine_proto::mgmt::*;
+use prost::Message;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -145,11 +147,53 @@ fn serve(mgmt: &Mgmt, mut s: UnixStream, idle: Duration) {
             // Hung up or idle.
             Err(_) => return,
         };
-        let reply = agent::forward(mgmt, &cred, &rpc, &req);
+        let reply = forward(mgmt, &cred, &rpc, &req);
         if agent::write_reply(&mut s, &reply).is_err() {
             return;
         }
     }
+}
+
+/// Forward one call for the user `cred` (the agent's side): only the
+/// [`agent::FORWARDED`] calls, with the credential replaced by `cred`.
+fn forward(
+    mgmt: &Mgmt,
+    cred: &peregrine_proto::mgmt::Credential,
+    rpc: &str,
+    req: &[u8],
+) -> Result<Vec<u8>, Error> {
+    fn decode<T: Message + Default>(rpc: &str, b: &[u8]) -> Result<T, Error> {
+        T::decode(b).map_err(|e| Error::inval(format!("{rpc}: bad request: {e}")))
+    }
+    let cred = Some(cred.clone());
+    Ok(match rpc {
+        "system_query" => mgmt
+            .system_query(decode::<SystemQueryReq>(rpc, req)?)?
+            .encode_to_vec(),
+        "pool_query" => mgmt
+            .pool_query(decode::<PoolQueryReq>(rpc, req)?)?
+            .encode_to_vec(),
+        "pool_connect" => {
+            let mut r: PoolConnectReq = decode(rpc, req)?;
+            r.cred = cred;
+            mgmt.pool_connect(r)?.encode_to_vec()
+        }
+        "cont_query" => {
+            let mut r: ContQueryReq = decode(rpc, req)?;
+            r.cred = cred;
+            mgmt.cont_query(r)?.encode_to_vec()
+        }
+        _ => {
+            return Err(Error::new(
+                -libc::EACCES,
+                format!(
+                    "{rpc:?} is not a call the agent makes for users (only {}); it needs an \
+                     administrator's certificate",
+                    agent::FORWARDED.join(", ")
+                ),
+            ))
+        }
+    })
 }
 
 /// The connecting process's uid and gid, as the kernel recorded them at connect.

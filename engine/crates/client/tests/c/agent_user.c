@@ -4,9 +4,13 @@
  * test (crates/cli/tests/agent.rs). Usage: agent_user POOL CONT EXPECT
  * EXPECT: "none" (the container open is refused with -EACCES), "read" (the
  * value d/a reads back as "admin", a write is refused with -EACCES) or
- * "write" (a write of d/b reads back). Exit status 0 when all held.
+ * "write" (a write of d/b reads back) or "reopen" (writes d/c, says "ready",
+ * waits for a line on stdin, the agent restarted meanwhile, then connects the
+ * pool and opens the container again with the same client and reads d/c
+ * back). Exit status 0 when all held.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,10 +27,53 @@ static void expect(int rc, int want, const char *what)
 	}
 }
 
+/* Write d/c, wait while the test restarts the agent, then connect and open
+ * again through the same client (its first call after the restart finds
+ * the old connection broken and dials the new agent) and read d/c back. */
+static bool reopen(prg_client_t *client, const char *pool_name, const char *cont_name,
+		   prg_cont_t *cont, prg_obj_t *obj)
+{
+	prg_pool_t *pool = NULL;
+	prg_obj_id_t oid;
+	char buf[64], line[16];
+	size_t len = sizeof(buf);
+
+	expect(prg_obj_update_single(obj, "d", 1, "c", 1, "before", 6), 0, "update d/c");
+	printf("ready\n");
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin)) {
+		fprintf(stderr, "no go-ahead on stdin\n");
+		return false;
+	}
+	expect(prg_pool_connect(client, pool_name, &pool), 0, "prg_pool_connect after the restart");
+	if (failures)
+		return false;
+	prg_cont_t *again = NULL;
+	expect(prg_cont_open(pool, cont_name, &again), 0, "prg_cont_open after the restart");
+	if (failures)
+		return false;
+	prg_obj_t *o = NULL;
+	expect(prg_obj_id_make("S1", 0, 7, &oid), 0, "prg_obj_id_make");
+	expect(prg_obj_open(again, oid, &o), 0, "prg_obj_open after the restart");
+	if (failures)
+		return false;
+	expect(prg_obj_fetch_single(o, "d", 1, "c", 1, buf, &len), 0, "fetch d/c");
+	if (len != 6 || memcmp(buf, "before", 6) != 0) {
+		fprintf(stderr, "d/c reads %.*s, want before\n", (int)len, buf);
+		failures++;
+	}
+	prg_obj_close(o);
+	prg_obj_close(obj);
+	prg_cont_close(again);
+	prg_cont_close(cont);
+	prg_pool_disconnect(pool);
+	return failures == 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
-		fprintf(stderr, "usage: agent_user POOL CONT none|read|write\n");
+		fprintf(stderr, "usage: agent_user POOL CONT none|read|write|reopen\n");
 		return 2;
 	}
 	const char *mode = argv[3];
@@ -64,6 +111,11 @@ int main(int argc, char **argv)
 		}
 		expect(prg_obj_update_single(obj, "d", 1, "a", 1, "user", 4), -EACCES,
 		       "update d/a with a read-only handle");
+	} else if (strcmp(mode, "reopen") == 0) {
+		bool ok = reopen(client, argv[1], argv[2], cont, obj);
+		prg_pool_disconnect(pool);
+		prg_disconnect(client);
+		return ok ? 0 : 1;
 	} else {
 		expect(prg_obj_update_single(obj, "d", 1, "b", 1, "user", 4), 0, "update d/b");
 		expect(prg_obj_fetch_single(obj, "d", 1, "b", 1, buf, &len), 0, "fetch d/b");
