@@ -31,6 +31,9 @@ test-engine:
 lint: deps go-lint go-verify chart-lint
 	cd $(ENGINE) && $(CARGO) fmt --all -- --check
 	cd $(ENGINE) && $(CARGO) clippy --workspace --all-targets -- -D warnings
+	@# The storage core speaks its own types: no gRPC, no async runtime.
+	cd $(ENGINE) && if $(CARGO) tree -p peregrine-vos -e normal --prefix none | grep -E '^(tonic|tokio|hyper) '; then \
+		echo "peregrine-vos must depend on neither gRPC nor an async runtime"; exit 1; fi
 
 fmt:
 	cd $(ENGINE) && $(CARGO) fmt --all

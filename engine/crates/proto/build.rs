@@ -3,7 +3,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mgmt = dir.join("mgmt.proto");
     let data = dir.join("data.proto");
     let ms = dir.join("ms_state.proto");
-    tonic_build::configure().compile_protos(&[&mgmt, &data], &[&dir])?;
+    // The services' client and server modules need tonic: only with the
+    // `grpc` feature (the messages alone serve the storage core).
+    let grpc = r#"#[cfg(feature = "grpc")]"#;
+    tonic_build::configure()
+        .client_mod_attribute(".", grpc)
+        .server_mod_attribute(".", grpc)
+        .compile_protos(&[&mgmt, &data], &[&dir])?;
     // The management service's state (messages only, no service): the mgmt
     // enums it holds are those of `crate::mgmt`, and its maps keep their
     // order (stable bytes). In a directory of its own, beside the above.

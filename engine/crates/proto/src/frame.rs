@@ -6,6 +6,7 @@
 //! interpreted.
 
 use std::io::{Read, Write};
+#[cfg(feature = "grpc")]
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub const MAGIC: [u8; 4] = *b"PRGN";
@@ -273,6 +274,8 @@ pub fn read_frame<R: Read>(r: &mut R) -> Result<Frame, FrameError> {
     Ok(Frame { header, msg, bulk })
 }
 
+/// [`read_frame`] on an async stream (the TCP data plane).
+#[cfg(feature = "grpc")]
 pub async fn read_frame_async<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, FrameError> {
     let mut hb = [0u8; HEADER_LEN];
     if let Err(e) = r.read_exact(&mut hb).await {
@@ -290,6 +293,8 @@ pub async fn read_frame_async<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, 
     Ok(Frame { header, msg, bulk })
 }
 
+/// [`write_frame`] on an async stream (the TCP data plane).
+#[cfg(feature = "grpc")]
 pub async fn write_frame_async<W: AsyncWrite + Unpin>(
     w: &mut W,
     op: Opcode,

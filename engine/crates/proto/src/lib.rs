@@ -9,6 +9,11 @@
 //! - [`frame`]: the versioned, length-checked framing around data messages.
 //! - [`oclass`]: object classes and 128-bit object ids.
 //! - [`shm`]: the shared-memory data plane's handshake and mapping (one node).
+//!
+//! The `grpc` feature (on by default; off in the workspace's declaration,
+//! so each crate asks for it) adds the services' tonic clients and servers
+//! and the async framing. The storage core (`peregrine-vos`) builds without
+//! it: neither gRPC nor an async runtime (`make lint` checks).
 
 pub mod acl;
 pub mod frame;
@@ -18,11 +23,11 @@ pub mod shm;
 pub mod size;
 
 pub mod mgmt {
-    tonic::include_proto!("peregrine.mgmt.v1");
+    include!(concat!(env!("OUT_DIR"), "/peregrine.mgmt.v1.rs"));
 }
 
 pub mod data {
-    tonic::include_proto!("peregrine.data.v1");
+    include!(concat!(env!("OUT_DIR"), "/peregrine.data.v1.rs"));
 }
 
 pub mod ms {
