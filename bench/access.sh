@@ -7,7 +7,9 @@
 # engines, pool, container and object class as bench/run.sh, fresh engines and
 # device files for every run. Prints one table: each line's median with the
 # checks on and off and their ratio (1.00 = no cost; 0.97 = 3% loss).
-# Results: bench/results/access.json. Engines are stopped on any exit.
+# Results: bench/results/access.json. Engines are stopped on any exit. Then
+# the check alone (cargo bench -p peregrine-engine --bench access_check),
+# against the engine's time per request at the fastest line's rate.
 #
 #   bench/access.sh [--rounds 3] [--secs 10] [--size 1GiB] [--device-size 8GiB]
 #                   [--dir /var/tmp] [--transport auto|tcp|shm] [--engines 1]
@@ -226,3 +228,13 @@ with open(out, "w") as fh:
     fh.write("\n")
 PY
 echo "==> wrote $RESULTS/access.json"
+
+# The check alone, apart from the noise of whole runs: what it costs per
+# request against the engine's CPU time per request at the fastest line.
+FASTEST=$(python3 -c 'import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+print(max(x["off_median"] for x in rows if x["unit"] in ("IOPS", "ops/s")))' "$RESULTS/access.json")
+echo
+echo "==> cargo bench -p peregrine-engine --bench access_check -- --per-second $FASTEST"
+(cd "$ROOT/engine" && cargo bench -q -p peregrine-engine --bench access_check -- --per-second "$FASTEST") ||
+  die "the access_check benchmark failed"
