@@ -328,14 +328,18 @@ mod tests {
     use peregrine_proto::data::FetchReq;
     use peregrine_proto::handle::new_key;
 
+    fn addr(pool: &Uuid, cont: &Uuid, handle: &Handle) -> Option<Address> {
+        Some(Address {
+            pool: pool.as_bytes().to_vec(),
+            cont: cont.as_bytes().to_vec(),
+            handle: handle.encode(),
+            ..Default::default()
+        })
+    }
+
     fn fetch(pool: &Uuid, cont: &Uuid, handle: &Handle) -> Request {
         Request::Fetch(FetchReq {
-            addr: Some(Address {
-                pool: pool.as_bytes().to_vec(),
-                cont: cont.as_bytes().to_vec(),
-                handle: handle.encode(),
-                ..Default::default()
-            }),
+            addr: addr(pool, cont, handle),
             ..Default::default()
         })
     }
@@ -378,12 +382,7 @@ mod tests {
         // A write with a remembered read handle.
         let upd = Request::Update(
             peregrine_proto::data::UpdateReq {
-                addr: Some(Address {
-                    pool: pool.as_bytes().to_vec(),
-                    cont: c0.as_bytes().to_vec(),
-                    handle: h0.encode(),
-                    ..Default::default()
-                }),
+                addr: addr(&pool, c0, h0),
                 ..Default::default()
             },
             peregrine_vos::Bulk::Owned(Vec::new()),
