@@ -211,7 +211,11 @@ pub fn il_sh_env(dir: &Path, script: &str, env: &[(&str, &str)]) -> (String, Rep
         .env_remove("PEREGRINE_IL_METADATA")
         .envs(env.iter().copied())
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| {
+            // Usually the mount refusing the chdir: the daemon's log says why.
+            let log = fs::read_to_string(dir.with_extension("log")).unwrap_or_default();
+            panic!("sh in {}: {e}\ndaemon log:\n{log}", dir.display())
+        });
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
