@@ -51,6 +51,7 @@ pub mod testkit;
 pub mod tls;
 pub mod transaction;
 pub mod transport;
+mod workers;
 
 pub use client::Client;
 pub use container::Container;

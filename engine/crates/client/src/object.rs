@@ -147,24 +147,10 @@ pub(crate) fn rs_codec(k: usize, p: usize) -> Arc<ReedSolomon> {
         .clone()
 }
 
-/// Run `f` over `items` in parallel (scoped threads, at most
-/// [`MAX_PARALLEL`] at once; the first item runs on the calling thread).
+/// Run `f` over `items` in parallel on the client's worker threads (at
+/// most [`MAX_PARALLEL`] at once; the first item runs on the calling thread).
 pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    if items.len() <= 1 {
-        return items.iter().map(&f).collect();
-    }
-    let mut out = Vec::with_capacity(items.len());
-    for wave in items.chunks(MAX_PARALLEL) {
-        std::thread::scope(|s| {
-            let f = &f;
-            let handles: Vec<_> = wave[1..].iter().map(|it| s.spawn(move || f(it))).collect();
-            out.push(f(&wave[0]));
-            for h in handles {
-                out.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-            }
-        });
-    }
-    out
+    crate::workers::par_map(items, MAX_PARALLEL, f)
 }
 
 /// Several failed attempts at one read, as one error: `-EILSEQ` if any
