@@ -71,10 +71,14 @@ fn spawn_agent(c: &Cluster, socket: &Path) -> Child {
 }
 
 impl Agent {
-    /// kill -9, then a new agent on the same socket.
-    fn restart(&mut self, c: &Cluster) {
+    /// kill -9 (its socket file stays, as after a crash).
+    fn kill9(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+    }
+
+    /// A new agent on the same socket, after [`Agent::kill9`].
+    fn start_again(&mut self, c: &Cluster) {
         self.child = spawn_agent(c, &self.socket);
     }
 }
@@ -245,8 +249,7 @@ fn a_client_keeps_working_across_an_agent_restart() {
     });
 
     // While the agent is down a caller is told so at once, not left hanging.
-    agent.child.kill().unwrap();
-    agent.child.wait().unwrap();
+    agent.kill9();
     let e = AgentSource::connect(&agent.socket)
         .err()
         .expect("no agent listens");
@@ -257,7 +260,7 @@ fn a_client_keeps_working_across_an_agent_restart() {
 
     // The agent comes back; the program's next pool connect and container
     // open go through the new one, as nobody again, and read d/c back.
-    agent.child = spawn_agent(&c, &agent.socket);
+    agent.start_again(&c);
     prog.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     let out = prog.wait_with_output().unwrap();
     assert!(
@@ -270,7 +273,8 @@ fn a_client_keeps_working_across_an_agent_restart() {
     // In-process too: a client made before a restart connects after it.
     let root = agent::connect(&agent.socket, TransportKind::Tcp, Default::default()).unwrap();
     root.pool_connect("pool").unwrap();
-    agent.restart(&c);
+    agent.kill9();
+    agent.start_again(&c);
     root.pool_connect("pool")
         .expect("the library dials the restarted agent");
 }
