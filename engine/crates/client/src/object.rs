@@ -105,13 +105,13 @@ pub(crate) const READ_RETRY_WINDOW: std::time::Duration = std::time::Duration::f
 const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(20);
 const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Failures a retry with a fresh pool map can get past: a stale map, an
-/// engine starting or restarting, a connection lost or refused.
 /// How long a conditional insert waits for a transaction that holds its
 /// key prepared: past the engines' own settling of a transaction whose
 /// client died (the engines' `DTX_STALE_MS`, 2 s), with margin.
 const HELD_KEY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Failures a retry with a fresh pool map can get past: a stale map, an
+/// engine starting or restarting, a connection lost or refused.
 fn retryable(code: i32) -> bool {
     [
         libc::ESTALE,
@@ -124,6 +124,13 @@ fn retryable(code: i32) -> bool {
         libc::EPIPE,
     ]
     .contains(&-code)
+}
+
+/// Failures that a newer pool map could route around: a target down or
+/// being reintegrated in this client's map, or an engine that cannot be
+/// reached (a newer map may show it excluded, and another copy back).
+fn map_may_be_stale(code: i32) -> bool {
+    code == -libc::EHOSTDOWN || retryable(code)
 }
 
 impl std::fmt::Debug for Object {
@@ -543,6 +550,17 @@ impl Object {
                         Err(_) => pool.map(),
                     };
                 }
+                // Every copy either unreachable or down by this client's
+                // map: the map may be older than the system's. Nothing
+                // else would tell: an engine refuses an old map only when
+                // asked, and none was. Retried only while the map moves on.
+                Err(e) if map_may_be_stale(e.code) => match pool.refresh() {
+                    Ok(newer) if newer.version > map.version => {
+                        tracing::debug!("pool map {} -> {} after: {e}", map.version, newer.version);
+                        map = newer;
+                    }
+                    _ => return Err(e),
+                },
                 r => return r,
             }
         }

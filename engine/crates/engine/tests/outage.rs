@@ -1000,3 +1000,75 @@ fn many_restarts() {
         w.assert_clean(&format!("{class}: many restarts"));
     }
 }
+
+/// A client whose pool map is older than the system's reads on when the
+/// other replica goes away. It learnt that rank 2 was excluded, then rank 2
+/// came back and was reintegrated while the client sent nothing (so no
+/// engine told it its map was old), then rank 1 died: by its map, the
+/// object's only copies are unreachable or down. It asks for the map again
+/// and reads the returned replica, instead of failing (a FUSE daemon
+/// answered EIO there).
+#[test]
+fn a_reader_with_an_old_map_reads_the_replica_that_came_back() {
+    let _serial = one_at_a_time();
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        384,
+        "RP_2G1",
+        "crc32c",
+    );
+    let cont = c.container();
+    let full = cont.pool().map();
+    let ranks = |i: u64| -> Vec<u32> {
+        let l = peregrine::placement::layout(&full, oid(ObjectClass::Rp2G1, i), ObjectClass::Rp2G1)
+            .unwrap();
+        let mut r: Vec<u32> = l[0]
+            .shards
+            .iter()
+            .map(|s| full.targets[s.target].rank)
+            .collect();
+        r.sort_unstable();
+        r
+    };
+    let i = (0..1000)
+        .find(|&i| ranks(i) == [1, 2])
+        .expect("an object on ranks 1 and 2");
+    let obj = cont.object(oid(ObjectClass::Rp2G1, i)).unwrap();
+    obj.update_single(b"d", b"a", b"before").unwrap();
+
+    let (v0, _, _) = pool_out(&c);
+    c.engines[2].kill9();
+    let killed = Instant::now();
+    while !matches!(pool_out(&c), (v, out, _) if v > v0 && out > 0 && out != u32::MAX) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "rank 2 not excluded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = cont.pool().refresh().unwrap();
+    assert!(out.version > v0, "the client has the map without rank 2");
+    obj.update_single(b"d", b"a", b"during").unwrap();
+
+    c.restart(2);
+    wait_reintegrated(&c, Duration::from_secs(60));
+    assert_eq!(
+        cont.pool().map().version,
+        out.version,
+        "the client asked nothing meanwhile"
+    );
+    c.engines[1].kill9();
+    let got = obj
+        .fetch_single(b"d", b"a")
+        .unwrap_or_else(|e| panic!("read with rank 1 down and an old map: {e}"));
+    assert_eq!(got.as_deref(), Some(&b"during"[..]));
+    assert!(
+        cont.pool().map().version > out.version,
+        "the read took the new map"
+    );
+}
