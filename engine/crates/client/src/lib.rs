@@ -65,6 +65,7 @@ pub use transaction::{Expect, Transaction};
 pub use transport::{
     MultiTransport, TcpConfig, TcpTransport, Transport, TransportKind, TransportStats,
 };
+pub use workers::par_map;
 
 #[cfg(test)]
 mod tests;

@@ -139,11 +139,7 @@ impl Latch {
 /// item of each wave on the calling thread), and return the results in
 /// order. A panic in any `f` is resumed here once every item of its wave
 /// has finished.
-pub(crate) fn par_map<T: Sync, R: Send>(
-    items: &[T],
-    width: usize,
-    f: impl Fn(&T) -> R + Sync,
-) -> Vec<R> {
+pub fn par_map<T: Sync, R: Send>(items: &[T], width: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     if items.len() <= 1 {
         return items.iter().map(&f).collect();
     }

@@ -2,7 +2,7 @@
 //! readdir.
 
 use crate::{Dfs, Entry, Node, Stat, COUNT_DKEY, READDIR_PARALLEL};
-use peregrine::{ObjectId, Result};
+use peregrine::{par_map, ObjectId, Result};
 
 /// A snapshot of a directory's names taken at open: cookies are positions
 /// in it (1-based; 0 = start), so they stay valid while entries are added
@@ -111,20 +111,19 @@ impl Dfs {
     }
 }
 
-/// `f` over `items`, in up to [`READDIR_PARALLEL`] threads, results in order.
+/// `f` over `items`, in up to [`READDIR_PARALLEL`] parts side by side,
+/// results in order.
 fn par_chunks<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     if items.len() <= 1 {
         return items.iter().map(&f).collect();
     }
-    let per = items.len().div_ceil(READDIR_PARALLEL);
-    std::thread::scope(|s| {
-        let f = &f;
-        let hs: Vec<_> = items
-            .chunks(per)
-            .map(|part| s.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
-            .collect();
-        hs.into_iter()
-            .flat_map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+    let parts: Vec<&[T]> = items
+        .chunks(items.len().div_ceil(READDIR_PARALLEL))
+        .collect();
+    par_map(&parts, READDIR_PARALLEL, |part| {
+        part.iter().map(&f).collect::<Vec<_>>()
     })
+    .into_iter()
+    .flatten()
+    .collect()
 }

@@ -2,7 +2,8 @@
 //! a file's array object of chunks.
 
 use crate::{err, DATA_AKEY};
-use peregrine::{Container, Error, Object, ObjectId, Result};
+use peregrine::sync::Mutex;
+use peregrine::{par_map, Container, Error, Object, ObjectId, Result};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -129,21 +130,19 @@ impl File {
                 slices.push((idx, within, a));
                 rest = b;
             }
-            std::thread::scope(|s| -> Result<()> {
-                let hs: Vec<_> = slices
-                    .into_iter()
-                    .map(|(idx, within, b)| {
-                        s.spawn(move || {
-                            self.obj
-                                .fetch_array_into(&chunk_dkey(idx), DATA_AKEY, within, b)
-                        })
-                    })
-                    .collect();
-                for h in hs {
-                    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-                }
-                Ok(())
-            })?;
+            // Each piece's buffer is its own; the mutex only lets a shared
+            // item hand out its `&mut` (never contended).
+            let slices: Vec<_> = slices
+                .into_iter()
+                .map(|(idx, within, b)| (idx, within, Mutex::new(b)))
+                .collect();
+            par_map(&slices, slices.len(), |(idx, within, b)| {
+                let mut b = b.lock();
+                self.obj
+                    .fetch_array_into(&chunk_dkey(*idx), DATA_AKEY, *within, &mut b[..])
+            })
+            .into_iter()
+            .collect::<Result<()>>()?;
         }
         Ok(n)
     }
@@ -159,25 +158,12 @@ impl File {
             self.obj
                 .update_array(&chunk_dkey(pieces[0].0), DATA_AKEY, pieces[0].1, data)?;
         } else {
-            std::thread::scope(|s| -> Result<()> {
-                let hs: Vec<_> = pieces
-                    .iter()
-                    .map(|&(idx, within, len, at)| {
-                        s.spawn(move || {
-                            self.obj.update_array(
-                                &chunk_dkey(idx),
-                                DATA_AKEY,
-                                within,
-                                &data[at..at + len],
-                            )
-                        })
-                    })
-                    .collect();
-                for h in hs {
-                    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-                }
-                Ok(())
-            })?;
+            par_map(&pieces, pieces.len(), |&(idx, within, len, at)| {
+                self.obj
+                    .update_array(&chunk_dkey(idx), DATA_AKEY, within, &data[at..at + len])
+            })
+            .into_iter()
+            .collect::<Result<()>>()?;
         }
         self.cached
             .fetch_max(off + data.len() as u64, Ordering::Relaxed);
