@@ -19,7 +19,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 use peregrine::{Error, ObjectId};
-use peregrine_dfs::{now_ns, Dfs, DirHandle, Entry, File, Node, SetAttr, Stat};
+use peregrine_dfs::{now_ns, Dfs, DirHandle, Entry, File, Node, SetAttr, Stat, DIR_TIME_TICK_NS};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -78,6 +78,9 @@ enum Handle {
         ino: u64,
         file: File,
         written: AtomicBool,
+        /// The mtime the file was made with, when this handle's create made
+        /// it: writes within that clock tick keep it ([`stamp_written`]).
+        made_at: Option<i64>,
     },
     Dir(DirHandle),
 }
@@ -90,6 +93,15 @@ pub struct PeregrineFs {
     next_fh: AtomicU64,
     /// Set by main once the session exists (kernel cache invalidation).
     notifier: Arc<OnceLock<Notifier>>,
+}
+
+/// Whether a file this handle made is still in the clock tick it was made
+/// in: its writes then need no new mtime (file times have the tick's
+/// granularity, as with Linux's coarse clock), which saves the entry's read
+/// and rewrite on close, a round trip and a commit per small file. The
+/// interception library applies the same rule.
+fn within_made_tick(made_at: Option<i64>) -> bool {
+    made_at.is_some_and(|t| now_ns() - t < DIR_TIME_TICK_NS)
 }
 
 /// Inode number of an object (root: 1).
@@ -528,7 +540,8 @@ impl Filesystem for PeregrineFs {
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let n = tryr!(reply, self.node(ino));
         let mut r = Some(reply);
-        if let Err(e) = self.open_file(&n, |fh, fl| r.take().unwrap().opened(FileHandle(fh), fl)) {
+        let opened = |fh, fl| r.take().unwrap().opened(FileHandle(fh), fl);
+        if let Err(e) = self.open_file(&n, None, opened) {
             if let Some(reply) = r {
                 reply.error(errno(&e));
             }
@@ -561,7 +574,8 @@ impl Filesystem for PeregrineFs {
         let attr = self.attr(&st);
         let ttl = self.opts.entry_ttl;
         let mut r = Some(reply);
-        if let Err(e) = self.open_file(&n, |fh, fl| {
+        let made_at = created.then_some(n.entry.mtime);
+        if let Err(e) = self.open_file(&n, made_at, |fh, fl| {
             r.take()
                 .unwrap()
                 .created(&ttl, &attr, Generation(0), FileHandle(fh), fl)
@@ -629,8 +643,14 @@ impl Filesystem for PeregrineFs {
         // mtime now, so that a stat right after close sees it (and not a
         // second, later change when RELEASE arrives).
         if let Ok(h) = self.handle(fh) {
-            if let Handle::File { ino, file, written } = &*h {
-                if written.swap(false, Ordering::Relaxed) {
+            if let Handle::File {
+                ino,
+                file,
+                written,
+                made_at,
+            } = &*h
+            {
+                if written.swap(false, Ordering::Relaxed) && !within_made_tick(*made_at) {
                     let node = self.inodes.lock().get(ino).map(|i| i.node.clone());
                     if let Some(n) = node {
                         if let Err(e) = self.dfs.touch_written(&n, file.cached_size()) {
@@ -660,7 +680,13 @@ impl Filesystem for PeregrineFs {
             reply.ok();
             return;
         };
-        let Handle::File { ino, file, written } = &*h else {
+        let Handle::File {
+            ino,
+            file,
+            written,
+            made_at,
+        } = &*h
+        else {
             reply.ok();
             return;
         };
@@ -681,7 +707,7 @@ impl Filesystem for PeregrineFs {
         };
         if let Some(e) = punch {
             tryr!(reply, self.dfs.release_object(&e));
-        } else if written.load(Ordering::Relaxed) {
+        } else if written.load(Ordering::Relaxed) && !within_made_tick(*made_at) {
             if let Some(n) = node {
                 tryr!(reply, self.dfs.touch_written(&n, file.cached_size()));
             }

@@ -48,9 +48,12 @@ impl PeregrineFs {
         }
     }
 
+    /// Open `n` for I/O; `made_at`: the mtime it was made with, when the
+    /// caller's create made it.
     pub(super) fn open_file(
         &self,
         n: &Node,
+        made_at: Option<i64>,
         reply_fn: impl FnOnce(u64, FopenFlags),
     ) -> Result<(), Error> {
         let file = self.dfs.open(n)?;
@@ -63,6 +66,7 @@ impl PeregrineFs {
             ino,
             file,
             written: AtomicBool::new(false),
+            made_at,
         });
         reply_fn(fh, flags);
         Ok(())
