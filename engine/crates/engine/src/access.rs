@@ -25,11 +25,11 @@
 //! here, against about 13 us of engine time per request at the fastest
 //! data-plane line).
 
+use crate::request::DataRequest as Request;
 use parking_lot::RwLock;
 use peregrine_proto::data::Address;
 use peregrine_proto::handle::{Handle, Rights, HANDLE_LEN, KEY_LEN, NO_CONT};
 use peregrine_proto::mgmt::PoolAccess;
-use crate::request::DataRequest as Request;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -32,9 +32,9 @@
 
 use crate::config::DataPlaneConfig;
 use crate::node::Node;
+use crate::request::{self, DataRequest};
 use peregrine_proto::data::{self, Response as DataResponse, Status as DataStatus};
 use peregrine_proto::frame::{self, Frame, FrameError, Opcode, FLAG_RESPONSE, HEADER_LEN};
-use crate::request::{self, DataRequest};
 use peregrine_vos::ReplyRef;
 use prost::Message;
 use std::net::SocketAddr;

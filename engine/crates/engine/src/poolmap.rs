@@ -23,9 +23,9 @@
 //! under an older version is still unapplied.
 
 use crate::access::Access;
+use crate::request::DataRequest as Request;
 use parking_lot::{RwLock, RwLockReadGuard};
 use peregrine_proto::mgmt::{PoolMapVersion, TargetState};
-use crate::request::DataRequest as Request;
 use std::collections::HashMap;
 use uuid::Uuid;
 

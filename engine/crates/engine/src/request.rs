@@ -159,12 +159,7 @@ fn iod(i: data::Iod, op: &str, update: bool) -> Result<vos::Iod, Errno> {
             offset: i.offset,
             unchanged_since: (update && i.has_unchanged_since).then_some(i.unchanged_since),
         },
-        Err(_) => {
-            return Err(Errno::inval(format!(
-                "{op}: unknown value kind {}",
-                i.kind
-            )))
-        }
+        Err(_) => return Err(Errno::inval(format!("{op}: unknown value kind {}", i.kind))),
     };
     Ok(vos::Iod {
         akey: i.akey,
@@ -295,7 +290,9 @@ pub fn response(a: vos::Answer) -> data::Response {
         vos::Answer::List { keys, anchor, done } => {
             Some(Body::List(data::ListResp { keys, anchor, done }))
         }
-        vos::Answer::Size { size, absent } => Some(Body::Size(data::QuerySizeResp { size, absent })),
+        vos::Answer::Size { size, absent } => {
+            Some(Body::Size(data::QuerySizeResp { size, absent }))
+        }
         vos::Answer::Changed { keys, done } => Some(Body::Changed(data::ListChangedResp {
             keys: keys.into_iter().map(changed_key).collect(),
             done,

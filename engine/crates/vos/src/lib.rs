@@ -214,19 +214,18 @@ mod wal;
 
 pub use bulk::{Bulk, Gather, SharedBytes};
 pub use counters::{TargetCounters, TargetSpace, TierSpace};
+pub use dtx::TxId;
 pub use dtx::{DTX_STALE_MS, MAX_DECIDE, MAX_SHARDS};
 pub use error::{Errno, StorageError};
 pub use open::{
     BdevClass, BdevSpec, StorageOptions, DEFAULT_FLUSH_INTERVAL, DEFAULT_POLL, DEFAULT_READ_SPIN,
 };
 pub(crate) use request::Responder;
-pub use dtx::TxId;
 pub use request::{
     check_request, Address, Answer, ChangedKey, Condition, Dtx, DtxDecideReq, DtxPending,
     DtxPendingReq, DtxQueryReq, DtxState, Expect, FetchReq, FetchedValue, FlushReq, Iod, IodKind,
-    ListChangedReq, ListRecordsReq, ListReq, ObjectId, PoolAddress, Polled, PunchReq,
-    QuerySizeReq, Record, RecordKind, Reply, ReplyArea, ReplyFn, ReplyRef, Request, Source,
-    UpdateReq, ValueKind,
+    ListChangedReq, ListRecordsReq, ListReq, ObjectId, Polled, PoolAddress, PunchReq, QuerySizeReq,
+    Record, RecordKind, Reply, ReplyArea, ReplyFn, ReplyRef, Request, Source, UpdateReq, ValueKind,
 };
 pub use stats::{PoolSpace, TargetStats};
 pub use superblock::{format, scan, ScanState, Superblock};

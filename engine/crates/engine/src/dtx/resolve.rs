@@ -21,8 +21,8 @@
 
 use super::{addr, local, Maps};
 use crate::node::Node;
-use peregrine::placement::PoolMap;
 use crate::request::dtx_pending;
+use peregrine::placement::PoolMap;
 use peregrine_proto::data::{DtxShard, DtxState};
 use peregrine_vos::{Answer, DtxDecideReq, DtxPendingReq, Request, Storage, TxId};
 use std::sync::Arc;

@@ -33,14 +33,19 @@ fn refused(r: DataRequest, words: &str) {
 
 #[test]
 fn what_the_storage_types_cannot_say_is_refused_by_name() {
-    let fetch = |addr| DataRequest::Fetch(data::FetchReq {
-        addr,
-        ..Default::default()
-    });
+    let fetch = |addr| {
+        DataRequest::Fetch(data::FetchReq {
+            addr,
+            ..Default::default()
+        })
+    };
     refused(fetch(None), "fetch: missing address");
     let mut a = addr().unwrap();
     a.pool = vec![1, 2, 3];
-    refused(fetch(Some(a)), "fetch: pool: expected a 16-byte UUID, got 3 bytes");
+    refused(
+        fetch(Some(a)),
+        "fetch: pool: expected a 16-byte UUID, got 3 bytes",
+    );
     let mut a = addr().unwrap();
     a.cont.clear();
     refused(fetch(Some(a)), "fetch: cont");
@@ -194,7 +199,10 @@ fn an_update_converts_field_for_field() {
     assert_eq!(v.iods[1].crc, None);
     assert!(v.insert_only && v.sync);
     let dtx = v.dtx.unwrap();
-    assert_eq!((dtx.id, dtx.shards), (vos::TxId { hi: 1, lo: 2 }, vec![(3, 4)]));
+    assert_eq!(
+        (dtx.id, dtx.shards),
+        (vos::TxId { hi: 1, lo: 2 }, vec![(3, 4)])
+    );
     assert_eq!(v.conditions[0].expect, vos::Expect::UnchangedSince(6));
 }
 
@@ -205,7 +213,10 @@ fn lists_convert_in_their_own_allocations() {
     use std::mem::{align_of, size_of};
     assert_eq!(size_of::<vos::Iod>(), size_of::<data::Iod>());
     assert_eq!(align_of::<vos::Iod>(), align_of::<data::Iod>());
-    assert_eq!(size_of::<vos::FetchedValue>(), size_of::<data::FetchedValue>());
+    assert_eq!(
+        size_of::<vos::FetchedValue>(),
+        size_of::<data::FetchedValue>()
+    );
     assert_eq!(size_of::<vos::Condition>(), size_of::<data::Condition>());
     let iods: Vec<data::Iod> = (0..8).map(array).collect();
     let at = iods.as_ptr() as usize;

@@ -7,7 +7,9 @@ use super::{
 };
 use crate::error::Errno;
 use crate::index::{ObjKey, TargetIndex, WalOp};
-use crate::request::{Dtx, DtxDecideReq, DtxPending, DtxPendingReq, DtxQueryReq, DtxState, Iod, IodKind};
+use crate::request::{
+    Dtx, DtxDecideReq, DtxPending, DtxPendingReq, DtxQueryReq, DtxState, Iod, IodKind,
+};
 use uuid::Uuid;
 
 /// Milliseconds since the Unix epoch, as logged in [`WalOp::Prepare`] and
@@ -36,9 +38,7 @@ pub(crate) fn parse(dtx: Option<Dtx>, op: &str) -> Result<Option<(TxId, Shards)>
 /// The state `op`, applied after a change that left `id` in `st`, leaves it in.
 fn next_state(st: DtxState, op: &WalOp, id: TxId) -> DtxState {
     match op {
-        WalOp::Prepare { id: i, .. } if *i == id && st == DtxState::Unknown => {
-            DtxState::Prepared
-        }
+        WalOp::Prepare { id: i, .. } if *i == id && st == DtxState::Unknown => DtxState::Prepared,
         WalOp::Decide { id: i, commit, .. }
             if *i == id && matches!(st, DtxState::Unknown | DtxState::Prepared) =>
         {

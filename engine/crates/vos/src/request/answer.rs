@@ -77,8 +77,14 @@ pub enum Answer {
         done: bool,
     },
     /// `absent`: nothing visible (size 0 is then not a written size).
-    Size { size: u64, absent: bool },
-    Changed { keys: Vec<ChangedKey>, done: bool },
+    Size {
+        size: u64,
+        absent: bool,
+    },
+    Changed {
+        keys: Vec<ChangedKey>,
+        done: bool,
+    },
     Records(Vec<Record>),
     DtxState(DtxState),
     DtxPending(Vec<DtxPending>),

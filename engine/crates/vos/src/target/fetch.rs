@@ -314,11 +314,7 @@ impl Target {
 
     /// The reply of a fetch whose reads are done: its bytes in order, the
     /// pieces read borrowed from the registered buffers.
-    pub(super) fn assemble(
-        &self,
-        f: &FetchReq,
-        iods: Vec<IodRead>,
-    ) -> (Answer, Gather<'_>) {
+    pub(super) fn assemble(&self, f: &FetchReq, iods: Vec<IodRead>) -> (Answer, Gather<'_>) {
         let mut values = Vec::with_capacity(iods.len());
         let mut bulk = Gather::default();
         for (r, iod) in iods.into_iter().zip(&f.iods) {

@@ -79,9 +79,9 @@ use crate::error::{Errno, StorageError};
 use crate::index::{
     value_scm, DevExtent, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
 };
+use crate::request::{Address, Answer, PoolAddress};
 use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
-use crate::request::{Address, Answer, PoolAddress};
 use crate::{Bulk, Gather, Polled, PoolSpace, Reply, ReplyArea, Request, Responder, Source};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use peregrine_isal::Crc32cShift;

@@ -45,18 +45,16 @@ impl Target {
             Request::ListChanged(l) => self.list_changed(l),
             Request::ListRecords(l) => self.list_records(l),
             Request::DtxDecide(d) => {
-                let decided = self
-                    .pool_addr(&d.addr, "dtx decide")
-                    .and_then(|pool| {
-                        dtx::decide(
-                            &self.index,
-                            self.in_flight(),
-                            pool,
-                            self.id,
-                            &d,
-                            dtx::now_ms(),
-                        )
-                    });
+                let decided = self.pool_addr(&d.addr, "dtx decide").and_then(|pool| {
+                    dtx::decide(
+                        &self.index,
+                        self.in_flight(),
+                        pool,
+                        self.id,
+                        &d,
+                        dtx::now_ms(),
+                    )
+                });
                 match decided {
                     Ok(ops) if ops.is_empty() => Ok((Answer::Done, Vec::new())),
                     Ok(ops) => return self.log_then_answer(ops, None, tx),
@@ -64,12 +62,10 @@ impl Target {
                 }
             }
             Request::DtxQuery(q) => {
-                let known = self
-                    .pool_addr(&q.addr, "dtx query")
-                    .and_then(|pool| {
-                        let me = (self.sb.rank, self.id);
-                        dtx::query(&self.index, self.in_flight(), pool, me, &q, dtx::now_ms())
-                    });
+                let known = self.pool_addr(&q.addr, "dtx query").and_then(|pool| {
+                    let me = (self.sb.rank, self.id);
+                    dtx::query(&self.index, self.in_flight(), pool, me, &q, dtx::now_ms())
+                });
                 match known {
                     Ok((state, None)) => Ok((Answer::DtxState(state), Vec::new())),
                     Ok((state, Some(op))) => {

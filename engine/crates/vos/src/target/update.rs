@@ -95,11 +95,7 @@ impl Target {
 
     /// Validate and stage an update into the open batch; a transaction's
     /// update as a [`WalOp::Prepare`], unless there is nothing to store.
-    pub(super) fn prepare_update(
-        &mut self,
-        mut u: UpdateReq,
-        bulk: Bulk,
-    ) -> Result<Admit, Errno> {
+    pub(super) fn prepare_update(&mut self, mut u: UpdateReq, bulk: Bulk) -> Result<Admit, Errno> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
