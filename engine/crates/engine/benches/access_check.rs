@@ -14,10 +14,10 @@
 //! machine's cores. bench/README.md has how to read it.
 
 use peregrine_engine::access::Access;
+use peregrine_engine::request::DataRequest as Request;
 use peregrine_proto::data::{Address, FetchReq};
 use peregrine_proto::handle::{new_key, Handle, Rights};
 use peregrine_proto::mgmt::PoolAccess;
-use peregrine_vos::Request;
 use std::hint::black_box;
 use std::time::Instant;
 use uuid::Uuid;

@@ -25,11 +25,11 @@
 //! here, against about 13 us of engine time per request at the fastest
 //! data-plane line).
 
+use crate::request::DataRequest as Request;
 use parking_lot::RwLock;
 use peregrine_proto::data::Address;
 use peregrine_proto::handle::{Handle, Rights, HANDLE_LEN, KEY_LEN, NO_CONT};
 use peregrine_proto::mgmt::PoolAccess;
-use peregrine_vos::Request;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -57,9 +57,7 @@ fn need(req: &Request) -> Need {
         }
         Request::Update(..) | Request::Punch(_) => Need::Container(Rights::WRITE),
         Request::Flush(_) | Request::DtxDecide(_) | Request::DtxQuery(_) => Need::Pool,
-        Request::ListChanged(_) | Request::ListRecords(_) | Request::DtxPending(_) => {
-            Need::PoolWide
-        }
+        Request::ListChanged(_) | Request::ListRecords(_) => Need::PoolWide,
     }
 }
 
@@ -188,7 +186,7 @@ impl Access {
         if !self.enabled {
             return Ok(());
         }
-        let Some(addr) = peregrine_vos::request_addr(req) else {
+        let Some(addr) = req.addr() else {
             return Err((-libc::EINVAL, "request without an address".into()));
         };
         self.check_addr(addr, need(req))

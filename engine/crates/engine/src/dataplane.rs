@@ -32,9 +32,10 @@
 
 use crate::config::DataPlaneConfig;
 use crate::node::Node;
+use crate::request::{self, DataRequest};
 use peregrine_proto::data::{self, Response as DataResponse, Status as DataStatus};
 use peregrine_proto::frame::{self, Frame, FrameError, Opcode, FLAG_RESPONSE, HEADER_LEN};
-use peregrine_vos::{ReplyRef, Request};
+use peregrine_vos::ReplyRef;
 use prost::Message;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -192,32 +193,30 @@ pub(crate) fn error_reply(code: i32, message: String) -> Reply {
 
 /// Decode a request frame into a storage request, naming what is malformed.
 /// `None` is a ping. Shared by the TCP and the shared-memory transports.
-pub(crate) fn decode_request(f: Frame) -> Result<Option<Request>, FrameError> {
+pub(crate) fn decode_request(f: Frame) -> Result<Option<DataRequest>, FrameError> {
+    use DataRequest as R;
     Ok(Some(match f.header.op() {
         Opcode::Ping => return Ok(None),
-        Opcode::Update => Request::Update(f.message::<data::UpdateReq>("update")?, f.bulk.into()),
-        Opcode::Fetch => Request::Fetch(f.message::<data::FetchReq>("fetch")?),
-        Opcode::Punch => Request::Punch(f.message::<data::PunchReq>("punch")?),
-        Opcode::List => Request::List(f.message::<data::ListReq>("list")?),
-        Opcode::QuerySize => Request::QuerySize(f.message::<data::QuerySizeReq>("query-size")?),
-        Opcode::Flush => Request::Flush(f.message::<data::FlushReq>("flush")?),
-        Opcode::ListChanged => {
-            Request::ListChanged(f.message::<data::ListChangedReq>("list-changed")?)
-        }
-        Opcode::ListRecords => {
-            Request::ListRecords(f.message::<data::ListRecordsReq>("list-records")?)
-        }
-        Opcode::DtxDecide => Request::DtxDecide(f.message::<data::DtxDecideReq>("dtx-decide")?),
-        Opcode::DtxQuery => Request::DtxQuery(f.message::<data::DtxQueryReq>("dtx-query")?),
+        Opcode::Update => R::Update(f.message::<data::UpdateReq>("update")?, f.bulk.into()),
+        Opcode::Fetch => R::Fetch(f.message::<data::FetchReq>("fetch")?),
+        Opcode::Punch => R::Punch(f.message::<data::PunchReq>("punch")?),
+        Opcode::List => R::List(f.message::<data::ListReq>("list")?),
+        Opcode::QuerySize => R::QuerySize(f.message::<data::QuerySizeReq>("query-size")?),
+        Opcode::Flush => R::Flush(f.message::<data::FlushReq>("flush")?),
+        Opcode::ListChanged => R::ListChanged(f.message::<data::ListChangedReq>("list-changed")?),
+        Opcode::ListRecords => R::ListRecords(f.message::<data::ListRecordsReq>("list-records")?),
+        Opcode::DtxDecide => R::DtxDecide(f.message::<data::DtxDecideReq>("dtx-decide")?),
+        Opcode::DtxQuery => R::DtxQuery(f.message::<data::DtxQueryReq>("dtx-query")?),
     }))
 }
 
-/// Hand a decoded request to its target (or answer a ping / maintenance mode
-/// at once). `reply` gets the one reply: on the target's thread for a queued
-/// request (so it must be quick and must not block), else on the caller's.
+/// Hand a decoded request to its target, converted once admitted (or answer
+/// a ping, maintenance mode or a malformed request at once). `reply` gets
+/// the one reply: on the target's thread for a queued request (so it must
+/// be quick and must not block), else on the caller's.
 pub(crate) fn dispatch(
     node: &Node,
-    req: Option<Request>,
+    req: Option<DataRequest>,
     reply: impl FnOnce(Reply) + Send + 'static,
 ) {
     match (req, node.storage()) {
@@ -234,6 +233,15 @@ pub(crate) fn dispatch(
                 }
                 // Handed to the target while admitted: see `crate::poolmap`.
                 Ok(_admitted) => {
+                    let req = match req.into_vos() {
+                        Ok(r) => r,
+                        Err(e) => {
+                            if let Some(t) = track {
+                                t.refused(e.code);
+                            }
+                            return reply(error_reply(e.code, e.msg));
+                        }
+                    };
                     if let Some(t) = &mut track {
                         t.queued();
                     }
@@ -242,7 +250,7 @@ pub(crate) fn dispatch(
                             t.answered(&r);
                         }
                         reply(match r {
-                            Ok((resp, bulk)) => (resp, bulk.into_vec()),
+                            Ok((answer, bulk)) => (request::response(answer), bulk.into_vec()),
                             Err(e) => error_reply(e.code, e.msg),
                         })
                     })
@@ -282,9 +290,9 @@ impl ConnState {
 
 /// The reply bytes a request is expected to take: what a fetch asks for
 /// (its ARRAY iods; single values are not known before they are read).
-fn reply_estimate(req: &Option<Request>) -> i64 {
+fn reply_estimate(req: &Option<DataRequest>) -> i64 {
     let asked = match req {
-        Some(Request::Fetch(f)) => f
+        Some(DataRequest::Fetch(f)) => f
             .iods
             .iter()
             .filter(|i| i.kind == data::ValueKind::Array as i32)
@@ -459,7 +467,7 @@ async fn read_requests(
         // counted on target "usize::MAX", i.e. on the bytes alone.
         let target = req
             .as_ref()
-            .map(|r| peregrine_vos::request_addr(r).map_or(usize::MAX, |a| a.target as usize));
+            .map(|r| r.target().map_or(usize::MAX, |t| t as usize));
         let room = limits.room(target, wire).await;
         st.unread.fetch_add(expect, Ordering::AcqRel);
         st.in_flight.fetch_add(1, Ordering::AcqRel);

@@ -13,8 +13,9 @@ use prost::Message;
 pub const FUZZ_SYSTEM: &str = "test";
 
 /// A data-plane request as either transport takes it: frame decode, message
-/// decode, then the checks every target makes before it plans anything
-/// ([`peregrine_vos::check_request`]). `Ok(None)`: a ping.
+/// decode, conversion to the storage's terms, then the checks every target
+/// makes before it plans anything ([`peregrine_vos::check_request`]).
+/// `Ok(None)`: a ping.
 pub fn frame_request(bytes: &[u8]) -> Result<Option<&'static str>, String> {
     if let Ok(hb) = <&[u8; HEADER_LEN]>::try_from(bytes.get(..HEADER_LEN).unwrap_or(&[])) {
         let _ = Header::decode(hb);
@@ -24,8 +25,8 @@ pub fn frame_request(bytes: &[u8]) -> Result<Option<&'static str>, String> {
     let Some(req) = crate::dataplane::decode_request(f).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
+    let req = req.into_vos().map_err(|e| e.to_string())?;
     peregrine_vos::check_request(&req).map_err(|e| e.to_string())?;
-    let _ = peregrine_vos::request_target(&req);
     Ok(Some(match op {
         peregrine_proto::frame::Opcode::Update => "update",
         peregrine_proto::frame::Opcode::Fetch => "fetch",

@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod ms;
 pub mod node;
 pub mod poolmap;
+pub mod request;
 pub mod shm;
 pub mod tls;

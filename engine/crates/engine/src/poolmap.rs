@@ -23,9 +23,9 @@
 //! under an older version is still unapplied.
 
 use crate::access::Access;
+use crate::request::DataRequest as Request;
 use parking_lot::{RwLock, RwLockReadGuard};
 use peregrine_proto::mgmt::{PoolMapVersion, TargetState};
-use peregrine_vos::Request;
 use std::collections::HashMap;
 use uuid::Uuid;
 
@@ -91,17 +91,14 @@ impl PoolMaps {
         // to run learns nothing else of the pool.
         self.access.check(req)?;
         // A malformed address is the target's to reject, with its own message.
-        let Some(addr) = peregrine_vos::request_addr(req) else {
+        let Some(addr) = req.addr() else {
             return Ok(guard);
         };
         // A transaction's outcome reaching a shard, or a question about it,
         // is not an update: whatever this engine's state or map, it must be
         // able to learn and tell what was decided. The prepares, which
         // decide (committed once all prepared), are held to the map.
-        if matches!(
-            req,
-            Request::DtxDecide(_) | Request::DtxQuery(_) | Request::DtxPending(_)
-        ) {
+        if matches!(req, Request::DtxDecide(_) | Request::DtxQuery(_)) {
             return Ok(guard);
         }
         let (pool, version) = (&addr.pool, addr.map_version);

@@ -1,4 +1,4 @@
-//! Conditions of updates and punches (`data::Condition`, as DAOS's
+//! Conditions of updates and punches ([`Condition`], as DAOS's
 //! conditional operations): what a change needs of its shard's state, so
 //! that a client can change keys it read only if nobody changed them since
 //! (a rename moves an entry only if it still names what was read) and
@@ -16,7 +16,7 @@
 use crate::dtx::{touches_range, TxId};
 use crate::error::Errno;
 use crate::index::{ObjKey, TargetIndex, WalOp};
-use peregrine_proto::data::{self, condition::Expect};
+use crate::request::{Condition, Expect};
 use uuid::Uuid;
 
 /// Most conditions one request may carry.
@@ -29,7 +29,7 @@ pub(crate) fn check<'a>(
     in_flight: impl Iterator<Item = &'a WalOp> + Clone,
     own: Option<TxId>,
     at: (&Uuid, &Uuid, &ObjKey, &[u8]),
-    conds: &[data::Condition],
+    conds: &[Condition],
     req: &str,
 ) -> Result<(), Errno> {
     if conds.len() > MAX_CONDITIONS {
@@ -39,16 +39,10 @@ pub(crate) fn check<'a>(
         )));
     }
     for c in conds {
-        let Some(expect) = c.expect else {
-            return Err(Errno::inval(format!(
-                "{req}: condition on akey {:?} expects nothing",
-                show(&c.akey)
-            )));
-        };
         if c.akey.is_empty() {
             return Err(Errno::inval(format!("{req}: condition on an empty akey")));
         }
-        check_one(ix, in_flight.clone(), own, at, &c.akey, expect, req)?;
+        check_one(ix, in_flight.clone(), own, at, &c.akey, c.expect, req)?;
     }
     Ok(())
 }
@@ -94,7 +88,7 @@ fn check_one<'a>(
         )));
     }
     match expect {
-        Expect::Absent(_) if newest > floor => Err(Errno::new(
+        Expect::Absent if newest > floor => Err(Errno::new(
             -libc::EEXIST,
             format!(
                 "{}: expected absent, but it has a value (epoch {}); nothing stored",
@@ -108,7 +102,7 @@ fn check_one<'a>(
             ))),
             _ => Ok(()),
         },
-        Expect::Absent(_) => Ok(()),
+        Expect::Absent => Ok(()),
     }
 }
 

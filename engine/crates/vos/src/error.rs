@@ -86,7 +86,7 @@ impl Errno {
             msg: msg.into(),
         }
     }
-    pub(crate) fn inval(msg: impl Into<String>) -> Self {
+    pub fn inval(msg: impl Into<String>) -> Self {
         Errno::new(-libc::EINVAL, msg)
     }
 }

@@ -214,15 +214,18 @@ mod wal;
 
 pub use bulk::{Bulk, Gather, SharedBytes};
 pub use counters::{TargetCounters, TargetSpace, TierSpace};
-pub use dtx::DTX_STALE_MS;
+pub use dtx::TxId;
+pub use dtx::{DTX_STALE_MS, MAX_DECIDE, MAX_SHARDS};
 pub use error::{Errno, StorageError};
 pub use open::{
     BdevClass, BdevSpec, StorageOptions, DEFAULT_FLUSH_INTERVAL, DEFAULT_POLL, DEFAULT_READ_SPIN,
 };
 pub(crate) use request::Responder;
 pub use request::{
-    check_request, request_addr, request_target, Polled, Reply, ReplyArea, ReplyFn, ReplyRef,
-    Request, Source,
+    check_request, Address, Answer, ChangedKey, Condition, Dtx, DtxDecideReq, DtxPending,
+    DtxPendingReq, DtxQueryReq, DtxState, Expect, FetchReq, FetchedValue, FlushReq, Iod, IodKind,
+    ListChangedReq, ListRecordsReq, ListReq, ObjectId, Polled, PoolAddress, PunchReq, QuerySizeReq,
+    Record, RecordKind, Reply, ReplyArea, ReplyFn, ReplyRef, Request, Source, UpdateReq, ValueKind,
 };
 pub use stats::{PoolSpace, TargetStats};
 pub use superblock::{format, scan, ScanState, Superblock};
@@ -351,13 +354,11 @@ impl Storage {
     ) {
         let tx = Responder(Some(Box::new(reply)));
         let n = self.senders.len() as u32;
-        let target = match request_addr(&req) {
-            None => Err(Errno::inval("request: missing address")),
-            Some(a) if a.target >= n => Err(Errno::inval(format!(
-                "request: target {} out of range (this engine has {n} targets)",
-                a.target
+        let target = match req.target() {
+            t if t >= n => Err(Errno::inval(format!(
+                "request: target {t} out of range (this engine has {n} targets)"
             ))),
-            Some(a) => Ok(a.target as usize),
+            t => Ok(t as usize),
         };
         match target {
             Err(e) => tx.send(Err(e)),

@@ -1,4 +1,4 @@
-//! Conditions of updates and punches (`data::Condition`) on a real target:
+//! Conditions of updates and punches (`Condition`) on a real target:
 //! `absent` (-EEXIST while the akey has a visible value), `unchanged_since`
 //! (-EBUSY once a version or punch of the akey, its dkey or its object is
 //! newer), -EBUSY whatever the condition while another transaction holds
@@ -10,38 +10,34 @@
 mod common;
 
 use common::*;
-use peregrine_proto::data::{self, condition::Expect, Condition, Dtx, DtxId, DtxShard, Iod};
 use peregrine_vos::*;
 use uuid::Uuid;
 
 const LATEST: u64 = u64::MAX;
 
-fn id(lo: u64) -> DtxId {
-    DtxId { hi: 0xc0, lo }
+fn id(lo: u64) -> TxId {
+    TxId { hi: 0xc0, lo }
 }
 
 /// Transaction `lo`, this target its second shard (as in tests/dtx.rs).
 fn tx(lo: u64) -> Dtx {
     Dtx {
-        id: Some(id(lo)),
-        shards: vec![
-            DtxShard { rank: 3, target: 1 },
-            DtxShard { rank: 0, target: 0 },
-        ],
+        id: id(lo),
+        shards: vec![(3, 1), (0, 0)],
     }
 }
 
 fn absent(akey: &str) -> Condition {
     Condition {
         akey: akey.as_bytes().to_vec(),
-        expect: Some(Expect::Absent(true)),
+        expect: Expect::Absent,
     }
 }
 
 fn since(akey: &str, epoch: u64) -> Condition {
     Condition {
         akey: akey.as_bytes().to_vec(),
-        expect: Some(Expect::UnchangedSince(epoch)),
+        expect: Expect::UnchangedSince(epoch),
     }
 }
 
@@ -56,7 +52,7 @@ fn update_req(
     insert_only: bool,
 ) -> Request {
     let (iods, bulk): (Vec<Iod>, Vec<Vec<u8>>) = vals.into_iter().unzip();
-    let req = data::UpdateReq {
+    let req = UpdateReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
@@ -102,7 +98,7 @@ fn punch_req(
     dtx: Option<u64>,
     conds: Vec<Condition>,
 ) -> Request {
-    Request::Punch(data::PunchReq {
+    Request::Punch(PunchReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
@@ -127,11 +123,8 @@ fn cpunch(
 }
 
 fn decide(st: &Storage, pool: Uuid, lo: u64, commit: bool) -> Result<(), Errno> {
-    let req = data::DtxDecideReq {
-        addr: Some(data::Address {
-            pool: pool.as_bytes().to_vec(),
-            ..Default::default()
-        }),
+    let req = DtxDecideReq {
+        addr: PoolAddress { pool, target: 0 },
         ids: vec![id(lo)],
         commit,
         leader: true,
@@ -999,26 +992,8 @@ fn malformed_conditions_are_refused() {
         cprepare(&st, &o, 1, 20, "d", vec![single("x", b"x")], many(65)),
         "65 conditions in a transaction",
     );
-    // Expecting nothing; an empty akey.
-    let nothing = Condition {
-        akey: b"a".to_vec(),
-        expect: None,
-    };
-    inval(
-        cupdate(
-            &st,
-            &o,
-            20,
-            "d",
-            vec![single("x", b"x")],
-            vec![nothing.clone()],
-        ),
-        "no expect",
-    );
-    inval(
-        cpunch(&st, &o, 20, "d", &["a"], None, vec![nothing]),
-        "no expect on a punch",
-    );
+    // An empty akey (one expecting nothing is the engine's conversion's
+    // to refuse: engine/src/request/tests.rs).
     inval(
         cupdate(&st, &o, 20, "d", vec![single("x", b"x")], vec![absent("")]),
         "empty akey",

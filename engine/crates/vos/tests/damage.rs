@@ -9,7 +9,6 @@
 mod common;
 
 use common::*;
-use peregrine_proto::data;
 use peregrine_vos::*;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
@@ -18,7 +17,13 @@ use uuid::Uuid;
 const LATEST: u64 = u64::MAX;
 
 fn flush(st: &Storage, o: &Obj) {
-    wait(st, Request::Flush(data::FlushReq { addr: o.addr() })).unwrap();
+    wait(
+        st,
+        Request::Flush(FlushReq {
+            addr: o.addr().into(),
+        }),
+    )
+    .unwrap();
 }
 
 /// Flip one byte of the first copy of `v` on the device (an inline value
@@ -45,10 +50,10 @@ fn val(i: u64) -> Vec<u8> {
     pattern(1000 + i, 200)
 }
 
-fn iod_a() -> data::Iod {
-    data::Iod {
+fn iod_a() -> Iod {
+    Iod {
         akey: b"a".to_vec(),
-        kind: data::ValueKind::Single as i32,
+        kind: IodKind::Single,
         ..Default::default()
     }
 }

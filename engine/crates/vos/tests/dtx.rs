@@ -6,34 +6,25 @@
 mod common;
 
 use common::*;
-use peregrine_proto::data::{
-    self, response::Body, Address, Dtx, DtxId, DtxPending, DtxShard, DtxState, Iod, ValueKind,
-};
 use peregrine_vos::*;
 use uuid::Uuid;
 
 const LATEST: u64 = u64::MAX;
 
-fn id(lo: u64) -> DtxId {
-    DtxId { hi: 0xd7, lo }
+fn id(lo: u64) -> TxId {
+    TxId { hi: 0xd7, lo }
 }
 
 /// Transaction `lo`, this target its second shard.
 fn tx(lo: u64) -> Dtx {
     Dtx {
-        id: Some(id(lo)),
-        shards: vec![
-            DtxShard { rank: 3, target: 1 },
-            DtxShard { rank: 0, target: 0 },
-        ],
+        id: id(lo),
+        shards: vec![(3, 1), (0, 0)],
     }
 }
 
-fn pool_addr(pool: Uuid) -> Option<Address> {
-    Some(Address {
-        pool: pool.as_bytes().to_vec(),
-        ..Default::default()
-    })
+fn pool_addr(pool: Uuid) -> PoolAddress {
+    PoolAddress { pool, target: 0 }
 }
 
 fn update_req(
@@ -44,7 +35,7 @@ fn update_req(
     dtx: Option<Dtx>,
 ) -> Request {
     let (iods, bulk): (Vec<Iod>, Vec<Vec<u8>>) = vals.into_iter().unzip();
-    let req = data::UpdateReq {
+    let req = UpdateReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
@@ -71,7 +62,7 @@ fn prepare(
 
 /// A punch as part of transaction `lo`.
 fn prepare_punch(st: &Storage, o: &Obj, lo: u64, epoch: u64, dkey: &str) -> Result<(), Errno> {
-    let req = data::PunchReq {
+    let req = PunchReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
@@ -84,7 +75,7 @@ fn prepare_punch(st: &Storage, o: &Obj, lo: u64, epoch: u64, dkey: &str) -> Resu
 }
 
 fn decide(st: &Storage, pool: Uuid, ids: &[u64], commit: bool, leader: bool) -> Result<(), Errno> {
-    let req = data::DtxDecideReq {
+    let req = DtxDecideReq {
         addr: pool_addr(pool),
         ids: ids.iter().map(|&lo| id(lo)).collect(),
         commit,
@@ -94,42 +85,42 @@ fn decide(st: &Storage, pool: Uuid, ids: &[u64], commit: bool, leader: bool) -> 
 }
 
 fn query(st: &Storage, pool: Uuid, lo: u64, resolve: bool) -> DtxState {
-    let req = data::DtxQueryReq {
+    let req = DtxQueryReq {
         addr: pool_addr(pool),
-        id: Some(id(lo)),
+        id: id(lo),
         resolve,
     };
     let (resp, _) = wait(st, Request::DtxQuery(req)).unwrap();
-    let Some(Body::DtxState(s)) = resp.body else {
+    let Answer::DtxState(s) = resp else {
         panic!("dtx query reply without state: {resp:?}")
     };
-    DtxState::try_from(s.state).unwrap()
+    s
 }
 
 fn pending(st: &Storage, pool: Uuid, older_than_ms: u64, max: u32) -> Vec<DtxPending> {
-    let req = data::DtxPendingReq {
+    let req = DtxPendingReq {
         addr: pool_addr(pool),
         older_than_ms,
         max,
     };
     let (resp, _) = wait(st, Request::DtxPending(req)).unwrap();
-    let Some(Body::DtxPending(p)) = resp.body else {
+    let Answer::DtxPending(p) = resp else {
         panic!("dtx pending reply without body: {resp:?}")
     };
-    p.pending
+    p
 }
 
 fn pending_ids(st: &Storage, pool: Uuid, older_than_ms: u64, max: u32) -> Vec<u64> {
     pending(st, pool, older_than_ms, max)
         .into_iter()
-        .map(|p| p.dtx.unwrap().id.unwrap().lo)
+        .map(|p| p.dtx.id.lo)
         .collect()
 }
 
 fn fetch_err(st: &Storage, o: &Obj, epoch: u64, dkey: &str) -> Errno {
     let iod = Iod {
         akey: b"s".to_vec(),
-        kind: ValueKind::Single as i32,
+        kind: IodKind::Single,
         ..Default::default()
     };
     fetch_iods(st, o, epoch, dkey, vec![iod]).unwrap_err()
@@ -138,8 +129,7 @@ fn fetch_err(st: &Storage, o: &Obj, epoch: u64, dkey: &str) -> Errno {
 fn array(akey: &str, offset: u64, len: u64) -> Iod {
     Iod {
         akey: akey.as_bytes().to_vec(),
-        kind: ValueKind::Array as i32,
-        offset,
+        kind: common::array(offset),
         len,
         ..Default::default()
     }
@@ -148,8 +138,10 @@ fn array(akey: &str, offset: u64, len: u64) -> Iod {
 /// An extent written only if its range is unchanged since `since`.
 fn extent_if(akey: &str, offset: u64, v: &[u8], since: u64) -> (Iod, Vec<u8>) {
     let (mut iod, v) = extent(akey, offset, v);
-    iod.has_unchanged_since = true;
-    iod.unchanged_since = since;
+    iod.kind = IodKind::Array {
+        offset,
+        unchanged_since: Some(since),
+    };
     (iod, v)
 }
 
@@ -180,7 +172,7 @@ fn prepared_update_is_invisible_until_committed() {
     // Below the held epoch, and other dkeys, read as before.
     assert_eq!(get_single(&st, &o, 15, "d", "s").unwrap(), b"v1");
     assert_eq!(get_single(&st, &o, LATEST, "other", "s").unwrap(), b"x");
-    let size = data::QuerySizeReq {
+    let size = QuerySizeReq {
         addr: o.addr(),
         epoch: LATEST,
         dkey: b"d".to_vec(),
@@ -188,7 +180,7 @@ fn prepared_update_is_invisible_until_committed() {
     };
     let err = wait(&st, Request::QuerySize(size)).unwrap_err();
     assert_eq!(err.code, -libc::EINPROGRESS, "{err}");
-    let dkeys = data::ListReq {
+    let dkeys = ListReq {
         addr: o.addr(),
         epoch: LATEST,
         ..Default::default()
@@ -199,10 +191,10 @@ fn prepared_update_is_invisible_until_committed() {
         list_all(&st, &o, 15, "", 10),
         vec![b"d".to_vec(), b"other".to_vec()]
     );
-    assert_eq!(query(&st, pool, 1, false), DtxState::DtxPrepared);
+    assert_eq!(query(&st, pool, 1, false), DtxState::Prepared);
 
     decide(&st, pool, &[1], true, true).unwrap();
-    assert_eq!(query(&st, pool, 1, false), DtxState::DtxCommitted);
+    assert_eq!(query(&st, pool, 1, false), DtxState::Committed);
     assert_eq!(get_single(&st, &o, LATEST, "d", "s").unwrap(), b"v2");
     assert_eq!(
         get_single(&st, &o, 15, "d", "s").unwrap(),
@@ -253,7 +245,7 @@ fn aborted_transaction_frees_its_space_and_refuses_a_late_prepare() {
     assert!(held.scm_free < before.scm_free);
 
     decide(&st, pool, &[2], false, true).unwrap();
-    assert_eq!(query(&st, pool, 2, false), DtxState::DtxAborted);
+    assert_eq!(query(&st, pool, 2, false), DtxState::Aborted);
     assert_eq!(
         st.pool_space(pool).unwrap(),
         before,
@@ -274,7 +266,7 @@ fn aborted_transaction_frees_its_space_and_refuses_a_late_prepare() {
     st.close();
     let st = Storage::open(&e.opts).unwrap();
     assert_eq!(st.target_stats()[0].free_blocks, free_blocks);
-    assert_eq!(query(&st, pool, 2, false), DtxState::DtxAborted);
+    assert_eq!(query(&st, pool, 2, false), DtxState::Aborted);
 }
 
 #[test]
@@ -333,19 +325,19 @@ fn decisions_on_unknown_transactions() {
     let err = decide(&st, pool, &[4], true, true).unwrap_err();
     assert_eq!(err.code, -libc::ENOENT, "{err}");
     assert!(err.msg.contains("unknown on this shard"), "{}", err.msg);
-    assert_eq!(query(&st, pool, 4, false), DtxState::DtxUnknown);
+    assert_eq!(query(&st, pool, 4, false), DtxState::Unknown);
     // One unknown among several: nothing is decided.
     prepare(&st, &o, 5, 20, "d", vec![single("s", b"5")]).unwrap();
     assert!(decide(&st, pool, &[5, 4], true, true).is_err());
-    assert_eq!(query(&st, pool, 5, false), DtxState::DtxPrepared);
+    assert_eq!(query(&st, pool, 5, false), DtxState::Prepared);
     // Another shard records the leader's commit, even before its prepare.
     decide(&st, pool, &[4], true, false).unwrap();
-    assert_eq!(query(&st, pool, 4, false), DtxState::DtxCommitted);
+    assert_eq!(query(&st, pool, 4, false), DtxState::Committed);
     prepare(&st, &o, 4, 30, "e", vec![single("s", b"4")]).unwrap();
     assert_eq!(get_single(&st, &o, LATEST, "e", "s"), Err(-libc::ENOENT));
     // An abort of an unknown transaction is recorded too.
     decide(&st, pool, &[6], false, true).unwrap();
-    assert_eq!(query(&st, pool, 6, false), DtxState::DtxAborted);
+    assert_eq!(query(&st, pool, 6, false), DtxState::Aborted);
     // Limits and addresses.
     let ids: Vec<u64> = (0..1025).collect();
     assert_eq!(
@@ -363,7 +355,7 @@ fn decisions_on_unknown_transactions() {
     .unwrap_err();
     assert_eq!(err.code, -libc::EINVAL, "{err}");
     let mut bad = tx(8);
-    bad.shards = vec![DtxShard::default(); 65];
+    bad.shards = vec![(0, 0); 65];
     let err = wait(
         &st,
         update_req(&o, 20, "d", vec![single("s", b"x")], Some(bad)),
@@ -377,14 +369,14 @@ fn resolve_aborts_unknown_transactions_only() {
     let e = env(64, 1);
     let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
     let o = Obj::new(pool, cont, 1, 0);
-    assert_eq!(query(&st, pool, 9, true), DtxState::DtxAborted);
+    assert_eq!(query(&st, pool, 9, true), DtxState::Aborted);
     let err = prepare(&st, &o, 9, 20, "d", vec![single("s", b"late")]).unwrap_err();
     assert_eq!(err.code, -libc::ECANCELED, "{err}");
 
     // Prepared: maybe committed (every shard prepared), never aborted alone.
     prepare(&st, &o, 10, 20, "d", vec![single("s", b"v")]).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(DTX_STALE_MS + 200));
-    assert_eq!(query(&st, pool, 10, true), DtxState::DtxPrepared);
+    assert_eq!(query(&st, pool, 10, true), DtxState::Prepared);
 }
 
 #[test]
@@ -402,7 +394,7 @@ fn pending_lists_held_transactions_with_their_age() {
     prepare(&st, &o, 11, 21, "c", vec![single("s", b"c")]).unwrap();
     let all = pending(&st, pool, 0, 0);
     assert_eq!(all.len(), 2, "one entry per transaction");
-    assert_eq!(all[0].dtx, Some(tx(12)), "oldest first, with its shards");
+    assert_eq!(all[0].dtx, tx(12), "oldest first, with its shards");
     assert!(all[0].age_ms >= 300, "{all:?}");
     assert!(all[1].age_ms < all[0].age_ms);
     assert_eq!(pending_ids(&st, pool, 200, 0), vec![12]);
@@ -433,10 +425,10 @@ fn pending_and_decided_survive_replay_and_checkpoint() {
     decide(&st, pool, &[23], true, true).unwrap();
     let space = st.pool_space(pool).unwrap();
     let check = |st: &Storage, how: &str| {
-        assert_eq!(query(st, pool, 20, false), DtxState::DtxPrepared, "{how}");
-        assert_eq!(query(st, pool, 21, false), DtxState::DtxPrepared, "{how}");
-        assert_eq!(query(st, pool, 22, false), DtxState::DtxAborted, "{how}");
-        assert_eq!(query(st, pool, 23, false), DtxState::DtxCommitted, "{how}");
+        assert_eq!(query(st, pool, 20, false), DtxState::Prepared, "{how}");
+        assert_eq!(query(st, pool, 21, false), DtxState::Prepared, "{how}");
+        assert_eq!(query(st, pool, 22, false), DtxState::Aborted, "{how}");
+        assert_eq!(query(st, pool, 23, false), DtxState::Committed, "{how}");
         assert_eq!(pending_ids(st, pool, 0, 0), vec![20, 21], "{how}");
         assert_eq!(
             fetch_err(st, &o, LATEST, "a").code,
@@ -496,7 +488,7 @@ fn destroying_a_container_or_pool_drops_its_held_changes() {
     assert_eq!(st.pool_space(pool).unwrap().nvme_free, before.nvme_free);
     assert_eq!(
         query(&st, pool, 30, false),
-        DtxState::DtxPrepared,
+        DtxState::Prepared,
         "still to be decided"
     );
     decide(&st, pool, &[30], true, true).unwrap();
@@ -520,8 +512,8 @@ fn destroying_a_container_or_pool_drops_its_held_changes() {
         "every block back"
     );
     st.pool_create(pool, st.device_space().3, 16 * MIB).unwrap();
-    assert_eq!(query(&st, pool, 31, false), DtxState::DtxUnknown);
-    assert_eq!(query(&st, pool, 30, false), DtxState::DtxUnknown);
+    assert_eq!(query(&st, pool, 31, false), DtxState::Unknown);
+    assert_eq!(query(&st, pool, 30, false), DtxState::Unknown);
 }
 
 #[test]
@@ -582,11 +574,8 @@ fn unchanged_since_refuses_an_update_of_a_changed_range() {
         array_epoch(&st, &o, LATEST, "d", array("arr", 0, 10)),
         (51, vec![6; 10])
     );
-    // SINGLE values have no ranges.
-    let (mut iod, v) = single("s", b"x");
-    iod.has_unchanged_since = true;
-    let err = update(&st, &o, 70, "d", vec![(iod, v)]).unwrap_err();
-    assert_eq!(err.code, -libc::EINVAL, "{err}");
+    // SINGLE values have no ranges: the storage's types cannot say so,
+    // the engine's conversion refuses it (engine/src/request/tests.rs).
 }
 
 #[test]
@@ -624,7 +613,7 @@ fn fetched_value_says_the_epoch_of_its_bytes() {
     assert_eq!(array_epoch(&st, &o, LATEST, "d", array("arr", 0, 0)).0, 40);
     let single_iod = Iod {
         akey: b"s".to_vec(),
-        kind: ValueKind::Single as i32,
+        kind: IodKind::Single,
         ..Default::default()
     };
     assert_eq!(array_epoch(&st, &o, LATEST, "d", single_iod.clone()).0, 10);
@@ -646,24 +635,21 @@ fn list_changed_lists_a_dkey_with_only_a_held_change() {
     prepare(&st, &o, 50, 5, "b", vec![single("s", b"b")]).unwrap();
     prepare(&st, &o, 50, 5, "c", vec![single("s", b"c2")]).unwrap();
     prepare_punch(&st, &o2, 51, 5, "").unwrap();
-    let keys = |anchor: Option<data::ChangedKey>, max: u32| {
-        let req = data::ListChangedReq {
+    let keys = |anchor: Option<ChangedKey>, max: u32| {
+        let req = ListChangedReq {
             addr: pool_addr(pool),
             since: 8,
             anchor,
             max,
         };
         let (resp, _) = wait(&st, Request::ListChanged(req)).unwrap();
-        let Some(Body::Changed(c)) = resp.body else {
+        let Answer::Changed { keys, done } = resp else {
             panic!("list changed reply without body")
         };
-        (c.keys, c.done)
+        (keys, done)
     };
     let (all, done) = keys(None, 0);
-    let names: Vec<(u64, Vec<u8>)> = all
-        .iter()
-        .map(|k| (k.oid.unwrap().lo, k.dkey.clone()))
-        .collect();
+    let names: Vec<(u64, Vec<u8>)> = all.iter().map(|k| (k.oid.lo, k.dkey.clone())).collect();
     assert_eq!(
         names,
         vec![
@@ -688,7 +674,7 @@ fn list_changed_lists_a_dkey_with_only_a_held_change() {
     }
     assert_eq!(paged, all);
     // Its records wait for the decision.
-    let req = data::ListRecordsReq {
+    let req = ListRecordsReq {
         addr: o.addr(),
         dkey: b"b".to_vec(),
         since: 0,
@@ -711,12 +697,8 @@ fn a_shard_holding_part_of_its_changes_is_incomplete_and_aborted() {
     let (st, pool, cont) = open_with_pool(&e, 16 * MIB);
     let o = Obj::new(pool, cont, 1, 0);
     let twice = |lo: u64| Dtx {
-        id: Some(id(lo)),
-        shards: vec![
-            DtxShard { rank: 0, target: 0 },
-            DtxShard { rank: 0, target: 0 },
-            DtxShard { rank: 3, target: 1 },
-        ],
+        id: id(lo),
+        shards: vec![(0, 0), (0, 0), (3, 1)],
     };
     let send = |lo: u64, dkey: &str, v: &[u8]| {
         wait(
@@ -730,7 +712,7 @@ fn a_shard_holding_part_of_its_changes_is_incomplete_and_aborted() {
     send(1, "b", b"b1").unwrap();
     let held = pending(&st, pool, 0, 0);
     assert_eq!((held.len(), held[0].incomplete), (1, false));
-    assert_eq!(query(&st, pool, 1, true), DtxState::DtxPrepared);
+    assert_eq!(query(&st, pool, 1, true), DtxState::Prepared);
     decide(&st, pool, &[1], true, true).unwrap();
     assert_eq!(get_single(&st, &o, LATEST, "b", "s").unwrap(), b"b1");
 
@@ -738,8 +720,8 @@ fn a_shard_holding_part_of_its_changes_is_incomplete_and_aborted() {
     send(2, "a", b"a2").unwrap();
     let held = pending(&st, pool, 0, 0);
     assert_eq!((held.len(), held[0].incomplete), (1, true));
-    assert_eq!(query(&st, pool, 2, false), DtxState::DtxPrepared);
-    assert_eq!(query(&st, pool, 2, true), DtxState::DtxAborted);
+    assert_eq!(query(&st, pool, 2, false), DtxState::Prepared);
+    assert_eq!(query(&st, pool, 2, true), DtxState::Aborted);
     let err = send(2, "b", b"b2").unwrap_err();
     assert_eq!(err.code, -libc::ECANCELED, "{err}");
     assert_eq!(get_single(&st, &o, LATEST, "a", "s").unwrap(), b"a1");

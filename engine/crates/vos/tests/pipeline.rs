@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use peregrine_proto::data;
 use peregrine_vos::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -13,7 +12,7 @@ const LATEST: u64 = u64::MAX;
 fn insert_req(o: &Obj, epoch: u64, dkey: &str, v: &[u8]) -> Request {
     let (iod, bulk) = single("inode", v);
     Request::Update(
-        data::UpdateReq {
+        UpdateReq {
             addr: o.addr(),
             epoch,
             dkey: dkey.as_bytes().to_vec(),

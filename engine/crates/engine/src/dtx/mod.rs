@@ -7,8 +7,7 @@ mod resolve;
 use crate::node::Node;
 use peregrine::placement::PoolMap;
 use peregrine::Client;
-use peregrine_proto::data::{self, response::Body};
-use peregrine_vos::{Request, Storage};
+use peregrine_vos::{Answer, PoolAddress, Request, Storage};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,18 +63,14 @@ impl Maps {
     }
 }
 
-fn local(st: &Storage, req: Request) -> Result<Option<Body>, String> {
+fn local(st: &Storage, req: Request) -> Result<Answer, String> {
     match st.submit(req).recv() {
-        Ok(Ok((resp, _))) => Ok(resp.body),
+        Ok(Ok((answer, _))) => Ok(answer),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("target gone".into()),
     }
 }
 
-fn addr(pool: Uuid, target: u32) -> Option<data::Address> {
-    Some(data::Address {
-        pool: pool.as_bytes().to_vec(),
-        target,
-        ..Default::default()
-    })
+fn addr(pool: Uuid, target: u32) -> PoolAddress {
+    PoolAddress { pool, target }
 }

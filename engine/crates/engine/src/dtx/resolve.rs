@@ -21,9 +21,10 @@
 
 use super::{addr, local, Maps};
 use crate::node::Node;
+use crate::request::dtx_pending;
 use peregrine::placement::PoolMap;
-use peregrine_proto::data::{self, response::Body, DtxShard, DtxState};
-use peregrine_vos::{Request, Storage};
+use peregrine_proto::data::{DtxShard, DtxState};
+use peregrine_vos::{Answer, DtxDecideReq, DtxPendingReq, Request, Storage, TxId};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,13 +52,13 @@ pub(super) fn spawn(node: Arc<Node>) {
 fn round(node: &Node, st: &Storage, maps: &mut Maps) {
     for pool in st.pools() {
         for target in 0..st.targets() {
-            let req = Request::DtxPending(data::DtxPendingReq {
+            let req = Request::DtxPending(DtxPendingReq {
                 addr: addr(pool, target),
                 older_than_ms: peregrine_vos::DTX_STALE_MS,
                 max: 0,
             });
             let pending = match local(st, req) {
-                Ok(Some(Body::DtxPending(p))) => p.pending,
+                Ok(Answer::DtxPending(p)) => p,
                 Ok(_) => continue,
                 Err(e) => {
                     tracing::debug!("pool {pool} target {target}: pending transactions: {e}");
@@ -81,7 +82,8 @@ fn round(node: &Node, st: &Storage, maps: &mut Maps) {
                 rank: node.cfg.rank,
                 target,
             };
-            for p in pending {
+            // In the wire's terms: the other shards are asked over it.
+            for p in pending.into_iter().map(dtx_pending) {
                 let Some(dtx) = p.dtx else { continue };
                 let (Some(id), Some(leader)) = (dtx.id, dtx.shards.first()) else {
                     continue;
@@ -117,9 +119,12 @@ fn round(node: &Node, st: &Storage, maps: &mut Maps) {
                         p.age_ms,
                         if commit { "committed" } else { "aborted" }
                     );
-                    let req = Request::DtxDecide(data::DtxDecideReq {
+                    let req = Request::DtxDecide(DtxDecideReq {
                         addr: addr(pool, target),
-                        ids: vec![id],
+                        ids: vec![TxId {
+                            hi: id.hi,
+                            lo: id.lo,
+                        }],
                         commit,
                         leader: false,
                     });

@@ -10,8 +10,8 @@
 //! [`IoMetrics::leak`]), not an `Arc`: a reference count shared by every
 //! thread would be one more cache line bouncing between them per request.
 
-use peregrine_proto::data::response::Body;
-use peregrine_vos::{ReplyRef, Request};
+use crate::request::DataRequest as Request;
+use peregrine_vos::{Answer, ReplyRef};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -65,7 +65,6 @@ impl Op {
             Request::ListRecords(_) => Op::ListRecords,
             Request::DtxDecide(_) => Op::DtxDecide,
             Request::DtxQuery(_) => Op::DtxQuery,
-            Request::DtxPending(_) => Op::DtxPending,
         }
     }
 
@@ -241,7 +240,7 @@ impl IoMetrics {
     /// Start counting a request: `None` for one without a valid pool and
     /// target (the target refuses it, and it is not counted).
     pub fn track(&'static self, req: &Request) -> Option<Track> {
-        let addr = peregrine_vos::request_addr(req)?;
+        let addr = req.addr()?;
         if addr.target >= self.targets {
             return None;
         }
@@ -320,9 +319,9 @@ impl Track {
         match r {
             Err(e) => self.finish(Err(e.code), 0),
             Ok((resp, bulk)) => {
-                if let Some(Body::Fetch(f)) = &resp.body {
+                if let Answer::Fetch(values) = resp {
                     let c = self.counters();
-                    for v in &f.values {
+                    for v in values {
                         c.count_error(v.status);
                     }
                 }
@@ -411,7 +410,7 @@ mod tests {
         let mut t = io.track(&update(a, 1, 4096)).unwrap();
         t.queued();
         assert_eq!(io.queue_depth(1), 1);
-        t.answered(&Ok((data::Response::default(), Default::default())));
+        t.answered(&Ok((Answer::Done, Default::default())));
         assert_eq!(io.queue_depth(1), 0);
         io.track(&update(b, 0, 10)).unwrap().refused(-libc::ESTALE);
         io.track(&update(a, 1, 1)).unwrap().refused(-libc::EIO);
@@ -434,7 +433,7 @@ mod tests {
         for _ in 0..MAX_POOLS + 2 {
             let mut t = io.track(&update(Uuid::new_v4(), 0, 1)).unwrap();
             t.queued();
-            t.answered(&Ok((data::Response::default(), Default::default())));
+            t.answered(&Ok((Answer::Done, Default::default())));
         }
         let pools: Vec<&PoolIo> = io.pools().collect();
         assert_eq!(pools.len(), MAX_POOLS + 1);

@@ -6,10 +6,11 @@ use super::frame::{decode_one, Decoded, ShmBulk};
 use crate::dataplane;
 use crate::metrics::IoMetrics;
 use crate::poolmap::PoolMaps;
+use crate::request::{self, DataRequest};
 use peregrine_proto::data::Response as DataResponse;
 use peregrine_proto::frame::Header;
 use peregrine_proto::shm as wire;
-use peregrine_vos::{Bulk, Gather, Polled, ReplyRef, Request, Source};
+use peregrine_vos::{Bulk, Gather, Polled, ReplyRef, Source};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -57,7 +58,7 @@ impl Source for Channel {
                 );
                 return Polled::Idle;
             }
-            let Request::Update(u, _) = pull.req else {
+            let DataRequest::Update(u, _) = pull.req else {
                 return Polled::Idle;
             };
             let values = ShmBulk {
@@ -65,7 +66,7 @@ impl Source for Channel {
                 off: pull.off,
                 len: pull.len,
             };
-            let req = Request::Update(u, Bulk::Shared(Box::new(values)));
+            let req = DataRequest::Update(u, Bulk::Shared(Box::new(values)));
             return self.dispatch(pull.header, req);
         }
         let state = live.conn.word(wire::REQ_STATE);
@@ -111,14 +112,14 @@ impl Source for Channel {
 }
 
 impl Channel {
-    /// Admit a decoded request and give it to the target.
-    fn dispatch(&mut self, header: Header, req: Request) -> Polled {
+    /// Admit a decoded request and give it to the target, converted.
+    fn dispatch(&mut self, header: Header, req: DataRequest) -> Polled {
         let live = &self.live;
         // Polled on the target's own thread: admitted requests queue in order
         // with the drain that follows a pool map change (see `crate::poolmap`).
         // A request for another target breaks the protocol: the connection
         // ends, whatever its handle or pool map would have said.
-        if let Some(t) = peregrine_vos::request_target(&req).filter(|t| *t != self.target) {
+        if let Some(t) = req.target().filter(|t| *t != self.target) {
             live.stats.rejected.fetch_add(1, Ordering::Relaxed);
             live.close(&format!(
                 "request for target {t} on a connection to target {}",
@@ -134,11 +135,21 @@ impl Channel {
             live.reply(&header, owned(dataplane::error_reply(code, message)));
             return Polled::Idle;
         }
+        let req = match req.into_vos() {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(t) = track {
+                    t.refused(e.code);
+                }
+                live.reply(&header, owned(dataplane::error_reply(e.code, e.msg)));
+                return Polled::Idle;
+            }
+        };
         // A fetch's bytes may be read straight into the response region,
         // page-aligned after the frame header (the region stays mapped: the
         // reply holds the connection).
         let area = match req {
-            Request::Fetch(_) => live.conn.reply_area(),
+            peregrine_vos::Request::Fetch(_) => live.conn.reply_area(),
             _ => None,
         };
         let l = live.clone();
@@ -151,6 +162,7 @@ impl Channel {
                 if let Some(t) = track {
                     t.answered(&r);
                 }
+                let r = r.map(|(answer, bulk)| (request::response(answer), bulk));
                 l.reply(
                     &header,
                     r.unwrap_or_else(|e| owned(dataplane::error_reply(e.code, e.msg))),

@@ -8,10 +8,11 @@ use super::handshake::{handshake, Conn};
 use super::peer::Peer;
 use super::ShmStats;
 use crate::node::Node;
+use crate::request::DataRequest;
 use peregrine_proto::data::Response as DataResponse;
 use peregrine_proto::frame::Header;
 use peregrine_proto::shm::{self as wire, RemotePart};
-use peregrine_vos::{Gather, Request};
+use peregrine_vos::Gather;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +46,7 @@ pub(super) struct Live {
 pub(super) struct Pull {
     pub(super) header: Header,
     /// The update, its values not there yet.
-    pub(super) req: Request,
+    pub(super) req: DataRequest,
     pub(super) parts: Vec<RemotePart>,
     pub(super) len: usize,
     /// Where in the mapping the values go: past the request's message.

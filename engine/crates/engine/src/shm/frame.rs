@@ -5,10 +5,11 @@ use super::cma::RemoteBulk;
 use super::connection::{Live, Pull};
 use super::handshake::Conn;
 use crate::dataplane;
+use crate::request::DataRequest as Request;
 use peregrine_proto::data::Response as DataResponse;
 use peregrine_proto::frame::{Frame, Header, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 use peregrine_proto::shm::{self as wire, RemotePart};
-use peregrine_vos::{Bulk, Gather, Request, SharedBytes};
+use peregrine_vos::{Bulk, Gather, SharedBytes};
 use prost::Message;
 use std::sync::Arc;
 

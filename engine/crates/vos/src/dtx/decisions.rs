@@ -7,7 +7,9 @@ use super::{
 };
 use crate::error::Errno;
 use crate::index::{ObjKey, TargetIndex, WalOp};
-use peregrine_proto::data::{self, DtxState};
+use crate::request::{
+    Dtx, DtxDecideReq, DtxPending, DtxPendingReq, DtxQueryReq, DtxState, Iod, IodKind,
+};
 use uuid::Uuid;
 
 /// Milliseconds since the Unix epoch, as logged in [`WalOp::Prepare`] and
@@ -19,38 +21,31 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// The transaction of an update or punch, if it names one: its id and its
-/// shards as (rank, target), checked (an id, 1 to [`MAX_SHARDS`] shards).
-pub(crate) fn parse(dtx: Option<&data::Dtx>, op: &str) -> Result<Option<(TxId, Shards)>, Errno> {
-    let Some(d) = dtx else {
+/// shards as (rank, target), checked (1 to [`MAX_SHARDS`] shards).
+pub(crate) fn parse(dtx: Option<Dtx>, op: &str) -> Result<Option<(TxId, Shards)>, Errno> {
+    let Some(Dtx { id, shards }) = dtx else {
         return Ok(None);
     };
-    let id =
-        d.id.as_ref()
-            .ok_or_else(|| Errno::inval(format!("{op}: transaction without an id")))?;
-    let id = TxId::from(id);
-    if d.shards.is_empty() || d.shards.len() > MAX_SHARDS {
+    if shards.is_empty() || shards.len() > MAX_SHARDS {
         return Err(Errno::inval(format!(
             "{op}: transaction {id} lists {} shards; it must list 1 to {MAX_SHARDS}",
-            d.shards.len()
+            shards.len()
         )));
     }
-    let shards = d.shards.iter().map(|s| (s.rank, s.target)).collect();
     Ok(Some((id, shards)))
 }
 
 /// The state `op`, applied after a change that left `id` in `st`, leaves it in.
 fn next_state(st: DtxState, op: &WalOp, id: TxId) -> DtxState {
     match op {
-        WalOp::Prepare { id: i, .. } if *i == id && st == DtxState::DtxUnknown => {
-            DtxState::DtxPrepared
-        }
+        WalOp::Prepare { id: i, .. } if *i == id && st == DtxState::Unknown => DtxState::Prepared,
         WalOp::Decide { id: i, commit, .. }
-            if *i == id && matches!(st, DtxState::DtxUnknown | DtxState::DtxPrepared) =>
+            if *i == id && matches!(st, DtxState::Unknown | DtxState::Prepared) =>
         {
             if *commit {
-                DtxState::DtxCommitted
+                DtxState::Committed
             } else {
-                DtxState::DtxAborted
+                DtxState::Aborted
             }
         }
         _ => st,
@@ -91,12 +86,12 @@ pub(crate) fn admit<'a>(
 ) -> Result<Admit, Errno> {
     let durable = ix.dtx.state(id);
     match state_with(ix, in_flight.clone(), id) {
-        DtxState::DtxAborted => Err(Errno::new(
+        DtxState::Aborted => Err(Errno::new(
             -libc::ECANCELED,
             format!("{op}: transaction {id} was aborted; nothing stored"),
         )),
-        DtxState::DtxCommitted => Ok(Admit::Known {
-            durable: durable == DtxState::DtxCommitted,
+        DtxState::Committed => Ok(Admit::Known {
+            durable: durable == DtxState::Committed,
         }),
         _ => {
             let equal = |o: &WalOp| op_key(o) == Some(*key);
@@ -127,7 +122,7 @@ pub(crate) fn decide<'a>(
     in_flight: impl Iterator<Item = &'a WalOp> + Clone,
     pool: Uuid,
     target: u32,
-    req: &data::DtxDecideReq,
+    req: &DtxDecideReq,
     now: u64,
 ) -> Result<Vec<WalOp>, Errno> {
     use DtxState::*;
@@ -139,8 +134,7 @@ pub(crate) fn decide<'a>(
         )));
     }
     let mut ops = Vec::new();
-    for d in &req.ids {
-        let id = TxId::from(d);
+    for &id in &req.ids {
         // A transaction named twice is decided once.
         let st = ops
             .iter()
@@ -148,22 +142,22 @@ pub(crate) fn decide<'a>(
                 next_state(st, op, id)
             });
         let log = match (req.commit, st) {
-            (true, DtxPrepared) | (false, DtxPrepared | DtxUnknown) => true,
-            (true, DtxCommitted) | (false, DtxAborted) => false,
-            (true, DtxUnknown) if !req.leader => true,
-            (true, DtxUnknown) => {
+            (true, Prepared) | (false, Prepared | Unknown) => true,
+            (true, Committed) | (false, Aborted) => false,
+            (true, Unknown) if !req.leader => true,
+            (true, Unknown) => {
                 return Err(Errno::new(
                     -libc::ENOENT,
                     format!("{OP}: transaction {id} unknown on this shard (target {target}); it cannot commit"),
                 ))
             }
-            (true, DtxAborted) => {
+            (true, Aborted) => {
                 return Err(Errno::new(
                     -libc::ECANCELED,
                     format!("{OP}: transaction {id} was aborted; it cannot commit"),
                 ))
             }
-            (false, DtxCommitted) => {
+            (false, Committed) => {
                 return Err(Errno::new(
                     -libc::EEXIST,
                     format!("{OP}: transaction {id} already committed; it cannot abort"),
@@ -190,19 +184,15 @@ pub(crate) fn query<'a>(
     in_flight: impl Iterator<Item = &'a WalOp> + Clone,
     pool: Uuid,
     me: (u32, u32),
-    req: &data::DtxQueryReq,
+    req: &DtxQueryReq,
     now: u64,
 ) -> Result<(DtxState, Option<WalOp>), Errno> {
-    let id = req
-        .id
-        .as_ref()
-        .map(TxId::from)
-        .ok_or_else(|| Errno::inval("dtx query: missing transaction id"))?;
+    let id = req.id;
     let st = state_with(ix, in_flight.clone(), id);
     // Prepared with a change still missing: a prepare on its way is
     // refused once this is aborted, so the client cannot count it committed.
-    let partial = st == DtxState::DtxPrepared && incomplete(ix, in_flight, id, me);
-    let abort = req.resolve && (st == DtxState::DtxUnknown || partial);
+    let partial = st == DtxState::Prepared && incomplete(ix, in_flight, id, me);
+    let abort = req.resolve && (st == DtxState::Unknown || partial);
     if !abort {
         return Ok((st, None));
     }
@@ -212,7 +202,7 @@ pub(crate) fn query<'a>(
         commit: false,
         at_ms: now,
     };
-    Ok((DtxState::DtxAborted, Some(op)))
+    Ok((DtxState::Aborted, Some(op)))
 }
 
 /// Whether shard `me` holds fewer changes of `id` (logged or in flight)
@@ -239,9 +229,9 @@ pub(crate) fn pending(
     ix: &TargetIndex,
     pool: &Uuid,
     me: (u32, u32),
-    req: &data::DtxPendingReq,
+    req: &DtxPendingReq,
     now: u64,
-) -> data::DtxPendingResp {
+) -> Vec<DtxPending> {
     let max = match req.max {
         0 => PENDING_DEFAULT,
         m => (m as usize).min(PENDING_MAX),
@@ -254,25 +244,19 @@ pub(crate) fn pending(
         .collect();
     held.sort_by_key(|(id, p)| (p.at_ms, **id));
     held.truncate(max);
-    let pending = held
-        .into_iter()
-        .map(|(id, p)| data::DtxPending {
-            dtx: Some(data::Dtx {
-                id: Some((*id).into()),
-                shards: p
-                    .shards
-                    .iter()
-                    .map(|&(rank, target)| data::DtxShard { rank, target })
-                    .collect(),
-            }),
+    held.into_iter()
+        .map(|(id, p)| DtxPending {
+            dtx: Dtx {
+                id: *id,
+                shards: p.shards.clone(),
+            },
             age_ms: now.saturating_sub(p.at_ms),
             incomplete: p.ops.len() < expected_ops(&p.shards, me),
         })
-        .collect();
-    data::DtxPendingResp { pending }
+        .collect()
 }
 
-/// `Iod.unchanged_since` of an ARRAY value of an update to the dkey `at`
+/// The `unchanged_since` of an ARRAY value (if it has one) of an update to the dkey `at`
 /// (of transaction `own`, if any): `-EBUSY` if a stored extent of the akey
 /// overlapping the iod's range is newer than that epoch, or if a change of
 /// the akey is in flight (logged or gathered, not applied yet) or held by
@@ -282,10 +266,16 @@ pub(crate) fn check_unchanged<'a>(
     in_flight: impl Iterator<Item = &'a WalOp>,
     own: Option<TxId>,
     at: (&Uuid, &Uuid, &ObjKey, &[u8]),
-    iod: &data::Iod,
+    iod: &Iod,
 ) -> Result<(), Errno> {
-    let since = iod.unchanged_since;
-    let end = iod.offset.saturating_add(iod.len);
+    let (offset, since) = match iod.kind {
+        IodKind::Array {
+            offset,
+            unchanged_since: Some(since),
+        } => (offset, since),
+        _ => return Ok(()),
+    };
+    let end = offset.saturating_add(iod.len);
     let busy = |why: String| {
         Errno::new(
             -libc::EBUSY,
@@ -293,13 +283,13 @@ pub(crate) fn check_unchanged<'a>(
                 "update: dkey {:?} akey {:?} range [{}, {end}) changed since epoch {since}: {why}; nothing stored",
                 show(at.3),
                 show(&iod.akey),
-                iod.offset
+                offset
             ),
         )
     };
     let (pool, cont, obj, dkey) = at;
     if let Some(e) = ix
-        .newest_extent(pool, cont, obj, dkey, &iod.akey, iod.offset, end)
+        .newest_extent(pool, cont, obj, dkey, &iod.akey, offset, end)
         .filter(|&e| e > since)
     {
         return Err(busy(format!("an extent written at epoch {e} overlaps it")));
@@ -312,14 +302,14 @@ pub(crate) fn check_unchanged<'a>(
         if by.is_some() && by == own {
             continue;
         }
-        if touches_range(change, at, &iod.akey, iod.offset, end) {
+        if touches_range(change, at, &iod.akey, offset, end) {
             return Err(busy(match by {
                 Some(id) => format!("transaction {id} is preparing a change of the akey"),
                 None => "a change of the akey is being written".to_string(),
             }));
         }
     }
-    if let Some(id) = ix.dtx.touched_by_other(own, at, &iod.akey, iod.offset, end) {
+    if let Some(id) = ix.dtx.touched_by_other(own, at, &iod.akey, offset, end) {
         return Err(busy(format!(
             "transaction {id} holds a prepared change of the akey"
         )));

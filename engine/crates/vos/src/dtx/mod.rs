@@ -38,7 +38,6 @@ mod tests;
 use crate::index::{value_scm, Kind, ObjKey, Payload, Released, WalOp};
 use crate::superblock::BLOCK;
 pub(crate) use decisions::{admit, check_unchanged, decide, now_ms, parse, pending, query, Admit};
-use peregrine_proto::data;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -49,9 +48,9 @@ use uuid::Uuid;
 /// the commit within a round trip of the last prepare).
 pub const DTX_STALE_MS: u64 = 2000;
 /// Most shards a transaction may list.
-pub(crate) const MAX_SHARDS: usize = 64;
+pub const MAX_SHARDS: usize = 64;
 /// Most transactions one `DtxDecide` may name.
-pub(crate) const MAX_DECIDE: usize = 1024;
+pub const MAX_DECIDE: usize = 1024;
 /// How long (milliseconds, by the decisions' own clock) a decision is
 /// remembered after it was taken.
 pub(crate) const DECIDED_KEEP_MS: u64 = 3_600_000;
@@ -61,8 +60,10 @@ pub(crate) const PENDING_DEFAULT: usize = 256;
 pub(crate) const PENDING_MAX: usize = 4096;
 
 /// A transaction's id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub(crate) struct TxId {
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct TxId {
     pub hi: u64,
     pub lo: u64,
 }
@@ -70,18 +71,6 @@ pub(crate) struct TxId {
 impl fmt::Display for TxId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}{:016x}", self.hi, self.lo)
-    }
-}
-
-impl From<&data::DtxId> for TxId {
-    fn from(d: &data::DtxId) -> TxId {
-        TxId { hi: d.hi, lo: d.lo }
-    }
-}
-
-impl From<TxId> for data::DtxId {
-    fn from(t: TxId) -> data::DtxId {
-        data::DtxId { hi: t.hi, lo: t.lo }
     }
 }
 

@@ -7,7 +7,7 @@ use super::{
 };
 use crate::error::Errno;
 use crate::index::{ChangedKey, ObjKey, Released, WalOp};
-use peregrine_proto::data::DtxState;
+use crate::request::DtxState;
 use std::collections::BTreeSet;
 use uuid::Uuid;
 
@@ -15,10 +15,10 @@ impl DtxTable {
     /// What this target durably knows of `id`.
     pub(crate) fn state(&self, id: TxId) -> DtxState {
         match self.decided.get(&id) {
-            Some(d) if d.commit => DtxState::DtxCommitted,
-            Some(_) => DtxState::DtxAborted,
-            None if self.pending.contains_key(&id) => DtxState::DtxPrepared,
-            None => DtxState::DtxUnknown,
+            Some(d) if d.commit => DtxState::Committed,
+            Some(_) => DtxState::Aborted,
+            None if self.pending.contains_key(&id) => DtxState::Prepared,
+            None => DtxState::Unknown,
         }
     }
 

@@ -3,7 +3,7 @@
 use super::decisions::state_with;
 use super::*;
 use crate::index::{Kind, NewValue, TargetIndex};
-use peregrine_proto::data::DtxState;
+use crate::request::DtxState;
 
 fn setup() -> (TargetIndex, Uuid, Uuid, ObjKey) {
     let mut ix = TargetIndex::default();
@@ -105,8 +105,8 @@ fn prepare_is_held_then_committed_or_aborted() {
         &mut rel,
     );
     assert_eq!(rel.runs, vec![(6, 1)]);
-    assert_eq!(ix.dtx.state(a), DtxState::DtxCommitted);
-    assert_eq!(ix.dtx.state(b), DtxState::DtxAborted);
+    assert_eq!(ix.dtx.state(a), DtxState::Committed);
+    assert_eq!(ix.dtx.state(b), DtxState::Aborted);
     assert_eq!(ix.dtx.held_space(&pool), (0, 0));
     // A late prepare of a decided transaction is not held.
     let mut rel = Released::default();
@@ -125,7 +125,7 @@ fn prepare_is_held_then_committed_or_aborted() {
         &mut Released::default(),
     );
     assert_eq!(ix.dtx.decided.len(), 1);
-    assert_eq!(ix.dtx.state(a), DtxState::DtxUnknown);
+    assert_eq!(ix.dtx.state(a), DtxState::Unknown);
 }
 
 #[test]
@@ -139,10 +139,10 @@ fn state_counts_changes_in_flight() {
         commit: false,
         at_ms: 1,
     };
-    assert_eq!(state_with(&ix, [], id), DtxState::DtxUnknown);
-    assert_eq!(state_with(&ix, [&p], id), DtxState::DtxPrepared);
-    assert_eq!(state_with(&ix, [&p, &d], id), DtxState::DtxAborted);
-    assert_eq!(state_with(&ix, [&d, &p], id), DtxState::DtxAborted);
+    assert_eq!(state_with(&ix, [], id), DtxState::Unknown);
+    assert_eq!(state_with(&ix, [&p], id), DtxState::Prepared);
+    assert_eq!(state_with(&ix, [&p, &d], id), DtxState::Aborted);
+    assert_eq!(state_with(&ix, [&d, &p], id), DtxState::Aborted);
     let key = op_key(match &p {
         WalOp::Prepare { op, .. } => op,
         _ => unreachable!(),

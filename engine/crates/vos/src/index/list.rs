@@ -3,6 +3,7 @@
 //! records of one dkey ([`TargetIndex::list_records`]) that a reintegration copies.
 
 use super::*;
+use crate::request::{Record, RecordKind};
 
 /// Whether a dkey holds a version or a punch (dkey or akey level) above `since`.
 fn dkey_changed(d: &DkeyTree, since: u64) -> bool {
@@ -21,12 +22,14 @@ fn tomb_epochs(tombs: &[Tomb], since: u64) -> Vec<u64> {
     e
 }
 
-pub(super) fn punch_record(kind: data::RecordKind, epoch: u64, akey: &[u8]) -> data::Record {
-    data::Record {
-        kind: kind as i32,
+pub(super) fn punch_record(kind: RecordKind, epoch: u64, akey: &[u8]) -> Record {
+    Record {
+        kind,
         epoch,
         akey: akey.to_vec(),
-        ..Default::default()
+        value_kind: Kind::Single,
+        offset: 0,
+        len: 0,
     }
 }
 
@@ -198,8 +201,8 @@ impl TargetIndex {
         obj: &ObjKey,
         dkey: &[u8],
         since: u64,
-    ) -> Result<Vec<data::Record>, Errno> {
-        use data::RecordKind as K;
+    ) -> Result<Vec<Record>, Errno> {
+        use RecordKind as K;
         let Some(o) = self.cont(pool, cont).and_then(|c| c.objs.get(obj)) else {
             return Ok(vec![]);
         };
@@ -213,7 +216,7 @@ impl TargetIndex {
             )
         };
         let mut out = Vec::new();
-        let add = |out: &mut Vec<data::Record>, r: data::Record| {
+        let add = |out: &mut Vec<Record>, r: Record| {
             if out.len() == MAX_RECORDS {
                 return Err(too_many());
             }
@@ -221,13 +224,13 @@ impl TargetIndex {
             Ok(())
         };
         for e in tomb_epochs(&o.punches, since) {
-            add(&mut out, punch_record(K::RecordPunchObject, e, b""))?;
+            add(&mut out, punch_record(K::PunchObject, e, b""))?;
         }
         let Some(d) = (!dkey.is_empty()).then(|| o.dkeys.get(dkey)).flatten() else {
             return Ok(out);
         };
         for e in tomb_epochs(&d.punches, since) {
-            add(&mut out, punch_record(K::RecordPunchDkey, e, b""))?;
+            add(&mut out, punch_record(K::PunchDkey, e, b""))?;
         }
         let r = u64::MAX;
         let df = level_floor(&o.punches, r).max(level_floor(&d.punches, r));
@@ -236,15 +239,15 @@ impl TargetIndex {
                 continue;
             }
             for e in tomb_epochs(&a.punches, since) {
-                add(&mut out, punch_record(K::RecordPunchAkey, e, ak))?;
+                add(&mut out, punch_record(K::PunchAkey, e, ak))?;
             }
             let f = df.max(level_floor(&a.punches, r));
             if let Some(v) = a.visible_single(f, r).filter(|v| v.epoch > since) {
-                let rec = data::Record {
-                    kind: K::RecordValue as i32,
+                let rec = Record {
+                    kind: K::Value,
                     epoch: v.epoch,
                     akey: ak.to_vec(),
-                    value_kind: data::ValueKind::Single as i32,
+                    value_kind: Kind::Single,
                     offset: 0,
                     len: v.len,
                 };
@@ -266,11 +269,11 @@ impl TargetIndex {
                 shown.push(x);
             }
             for x in shown.into_iter().rev() {
-                let rec = data::Record {
-                    kind: K::RecordValue as i32,
+                let rec = Record {
+                    kind: K::Value,
                     epoch: x.epoch,
                     akey: ak.to_vec(),
-                    value_kind: data::ValueKind::Array as i32,
+                    value_kind: Kind::Array,
                     offset: x.offset,
                     len: x.len,
                 };

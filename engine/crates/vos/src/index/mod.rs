@@ -14,7 +14,6 @@ use crate::compact::{bytes, Key, SmallMap};
 use crate::dtx::{DtxTable, TxId};
 use crate::error::Errno;
 use crate::superblock::BLOCK;
-use peregrine_proto::data;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -44,11 +43,7 @@ pub(crate) const MAX_RECORDS: usize = 65536;
 /// A key [`TargetIndex::list_changed`] returns: container, object shard, dkey.
 pub(crate) type ChangedKey = (Uuid, ObjKey, Vec<u8>);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Kind {
-    Single,
-    Array,
-}
+pub(crate) use crate::request::ValueKind as Kind;
 
 /// A run of blocks in the target's data region holding one value.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

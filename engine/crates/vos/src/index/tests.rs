@@ -545,7 +545,7 @@ fn list_changed_caps_pages_and_lists_punched_objects_without_dkeys() {
     assert!(ix.list_changed(&pool, 20, None, 0).0.is_empty());
     assert_eq!(
         ix.list_records(&pool, &cont, &bare, b"", 15).unwrap(),
-        vec![punch_record(data::RecordKind::RecordPunchObject, 20, b"")]
+        vec![punch_record(crate::RecordKind::PunchObject, 20, b"")]
     );
 }
 

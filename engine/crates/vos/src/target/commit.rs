@@ -273,7 +273,7 @@ impl Target {
                 self.apply(op, c.seq);
             }
             for tx in c.replies {
-                tx.send(Ok((ok_response(None), Gather::default())));
+                tx.send(Ok((Answer::Done, Gather::default())));
             }
         }
         if self.wal.tail > self.sb.wal_bytes / 2 {
@@ -499,7 +499,7 @@ impl Target {
                     self.apply(op, self.wal.seq);
                 }
                 for tx in b.replies {
-                    tx.send(Ok((ok_response(None), Gather::default())));
+                    tx.send(Ok((Answer::Done, Gather::default())));
                 }
                 self.maybe_checkpoint();
             }

@@ -2,6 +2,7 @@
 //! read from the device (or copied from RAM), assembled into the reply.
 
 use super::*;
+use crate::request::{FetchReq, FetchedValue};
 
 /// The fetches waiting to start and those whose reads are in flight.
 #[derive(Default)]
@@ -12,7 +13,7 @@ pub(super) struct Fetches {
 }
 
 /// A fetch waiting to start, and where its source would take its bytes.
-pub(super) type Queued = (data::FetchReq, Responder, Option<ReplyArea>);
+pub(super) type Queued = (FetchReq, Responder, Option<ReplyArea>);
 
 /// Fetches whose device reads are in flight.
 pub(super) struct InFetch {
@@ -70,7 +71,7 @@ pub(super) enum Piece {
 
 /// One iod of a fetch being served.
 pub(super) struct IodRead {
-    pub(super) fv: data::FetchedValue,
+    pub(super) fv: FetchedValue,
     pub(super) has_crc: bool,
     /// The bytes returned (`fv.len` of them): pieces at their offsets, zeros
     /// between them.
@@ -86,8 +87,8 @@ pub(super) struct IodRead {
 impl Target {
     /// Plan one fetch against the index: its iods, with inline bytes already
     /// in place; device segments still to read.
-    pub(super) fn plan(&self, f: &data::FetchReq) -> Result<Vec<IodRead>, Errno> {
-        let (pool, cont, obj) = self.addr(f.addr.as_ref(), "fetch")?;
+    pub(super) fn plan(&self, f: &FetchReq) -> Result<Vec<IodRead>, Errno> {
+        let (pool, cont, obj) = self.addr(&f.addr, "fetch")?;
         // Planned after every change acknowledged before the fetch was taken.
         self.index
             .dtx
@@ -97,12 +98,12 @@ impl Target {
         let mut iods = Vec::with_capacity(f.iods.len());
         let mut total = 0u64;
         for iod in &f.iods {
-            let kind = kind_of(iod.kind, "fetch")?;
+            let (kind, offset) = (iod.kind.value_kind(), iod.kind.offset());
             let plan = self.index.plan_fetch(
-                &pool, &cont, &obj, &f.dkey, &iod.akey, kind, iod.offset, iod.len, f.epoch,
+                &pool, &cont, &obj, &f.dkey, &iod.akey, kind, offset, iod.len, f.epoch,
             );
             let mut r = IodRead {
-                fv: data::FetchedValue {
+                fv: FetchedValue {
                     status: plan.status,
                     size: plan.size,
                     absent: plan.absent,
@@ -313,11 +314,7 @@ impl Target {
 
     /// The reply of a fetch whose reads are done: its bytes in order, the
     /// pieces read borrowed from the registered buffers.
-    pub(super) fn assemble(
-        &self,
-        f: &data::FetchReq,
-        iods: Vec<IodRead>,
-    ) -> (data::Response, Gather<'_>) {
+    pub(super) fn assemble(&self, f: &FetchReq, iods: Vec<IodRead>) -> (Answer, Gather<'_>) {
         let mut values = Vec::with_capacity(iods.len());
         let mut bulk = Gather::default();
         for (r, iod) in iods.into_iter().zip(&f.iods) {
@@ -336,12 +333,11 @@ impl Target {
                 if !out.is_empty() && out.iter().all(|(_, p)| in_area(p).is_some()) {
                     // Read straight into the area (only for a fetch of one iod).
                     if r.has_crc {
-                        fv.crc = r.stored_crc.unwrap_or_else(|| {
+                        fv.crc = Some(r.stored_crc.unwrap_or_else(|| {
                             out.iter().fold(0, |c, (_, p)| {
                                 peregrine_isal::crc32c_append(c, in_area(p).expect("in area"))
                             })
-                        });
-                        fv.has_crc = true;
+                        }));
                     }
                     bulk = Gather::in_place(fv.len as usize);
                     values.push(fv);
@@ -362,19 +358,13 @@ impl Target {
                 value.push(Cow::Owned(vec![0u8; (fv.len - at) as usize]));
                 // Only values written with a checksum are returned with one.
                 if r.has_crc {
-                    fv.crc = r.stored_crc.unwrap_or_else(|| value.crc32c());
-                    fv.has_crc = true;
+                    fv.crc = Some(r.stored_crc.unwrap_or_else(|| value.crc32c()));
                 }
                 bulk.append(value);
             }
             values.push(fv);
         }
-        (
-            ok_response(Some(data::response::Body::Fetch(data::FetchResp {
-                values,
-            }))),
-            bulk,
-        )
+        (Answer::Fetch(values), bulk)
     }
 }
 

@@ -77,14 +77,14 @@ use crate::device::{DeviceIo, Op};
 use crate::dtx::{self, Admit, OpKey};
 use crate::error::{Errno, StorageError};
 use crate::index::{
-    value_scm, DevExtent, Kind, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
+    value_scm, DevExtent, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
 };
+use crate::request::{Address, Answer, PoolAddress};
 use crate::superblock::{Superblock, BLOCK};
 use crate::wal::{self, CKPT_MAGIC, WAL_MAGIC};
 use crate::{Bulk, Gather, Polled, PoolSpace, Reply, ReplyArea, Request, Responder, Source};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use peregrine_isal::Crc32cShift;
-use peregrine_proto::data;
 use peregrine_proto::shm::{self, Mapping};
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -192,30 +192,6 @@ struct Prof {
     /// Of `commit_ns`: until the commits' writes were done (then any fdatasync).
     write_ns: u64,
     flushes: u64,
-}
-
-fn ok_response(body: Option<data::response::Body>) -> data::Response {
-    data::Response {
-        status: Some(data::Status {
-            code: 0,
-            message: String::new(),
-        }),
-        body,
-    }
-}
-
-fn dtx_state_response(state: data::DtxState) -> data::Response {
-    ok_response(Some(data::response::Body::DtxState(data::DtxQueryResp {
-        state: state as i32,
-    })))
-}
-
-fn kind_of(k: i32, op: &str) -> Result<Kind, Errno> {
-    match data::ValueKind::try_from(k) {
-        Ok(data::ValueKind::Single) => Ok(Kind::Single),
-        Ok(data::ValueKind::Array) => Ok(Kind::Array),
-        Err(_) => Err(Errno::inval(format!("{op}: unknown value kind {k}"))),
-    }
 }
 
 fn show(k: &[u8]) -> String {

@@ -25,8 +25,8 @@ impl Target {
                     Err(e) => Err(e),
                 }
             }
-            Request::Flush(f) => match self.check_flush(&f) {
-                Ok(()) if self.flush.durable >= self.wal.seq => Ok((ok_response(None), Vec::new())),
+            Request::Flush(f) => match self.check_flush(&f.addr) {
+                Ok(()) if self.flush.durable >= self.wal.seq => Ok((Answer::Done, Vec::new())),
                 Ok(()) => {
                     // Answered after the next synchronous commit, whose
                     // fdatasync starts once everything acknowledged is written.
@@ -45,44 +45,39 @@ impl Target {
             Request::ListChanged(l) => self.list_changed(l),
             Request::ListRecords(l) => self.list_records(l),
             Request::DtxDecide(d) => {
-                let decided = self
-                    .pool_addr(d.addr.as_ref(), "dtx decide")
-                    .and_then(|pool| {
-                        dtx::decide(
-                            &self.index,
-                            self.in_flight(),
-                            pool,
-                            self.id,
-                            &d,
-                            dtx::now_ms(),
-                        )
-                    });
+                let decided = self.pool_addr(&d.addr, "dtx decide").and_then(|pool| {
+                    dtx::decide(
+                        &self.index,
+                        self.in_flight(),
+                        pool,
+                        self.id,
+                        &d,
+                        dtx::now_ms(),
+                    )
+                });
                 match decided {
-                    Ok(ops) if ops.is_empty() => Ok((ok_response(None), Vec::new())),
+                    Ok(ops) if ops.is_empty() => Ok((Answer::Done, Vec::new())),
                     Ok(ops) => return self.log_then_answer(ops, None, tx),
                     Err(e) => Err(e),
                 }
             }
             Request::DtxQuery(q) => {
-                let known = self
-                    .pool_addr(q.addr.as_ref(), "dtx query")
-                    .and_then(|pool| {
-                        let me = (self.sb.rank, self.id);
-                        dtx::query(&self.index, self.in_flight(), pool, me, &q, dtx::now_ms())
-                    });
+                let known = self.pool_addr(&q.addr, "dtx query").and_then(|pool| {
+                    let me = (self.sb.rank, self.id);
+                    dtx::query(&self.index, self.in_flight(), pool, me, &q, dtx::now_ms())
+                });
                 match known {
-                    Ok((state, None)) => Ok((dtx_state_response(state), Vec::new())),
+                    Ok((state, None)) => Ok((Answer::DtxState(state), Vec::new())),
                     Ok((state, Some(op))) => {
-                        return self.log_then_answer(vec![op], Some(dtx_state_response(state)), tx)
+                        return self.log_then_answer(vec![op], Some(Answer::DtxState(state)), tx)
                     }
                     Err(e) => Err(e),
                 }
             }
-            Request::DtxPending(p) => self.pool_addr(p.addr.as_ref(), "dtx pending").map(|pool| {
+            Request::DtxPending(p) => self.pool_addr(&p.addr, "dtx pending").map(|pool| {
                 let me = (self.sb.rank, self.id);
                 let pending = dtx::pending(&self.index, &pool, me, &p, dtx::now_ms());
-                let body = data::response::Body::DtxPending(pending);
-                (ok_response(Some(body)), Vec::new())
+                (Answer::DtxPending(pending), Vec::new())
             }),
         };
         tx.send(r.map(|(resp, bulk)| (resp, Gather::from(bulk))));
@@ -106,7 +101,7 @@ impl Target {
     fn answer_staged(&mut self, admit: Admit, sync: bool, tx: Responder) {
         match admit {
             Admit::Known { durable: true } if !sync || self.flush.durable >= self.wal.seq => {
-                tx.send(Ok((ok_response(None), Gather::default())));
+                tx.send(Ok((Answer::Done, Gather::default())));
             }
             Admit::Known { .. } => {
                 // A batch with nothing to log commits only when synchronous.
@@ -122,7 +117,7 @@ impl Target {
 
     /// Gather `ops` (transaction decisions) into the open batch and answer
     /// once they are written: with `resp` if given, else a plain success.
-    fn log_then_answer(&mut self, ops: Vec<WalOp>, resp: Option<data::Response>, tx: Responder) {
+    fn log_then_answer(&mut self, ops: Vec<WalOp>, resp: Option<Answer>, tx: Responder) {
         if let Some(e) = &self.broken {
             tx.send(Err(e.clone()));
             return;
@@ -137,22 +132,15 @@ impl Target {
         self.commit.open.replies.push(tx);
     }
 
-    /// The address's pool, checked: present, for this target, a uuid.
-    fn addr_pool<'a>(
-        &self,
-        a: Option<&'a data::Address>,
-        op: &str,
-    ) -> Result<(&'a data::Address, Uuid), Errno> {
-        let a = a.ok_or_else(|| Errno::inval(format!("{op}: missing address")))?;
-        if a.target != self.id {
+    /// Refuse a request that reached another target than its address names.
+    fn check_target(&self, target: u32, op: &str) -> Result<(), Errno> {
+        if target != self.id {
             return Err(Errno::inval(format!(
-                "{op}: request for target {} reached target {}",
-                a.target, self.id
+                "{op}: request for target {target} reached target {}",
+                self.id
             )));
         }
-        let pool = peregrine_proto::uuid_from_bytes("pool", &a.pool)
-            .map_err(|e| Errno::inval(format!("{op}: {e}")))?;
-        Ok((a, pool))
+        Ok(())
     }
 
     fn pool_here(&self, pool: &Uuid, op: &str) -> Result<(), Errno> {
@@ -165,52 +153,35 @@ impl Target {
         Ok(())
     }
 
-    pub(super) fn addr(
-        &self,
-        a: Option<&data::Address>,
-        op: &str,
-    ) -> Result<(Uuid, Uuid, ObjKey), Errno> {
-        let (a, pool) = self.addr_pool(a, op)?;
-        let cont = peregrine_proto::uuid_from_bytes("cont", &a.cont)
-            .map_err(|e| Errno::inval(format!("{op}: {e}")))?;
-        let oid = a
-            .oid
-            .as_ref()
-            .ok_or_else(|| Errno::inval(format!("{op}: missing object id")))?;
-        self.pool_here(&pool, op)?;
-        Ok((
-            pool,
-            cont,
-            ObjKey {
-                hi: oid.hi,
-                lo: oid.lo,
-                shard: a.shard,
-            },
-        ))
+    /// The address's pool, container and object shard, checked: for this
+    /// target, in a pool it holds.
+    pub(super) fn addr(&self, a: &Address, op: &str) -> Result<(Uuid, Uuid, ObjKey), Errno> {
+        self.check_target(a.target, op)?;
+        self.pool_here(&a.pool, op)?;
+        let obj = ObjKey {
+            hi: a.oid.hi,
+            lo: a.oid.lo,
+            shard: a.shard,
+        };
+        Ok((a.pool, a.cont, obj))
     }
 
-    /// [`Self::addr`] of a request that names a pool only (its container
-    /// and object, if any, are not read).
-    pub(super) fn pool_addr(&self, a: Option<&data::Address>, op: &str) -> Result<Uuid, Errno> {
-        let (_, pool) = self.addr_pool(a, op)?;
-        self.pool_here(&pool, op)?;
-        Ok(pool)
+    /// [`Self::addr`] of a request that names a pool only.
+    pub(super) fn pool_addr(&self, a: &PoolAddress, op: &str) -> Result<Uuid, Errno> {
+        self.check_target(a.target, op)?;
+        self.pool_here(&a.pool, op)?;
+        Ok(a.pool)
     }
 
-    fn check_flush(&self, f: &data::FlushReq) -> Result<(), Errno> {
+    /// A flush's pool is held here (its target is not checked).
+    fn check_flush(&self, a: &PoolAddress) -> Result<(), Errno> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        let a = f
-            .addr
-            .as_ref()
-            .ok_or_else(|| Errno::inval("flush: missing address"))?;
-        let pool = peregrine_proto::uuid_from_bytes("pool", &a.pool)
-            .map_err(|e| Errno::inval(format!("flush: {e}")))?;
-        if !self.index.pools.contains_key(&pool) {
+        if !self.index.pools.contains_key(&a.pool) {
             return Err(Errno::new(
                 -libc::ENOENT,
-                format!("flush: pool {pool} not found on target {}", self.id),
+                format!("flush: pool {} not found on target {}", a.pool, self.id),
             ));
         }
         Ok(())

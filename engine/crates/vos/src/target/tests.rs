@@ -2,33 +2,38 @@
 //! them, writes started ahead).
 
 use super::*;
-use crate::{BdevClass, BdevSpec, ScanState, StorageOptions};
+use crate::{BdevClass, BdevSpec, FetchReq, Iod, IodKind, ScanState, StorageOptions, UpdateReq};
 
 const MIB: u64 = 1 << 20;
 
-fn addr(pool: Uuid) -> Option<data::Address> {
-    Some(data::Address {
-        pool: pool.as_bytes().to_vec(),
-        cont: Uuid::nil().as_bytes().to_vec(),
-        oid: Some(data::ObjectId { hi: 1, lo: 2 }),
+fn addr(pool: Uuid) -> Address {
+    Address {
+        pool,
+        cont: Uuid::nil(),
+        oid: crate::ObjectId { hi: 1, lo: 2 },
         shard: 0,
         target: 0,
-        map_version: 1,
-        ..Default::default()
-    })
+    }
 }
 
-fn iod(len: u64) -> data::Iod {
-    data::Iod {
+fn iod(len: u64) -> Iod {
+    Iod {
         akey: b"v".to_vec(),
-        kind: data::ValueKind::Single as i32,
+        kind: IodKind::Single,
         len,
         ..Default::default()
     }
 }
 
+fn array(offset: u64) -> IodKind {
+    IodKind::Array {
+        offset,
+        unchanged_since: None,
+    }
+}
+
 fn update(pool: Uuid, byte: u8, len: usize) -> Request {
-    let u = data::UpdateReq {
+    let u = UpdateReq {
         addr: addr(pool),
         epoch: 1,
         dkey: b"d".to_vec(),
@@ -89,15 +94,14 @@ fn aligned_fetches_are_read_straight_into_the_reply_area() {
     let (mut t, pool) = open_target(dir.path());
     let len = (3 * MIB + 5000) as usize; // pieces of 2 MiB and a short chunk at the end
     let value: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-    let u = data::UpdateReq {
+    let u = UpdateReq {
         addr: addr(pool),
         epoch: 1,
         dkey: b"d".to_vec(),
-        iods: vec![data::Iod {
-            kind: data::ValueKind::Array as i32,
+        iods: vec![Iod {
+            kind: array(0),
             len: len as u64,
-            crc: peregrine_isal::crc32c(&value),
-            has_crc: true,
+            crc: Some(peregrine_isal::crc32c(&value)),
             ..iod(0)
         }],
         insert_only: false,
@@ -114,13 +118,12 @@ fn aligned_fetches_are_read_straight_into_the_reply_area() {
     let area = unsafe { std::alloc::alloc_zeroed(layout) };
     let fetch = |off: u64, n: u64| {
         let (tx, rx) = std::sync::mpsc::channel();
-        let f = data::FetchReq {
+        let f = FetchReq {
             addr: addr(pool),
             epoch: u64::MAX,
             dkey: b"d".to_vec(),
-            iods: vec![data::Iod {
-                kind: data::ValueKind::Array as i32,
-                offset: off,
+            iods: vec![Iod {
+                kind: array(off),
                 len: n,
                 ..iod(0)
             }],
@@ -156,7 +159,7 @@ fn aligned_fetches_are_read_straight_into_the_reply_area() {
             direct,
             "fetch {off}+{n}: read into the area"
         );
-        let Some(data::response::Body::Fetch(fr)) = resp.body else {
+        let Answer::Fetch(values) = resp else {
             panic!("{resp:?}")
         };
         let mut want = vec![0u8; n as usize];
@@ -169,11 +172,11 @@ fn aligned_fetches_are_read_straight_into_the_reply_area() {
             }
             Some(b) => b,
         };
-        assert_eq!(fr.values[0].status, 0);
+        assert_eq!(values[0].status, 0);
         assert!(got == want, "bytes of fetch {off}+{n}");
         assert_eq!(
-            fr.values[0].crc,
-            peregrine_isal::crc32c(&want),
+            values[0].crc,
+            Some(peregrine_isal::crc32c(&want)),
             "crc of {off}+{n}"
         );
         assert!(
@@ -199,7 +202,7 @@ fn blocks_freed_under_a_read_in_flight_wait_for_it() {
     let free = t.alloc.free_blocks();
 
     let (rtx, rrx) = std::sync::mpsc::channel();
-    let fetch = data::FetchReq {
+    let fetch = FetchReq {
         addr: addr(pool),
         epoch: u64::MAX,
         dkey: b"d".to_vec(),
@@ -249,8 +252,7 @@ fn blocks_written_ahead_for_a_refused_update_wait_for_those_writes() {
     let Request::Update(mut u, bulk) = update(pool, 3, len) else {
         unreachable!()
     };
-    u.iods[0].has_crc = true;
-    u.iods[0].crc = peregrine_isal::crc32c(&vec![3u8; len]) ^ 1;
+    u.iods[0].crc = Some(peregrine_isal::crc32c(&vec![3u8; len]) ^ 1);
     let (tx, rx) = std::sync::mpsc::channel();
     let reply = Responder(Some(Box::new(move |r: crate::ReplyRef<'_>| {
         tx.send(r.map(|_| ())).unwrap()

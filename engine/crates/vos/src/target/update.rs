@@ -4,9 +4,10 @@
 //! start from, each piece written ahead of the batch's commit.
 
 use super::*;
+use crate::request::{Condition, Expect, Iod, IodKind, PunchReq, UpdateReq};
 
 /// Data blocks an update's values take at most (were they all large).
-pub(super) fn blocks_wanted(u: &data::UpdateReq) -> u64 {
+pub(super) fn blocks_wanted(u: &UpdateReq) -> u64 {
     u.iods.iter().map(|i| wal::round_up(i.len) / BLOCK).sum()
 }
 
@@ -94,15 +95,11 @@ impl Target {
 
     /// Validate and stage an update into the open batch; a transaction's
     /// update as a [`WalOp::Prepare`], unless there is nothing to store.
-    pub(super) fn prepare_update(
-        &mut self,
-        u: data::UpdateReq,
-        bulk: Bulk,
-    ) -> Result<Admit, Errno> {
+    pub(super) fn prepare_update(&mut self, mut u: UpdateReq, bulk: Bulk) -> Result<Admit, Errno> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        let (pool, cont, obj) = self.addr(u.addr.as_ref(), "update")?;
+        let (pool, cont, obj) = self.addr(&u.addr, "update")?;
         if u.dkey.is_empty() {
             return Err(Errno::inval("update: empty dkey"));
         }
@@ -111,7 +108,7 @@ impl Target {
                 "update: epoch u64::MAX is reserved for reads of the latest version",
             ));
         }
-        let tx = dtx::parse(u.dtx.as_ref(), "update")?;
+        let tx = dtx::parse(u.dtx.take(), "update")?;
         if let Some((id, _)) = &tx {
             let key = OpKey {
                 pool: &pool,
@@ -145,18 +142,12 @@ impl Target {
             if iod.akey.is_empty() {
                 return Err(Errno::inval(format!("update: dkey {dk:?}: empty akey")));
             }
-            let kind = kind_of(iod.kind, "update")?;
+            let kind = iod.kind.value_kind();
             let range = pos..pos + iod.len as usize;
             pos = range.end;
-            if kind == Kind::Array && iod.offset.checked_add(iod.len).is_none() {
+            if iod.kind.offset().checked_add(iod.len).is_none() {
                 return Err(Errno::inval(format!(
                     "update: akey {:?}: extent overflows",
-                    show(&iod.akey)
-                )));
-            }
-            if kind == Kind::Single && iod.has_unchanged_since {
-                return Err(Errno::inval(format!(
-                    "update: akey {:?}: unchanged_since applies to ARRAY values only",
                     show(&iod.akey)
                 )));
             }
@@ -175,12 +166,12 @@ impl Target {
         if u.insert_only || !u.conditions.is_empty() {
             let own = tx.as_ref().map(|t| t.0);
             let at = (&pool, &cont, &obj, u.dkey.as_slice());
-            let absent: Vec<data::Condition> = if u.insert_only {
+            let absent: Vec<Condition> = if u.insert_only {
                 u.iods
                     .iter()
-                    .map(|iod| data::Condition {
+                    .map(|iod| Condition {
                         akey: iod.akey.clone(),
-                        expect: Some(data::condition::Expect::Absent(true)),
+                        expect: Expect::Absent,
                     })
                     .collect()
             } else {
@@ -191,7 +182,16 @@ impl Target {
                 condition::check(&self.index, self.in_flight(), own, at, conds, &req)?;
             }
         }
-        for iod in u.iods.iter().filter(|i| i.has_unchanged_since) {
+        let checked_unchanged = |i: &&Iod| {
+            matches!(
+                i.kind,
+                IodKind::Array {
+                    unchanged_since: Some(_),
+                    ..
+                }
+            )
+        };
+        for iod in u.iods.iter().filter(checked_unchanged) {
             let at = (&pool, &cont, &obj, u.dkey.as_slice());
             let own = tx.as_ref().map(|t| t.0);
             dtx::check_unchanged(&self.index, self.in_flight(), own, at, iod)?;
@@ -232,7 +232,7 @@ impl Target {
         for (iod, kind, range, large) in parsed {
             let what = || format!("update: dkey {dk:?} akey {:?}", show(&iod.akey));
             let stored = if large {
-                self.stage_value(&pool, &bulk, range, iod.has_crc, &mut staging)
+                self.stage_value(&pool, &bulk, range, iod.crc.is_some(), &mut staging)
                     .map(|(block, nblocks, csums, crc)| {
                         (
                             Payload::Device(DevExtent {
@@ -247,7 +247,7 @@ impl Target {
                 bulk.to_vec(range.start, range.len())
                     .map_err(|e| Errno::inval(format!("{}: bulk: {e}", what())))
                     .map(|v| {
-                        let crc = if iod.has_crc {
+                        let crc = if iod.crc.is_some() {
                             peregrine_isal::crc32c(&v)
                         } else {
                             0
@@ -256,15 +256,15 @@ impl Target {
                     })
             };
             let checked = stored.and_then(|(payload, got)| {
-                if iod.has_crc && got != iod.crc {
-                    return Err(Errno::new(
+                match iod.crc {
+                    Some(sent) if sent != got => return Err(Errno::new(
                         -peregrine_proto::CSUM_ERRNO,
                         format!(
-                            "{}: checksum mismatch (client sent {:#010x}, received data has {got:#010x}); nothing stored",
+                            "{}: checksum mismatch (client sent {sent:#010x}, received data has {got:#010x}); nothing stored",
                             what(),
-                            iod.crc
                         ),
-                    ));
+                    )),
+                    _ => {}
                 }
                 Ok(payload)
             });
@@ -278,9 +278,9 @@ impl Target {
             values.push(NewValue {
                 akey: iod.akey.clone(),
                 kind,
-                offset: if kind == Kind::Array { iod.offset } else { 0 },
+                offset: iod.kind.offset(),
                 len: iod.len,
-                crc: iod.has_crc.then_some(iod.crc),
+                crc: iod.crc,
                 payload,
             });
         }
@@ -446,15 +446,15 @@ impl Target {
 
     /// Validate a punch and gather it into the open batch; a transaction's
     /// punch as a [`WalOp::Prepare`], unless there is nothing to store.
-    pub(super) fn prepare_punch(&mut self, p: data::PunchReq) -> Result<Admit, Errno> {
+    pub(super) fn prepare_punch(&mut self, mut p: PunchReq) -> Result<Admit, Errno> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        let (pool, cont, obj) = self.addr(p.addr.as_ref(), "punch")?;
+        let (pool, cont, obj) = self.addr(&p.addr, "punch")?;
         if p.dkey.is_empty() && !p.akeys.is_empty() {
             return Err(Errno::inval("punch: akeys given without a dkey"));
         }
-        let tx = dtx::parse(p.dtx.as_ref(), "punch")?;
+        let tx = dtx::parse(p.dtx.take(), "punch")?;
         if let Some((id, _)) = &tx {
             let key = OpKey {
                 pool: &pool,

@@ -2,9 +2,6 @@
 //! and thin wrappers building data-plane requests.
 #![allow(dead_code)]
 
-use peregrine_proto::data::{
-    self, response::Body, Address, FetchedValue, Iod, ObjectId, ValueKind,
-};
 use peregrine_vos::*;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -73,19 +70,17 @@ impl Obj {
             target,
         }
     }
-    pub fn addr(&self) -> Option<Address> {
-        Some(Address {
-            pool: self.pool.as_bytes().to_vec(),
-            cont: self.cont.as_bytes().to_vec(),
-            oid: Some(ObjectId {
+    pub fn addr(&self) -> Address {
+        Address {
+            pool: self.pool,
+            cont: self.cont,
+            oid: ObjectId {
                 hi: self.hi,
                 lo: self.lo,
-            }),
+            },
             shard: 0,
             target: self.target,
-            map_version: 1,
-            ..Default::default()
-        })
+        }
     }
 }
 
@@ -97,11 +92,9 @@ pub fn single(akey: &str, v: &[u8]) -> (Iod, Vec<u8>) {
     (
         Iod {
             akey: akey.as_bytes().to_vec(),
-            kind: ValueKind::Single as i32,
+            kind: IodKind::Single,
             len: v.len() as u64,
-            crc: peregrine_isal::crc32c(v),
-            has_crc: true,
-            ..Default::default()
+            crc: Some(peregrine_isal::crc32c(v)),
         },
         v.to_vec(),
     )
@@ -111,12 +104,9 @@ pub fn extent(akey: &str, offset: u64, v: &[u8]) -> (Iod, Vec<u8>) {
     (
         Iod {
             akey: akey.as_bytes().to_vec(),
-            kind: ValueKind::Array as i32,
-            offset,
+            kind: array(offset),
             len: v.len() as u64,
-            crc: peregrine_isal::crc32c(v),
-            has_crc: true,
-            ..Default::default()
+            crc: Some(peregrine_isal::crc32c(v)),
         },
         v.to_vec(),
     )
@@ -135,7 +125,7 @@ pub fn update(
         iods.push(i);
         bulk.extend_from_slice(&v);
     }
-    let req = data::UpdateReq {
+    let req = UpdateReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
@@ -155,25 +145,25 @@ pub fn fetch_iods(
     dkey: &str,
     iods: Vec<Iod>,
 ) -> Result<Vec<(FetchedValue, Vec<u8>)>, Errno> {
-    let req = data::FetchReq {
+    let req = FetchReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
         iods,
     };
     let (resp, bulk) = wait(st, Request::Fetch(req))?;
-    let Some(Body::Fetch(f)) = resp.body else {
-        panic!("fetch reply without body")
+    let Answer::Fetch(values) = resp else {
+        panic!("fetch reply without values")
     };
     let mut pos = 0;
-    Ok(f.values
+    Ok(values
         .into_iter()
         .map(|v| {
             let b = bulk[pos..pos + v.len as usize].to_vec();
             pos += v.len as usize;
-            if v.status == 0 && v.has_crc {
+            if let (0, Some(crc)) = (v.status, v.crc) {
                 assert_eq!(
-                    v.crc,
+                    crc,
                     peregrine_isal::crc32c(&b),
                     "returned crc covers the returned bytes"
                 );
@@ -193,7 +183,7 @@ pub fn get_single(
 ) -> Result<Vec<u8>, i32> {
     let iod = Iod {
         akey: akey.as_bytes().to_vec(),
-        kind: ValueKind::Single as i32,
+        kind: IodKind::Single,
         ..Default::default()
     };
     let (v, b) = fetch_iods(st, o, epoch, dkey, vec![iod]).unwrap().remove(0);
@@ -216,8 +206,7 @@ pub fn get_array(
 ) -> Result<(Vec<u8>, u64), i32> {
     let iod = Iod {
         akey: akey.as_bytes().to_vec(),
-        kind: ValueKind::Array as i32,
-        offset,
+        kind: array(offset),
         len,
         ..Default::default()
     };
@@ -230,7 +219,7 @@ pub fn get_array(
 }
 
 pub fn punch(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akeys: &[&str]) -> Result<(), Errno> {
-    let req = data::PunchReq {
+    let req = PunchReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
@@ -251,7 +240,7 @@ pub fn list(
     anchor: &[u8],
     max: u32,
 ) -> (Vec<Vec<u8>>, Vec<u8>, bool) {
-    let req = data::ListReq {
+    let req = ListReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
@@ -259,10 +248,10 @@ pub fn list(
         max,
     };
     let (resp, _) = wait(st, Request::List(req)).unwrap();
-    let Some(Body::List(l)) = resp.body else {
-        panic!("list reply without body")
+    let Answer::List { keys, anchor, done } = resp else {
+        panic!("list reply without keys")
     };
-    (l.keys, l.anchor, l.done)
+    (keys, anchor, done)
 }
 
 /// Every key, following anchors.
@@ -285,24 +274,32 @@ pub fn query_size(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akey: &str) -> 
 }
 
 /// The whole query-size reply (size, and whether anything is visible).
-pub fn query_size_resp(
-    st: &Storage,
-    o: &Obj,
-    epoch: u64,
-    dkey: &str,
-    akey: &str,
-) -> data::QuerySizeResp {
-    let req = data::QuerySizeReq {
+pub fn query_size_resp(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akey: &str) -> SizeResp {
+    let req = QuerySizeReq {
         addr: o.addr(),
         epoch,
         dkey: dkey.as_bytes().to_vec(),
         akey: akey.as_bytes().to_vec(),
     };
     let (resp, _) = wait(st, Request::QuerySize(req)).unwrap();
-    let Some(Body::Size(s)) = resp.body else {
-        panic!("query size reply without body")
+    let Answer::Size { size, absent } = resp else {
+        panic!("query size reply without a size")
     };
-    s
+    SizeResp { size, absent }
+}
+
+/// A query-size reply.
+pub struct SizeResp {
+    pub size: u64,
+    pub absent: bool,
+}
+
+/// An ARRAY iod's kind at `offset`, with no condition.
+pub fn array(offset: u64) -> IodKind {
+    IodKind::Array {
+        offset,
+        unchanged_since: None,
+    }
 }
 
 /// Deterministic pseudo-random bytes.

@@ -2,37 +2,45 @@
 //! the sources a target polls, and the checks on a request before it is queued.
 
 use crate::{Bulk, Errno, Gather};
-use peregrine_proto::data;
 
-/// One data-plane request; the target comes from its `Address.target`.
+mod answer;
+mod types;
+
+pub use answer::{Answer, DtxPending, DtxState, FetchedValue, Record, RecordKind};
+pub use types::{
+    Address, ChangedKey, Condition, Dtx, DtxDecideReq, DtxPendingReq, DtxQueryReq, Expect,
+    FetchReq, FlushReq, Iod, IodKind, ListChangedReq, ListRecordsReq, ListReq, ObjectId,
+    PoolAddress, PunchReq, QuerySizeReq, UpdateReq, ValueKind,
+};
+
+/// One data-plane request; the target comes from its address.
 #[derive(Debug)]
 pub enum Request {
     /// The update and its bulk (values concatenated in iod order).
-    Update(data::UpdateReq, Bulk),
-    Fetch(data::FetchReq),
-    Punch(data::PunchReq),
-    List(data::ListReq),
-    QuerySize(data::QuerySizeReq),
-    Flush(data::FlushReq),
-    /// Reintegration: the dkeys of a pool changed since an epoch (only
-    /// `addr.pool` and `addr.target` are read).
-    ListChanged(data::ListChangedReq),
+    Update(UpdateReq, Bulk),
+    Fetch(FetchReq),
+    Punch(PunchReq),
+    List(ListReq),
+    QuerySize(QuerySizeReq),
+    Flush(FlushReq),
+    /// Reintegration: the dkeys of a pool changed since an epoch.
+    ListChanged(ListChangedReq),
     /// Reintegration: the versions and punches of one dkey above an epoch.
-    ListRecords(data::ListRecordsReq),
+    ListRecords(ListRecordsReq),
     /// Decide transactions (leader) or apply their decision (the others).
-    DtxDecide(data::DtxDecideReq),
+    DtxDecide(DtxDecideReq),
     /// What this target knows of a transaction (see `DtxQueryReq.resolve`).
-    DtxQuery(data::DtxQueryReq),
+    DtxQuery(DtxQueryReq),
     /// Engine-internal: transactions held prepared here for a while.
-    DtxPending(data::DtxPendingReq),
+    DtxPending(DtxPendingReq),
 }
 
-/// A response and its bulk (fetched values concatenated in iod order), or an errno.
-pub type Reply = Result<(data::Response, Vec<u8>), Errno>;
+/// An answer and its bulk (fetched values concatenated in iod order), or an errno.
+pub type Reply = Result<(Answer, Vec<u8>), Errno>;
 
 /// A [`Reply`] as the target hands it to a callback: the bulk may borrow
 /// the target's device buffers until the callback returns.
-pub type ReplyRef<'a> = Result<(data::Response, Gather<'a>), Errno>;
+pub type ReplyRef<'a> = Result<(Answer, Gather<'a>), Errno>;
 
 /// Takes the one reply of a request, on the target's thread.
 pub type ReplyFn = Box<dyn for<'a> FnOnce(ReplyRef<'a>) + Send>;
@@ -99,25 +107,39 @@ impl Drop for Responder {
     }
 }
 
-/// The target a request names, if it has an address.
-pub fn request_target(req: &Request) -> Option<u32> {
-    request_addr(req).map(|a| a.target)
-}
+impl Request {
+    /// The target the request is for.
+    pub fn target(&self) -> u32 {
+        match self {
+            Request::Update(r, _) => r.addr.target,
+            Request::Fetch(r) => r.addr.target,
+            Request::Punch(r) => r.addr.target,
+            Request::List(r) => r.addr.target,
+            Request::QuerySize(r) => r.addr.target,
+            Request::ListRecords(r) => r.addr.target,
+            Request::Flush(r) => r.addr.target,
+            Request::ListChanged(r) => r.addr.target,
+            Request::DtxDecide(r) => r.addr.target,
+            Request::DtxQuery(r) => r.addr.target,
+            Request::DtxPending(r) => r.addr.target,
+        }
+    }
 
-/// The address a request names, if it has one.
-pub fn request_addr(req: &Request) -> Option<&data::Address> {
-    match req {
-        Request::Update(r, _) => r.addr.as_ref(),
-        Request::Fetch(r) => r.addr.as_ref(),
-        Request::Punch(r) => r.addr.as_ref(),
-        Request::List(r) => r.addr.as_ref(),
-        Request::QuerySize(r) => r.addr.as_ref(),
-        Request::Flush(r) => r.addr.as_ref(),
-        Request::ListChanged(r) => r.addr.as_ref(),
-        Request::ListRecords(r) => r.addr.as_ref(),
-        Request::DtxDecide(r) => r.addr.as_ref(),
-        Request::DtxQuery(r) => r.addr.as_ref(),
-        Request::DtxPending(r) => r.addr.as_ref(),
+    /// The pool the request is for.
+    pub fn pool(&self) -> uuid::Uuid {
+        match self {
+            Request::Update(r, _) => r.addr.pool,
+            Request::Fetch(r) => r.addr.pool,
+            Request::Punch(r) => r.addr.pool,
+            Request::List(r) => r.addr.pool,
+            Request::QuerySize(r) => r.addr.pool,
+            Request::ListRecords(r) => r.addr.pool,
+            Request::Flush(r) => r.addr.pool,
+            Request::ListChanged(r) => r.addr.pool,
+            Request::DtxDecide(r) => r.addr.pool,
+            Request::DtxQuery(r) => r.addr.pool,
+            Request::DtxPending(r) => r.addr.pool,
+        }
     }
 }
 
@@ -134,10 +156,9 @@ pub fn check_request(req: &Request) -> Result<(), Errno> {
         Request::Fetch(f) => ("fetch", &f.iods, true),
         _ => return Ok(()),
     };
-    let array = data::ValueKind::Array as i32;
     let asked = iods
         .iter()
-        .filter(|i| !only_arrays || i.kind == array)
+        .filter(|i| !only_arrays || i.kind.value_kind() == ValueKind::Array)
         .try_fold(0u64, |t, i| t.checked_add(i.len));
     match asked {
         Some(t) if t <= MAX_IO_BYTES => Ok(()),
@@ -160,17 +181,30 @@ mod bounds_tests {
     use super::*;
     use peregrine_proto::MAX_IO_BYTES;
 
-    fn iod(kind: data::ValueKind, len: u64) -> data::Iod {
-        data::Iod {
+    #[derive(Clone, Copy)]
+    enum K {
+        Single,
+        Array,
+    }
+    use K::{Array, Single};
+
+    fn iod(kind: K, len: u64) -> Iod {
+        Iod {
             akey: b"a".to_vec(),
-            kind: kind as i32,
+            kind: match kind {
+                Single => IodKind::Single,
+                Array => IodKind::Array {
+                    offset: 0,
+                    unchanged_since: None,
+                },
+            },
             len,
             ..Default::default()
         }
     }
 
-    fn fetch(iods: Vec<data::Iod>) -> Request {
-        Request::Fetch(data::FetchReq {
+    fn fetch(iods: Vec<Iod>) -> Request {
+        Request::Fetch(FetchReq {
             iods,
             ..Default::default()
         })
@@ -178,7 +212,6 @@ mod bounds_tests {
 
     #[test]
     fn a_fetch_may_ask_for_the_limit_in_total_and_no_more() {
-        use data::ValueKind::{Array, Single};
         let split = |n: u64, extra: u64| {
             let mut v: Vec<_> = (0..n).map(|_| iod(Array, MAX_IO_BYTES / n)).collect();
             v[0].len += extra;
@@ -202,10 +235,9 @@ mod bounds_tests {
 
     #[test]
     fn an_update_may_carry_the_limit_in_total_and_no_more() {
-        use data::ValueKind::{Array, Single};
         let update = |iods| {
             Request::Update(
-                data::UpdateReq {
+                UpdateReq {
                     iods,
                     ..Default::default()
                 },
