@@ -226,6 +226,7 @@ fn kept() -> Vec<(&'static str, String, Vec<u8>, Want)> {
             Opcode::DtxQuery,
             data::DtxQueryReq {
                 addr: addr(0),
+                id: Some(data::DtxId { hi: 7, lo: 9 }),
                 ..Default::default()
             }
             .encode_to_vec(),

@@ -189,7 +189,12 @@
 //!   `compact.rs` (compact keys and maps of the index), `bulk.rs` (request
 //!   and reply bytes), `counters.rs` (metrics), `mgmt.rs` (the
 //!   management-service blob), `error.rs`.
-//! - `request.rs` (the request and reply types, sources, request checks),
+//! - `request/`: what a target is asked and answers, in the store's own
+//!   types (no protobuf: the engine converts and checks the wire's
+//!   messages at its edge, `peregrine_engine::request`). `types.rs` (the
+//!   requests: typed addresses, kinds, conditions, transactions),
+//!   `answer.rs` (the replies), `mod.rs` (the [`Request`] enum, sources,
+//!   the checks that bound a request before it is queued).
 //!   `open.rs` (storage options, [`Storage::open`]), `stats.rs` (space,
 //!   counters, faults and scrub reports of a [`Storage`]); `lib.rs` keeps
 //!   [`Storage`] itself (submission, pools and containers, aggregation).
