@@ -7,11 +7,13 @@
 # until the tree serves again (a stat of the last file) is printed.
 #
 #   bench/mdscale.sh [--files 1000000] [--size 3901] [--per-dir 1000] [--threads 4]
-#                    [--stats 20000] [--targets N] [--dir /var/tmp] [--no-build] [--keep]
+#                    [--stats 20000] [--targets N] [--scm-value-max 4KiB] [--dir /var/tmp]
+#                    [--no-build] [--keep]
 #
 # --targets defaults to what the run's metadata needs: a target keeps at most
 # 512 MiB of metadata and small values (its checkpoint slot holds 1 GiB), and
-# values below 4 KiB (a 3901-byte file) live in the engine's RAM. Each target
+# values below --scm-value-max (the engine's scm_value_max, 4 KiB unless
+# given: a 3901-byte file's data) live in the engine's RAM. Each target
 # gets an 8 GiB slice of the sparse device (only what is written takes disk:
 # up to ~1.5 GiB per target for the WAL and the two checkpoint slots).
 set -euo pipefail
@@ -27,6 +29,7 @@ PER_DIR=1000
 THREADS=4
 STATS=20000
 TARGETS=
+SCM_VALUE_MAX=4096
 
 while (($#)); do
   case $1 in
@@ -36,6 +39,7 @@ while (($#)); do
     --threads) THREADS=$2; shift 2 ;;
     --stats) STATS=$2; shift 2 ;;
     --targets) TARGETS=$2; shift 2 ;;
+    --scm-value-max) SCM_VALUE_MAX=$2; shift 2 ;;
     --dir) PARENT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --keep) KEEP=1; shift ;;
@@ -51,7 +55,8 @@ done
 # (~200 bytes), the parent directory's entry rewritten per create (kept until
 # aggregation, ~200), the file's data when below 4 KiB (size + ~80).
 PER_FILE=400
-((SIZE < 4096)) && PER_FILE=$((PER_FILE + SIZE + 80))
+SCM_VALUE_MAX_BYTES=$(bytes_of "$SCM_VALUE_MAX")
+((SIZE < SCM_VALUE_MAX_BYTES)) && PER_FILE=$((PER_FILE + SIZE + 80))
 SCM_NEED=$((FILES * PER_FILE + (256 << 20)))
 BUDGET=$((512 << 20)) # per target
 if [[ -z $TARGETS ]]; then
@@ -68,7 +73,7 @@ engines_check_ports_free || die "refusing to start"
 bench_workdir peregrine-mdscale
 
 echo "==> 1 engine, $TARGETS targets, $((DEVICE_BYTES >> 30)) GiB sparse device, in $WORK"
-engines_start 1 "$DEVICE_BYTES" "$TARGETS" "$SCM"
+ENGINES_EXTRA="scm_value_max: $SCM_VALUE_MAX_BYTES" engines_start 1 "$DEVICE_BYTES" "$TARGETS" "$SCM"
 engines_up 1 || die "engine did not come up"
 "$PEREGRINE" pool create mdscale --scm-size "$SCM" --nvme-size "$NVME" >/dev/null
 "$PEREGRINE" cont create mdscale fs --oclass S1 --dir-oclass S1 >/dev/null

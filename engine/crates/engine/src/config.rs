@@ -63,6 +63,14 @@ pub struct Config {
     /// when it is set (read once at start), else 8 MiB.
     #[serde(default)]
     pub scrub_rate: Option<Size>,
+    /// Values smaller than this (`1KiB`, `512`) stay in the targets' RAM
+    /// (the SCM tier, made durable by the WAL); larger ones go to the
+    /// device. 1 byte to 4 KiB; unset: 4 KiB. Lower it for namespaces of
+    /// many small files: each file's data then takes a device block
+    /// instead of its size in RAM (engine RAM per file at 10^6 files:
+    /// bench/mdscale.md).
+    #[serde(default)]
+    pub scm_value_max: Option<Size>,
     pub scm: ScmConfig,
     pub bdev: BdevConfig,
     /// Control addresses of the management-service replicas; the first one
@@ -425,6 +433,12 @@ impl Config {
             .map_or(peregrine_vos::DEFAULT_READ_SPIN, Duration::from_micros)
     }
 
+    /// [`Config::scm_value_max`] in bytes, or its default.
+    pub fn scm_value_max(&self) -> usize {
+        self.scm_value_max
+            .map_or(peregrine_vos::SCM_VALUE_MAX, |s| s.0 as usize)
+    }
+
     /// [`Config::scrub_rate`] in bytes per second, or its default.
     pub fn scrub_rate(&self) -> u64 {
         self.scrub_rate
@@ -479,6 +493,14 @@ impl Config {
                 "flush_interval_ms: {} is out of range 1..=60000",
                 self.flush_interval_ms
             ));
+        }
+        if let Some(Size(n)) = self.scm_value_max {
+            let max = peregrine_vos::SCM_VALUE_MAX;
+            if n == 0 || n > max as u64 {
+                return Err(format!(
+                    "scm_value_max: {n} is out of range 1..={max} bytes"
+                ));
+            }
         }
         for (key, v) in [
             ("vos_poll_us", self.vos_poll_us),
@@ -887,6 +909,21 @@ allow_insecure: true
             c.shm_socket(),
             Path::new("/run/peregrine/peregrine-rank1.sock")
         );
+    }
+
+    #[test]
+    fn scm_value_max_defaults_to_a_block_and_is_bounded() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.scm_value_max(), 4096);
+        let c = Config::parse(&format!("{GOOD}scm_value_max: 1KiB\n")).unwrap();
+        assert_eq!(crate::node::Node::storage_options(&c).scm_value_max, 1024);
+        for bad in ["0", "8KiB"] {
+            let e = Config::parse(&format!("{GOOD}scm_value_max: {bad}\n")).unwrap_err();
+            assert!(
+                e.contains("scm_value_max") && e.contains("1..=4096"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -55,6 +55,7 @@ impl Node {
             poll: cfg.vos_poll(),
             read_spin: cfg.vos_read_spin(),
             scrub_rate: cfg.scrub_rate(),
+            scm_value_max: cfg.scm_value_max(),
         }
     }
 

@@ -9,7 +9,7 @@
 //! (pool -> container -> object shard -> dkey -> akey -> versions), its block
 //! allocator, its own O_DIRECT file descriptor, io_uring ring and registered
 //! 2 MiB buffers (hugepages when available). Values of at least
-//! [`peregrine_proto::DATA_THRESHOLD`] bytes go to data blocks, always to
+//! [`StorageOptions::scm_value_max`] bytes (4 KiB unless configured) go to data blocks, always to
 //! freshly allocated ones (copy-on-write), with one CRC32C per 4 KiB block
 //! (per 32 KiB on devices formatted with superblock version 1), verified on
 //! every read of it: a 4 KiB read reads and checks 4 KiB, and a corrupt
@@ -224,6 +224,7 @@ pub use dtx::{DTX_STALE_MS, MAX_DECIDE, MAX_SHARDS};
 pub use error::{Errno, StorageError};
 pub use open::{
     BdevClass, BdevSpec, StorageOptions, DEFAULT_FLUSH_INTERVAL, DEFAULT_POLL, DEFAULT_READ_SPIN,
+    SCM_VALUE_MAX,
 };
 pub(crate) use request::Responder;
 pub use request::{

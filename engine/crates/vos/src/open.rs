@@ -47,12 +47,21 @@ pub struct StorageOptions {
     /// Bytes of stored extents each target's scrubber verifies per second
     /// (0: off); [`Storage::set_scrub_rate`] changes it at run time.
     pub scrub_rate: u64,
+    /// Values smaller than this stay in the target's RAM (the SCM tier,
+    /// made durable by the WAL and checkpoints); values of this size and
+    /// larger go to data blocks on the device. Lower it to bound the RAM a
+    /// namespace of many small files takes (a file's data then costs a
+    /// block of the device, not its size in RAM); 1 to [`SCM_VALUE_MAX`].
+    pub scm_value_max: usize,
 }
 
 /// [`StorageOptions::flush_interval`] unless configured.
 pub const DEFAULT_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// [`StorageOptions::poll`] unless configured.
 pub const DEFAULT_POLL: std::time::Duration = std::time::Duration::from_micros(200);
+/// [`StorageOptions::scm_value_max`] unless configured, and its upper
+/// bound: a value below one block never takes a block of its own.
+pub const SCM_VALUE_MAX: usize = peregrine_proto::DATA_THRESHOLD;
 /// [`StorageOptions::read_spin`] unless configured.
 pub const DEFAULT_READ_SPIN: std::time::Duration = std::time::Duration::from_micros(150);
 

@@ -149,6 +149,8 @@ pub(crate) struct Target {
     dirty: BTreeSet<Uuid>,
     /// Bytes of value per data checksum (the device's format).
     chunk: u64,
+    /// Values at least this large go to data blocks ([`crate::StorageOptions::scm_value_max`]).
+    scm_value_max: usize,
     prof: Prof,
     /// What the engine's metrics read without asking ([`crate::counters`]).
     pub(crate) counters: Arc<crate::TargetCounters>,
@@ -224,6 +226,7 @@ impl Target {
             scm_budget,
             dirty: BTreeSet::new(),
             chunk: 0,
+            scm_value_max: opts.scm_value_max.clamp(1, crate::SCM_VALUE_MAX),
             prof: Prof::default(),
             counters: Default::default(),
             published: Default::default(),

@@ -151,7 +151,7 @@ impl Target {
                     show(&iod.akey)
                 )));
             }
-            let large = range.len() >= peregrine_proto::DATA_THRESHOLD;
+            let large = range.len() >= self.scm_value_max;
             scm_need += value_scm(
                 &u.dkey,
                 &iod.akey,
