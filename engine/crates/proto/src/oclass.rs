@@ -169,7 +169,9 @@ impl FromStr for ObjectClass {
 }
 
 /// A 128-bit object id; the class lives in the top byte of `hi`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub struct ObjectId {
     pub hi: u64,
     pub lo: u64,

@@ -8,11 +8,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// An object, as its client names it (the top 8 bits of `hi`: its class).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ObjectId {
-    pub hi: u64,
-    pub lo: u64,
-}
+pub use peregrine_proto::ObjectId;
 
 /// Where an I/O goes: one shard of one object on one target of one pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
