@@ -87,6 +87,7 @@ bench_cleanup() {
     exit "$rc"
   fi
   engines_stop
+  engines_commit_stats
   rm -rf "$BENCH_TOP"
   exit "$rc"
 }

@@ -93,6 +93,21 @@ engines_stop() {
   ENGINE_PIDS=()
 }
 
+# Each target's commit figures from its closing log line (after engines_stop): commits,
+# operations per commit, and the mean microseconds from a commit's start to its answer and to
+# its last device write; where a commit's time goes when a benchmark is slower than expected.
+engines_commit_stats() {
+  local f
+  for f in "$WORK"/engine*.log; do
+    [[ -s "$f" ]] || continue
+    grep -h "target closing" "$f" |
+      sed -E 's/.*target=([0-9]+) commits=([0-9]+) ops_per_commit=([0-9.]{1,4})[0-9]* us_per_commit=([0-9]+) us_writing=([0-9]+).*/\1 \2 \3 \4 \5/' |
+      while read -r t commits ops us writing; do
+        echo "$(basename "$f" .log) target $t: $commits commits, $ops ops each, ${us} us each (${writing} us to written)"
+      done
+  done
+}
+
 # Last lines of every engine log, for failure reports.
 engines_dump_logs() {
   local f

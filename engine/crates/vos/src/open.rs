@@ -98,6 +98,9 @@ impl Storage {
                 sb.device_bytes
             )));
         }
+        if opts.bdev.class == BdevClass::File {
+            reserve_wals(&f, &sb, &name)?;
+        }
         // Checkpoints make the SCM tier durable, so a target may hold no more
         // metadata than a checkpoint slot can take (half of it: the encoded
         // index is larger than the accounted bytes). Past that, updates get a
@@ -176,4 +179,42 @@ impl Storage {
         tracing::info!(device = %name, targets = storage.sb.targets, data_regions = %data_regions, "storage open");
         Ok(storage)
     }
+}
+
+/// Give every target's WAL its blocks in the host file system of a
+/// file-backed device, which is sparse when made. A write into a hole makes
+/// the host allocate blocks first: on ext4 that tripled the latency of a
+/// small commit (about 230 us against 95 us for the same WAL write into
+/// reserved blocks), and on a host file system that fills up it would fail
+/// the commit (the target then refuses updates). Reserved, the WAL is never
+/// short of space: a full host fails the opening with a clear error instead.
+/// Blocks already reserved, or written, are left as they are.
+fn reserve_wals(
+    f: &std::fs::File,
+    sb: &superblock::Superblock,
+    name: &str,
+) -> Result<(), StorageError> {
+    use std::os::fd::AsRawFd;
+    for t in 0..sb.targets {
+        let (off, len) = (sb.wal_offset(t), sb.wal_bytes);
+        // SAFETY: fallocate takes no pointers; `f` is an open descriptor for
+        // the whole call and the range lies inside the formatted device.
+        let r =
+            unsafe { libc::fallocate(f.as_raw_fd(), 0, off as libc::off_t, len as libc::off_t) };
+        if r == 0 {
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            tracing::warn!(device = %name, "the host file system cannot reserve blocks (fallocate); WAL writes allocate them as they go");
+            return Ok(());
+        }
+        return Err(StorageError::io(
+            format!(
+                "device {name}: reserve the {len} bytes of target {t}'s WAL in the host file system"
+            ),
+            e,
+        ));
+    }
+    Ok(())
 }

@@ -2,7 +2,9 @@
 //! device write fails under a commit. The update gets a clear error, the
 //! target refuses further updates (the device's state is unknown), reads
 //! of acknowledged data keep working, and after a restart every
-//! acknowledged update is there.
+//! acknowledged update is there. The WAL's blocks are reserved when the
+//! device opens, so it is a data write that fails, never the WAL's; a host
+//! without room for the WAL fails the opening, naming it.
 
 mod common;
 
@@ -20,22 +22,67 @@ impl Drop for Tmpfs {
     }
 }
 
-#[test]
-fn a_failed_device_write_stops_updates_and_loses_nothing_acknowledged() {
+/// A tmpfs of `mib` MiB mounted on a fresh directory, or None without root.
+fn small_host(mib: u64) -> Option<(tempfile::TempDir, Tmpfs)> {
     // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: mounting a small tmpfs needs root");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=40m", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
         .arg(dir.path())
         .status()
         .unwrap();
     assert!(ok.success(), "mount tmpfs");
-    let _m = Tmpfs(dir.path().to_path_buf());
-    // A sparse 256 MiB device on 40 MiB of host space.
+    let m = Tmpfs(dir.path().to_path_buf());
+    Some((dir, m))
+}
+
+#[test]
+fn opening_reserves_the_wal_or_fails_naming_it() {
+    let Some((dir, _m)) = small_host(24) else {
+        return;
+    };
+    // A 256 MiB device with one target has a WAL of 31 MiB: format writes
+    // headers only and fits, but 24 MiB of host space cannot hold the WAL.
+    let opts = options(&dir.path().join("nvme0.img"), 256, 1);
+    let sb = format(&opts, "test", 0, false).unwrap();
+    assert!(sb.wal_bytes > 24 * MIB, "{}", sb.wal_bytes);
+    let e = Storage::open(&opts).err().expect("no room for the WAL");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("target 0's WAL") && msg.contains("os error 28"),
+        "the error names the WAL and ENOSPC: {msg}"
+    );
+
+    // With room, the WAL's blocks are the host's from the opening on.
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(&dir.path().join("nvme0.img"), 256, 2);
+    let sb = format(&opts, "test", 0, false).unwrap();
+    let allocated = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().blocks() * 512
+    };
+    assert!(
+        allocated(&opts.bdev.path) < sb.wal_bytes,
+        "sparse after format"
+    );
+    let st = Storage::open(&opts).unwrap();
+    assert!(allocated(&opts.bdev.path) >= 2 * sb.wal_bytes);
+    st.close();
+    // A second opening finds them reserved.
+    Storage::open(&opts).unwrap().close();
+}
+
+#[test]
+fn a_failed_device_write_stops_updates_and_loses_nothing_acknowledged() {
+    let Some((dir, _m)) = small_host(64) else {
+        return;
+    };
+    // A sparse 256 MiB device on 64 MiB of host space, of which its WAL
+    // takes 31.
     let opts = options(&dir.path().join("nvme0.img"), 256, 1);
     format(&opts, "test", 0, false).unwrap();
     let e = Env {
