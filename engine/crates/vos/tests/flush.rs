@@ -42,7 +42,7 @@ fn a_flush_makes_the_acknowledged_updates_durable_and_replay_trusts_it() {
 
     // k0 was flushed: its bytes going bad now is media corruption, which
     // its read reports. Replay does not drop k0 and k1 for it, as it would
-    // were k0 not flushed (store.rs:
+    // were k0 not flushed (replay.rs:
     // a_record_whose_data_never_arrived_is_dropped_with_the_later_ones).
     damage(&e, &v0);
     let st = Storage::open(&e.opts).unwrap();
