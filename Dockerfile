@@ -12,8 +12,8 @@
 #
 # Image contents, and who relies on them:
 # - engine: peregrine-engine, the peregrine CLI and peregrine-dataset (make demo's workload) on
-#   PATH, /bin/sh, sed and mkdir (the ServerSet's pods run /bin/sh start-engine.sh, which seds
-#   the config and execs peregrine-engine).
+#   PATH, and /bin/sh (the ServerSet's pods run /bin/sh start-engine.sh, which execs
+#   peregrine-engine with the shared config and the pod's own values as flags).
 # - operator: peregrine-operator on PATH and at /peregrine-operator (config/manager runs that
 #   path); runs as 65532 so that runAsNonRoot pods start without a runAsUser.
 # - csi: peregrine-csi and peregrine-fuse on PATH (the node plugin finds peregrine-fuse there),

@@ -136,28 +136,27 @@ func waitForRank(msAddr string, rank uint32, dir string) {
 func podIP(ordinal int) string { return fmt.Sprintf("127.0.0.%d", ordinal+1) }
 
 // startEnginePod runs ordinal `ordinal` of the ServerSet's StatefulSet the way its pod would:
-// the container's command, the start script and engine config template from the operator's
-// ConfigMap, and the container's environment, with the field references filled in as the
-// kubelet would. What a node provides has stand-ins: the pod IP is podIP(ordinal); the config
-// volume (/etc/peregrine), /run/peregrine and the device volume are directories of the test;
-// the image's PATH is the engine binary's directory; and the headless Service's names of the
-// other ranks resolve to their pod IPs. It returns when the engine has joined the management
+// the container's command, the start script and the engine configuration from the operator's
+// ConfigMap, and the container's environment, with the field references filled in as the kubelet
+// would. What a node provides has stand-ins: the pod IP is podIP(ordinal); the config volume
+// (/etc/peregrine) and the device volume are directories of the test (EMULATED_NVME_DIR names the
+// latter); the image's PATH is the engine binary's directory; and the headless Service's names of
+// the other ranks resolve to their pod IPs. It returns when the engine has joined the management
 // service at msAddr.
 func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, msAddr string) *engineProcess {
 	podName := fmt.Sprintf("%s-%d", sts.Name, ordinal)
 	dir := filepath.Join(workDir, podName)
-	etc, run := filepath.Join(dir, "etc"), filepath.Join(dir, "run")
-	for _, d := range []string{etc, run} {
-		Expect(os.MkdirAll(d, 0o755)).To(Succeed())
-	}
+	etc := filepath.Join(dir, "etc")
+	Expect(os.MkdirAll(etc, 0o755)).To(Succeed())
 
 	// The device volume: a host directory shared by the ranks of one node; here, of the test.
 	devices := filepath.Join(workDir, sts.Name+"-devices")
 	Expect(os.MkdirAll(devices, 0o755)).To(Succeed())
-	tmpl := strings.ReplaceAll(cm.Data["engine.yaml.in"], deviceMountPath+"/", devices+"/")
+	cfg := parseEngineConfig(cm.Data[engineConfigKey])
 	// The certificate volume: this rank's Secret, as the kubelet projects it (RANK/ca.crt, ...).
 	adminDir := filepath.Join(dir, "admin-tls")
-	if strings.Contains(tmpl, "tls_dir: ") {
+	if cfg.TLSDir != "" {
+		Expect(cfg.TLSDir).To(Equal(tlsMountPath))
 		// What the init container leaves in the in-memory volume: this rank's Secret.
 		Expect(sts.Spec.Template.Spec.InitContainers).To(HaveLen(1))
 		tlsDir := filepath.Join(dir, "tls")
@@ -170,28 +169,35 @@ func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, 
 		for dst, src := range map[string]string{pki.CAFile: pki.CAFile, pki.CertFile: fmt.Sprintf("%d.crt", ordinal), pki.KeyFile: fmt.Sprintf("%d.key", ordinal)} {
 			Expect(os.WriteFile(filepath.Join(tlsDir, dst), sec.Data[src], 0o600)).To(Succeed())
 		}
-		tmpl = strings.ReplaceAll(tmpl, "tls_dir: "+tlsMountPath+"\n", "tls_dir: "+tlsDir+"\n")
+		cfg.TLSDir = tlsDir
 		writeTLSDir(adminDir, testCA(sts.Name), pki.Identity{System: sts.Name, Role: pki.RoleAdmin, Name: "test"})
 	}
-	registerEngineSystem(msAddr, sts.Name, adminDir, strings.Contains(tmpl, "allow_insecure: true"))
-	// Cluster DNS: the other ranks' names behind the headless Service.
-	peer := regexp.MustCompile(`"` + regexp.QuoteMeta(sts.Name) + `-(\d+)\.` + regexp.QuoteMeta(sts.Spec.ServiceName+"."+sts.Namespace+".svc") + `:`)
-	tmpl = peer.ReplaceAllStringFunc(tmpl, func(m string) string {
-		k, _ := strconv.Atoi(peer.FindStringSubmatch(m)[1])
-		if k == ordinal {
-			return m // the start script names the pod itself by its IP
+	registerEngineSystem(msAddr, sts.Name, adminDir, cfg.AllowInsecure)
+	// Cluster DNS: the other ranks' names behind the headless Service. The pod's own name stays:
+	// the engine knows it (--dns-name) and so finds itself in the list.
+	peer := regexp.MustCompile(`^` + regexp.QuoteMeta(sts.Name) + `-(\d+)\.` + regexp.QuoteMeta(sts.Spec.ServiceName+"."+sts.Namespace+".svc") + `:(\d+)$`)
+	for i, r := range cfg.MgmtSvcReplicas {
+		m := peer.FindStringSubmatch(r)
+		Expect(m).NotTo(BeNil(), "replica %q is not a pod of %s", r, sts.Name)
+		if k, _ := strconv.Atoi(m[1]); k != ordinal {
+			cfg.MgmtSvcReplicas[i] = podIP(k) + ":" + m[2]
 		}
-		return `"` + podIP(k) + `:`
-	})
-	Expect(os.WriteFile(filepath.Join(etc, "engine.yaml.in"), []byte(tmpl), 0o644)).To(Succeed())
-	script := strings.NewReplacer(configMountPath+"/", etc+"/", "/run/peregrine", run).Replace(cm.Data["start-engine.sh"])
-	Expect(os.WriteFile(filepath.Join(etc, "start-engine.sh"), []byte(script), 0o755)).To(Succeed())
+	}
+	text, err := cfg.marshal()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(os.WriteFile(filepath.Join(etc, engineConfigKey), []byte(text), 0o644)).To(Succeed())
+	script := strings.ReplaceAll(cm.Data[startScriptKey], configMountPath+"/", etc+"/")
+	Expect(os.WriteFile(filepath.Join(etc, startScriptKey), []byte(script), 0o755)).To(Succeed())
 
 	c := sts.Spec.Template.Spec.Containers[0]
-	Expect(c.Command).To(Equal([]string{"/bin/sh", configMountPath + "/start-engine.sh"}))
+	Expect(c.Command).To(Equal([]string{"/bin/sh", configMountPath + "/" + startScriptKey}))
 	env := []string{"PATH=" + filepath.Dir(engineBin) + ":/usr/bin:/bin"}
 	for _, v := range c.Env {
 		val := v.Value
+		if v.Name == "EMULATED_NVME_DIR" {
+			Expect(val).To(Equal(deviceMountPath))
+			val = devices
+		}
 		if v.ValueFrom != nil {
 			Expect(v.ValueFrom.FieldRef).NotTo(BeNil(), "env %s", v.Name)
 			switch v.ValueFrom.FieldRef.FieldPath {
@@ -211,7 +217,7 @@ func startEnginePod(sts *appsv1.StatefulSet, cm *corev1.ConfigMap, ordinal int, 
 	}
 	out, err := os.Create(filepath.Join(dir, "engine.out"))
 	Expect(err).NotTo(HaveOccurred())
-	cmd := exec.Command(c.Command[0], filepath.Join(etc, "start-engine.sh"))
+	cmd := exec.Command(c.Command[0], filepath.Join(etc, startScriptKey))
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, out, out
 	var port int32
 	for _, p := range c.Ports {

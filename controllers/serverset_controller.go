@@ -136,7 +136,10 @@ func (r *ServerSetReconciler) refresh() time.Duration {
 // replicas it asked for, and, when a rolling upgrade holds only because the system is not whole
 // again (rollGate), what it waits for.
 func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.ServerSet, tlsHash string) (*appsv1.StatefulSet, int32, string, error) {
-	cm := renderConfigMap(ss)
+	cm, err := renderConfigMap(ss)
+	if err != nil {
+		return nil, 0, "", err
+	}
 	if err := r.apply(ctx, ss, cm, func(existing client.Object) {
 		existing.(*corev1.ConfigMap).Data = cm.Data
 	}); err != nil {
@@ -158,7 +161,7 @@ func (r *ServerSetReconciler) applyWorkload(ctx context.Context, ss *storagev1.S
 
 	replicas := ss.Spec.Engines
 	current := &appsv1.StatefulSet{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: ss.Namespace, Name: ss.Name}, current)
+	err = r.Get(ctx, client.ObjectKey{Namespace: ss.Namespace, Name: ss.Name}, current)
 	found := err == nil
 	switch {
 	case found:

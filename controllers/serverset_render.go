@@ -95,84 +95,32 @@ func mgmtAddress(ss *storagev1.ServerSet) string {
 	return defaultMgmtAddress(ss)
 }
 
-// engineConfigTemplate renders the engine configuration shared by all ranks; the pod's start
-// script fills in @RANK@, @POD_IP@ and @NODE_NAME@, and makes the replica list name the pod itself
-// by its IP (so that rank 0 knows it hosts the management service).
-func engineConfigTemplate(ss *storagev1.ServerSet) string {
-	var b strings.Builder
-	targets := ss.Spec.Targets
-	if targets == 0 {
-		targets = 1
-	}
-	replicas := ss.Spec.MgmtSvcReplicas
-	if replicas == 0 {
-		replicas = 1
-	}
-	logLevel := ss.Spec.LogLevel
-	if logLevel == "" {
-		logLevel = "info"
-	}
-	fmt.Fprintf(&b, "name: %s\n", systemName(ss))
-	b.WriteString("rank: @RANK@\n")
-	b.WriteString("fault_domain: /@NODE_NAME@\n")
-	b.WriteString("listen_addr: @POD_IP@\n")
-	fmt.Fprintf(&b, "control_port: %d\n", controlPort(ss))
-	fmt.Fprintf(&b, "data_port: %d\n", dataPort(ss))
-	fmt.Fprintf(&b, "targets: %d\n", targets)
-	fmt.Fprintf(&b, "hugepages: %t\n", hugepages(ss).Sign() > 0)
-	if fi := ss.Spec.FlushInterval; fi != nil {
-		fmt.Fprintf(&b, "flush_interval_ms: %d\n", fi.Milliseconds())
-	}
-	fmt.Fprintf(&b, "scm: {class: ram, size: %s}\n", ss.Spec.Storage.Scm)
-	switch {
-	case ss.Spec.Storage.Nvme != nil:
-		fmt.Fprintf(&b, "bdev: {class: kdev, device: %s}\n", ss.Spec.Storage.Nvme.Device)
-	case ss.Spec.Storage.Emulated != nil:
-		fmt.Fprintf(&b, "bdev: {class: file, path: %s/%s-nvme@RANK@.img, size: %s}\n",
-			deviceMountPath, ss.Name, ss.Spec.Storage.Emulated.Size)
-	}
-	addrs := make([]string, 0, replicas)
-	for r := int32(0); r < replicas; r++ {
-		addrs = append(addrs, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", podDNSName(ss, r), controlPort(ss))))
-	}
-	fmt.Fprintf(&b, "mgmt_svc_replicas: [%s]\n", strings.Join(addrs, ", "))
-	fmt.Fprintf(&b, "log_level: %s\n", logLevel)
-	if ss.Spec.InsecureControlPlane {
-		b.WriteString("allow_insecure: true\n")
-	} else {
-		// This rank's certificate, copied there by the pod's init container (tlsInitContainer).
-		fmt.Fprintf(&b, "tls_dir: %s\n", tlsMountPath)
-	}
-	return b.String()
-}
-
-// startScript turns the template into this pod's configuration and runs the engine.
+// startScript runs the engine of this pod: the configuration the ranks share (engineConfig), and
+// this pod's own values as flags over it, from the downward API: the rank is the pod's ordinal,
+// the listen address its IP, the fault domain its node, the DNS name its name behind the headless
+// Service (the engine then recognizes itself in mgmt_svc_replicas), and on emulated NVMe its device
+// file in the hostPath directory (EMULATED_NVME_DIR, set only then). Metrics listen on the pod IP,
+// as the control and data ports (pods of the host network share the node's addresses).
+//
+// The image's engine and this script come from the same release: an engine that predates the
+// flags refuses them (unexpected argument '--rank') and the pod fails at start, never running
+// without the TLS it is told to use.
 const startScript = `#!/bin/sh
 set -eu
 rank="${POD_NAME##*-}"
-self="${POD_NAME}.${SERVICE_NAME}.${POD_NAMESPACE}.svc"
+set -- --rank "${rank}" --listen-addr "${POD_IP}" --fault-domain "/${NODE_NAME}" \
+    --dns-name "${POD_NAME}.${SERVICE_NAME}.${POD_NAMESPACE}.svc"
+if [ -n "${EMULATED_NVME_DIR:-}" ]; then
+    set -- "$@" --bdev-path "${EMULATED_NVME_DIR}/${SERVICE_NAME}-nvme${rank}.img"
+fi
+if [ -n "${METRICS_PORT:-}" ]; then
+    case "${POD_IP}" in *:*) host="[${POD_IP}]" ;; *) host="${POD_IP}" ;; esac
+    set -- "$@" --metrics-listen "${host}:${METRICS_PORT}"
+fi
 # Privileged engines (NVMe) can lift it; unprivileged ones keep it (no CAP_SYS_RESOURCE) and lock
 # memory through CAP_IPC_LOCK regardless.
 ulimit -l unlimited 2>/dev/null || echo "start-engine: memlock limit stays $(ulimit -l); CAP_IPC_LOCK locks memory regardless" >&2
-mkdir -p /run/peregrine
-sed -e "s|@RANK@|${rank}|g" -e "s|@POD_IP@|${POD_IP}|g" -e "s|@NODE_NAME@|${NODE_NAME}|g" \
-    -e "s|\"${self}:|\"${POD_IP}:|g" /etc/peregrine/engine.yaml.in >/run/peregrine/engine.yaml
-# An engine that predates TLS on its control plane refuses both keys (unknown fields): it may
-# run insecure as asked (it cannot do otherwise), but never in place of TLS.
-if ! grep -q allow_insecure "$(command -v peregrine-engine)"; then
-    if grep -q '^tls_dir:' /run/peregrine/engine.yaml; then
-        echo "start-engine: this engine image has no TLS on its control plane; use a newer image, or set the ServerSet's spec.insecureControlPlane" >&2
-        exit 1
-    fi
-    sed -i '/^allow_insecure:/d' /run/peregrine/engine.yaml
-fi
-# Metrics on the pod IP, as the control and data ports (pods of the host network share the node's
-# addresses), unless the image's engine predates the flag (it would refuse to start).
-if [ -n "${METRICS_PORT:-}" ] && peregrine-engine --help | grep -q -- --metrics-listen; then
-    case "${POD_IP}" in *:*) host="[${POD_IP}]" ;; *) host="${POD_IP}" ;; esac
-    set -- --metrics-listen "${host}:${METRICS_PORT}"
-fi
-exec peregrine-engine --config /run/peregrine/engine.yaml "$@"
+exec peregrine-engine --config ` + configMountPath + `/` + engineConfigKey + ` "$@"
 `
 
 func hugepages(ss *storagev1.ServerSet) *resource.Quantity {
@@ -182,19 +130,26 @@ func hugepages(ss *storagev1.ServerSet) *resource.Quantity {
 	return ss.Spec.Hugepages
 }
 
-func renderConfigMap(ss *storagev1.ServerSet) *corev1.ConfigMap {
+// renderConfigMap is the engines' configuration and start script.
+func renderConfigMap(ss *storagev1.ServerSet) (*corev1.ConfigMap, error) {
+	cfg, err := renderEngineConfig(ss).marshal()
+	if err != nil {
+		return nil, err
+	}
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: configMapName(ss), Namespace: ss.Namespace, Labels: engineLabels(ss)},
 		Data: map[string]string{
-			"engine.yaml.in":  engineConfigTemplate(ss),
-			"start-engine.sh": startScript,
+			engineConfigKey: cfg,
+			startScriptKey:  startScript,
 		},
-	}
+	}, nil
 }
 
+// configHash is the pod template's: the engines read the ConfigMap at start, so a change of it
+// rolls them.
 func configHash(cm *corev1.ConfigMap) string {
 	h := sha256.New()
-	for _, k := range []string{"engine.yaml.in", "start-engine.sh"} {
+	for _, k := range []string{engineConfigKey, startScriptKey} {
 		h.Write([]byte(k))
 		h.Write([]byte(cm.Data[k]))
 	}
@@ -277,6 +232,10 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 	if ss.Spec.Fabric.Interface != "" {
 		env = append(env, corev1.EnvVar{Name: "PEREGRINE_FABRIC_INTERFACE", Value: ss.Spec.Fabric.Interface})
 	}
+	// The start script names the pod's device file in it (--bdev-path).
+	if ss.Spec.Storage.Nvme == nil && ss.Spec.Storage.Emulated != nil {
+		env = append(env, corev1.EnvVar{Name: "EMULATED_NVME_DIR", Value: deviceMountPath})
+	}
 	mounts := []corev1.VolumeMount{{Name: "config", MountPath: configMountPath, ReadOnly: true}}
 	volumes := []corev1.Volume{{
 		Name: "config",
@@ -356,7 +315,7 @@ func renderStatefulSet(ss *storagev1.ServerSet, replicas, partition int32, cfgHa
 						Name:            engineContainerName,
 						Image:           ss.Spec.Image,
 						ImagePullPolicy: ss.Spec.ImagePullPolicy,
-						Command:         []string{"/bin/sh", configMountPath + "/start-engine.sh"},
+						Command:         []string{"/bin/sh", configMountPath + "/" + startScriptKey},
 						Env:             env,
 						Ports: []corev1.ContainerPort{
 							{Name: "control", ContainerPort: controlPort(ss)},

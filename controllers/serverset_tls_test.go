@@ -223,8 +223,10 @@ var _ = Describe("ServerSet control-plane TLS", func() {
 		Expect(sts.Spec.Template.Annotations).To(HaveKeyWithValue(tlsHashKey, ca.hash()))
 		cm := &corev1.ConfigMap{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-config"}, cm)).To(Succeed())
-		Expect(cm.Data["engine.yaml.in"]).To(ContainSubstring("tls_dir: /etc/peregrine-tls\n"))
-		Expect(cm.Data["engine.yaml.in"]).NotTo(ContainSubstring("allow_insecure"))
+		cfg := parseEngineConfig(cm.Data[engineConfigKey])
+		Expect(cfg.TLSDir).To(Equal("/etc/peregrine-tls"))
+		Expect(cfg.AllowInsecure).To(BeFalse())
+		Expect(cm.Data[engineConfigKey]).NotTo(ContainSubstring("allow_insecure"))
 		Eventually(func() metav1.Condition {
 			return condition(getServerSet(name)().Status.Conditions, storagev1.ConditionControlPlaneTLS)
 		}, 20*time.Second).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", string(storagev1.ReasonCertificatesReady))))
@@ -352,7 +354,7 @@ var _ = Describe("ServerSet control-plane TLS", func() {
 		sts, cm := &appsv1.StatefulSet{}, &corev1.ConfigMap{}
 		Eventually(func() error { return k8s.Get(ctx, key, sts) }, 20*time.Second).Should(Succeed())
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-config"}, cm)).To(Succeed())
-		Expect(cm.Data["engine.yaml.in"]).To(ContainSubstring("allow_insecure: true\n"))
+		Expect(parseEngineConfig(cm.Data[engineConfigKey]).AllowInsecure).To(BeTrue())
 		Expect(sts.Spec.Template.Spec.InitContainers).To(BeEmpty())
 		startEnginePod(sts, cm, 0, msAddr)
 		markPodsReady(key, 1)
@@ -378,9 +380,10 @@ var _ = Describe("ServerSet control-plane TLS", func() {
 		Expect(allow.Check(ss)).To(BeEmpty())
 
 		By("rendered for an operator that allows it: allow_insecure, no certificate volume")
-		cfg := engineConfigTemplate(ss)
-		Expect(cfg).To(ContainSubstring("allow_insecure: true\n"))
-		Expect(cfg).NotTo(ContainSubstring("tls_dir"))
+		cm, err := renderConfigMap(ss)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cm.Data[engineConfigKey]).To(ContainSubstring("allow_insecure: true\n"))
+		Expect(cm.Data[engineConfigKey]).NotTo(ContainSubstring("tls_dir"))
 		sts := renderStatefulSet(ss, 1, 0, "h", "")
 		for _, v := range sts.Spec.Template.Spec.Volumes {
 			Expect(v.Name).NotTo(HavePrefix("tls"))

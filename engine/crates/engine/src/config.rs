@@ -6,6 +6,12 @@
 //!
 //! The limits (`data_plane`, `shm`, `control_plane`) and who may use the
 //! shared-memory socket are described together in `docs/engine-limits.md`.
+//!
+//! What differs from one engine of a system to the next (its rank, address,
+//! fault domain, DNS name, device file) may be given on the command line
+//! instead ([`Overrides`]): many engines can then share one file (the
+//! operator's ConfigMap). A flag wins over the file's key of the same name,
+//! and the result is validated as one configuration.
 
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -18,9 +24,23 @@ pub struct Config {
     /// System name; every engine of one system shares it.
     #[serde(default = "default_name")]
     pub name: String,
+    /// This engine's rank: the YAML's `rank`, or `--rank`; one of them is
+    /// required (see [`Config::parse_with`]).
+    #[serde(skip)]
     pub rank: u32,
+    /// `rank` as the YAML gives it, if it does.
+    #[serde(default, rename = "rank")]
+    yaml_rank: Option<u32>,
+    /// Where the engine sits in the failure hierarchy (`/rack1/node3`):
+    /// engines holding shards of one redundancy group are kept apart by it.
     #[serde(default = "default_fault_domain")]
     pub fault_domain: String,
+    /// The DNS name other engines and clients reach this engine by (in
+    /// Kubernetes, the pod's name behind the headless Service). An entry of
+    /// `mgmt_svc_replicas` naming it with `control_port` is this engine, as
+    /// one naming `listen_addr` is (see [`Config::hosts_mgmt`]).
+    #[serde(default)]
+    pub dns_name: Option<String>,
     /// Address the engine binds and advertises to clients and peers.
     #[serde(default = "default_listen")]
     pub listen_addr: IpAddr,
@@ -73,8 +93,9 @@ pub struct Config {
     pub scm_value_max: Option<Size>,
     pub scm: ScmConfig,
     pub bdev: BdevConfig,
-    /// Control addresses of the management-service replicas; the first one
-    /// hosts the service until Raft replication lands.
+    /// Control addresses of the management-service replicas (`host:port`,
+    /// the host an IP address or a DNS name); the first one hosts the
+    /// service until Raft replication lands.
     #[serde(default)]
     pub mgmt_svc_replicas: Vec<String>,
     #[serde(default = "default_log_level")]
@@ -289,8 +310,13 @@ pub struct ScmConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "class", rename_all = "lowercase", deny_unknown_fields)]
 pub enum BdevConfig {
-    /// A file of a given size: emulated NVMe.
-    File { path: PathBuf, size: Size },
+    /// A file of a given size: emulated NVMe. The path may be left to
+    /// `--bdev-path` (it is per engine).
+    File {
+        #[serde(default)]
+        path: PathBuf,
+        size: Size,
+    },
     /// A kernel block device: a loop device or an NVMe namespace.
     Kdev { device: PathBuf },
 }
@@ -363,6 +389,35 @@ pub const MIN_BDEV_BYTES: u64 = 64 << 20;
 /// Longest `vos_poll_us` and `vos_spin_us` (a second of polling).
 pub const MAX_POLL_US: u64 = 1_000_000;
 
+/// Longest fault domain path (of the configuration, and of a join).
+pub const MAX_FAULT_DOMAIN: usize = 256;
+/// Longest DNS name.
+pub const MAX_DNS_NAME: usize = 253;
+
+/// The per-engine values of the command line, over the YAML's keys of the
+/// same name, so that the engines of a system can share one file: each
+/// engine passes its own. Applied before the configuration is validated,
+/// by the same checks as the YAML's values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct Overrides {
+    /// This engine's rank (over `rank`).
+    #[arg(long, value_name = "N")]
+    pub rank: Option<u32>,
+    /// The address to bind and advertise (over `listen_addr`).
+    #[arg(long, value_name = "IP")]
+    pub listen_addr: Option<IpAddr>,
+    /// This engine's fault domain, e.g. /node3 (over `fault_domain`).
+    #[arg(long, value_name = "PATH")]
+    pub fault_domain: Option<String>,
+    /// The DNS name peers reach this engine by (over `dns_name`): an entry
+    /// NAME:control_port of `mgmt_svc_replicas` is then this engine.
+    #[arg(long, value_name = "NAME")]
+    pub dns_name: Option<String>,
+    /// The device file of `bdev: {class: file}` (over `bdev.path`).
+    #[arg(long, value_name = "PATH")]
+    pub bdev_path: Option<PathBuf>,
+}
+
 /// The environment variables [`Config::fill_from_env`] reads, by the field
 /// each one stands in for when the YAML leaves it unset.
 pub const ENV_FALLBACKS: [(&str, &str); 3] = [
@@ -378,15 +433,58 @@ impl Config {
     }
 
     pub fn load(path: &Path) -> Result<Config, String> {
+        Self::load_with(path, &Overrides::default())
+    }
+
+    /// The file at `path` with the command line's `overrides` over it.
+    pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Config, String> {
         let text =
             std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
+        Self::parse_with(&text, overrides).map_err(|e| format!("config {}: {e}", path.display()))
     }
 
     pub fn parse(text: &str) -> Result<Config, String> {
-        let cfg: Config = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        Self::parse_with(text, &Overrides::default())
+    }
+
+    /// The YAML `text` with `overrides` over it, validated as a whole (an
+    /// override is checked as the key it replaces; an error names the key).
+    pub fn parse_with(text: &str, overrides: &Overrides) -> Result<Config, String> {
+        let mut cfg: Config = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        cfg.apply(overrides)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Put the command line's values over the YAML's.
+    fn apply(&mut self, o: &Overrides) -> Result<(), String> {
+        if let Some(r) = o.rank {
+            self.yaml_rank = Some(r);
+        }
+        self.rank = self
+            .yaml_rank
+            .ok_or("rank: missing: give it in the configuration (rank: N) or as --rank N")?;
+        if let Some(a) = o.listen_addr {
+            self.listen_addr = a;
+        }
+        if let Some(f) = &o.fault_domain {
+            self.fault_domain = f.clone();
+        }
+        if let Some(n) = &o.dns_name {
+            self.dns_name = Some(n.clone());
+        }
+        if let Some(p) = &o.bdev_path {
+            match &mut self.bdev {
+                BdevConfig::File { path, .. } => *path = p.clone(),
+                BdevConfig::Kdev { device } => {
+                    let (p, d) = (p.display(), device.display());
+                    return Err(format!(
+                        "--bdev-path {p}: bdev class kdev has no path (its device: bdev.device {d})"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Fill the tuning fields the YAML left unset (`vos_poll_us`,
@@ -482,6 +580,27 @@ impl Config {
                 self.name
             ));
         }
+        if self.fault_domain.is_empty()
+            || self.fault_domain.len() > MAX_FAULT_DOMAIN
+            || self.fault_domain.chars().any(char::is_control)
+        {
+            return Err(format!(
+                "fault_domain: {:?} must be 1-{MAX_FAULT_DOMAIN} bytes without control characters",
+                self.fault_domain
+            ));
+        }
+        if let Some(n) = &self.dns_name {
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            };
+            if n.len() > MAX_DNS_NAME || !n.split('.').all(label_ok) {
+                return Err(format!("dns_name: {n:?} is not a DNS name"));
+            }
+        }
         if self.targets == 0 || self.targets > MAX_TARGETS {
             return Err(format!(
                 "targets: {} is out of range 1..={MAX_TARGETS}",
@@ -543,7 +662,9 @@ impl Config {
         match &self.bdev {
             BdevConfig::File { path, size } => {
                 if path.as_os_str().is_empty() {
-                    return Err("bdev.path: must not be empty".into());
+                    return Err(
+                        "bdev.path: missing: give it in the configuration or as --bdev-path".into(),
+                    );
                 }
                 if size.0 < MIN_BDEV_BYTES * self.targets as u64 {
                     return Err(format!(
@@ -719,7 +840,6 @@ impl Config {
             .join(peregrine_proto::shm::socket_name(self.rank))
     }
 
-    /// The management service this engine reports to (itself when first in the list or none given).
     /// How this engine's own gRPC clients (to the management service and to
     /// other engines) connect: with its certificate, or as insecure as it serves.
     pub fn security(&self) -> peregrine::Security {
@@ -729,25 +849,54 @@ impl Config {
         }
     }
 
+    /// The management service this engine reports to: the first of
+    /// `mgmt_svc_replicas`, or itself when there are none. When the first
+    /// names this engine by its `dns_name`, its own control address instead
+    /// (no name lookup to reach itself).
     pub fn mgmt_leader(&self) -> String {
-        self.mgmt_svc_replicas
-            .first()
-            .cloned()
-            .unwrap_or_else(|| self.control_addr())
+        match self.mgmt_svc_replicas.first() {
+            None => self.control_addr(),
+            Some(first) if self.named_by_dns(first) => self.control_addr(),
+            Some(first) => first.clone(),
+        }
     }
 
-    /// Whether this engine hosts the management service.
+    /// Whether this engine hosts the management service: it is named first
+    /// in `mgmt_svc_replicas` (see [`Config::is_self`]), or none are given.
     pub fn hosts_mgmt(&self) -> bool {
-        let me = self.control_addr();
-        let leader = self.mgmt_leader();
-        leader == me
-            || (self.mgmt_svc_replicas.is_empty())
-            || leader
-                .rsplit_once(':')
-                .map(|(h, p)| {
-                    (h == "localhost" || h == "0.0.0.0") && p == self.control_port.to_string()
-                })
-                .unwrap_or(false)
+        self.mgmt_svc_replicas
+            .first()
+            .is_none_or(|first| self.is_self(first))
+    }
+
+    /// Whether `addr` (`host:port`, an entry of `mgmt_svc_replicas`) is this
+    /// engine: its `control_port`, and as host its `listen_addr`, its
+    /// `dns_name`, `localhost` or `0.0.0.0`.
+    pub fn is_self(&self, addr: &str) -> bool {
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            return false;
+        };
+        if port.parse::<u16>() != Ok(self.control_port) {
+            return false;
+        }
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        host == "localhost"
+            || host == "0.0.0.0"
+            || host.parse::<IpAddr>() == Ok(self.listen_addr)
+            || self.named_by_dns(addr)
+    }
+
+    /// Whether `addr` is `dns_name:control_port` (DNS names compare without
+    /// case, and a trailing dot).
+    fn named_by_dns(&self, addr: &str) -> bool {
+        let (Some(name), Some((host, port))) = (&self.dns_name, addr.rsplit_once(':')) else {
+            return false;
+        };
+        let bare = |n: &str| n.strip_suffix('.').unwrap_or(n).to_ascii_lowercase();
+        port.parse::<u16>() == Ok(self.control_port) && bare(host) == bare(name)
     }
 }
 
@@ -973,6 +1122,221 @@ allow_insecure: true
         let mut c = Config::parse(GOOD).unwrap();
         let e = c.fill_from_env(|_| Some("soon".into())).unwrap_err();
         assert!(e.contains("PEREGRINE_VOS_POLL_US"), "{e}");
+    }
+
+    /// What the operator's ConfigMap holds: the values all engines share.
+    const SHARED: &str = "
+name: tank
+control_port: 10001
+data_port: 10101
+targets: 2
+scm: {class: ram, size: 1GiB}
+bdev: {class: file, size: 4GiB}
+mgmt_svc_replicas: [tank-0.tank.ns.svc:10001, tank-1.tank.ns.svc:10001]
+allow_insecure: true
+";
+
+    fn pod(rank: u32) -> Overrides {
+        Overrides {
+            rank: Some(rank),
+            listen_addr: Some(IpAddr::from([10, 0, 0, 10 + rank as u8])),
+            fault_domain: Some(format!("/node{rank}")),
+            dns_name: Some(format!("tank-{rank}.tank.ns.svc")),
+            bdev_path: Some(format!("/var/lib/peregrine/tank-nvme{rank}.img").into()),
+        }
+    }
+
+    #[test]
+    fn overrides_complete_a_shared_config() {
+        let e = Config::parse(SHARED).unwrap_err();
+        assert!(e.contains("rank") && e.contains("--rank"), "{e}");
+        let c = Config::parse_with(SHARED, &pod(1)).unwrap();
+        assert_eq!(c.rank, 1);
+        assert_eq!(c.listen_addr, IpAddr::from([10, 0, 0, 11]));
+        assert_eq!(c.control_addr(), "10.0.0.11:10001");
+        assert_eq!(c.fault_domain, "/node1");
+        assert_eq!(c.dns_name.as_deref(), Some("tank-1.tank.ns.svc"));
+        assert!(
+            matches!(&c.bdev, BdevConfig::File { path, .. } if path == Path::new("/var/lib/peregrine/tank-nvme1.img"))
+        );
+        assert_eq!(
+            c.shm_socket(),
+            Path::new("/var/lib/peregrine/peregrine-rank1.sock")
+        );
+        // Without a device file: named like the key.
+        let e = Config::parse_with(
+            SHARED,
+            &Overrides {
+                bdev_path: None,
+                ..pod(1)
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("bdev.path") && e.contains("--bdev-path"), "{e}");
+    }
+
+    #[test]
+    fn overrides_win_over_the_yaml() {
+        let c = Config::parse_with(GOOD, &Overrides::default()).unwrap();
+        assert_eq!((c.rank, c.fault_domain.as_str()), (1, "/"));
+        let c = Config::parse_with(
+            &format!("{GOOD}fault_domain: /rack1\nlisten_addr: 127.0.0.2\ndns_name: a.b\n"),
+            &Overrides {
+                rank: Some(0),
+                listen_addr: Some(IpAddr::from([127, 0, 0, 3])),
+                fault_domain: Some("/rack2".into()),
+                dns_name: Some("c.d".into()),
+                bdev_path: Some("/tmp/other.img".into()),
+            },
+        )
+        .unwrap();
+        assert_eq!(c.rank, 0);
+        assert_eq!(c.listen_addr, IpAddr::from([127, 0, 0, 3]));
+        assert_eq!(c.fault_domain, "/rack2");
+        assert_eq!(c.dns_name.as_deref(), Some("c.d"));
+        assert!(
+            matches!(&c.bdev, BdevConfig::File { path, size } if path == Path::new("/tmp/other.img") && size.0 == 4 << 30)
+        );
+        // The rank alone: the rest stays the YAML's.
+        let c = Config::parse_with(
+            &format!("{GOOD}fault_domain: /rack1\n"),
+            &Overrides {
+                rank: Some(7),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!((c.rank, c.fault_domain.as_str()), (7, "/rack1"));
+        assert_eq!(c.shm_socket(), Path::new("/tmp/peregrine-rank7.sock"));
+    }
+
+    #[test]
+    fn overrides_are_validated_as_the_yaml_is() {
+        let bad = |o: Overrides, key: &str| {
+            let e = Config::parse_with(GOOD, &o).unwrap_err();
+            assert!(e.contains(key), "{o:?}: {e:?} does not name {key}");
+        };
+        for f in ["", "/a\nb", &"/x".repeat(200)] {
+            bad(
+                Overrides {
+                    fault_domain: Some(f.into()),
+                    ..Default::default()
+                },
+                "fault_domain",
+            );
+            // The same value from the YAML: the same refusal.
+            let yaml = format!("{GOOD}fault_domain: \"{}\"\n", f.escape_default());
+            let e = Config::parse(&yaml).unwrap_err();
+            assert!(e.contains("fault_domain"), "{e}");
+        }
+        for n in ["", "tank-0..svc", "-tank", "tank_0.svc", "tank-0.svc:10001"] {
+            bad(
+                Overrides {
+                    dns_name: Some(n.into()),
+                    ..Default::default()
+                },
+                "dns_name",
+            );
+            let e = Config::parse(&format!("{GOOD}dns_name: \"{n}\"\n")).unwrap_err();
+            assert!(e.contains("dns_name"), "{e}");
+        }
+        bad(
+            Overrides {
+                bdev_path: Some("".into()),
+                ..Default::default()
+            },
+            "bdev.path",
+        );
+        // A kernel block device has no path to override.
+        let kdev = GOOD.replace(
+            "{class: file, path: /tmp/nvme.img, size: 4GiB}",
+            "{class: kdev, device: /dev/nvme0n1}",
+        );
+        let e = Config::parse_with(
+            &kdev,
+            &Overrides {
+                bdev_path: Some("/tmp/x.img".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("--bdev-path") && e.contains("kdev"), "{e}");
+        // The listen address moves the control address, and so which entry is this engine.
+        let c = Config::parse_with(
+            GOOD,
+            &Overrides {
+                listen_addr: Some(IpAddr::from([127, 0, 0, 1])),
+                rank: Some(0),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(!c.hosts_mgmt(), "10001 is not this engine's control port");
+        let c = Config::parse_with(
+            &GOOD.replace("control_port: 10002", "control_port: 10001"),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert!(c.hosts_mgmt());
+    }
+
+    #[test]
+    fn the_replica_naming_this_engine_by_its_dns_name_is_this_engine() {
+        let rank0 = Config::parse_with(SHARED, &pod(0)).unwrap();
+        assert!(rank0.hosts_mgmt());
+        assert!(rank0.is_self("tank-0.tank.ns.svc:10001"));
+        assert!(rank0.is_self("TANK-0.tank.ns.svc.:10001"));
+        assert!(rank0.is_self("10.0.0.10:10001"));
+        assert!(!rank0.is_self("tank-0.tank.ns.svc:10002"), "another port");
+        assert!(!rank0.is_self("tank-1.tank.ns.svc:10001"));
+        // It reports to itself by its address: no name lookup of its own.
+        assert_eq!(rank0.mgmt_leader(), "10.0.0.10:10001");
+
+        let rank1 = Config::parse_with(SHARED, &pod(1)).unwrap();
+        assert!(!rank1.hosts_mgmt());
+        assert!(
+            rank1.is_self("tank-1.tank.ns.svc:10001"),
+            "a replica, not the first"
+        );
+        assert_eq!(rank1.mgmt_leader(), "tank-0.tank.ns.svc:10001");
+
+        // Without its DNS name, rank 0 finds itself only by address (as before).
+        let anon = Config::parse_with(
+            SHARED,
+            &Overrides {
+                dns_name: None,
+                ..pod(0)
+            },
+        )
+        .unwrap();
+        assert!(!anon.hosts_mgmt());
+        let by_ip = Config::parse_with(
+            &SHARED.replace("tank-0.tank.ns.svc:10001", "10.0.0.10:10001"),
+            &Overrides {
+                dns_name: None,
+                ..pod(0)
+            },
+        )
+        .unwrap();
+        assert!(by_ip.hosts_mgmt());
+        assert_eq!(by_ip.mgmt_leader(), "10.0.0.10:10001");
+        // No replicas: every engine hosts its own; localhost and 0.0.0.0 name it too.
+        let none = Config::parse_with(
+            &SHARED.replace(
+                "mgmt_svc_replicas: [tank-0.tank.ns.svc:10001, tank-1.tank.ns.svc:10001]\n",
+                "",
+            ),
+            &pod(2),
+        )
+        .unwrap();
+        assert!(none.hosts_mgmt());
+        assert_eq!(none.mgmt_leader(), "10.0.0.12:10001");
+        for host in ["localhost", "0.0.0.0"] {
+            let c =
+                Config::parse_with(&SHARED.replace("tank-0.tank.ns.svc", host), &pod(0)).unwrap();
+            assert!(c.hosts_mgmt(), "{host}");
+            assert_eq!(c.mgmt_leader(), format!("{host}:10001"));
+        }
     }
 
     #[test]

@@ -1,8 +1,8 @@
-//! `peregrine-engine --config engine.yaml`
+//! `peregrine-engine --config engine.yaml [--rank N --listen-addr IP ...]`
 
 use clap::Parser;
 use peregrine_engine::auth::{Authorized, Policy};
-use peregrine_engine::config::Config;
+use peregrine_engine::config::{Config, Overrides};
 use peregrine_engine::control::EngineService;
 use peregrine_engine::ms::{MgmtService, AGGREGATION_LEASE, STATE_STOPPING};
 use peregrine_engine::node::Node;
@@ -30,6 +30,10 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9464); off unless given.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
+    /// This engine's own values, over the configuration's (which engines
+    /// of one system may then share).
+    #[command(flatten)]
+    overrides: Overrides,
 }
 
 /// How often an engine reports to the management service.
@@ -609,7 +613,7 @@ fn main() {
     // The one place the engine reads its tuning from the environment: the
     // variables that set it before it was configuration, for the fields
     // the YAML leaves unset.
-    let cfg = match Config::load(&args.config)
+    let cfg = match Config::load_with(&args.config, &args.overrides)
         .and_then(|mut c| c.fill_from_env(|k| std::env::var(k).ok()).map(|()| c))
     {
         Ok(c) => c,
@@ -651,5 +655,52 @@ fn main() {
         eprintln!("peregrine-engine: {e}");
         tracing::error!("{e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    #[test]
+    fn per_engine_flags_parse_into_overrides() {
+        let a = Args::try_parse_from([
+            "peregrine-engine",
+            "--config",
+            "/etc/peregrine/engine.yaml",
+            "--rank",
+            "3",
+            "--listen-addr",
+            "10.1.2.3",
+            "--fault-domain",
+            "/node-a",
+            "--dns-name",
+            "tank-3.tank.ns.svc",
+            "--bdev-path",
+            "/var/lib/peregrine/tank-nvme3.img",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.overrides,
+            Overrides {
+                rank: Some(3),
+                listen_addr: Some(IpAddr::from([10, 1, 2, 3])),
+                fault_domain: Some("/node-a".into()),
+                dns_name: Some("tank-3.tank.ns.svc".into()),
+                bdev_path: Some("/var/lib/peregrine/tank-nvme3.img".into()),
+            }
+        );
+        let a = Args::try_parse_from(["peregrine-engine", "-c", "e.yaml"]).unwrap();
+        assert_eq!(a.overrides, Overrides::default());
+        // Typed flags are refused by name, before any configuration is read.
+        for (flag, bad) in [("--rank", "-1"), ("--listen-addr", "tank-0")] {
+            let arg = format!("{flag}={bad}");
+            let e = Args::try_parse_from(["peregrine-engine", "-c", "e.yaml", &arg])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains(flag), "{flag} {bad}: {e}");
+        }
     }
 }

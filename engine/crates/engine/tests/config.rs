@@ -5,12 +5,17 @@ use common::ENGINE_BIN;
 use std::process::Command;
 
 fn run_with(config: &str) -> (i32, String) {
+    run_with_flags(config, &[])
+}
+
+fn run_with_flags(config: &str, flags: &[&str]) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("engine.yaml");
     std::fs::write(&p, config).unwrap();
     let out = Command::new(ENGINE_BIN)
         .arg("--config")
         .arg(&p)
+        .args(flags)
         .output()
         .unwrap();
     (
@@ -46,4 +51,48 @@ fn bad_configs_name_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/engine.yaml"));
+}
+
+/// A configuration engines share (as the operator's ConfigMap): each gives
+/// its own values as flags, checked as the keys they stand for.
+#[test]
+fn per_engine_flags_are_checked_as_the_keys() {
+    let shared = GOOD
+        .replace("rank: 0\n", "")
+        .replace("path: /tmp/x.img, ", "");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--bdev-path", "/tmp/x.img"], "--rank"),
+        (&["--rank", "0"], "--bdev-path"),
+        (
+            &[
+                "--rank",
+                "0",
+                "--bdev-path",
+                "/tmp/x.img",
+                "--dns-name",
+                "a..b",
+            ],
+            "dns_name",
+        ),
+        (
+            &[
+                "--rank",
+                "0",
+                "--bdev-path",
+                "/tmp/x.img",
+                "--fault-domain",
+                "",
+            ],
+            "fault_domain",
+        ),
+    ];
+    for (flags, key) in cases {
+        let (code, err) = run_with_flags(&shared, flags);
+        assert_eq!(code, 1, "{flags:?}: stderr {err}");
+        assert!(err.contains(key), "{flags:?}: {err:?} should name {key:?}");
+    }
+    // A flag of the wrong type: refused by clap, naming it.
+    let (code, err) = run_with_flags(GOOD, &["--listen-addr", "pod-0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--listen-addr"), "{err}");
 }

@@ -4,7 +4,7 @@
 //! length and count is bounded here, before anything is kept, and a refusal
 //! names the field.
 
-use crate::config::{MAX_TARGETS, MAX_UNIX_PATH};
+use crate::config::{MAX_FAULT_DOMAIN, MAX_TARGETS, MAX_UNIX_PATH};
 use peregrine_proto::mgmt::JoinReq;
 use peregrine_proto::ms::EngineState;
 use tonic::Status;
@@ -12,8 +12,6 @@ use tonic::Status;
 /// Longest `control_addr` / `data_addr` ("host:port"; a DNS name is at most
 /// 253 bytes).
 pub const MAX_JOIN_ADDR: usize = 262;
-/// Longest fault domain path.
-pub const MAX_FAULT_DOMAIN: usize = 256;
 /// Longest system name (as `config::Config::validate` allows).
 pub const MAX_SYSTEM_NAME: usize = 64;
 /// Most members a system holds: with every field at its bound, their
