@@ -209,9 +209,9 @@ fn gather(ix: &TargetIndex, after: Option<&Pos>, budget: u64) -> Walk {
                                     epoch: v.epoch,
                                     block: ext.block,
                                     len: v.len,
-                                    csums: ext.csums.clone(),
+                                    csums: ext.csums().to_vec(),
                                 });
-                                bytes += ext.nblocks * BLOCK;
+                                bytes += ext.nblocks() * BLOCK;
                                 any = true;
                             }
                         }
