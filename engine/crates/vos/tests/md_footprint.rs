@@ -187,6 +187,13 @@ fn a_file_costs_the_index_little() {
         entry(2 * n + 4999)
     );
     st.close();
-    assert!(dirent <= 512.0, "a directory entry costs {dirent:.0} bytes");
-    assert!(meta <= 1024.0, "a file's metadata costs {meta:.0} bytes");
+    // Bounds with some slack over what the compact records cost (296,
+    // 549 and 549 bytes asked for, at the time of writing).
+    assert!(dirent <= 384.0, "a directory entry costs {dirent:.0} bytes");
+    assert!(meta <= 640.0, "a file's metadata costs {meta:.0} bytes");
+    let dev = dev.0[0];
+    assert!(
+        dev <= 640.0,
+        "a file with its data on the device costs {dev:.0} bytes"
+    );
 }

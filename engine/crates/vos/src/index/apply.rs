@@ -220,7 +220,7 @@ impl TargetIndex {
                     let scm = value_scm(&dkey, &nv.akey, inline);
                     let v = Version::new(epoch, nv.offset, nv.len, nv.crc, nv.payload, scm);
                     add.version(&v);
-                    let a = d.akeys.entry_or_default(Key::from(nv.akey));
+                    let a = d.akeys.entry_or_default(ShortKey::from(nv.akey));
                     match nv.kind {
                         Kind::Single => {
                             // Same epoch: the new value replaces the old one in place.
@@ -273,7 +273,7 @@ impl TargetIndex {
                     } else {
                         for ak in akeys {
                             let scm = value_scm(&dkey, &ak, 0);
-                            let a = d.akeys.entry_or_default(Key::from(ak));
+                            let a = d.akeys.entry_or_default(ShortKey::from(ak));
                             a.punches.push(Tomb { epoch, scm });
                             charged += scm;
                         }

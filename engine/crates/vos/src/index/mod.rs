@@ -10,7 +10,7 @@
 //! (a punch hides versions at its own epoch too). For arrays, later epochs win
 //! per byte; between extents of equal epoch the later write wins.
 
-use crate::compact::{ExactVec, Key, SmallMap, ThinVec};
+use crate::compact::{ExactVec, Key, ShortKey, SmallMap, ThinVec};
 use crate::dtx::{DtxTable, TxId};
 use crate::error::Errno;
 use crate::superblock::BLOCK;
@@ -72,7 +72,7 @@ pub(crate) struct AkeyTree {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DkeyTree {
-    pub akeys: SmallMap<Key, AkeyTree>,
+    pub akeys: SmallMap<ShortKey, AkeyTree>,
     pub punches: ThinVec<Tomb>,
 }
 
