@@ -123,6 +123,116 @@ impl<'de> Deserialize<'de> for Key {
     }
 }
 
+/// Keys up to this many bytes are held inline in a [`ShortKey`].
+const SHORT_INLINE: usize = 15;
+
+/// The length of a [`ShortKey`] held inline, 0 to 15: an enum, so that
+/// the other values of its byte tell the key's two forms apart at no cost.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[rustfmt::skip]
+#[repr(u8)]
+pub(crate) enum ShortLen { L0, L1, L2, L3, L4, L5, L6, L7, L8, L9, L10, L11, L12, L13, L14, L15 }
+
+impl ShortLen {
+    #[rustfmt::skip]
+    const ALL: [ShortLen; SHORT_INLINE + 1] = {
+        use ShortLen::*;
+        [L0, L1, L2, L3, L4, L5, L6, L7, L8, L9, L10, L11, L12, L13, L14, L15]
+    };
+}
+
+/// An akey: inline up to 15 bytes, boxed beyond (16 bytes, where a [`Key`]
+/// takes 24). Akeys are short names ("inode", "d", xattr names): with it
+/// an akey and its tree fill a 64-byte malloc chunk instead of an 80-byte
+/// one, twice per file. A longer akey pays a second allocation (the boxed
+/// slice behind a thin box).
+#[derive(Clone)]
+pub(crate) enum ShortKey {
+    Inline {
+        len: ShortLen,
+        buf: [u8; SHORT_INLINE],
+    },
+    #[allow(clippy::redundant_allocation)]
+    Heap(Box<Box<[u8]>>),
+}
+
+impl ShortKey {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            ShortKey::Inline { len, buf } => &buf[..*len as usize],
+            ShortKey::Heap(b) => b,
+        }
+    }
+}
+
+impl From<Vec<u8>> for ShortKey {
+    fn from(v: Vec<u8>) -> ShortKey {
+        if v.len() <= SHORT_INLINE {
+            let mut buf = [0u8; SHORT_INLINE];
+            buf[..v.len()].copy_from_slice(&v);
+            ShortKey::Inline {
+                len: ShortLen::ALL[v.len()],
+                buf,
+            }
+        } else {
+            ShortKey::Heap(Box::new(v.into_boxed_slice()))
+        }
+    }
+}
+
+impl Deref for ShortKey {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl Borrow<[u8]> for ShortKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl PartialEq for ShortKey {
+    fn eq(&self, o: &ShortKey) -> bool {
+        self.as_bytes() == o.as_bytes()
+    }
+}
+impl Eq for ShortKey {}
+impl PartialOrd for ShortKey {
+    fn partial_cmp(&self, o: &ShortKey) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for ShortKey {
+    fn cmp(&self, o: &ShortKey) -> Ordering {
+        self.as_bytes().cmp(o.as_bytes())
+    }
+}
+impl std::hash::Hash for ShortKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_bytes().hash(h)
+    }
+}
+impl fmt::Debug for ShortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+/// As a `Vec<u8>` serializes in bincode (see [`bytes`]).
+impl Serialize for ShortKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.as_bytes())
+    }
+}
+
+impl<'de> Deserialize<'de> for ShortKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ShortKey, D::Error> {
+        d.deserialize_bytes(BytesVisitor).map(ShortKey::from)
+    }
+}
+
 /// Byte strings read whole: bincode writes a `Vec<u8>` (a sequence of
 /// bytes) and a byte string the same way, a length then the bytes, but
 /// reads a sequence one byte per call. For `#[serde(with = "bytes")]` on
@@ -166,18 +276,33 @@ impl<'de> Visitor<'de> for BytesVisitor {
 /// Entries a [`SmallMap`] keeps in its sorted vector; one more makes it a tree.
 pub(crate) const SMALL: usize = 8;
 
-/// A sorted map: a vector of exactly its entries up to [`SMALL`] of them,
-/// a `BTreeMap` beyond. Equality is by content, whatever the form.
+/// A sorted map: a boxed slice of exactly its entries up to [`SMALL`] of
+/// them, a boxed `BTreeMap` beyond. Equality is by content, whatever the
+/// form. 16 bytes (a `Vec` and a `BTreeMap` side by side took 32): most
+/// maps of the index hold one entry, and this field is in every level.
 #[derive(Clone)]
 pub(crate) enum SmallMap<K, V> {
-    Vec(Vec<(K, V)>),
-    Tree(BTreeMap<K, V>),
+    Vec(Box<[(K, V)]>),
+    // Boxed for a thin pointer: the tree form is the rare one (past SMALL
+    // entries), and unboxed it would make every map 32 bytes.
+    #[allow(clippy::box_collection)]
+    Tree(Box<BTreeMap<K, V>>),
 }
 
 impl<K, V> Default for SmallMap<K, V> {
     fn default() -> Self {
-        SmallMap::Vec(Vec::new())
+        SmallMap::Vec(Box::default())
     }
+}
+
+/// Change a boxed slice through a `Vec` of its elements (no copy: a boxed
+/// slice is a vector whose capacity is its length), leaving it boxed again
+/// at exactly its new length.
+fn edit<T, R>(b: &mut Box<[T]>, f: impl FnOnce(&mut Vec<T>) -> R) -> R {
+    let mut v = std::mem::take(b).into_vec();
+    let r = f(&mut v);
+    *b = v.into_boxed_slice();
+    r
 }
 
 /// Ascending entries of a [`SmallMap`] (either end).
@@ -243,8 +368,8 @@ impl<K: Ord, V> SmallMap<K, V> {
     pub(crate) fn get_or_insert_with(&mut self, k: K, new: impl FnOnce() -> V) -> &mut V {
         if let SmallMap::Vec(v) = self {
             if v.len() >= SMALL && Self::find(v, &k).is_err() {
-                let t: BTreeMap<K, V> = std::mem::take(v).into_iter().collect();
-                *self = SmallMap::Tree(t);
+                let t: BTreeMap<K, V> = std::mem::take(v).into_vec().into_iter().collect();
+                *self = SmallMap::Tree(Box::new(t));
             }
         }
         match self {
@@ -253,8 +378,10 @@ impl<K: Ord, V> SmallMap<K, V> {
                     Ok(i) => i,
                     Err(i) => {
                         // Exactly one more: a first push would make room for 4.
-                        v.reserve_exact(1);
-                        v.insert(i, (k, new()));
+                        edit(v, |v| {
+                            v.reserve_exact(1);
+                            v.insert(i, (k, new()))
+                        });
                         i
                     }
                 };
@@ -289,9 +416,7 @@ impl<K: Ord, V> SmallMap<K, V> {
         match self {
             SmallMap::Vec(v) => {
                 let i = Self::find(v, k).ok()?;
-                let (_, val) = v.remove(i);
-                v.shrink_to_fit();
-                Some(val)
+                Some(edit(v, |v| v.remove(i).1))
             }
             SmallMap::Tree(t) => t.remove(k),
         }
@@ -299,8 +424,9 @@ impl<K: Ord, V> SmallMap<K, V> {
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
         match self {
             SmallMap::Vec(v) => {
-                v.retain_mut(|(k, val)| keep(k, val));
-                v.shrink_to_fit();
+                // No reallocation unless something goes (a boxed slice's
+                // capacity is its length).
+                edit(v, |v| v.retain_mut(|(k, val)| keep(k, val)));
             }
             SmallMap::Tree(t) => t.retain(|k, val| keep(k, val)),
         }
@@ -428,8 +554,7 @@ where
                         v.push(e);
                     }
                     if v.len() <= SMALL && v.windows(2).all(|w| w[0].0 < w[1].0) {
-                        v.shrink_to_fit();
-                        return Ok(SmallMap::Vec(v));
+                        return Ok(SmallMap::Vec(v.into_boxed_slice()));
                     }
                     return Ok(v.into_iter().collect());
                 }
@@ -437,10 +562,127 @@ where
                 while let Some((k, v)) = a.next_entry()? {
                     t.insert(k, v);
                 }
-                Ok(SmallMap::Tree(t))
+                Ok(SmallMap::Tree(Box::new(t)))
             }
         }
         d.deserialize_map(V_(PhantomData))
+    }
+}
+
+/// A vector of exactly its elements: a boxed slice (16 bytes, no spare
+/// capacity), for lists that are mostly of one element and change rarely
+/// (an akey's extents). Serialized as a `Vec<T>`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ExactVec<T>(Box<[T]>);
+
+impl<T> Default for ExactVec<T> {
+    fn default() -> Self {
+        ExactVec(Box::default())
+    }
+}
+
+impl<T> ExactVec<T> {
+    pub(crate) fn insert(&mut self, i: usize, x: T) {
+        edit(&mut self.0, |v| {
+            v.reserve_exact(1);
+            v.insert(i, x)
+        })
+    }
+    pub(crate) fn push(&mut self, x: T) {
+        let n = self.0.len();
+        self.insert(n, x)
+    }
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        edit(&mut self.0, |v| v.retain(keep))
+    }
+}
+
+impl<T> Deref for ExactVec<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+impl<T> From<Vec<T>> for ExactVec<T> {
+    fn from(v: Vec<T>) -> Self {
+        ExactVec(v.into_boxed_slice())
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for ExactVec<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T: Serialize> Serialize for ExactVec<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ExactVec<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::deserialize(d).map(ExactVec::from)
+    }
+}
+
+/// A list that is almost always empty (the punches of each level): one
+/// pointer, null when empty (8 bytes where a `Vec` takes 24 in every
+/// object, dkey and akey), its elements boxed behind it otherwise.
+/// Serialized as a `Vec<T>`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ThinVec<T>(Option<Box<ExactVec<T>>>);
+
+impl<T> Default for ThinVec<T> {
+    fn default() -> Self {
+        ThinVec(None)
+    }
+}
+
+impl<T> ThinVec<T> {
+    pub(crate) fn push(&mut self, x: T) {
+        self.0.get_or_insert_with(Box::default).push(x)
+    }
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        if let Some(v) = &mut self.0 {
+            v.retain(keep);
+            if v.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+}
+
+impl<T> Deref for ThinVec<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.0.as_deref().map_or(&[], |v| v)
+    }
+}
+
+impl<T> From<Vec<T>> for ThinVec<T> {
+    fn from(v: Vec<T>) -> Self {
+        ThinVec((!v.is_empty()).then(|| Box::new(ExactVec::from(v))))
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for ThinVec<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self[..].fmt(f)
+    }
+}
+
+impl<T: Serialize> Serialize for ThinVec<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self[..].serialize(s)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ThinVec<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::deserialize(d).map(ThinVec::from)
     }
 }
 
@@ -488,6 +730,51 @@ mod tests {
     }
 
     #[test]
+    fn exact_and_thin_vectors_behave_and_serialize_as_vectors() {
+        assert_eq!(std::mem::size_of::<ExactVec<u64>>(), 16);
+        assert_eq!(std::mem::size_of::<ThinVec<u64>>(), 8);
+        let mut v: Vec<u64> = Vec::new();
+        let mut e: ExactVec<u64> = ExactVec::default();
+        let mut t: ThinVec<u64> = ThinVec::default();
+        for i in 0..40u64 {
+            match i % 4 {
+                0..=1 => {
+                    v.push(i);
+                    e.push(i);
+                    t.push(i);
+                }
+                2 => {
+                    let at = (i as usize * 7) % (v.len() + 1);
+                    v.insert(at, i);
+                    e.insert(at, i);
+                    t.push(i);
+                    t.retain(|&x| x != i);
+                    t.push(i);
+                }
+                _ => {
+                    v.retain(|x| x % 5 != 0);
+                    e.retain(|x| x % 5 != 0);
+                    t.retain(|x| x % 5 != 0);
+                }
+            }
+            assert_eq!(&e[..], &v[..]);
+            let enc = bincode::serialize(&v).unwrap();
+            assert_eq!(bincode::serialize(&e).unwrap(), enc);
+            assert_eq!(bincode::deserialize::<ExactVec<u64>>(&enc).unwrap(), e);
+            let tv: Vec<u64> = t.to_vec();
+            let enc = bincode::serialize(&tv).unwrap();
+            assert_eq!(bincode::serialize(&t).unwrap(), enc);
+            assert_eq!(bincode::deserialize::<ThinVec<u64>>(&enc).unwrap(), t);
+        }
+        t.retain(|_| false);
+        assert!(t.0.is_none(), "an emptied thin vector holds no allocation");
+        assert_eq!(
+            bincode::deserialize::<ThinVec<u64>>(&[0; 8]).unwrap().0,
+            None
+        );
+    }
+
+    #[test]
     fn keys_serialize_as_vectors_and_order_as_bytes() {
         for len in [0, 1, 21, 22, 23, 300] {
             let v: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
@@ -501,6 +788,17 @@ mod tests {
             assert_eq!(bincode::serialize(&Whole(v.clone())).unwrap(), enc);
             assert_eq!(bincode::deserialize::<Whole>(&enc).unwrap(), Whole(v));
         }
+        for len in [0, 1, 14, 15, 16, 300] {
+            let v: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
+            let k = ShortKey::from(v.clone());
+            assert_eq!(k.as_bytes(), &v[..]);
+            let enc = bincode::serialize(&k).unwrap();
+            assert_eq!(enc, bincode::serialize(&v).unwrap());
+            assert_eq!(bincode::deserialize::<ShortKey>(&enc).unwrap(), k);
+        }
+        assert!(ShortKey::from(b"ab".to_vec()) < ShortKey::from(b"abc".to_vec()));
+        assert!(ShortKey::from(vec![0xff; 30]) > ShortKey::from(b"z".to_vec()));
+        assert_eq!(std::mem::size_of::<ShortKey>(), 16);
         assert!(Key::new(b"ab") < Key::new(b"abc"));
         assert!(Key::new(&[0xff; 30]) > Key::new(b"z"));
         assert_eq!(std::mem::size_of::<Key>(), 24);
@@ -508,6 +806,7 @@ mod tests {
         let mut m: SmallMap<Key, u64> = SmallMap::default();
         m.insert(Key::new(b"inode"), 1);
         let SmallMap::Vec(v) = &m else { panic!() };
-        assert_eq!(v.capacity(), 1);
+        assert_eq!(v.len(), 1);
+        assert_eq!(std::mem::size_of::<SmallMap<Key, u64>>(), 16);
     }
 }

@@ -186,7 +186,7 @@ fn op_space(op: &WalOp) -> (u64, u64) {
     };
     values.iter().fold((0, 0), |(s, n), v| match &v.payload {
         Payload::Inline(b) => (s + value_scm(dkey, &v.akey, b.len() as u64), n),
-        Payload::Device(d) => (s + value_scm(dkey, &v.akey, 0), n + d.nblocks * BLOCK),
+        Payload::Device(d) => (s + value_scm(dkey, &v.akey, 0), n + d.nblocks() * BLOCK),
     })
 }
 
@@ -195,7 +195,7 @@ fn release(op: &WalOp, rel: &mut Released) {
     if let WalOp::Update { values, .. } = op {
         for v in values {
             if let Payload::Device(d) = &v.payload {
-                rel.runs.push((d.block, d.nblocks));
+                rel.runs.push((d.block, d.nblocks()));
             }
         }
     }

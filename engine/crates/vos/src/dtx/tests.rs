@@ -45,11 +45,7 @@ fn prepare(pool: Uuid, cont: Uuid, obj: ObjKey, id: TxId, epoch: u64, block: u64
                 offset: 0,
                 len: BLOCK,
                 crc: None,
-                payload: Payload::Device(crate::index::DevExtent {
-                    block,
-                    nblocks: 1,
-                    csums: vec![0],
-                }),
+                payload: Payload::Device(crate::index::DevRun::new(block, 1, vec![0]).unwrap()),
             }],
         }),
     }

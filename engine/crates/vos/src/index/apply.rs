@@ -128,10 +128,10 @@ pub(crate) struct Released {
 
 impl Released {
     pub(super) fn version(&mut self, v: &Version) {
-        self.scm += v.scm;
+        self.scm += v.scm();
         self.nvme += v.nvme();
         if let Payload::Device(d) = &v.payload {
-            self.runs.push((d.block, d.nblocks));
+            self.runs.push((d.block, d.nblocks()));
         }
     }
     pub(super) fn tomb(&mut self, t: &Tomb) {
@@ -217,16 +217,10 @@ impl TargetIndex {
                         Payload::Inline(b) => b.len() as u64,
                         Payload::Device(_) => 0,
                     };
-                    let v = Version {
-                        epoch,
-                        offset: nv.offset,
-                        len: nv.len,
-                        crc: nv.crc,
-                        scm: value_scm(&dkey, &nv.akey, inline),
-                        payload: nv.payload,
-                    };
+                    let scm = value_scm(&dkey, &nv.akey, inline);
+                    let v = Version::new(epoch, nv.offset, nv.len, nv.crc, nv.payload, scm);
                     add.version(&v);
-                    let a = d.akeys.entry_or_default(Key::from(nv.akey));
+                    let a = d.akeys.entry_or_default(ShortKey::from(nv.akey));
                     match nv.kind {
                         Kind::Single => {
                             // Same epoch: the new value replaces the old one in place.
@@ -236,8 +230,6 @@ impl TargetIndex {
                         }
                         Kind::Array => {
                             let pos = a.extents.partition_point(|x| x.epoch <= epoch);
-                            // Room for exactly one more (a first push makes room for 4).
-                            a.extents.reserve_exact(1);
                             a.extents.insert(pos, v);
                         }
                     }
@@ -267,7 +259,6 @@ impl TargetIndex {
                 let o = c.objs.entry(obj).or_default();
                 let mut charged = 0;
                 if dkey.is_empty() {
-                    o.punches.reserve_exact(1);
                     o.punches.push(Tomb {
                         epoch,
                         scm: REC_OVERHEAD,
@@ -277,14 +268,12 @@ impl TargetIndex {
                     let d = o.dkeys.entry_or_default(Key::new(&dkey));
                     if akeys.is_empty() {
                         let scm = REC_OVERHEAD + dkey.len() as u64;
-                        d.punches.reserve_exact(1);
                         d.punches.push(Tomb { epoch, scm });
                         charged += scm;
                     } else {
                         for ak in akeys {
                             let scm = value_scm(&dkey, &ak, 0);
-                            let a = d.akeys.entry_or_default(Key::from(ak));
-                            a.punches.reserve_exact(1);
+                            let a = d.akeys.entry_or_default(ShortKey::from(ak));
                             a.punches.push(Tomb { epoch, scm });
                             charged += scm;
                         }

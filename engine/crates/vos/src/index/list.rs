@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::request::{Record, RecordKind};
+use std::borrow::Borrow;
 
 /// Whether a dkey holds a version or a punch (dkey or akey level) above `since`.
 fn dkey_changed(d: &DkeyTree, since: u64) -> bool {
@@ -73,8 +74,8 @@ impl Page {
 
 /// Keys of `map` strictly after `anchor` for which `visible` holds: up to
 /// `max`, and whether the listing is complete.
-fn list_keys<'a, V: 'a>(
-    map: &'a SmallMap<Key, V>,
+fn list_keys<'a, K: Ord + Borrow<[u8]> + 'a, V: 'a>(
+    map: &'a SmallMap<K, V>,
     anchor: &[u8],
     max: usize,
     visible: impl Fn(&V) -> bool,
@@ -90,7 +91,7 @@ fn list_keys<'a, V: 'a>(
             if keys.len() == max {
                 return (keys, false);
             }
-            keys.push(k.to_vec());
+            keys.push(k.borrow().to_vec());
         }
     }
     (keys, true)

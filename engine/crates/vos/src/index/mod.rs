@@ -10,7 +10,7 @@
 //! (a punch hides versions at its own epoch too). For arrays, later epochs win
 //! per byte; between extents of equal epoch the later write wins.
 
-use crate::compact::{bytes, Key, SmallMap};
+use crate::compact::{ExactVec, Key, ShortKey, SmallMap, ThinVec};
 use crate::dtx::{DtxTable, TxId};
 use crate::error::Errno;
 use crate::superblock::BLOCK;
@@ -25,10 +25,12 @@ mod list;
 mod read;
 #[cfg(test)]
 mod tests;
+mod version;
 
 pub(crate) use apply::{value_scm, NewValue, Released, WalOp};
 use read::{dkey_exists, level_floor, Covered};
 pub(crate) use read::{Seg, Src};
+pub(crate) use version::{DevRun, Payload, Version};
 
 /// SCM charged per stored record (version or punch) on top of its key and inline bytes.
 pub(crate) const REC_OVERHEAD: u64 = 64;
@@ -45,40 +47,10 @@ pub(crate) type ChangedKey = (Uuid, ObjKey, Vec<u8>);
 
 pub(crate) use crate::request::ValueKind as Kind;
 
-/// A run of blocks in the target's data region holding one value.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct DevExtent {
-    pub block: u64,
-    pub nblocks: u64,
-    /// CRC32C of each chunk of the value (the last chunk may be short); the
-    /// chunk size is the device's (`Superblock::csum_chunk`, 4 KiB).
-    pub csums: Vec<u32>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Payload {
-    /// Serialized as a `Vec<u8>` always was (read whole, see [`bytes`]).
-    Inline(#[serde(with = "bytes")] Vec<u8>),
-    Device(DevExtent),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Version {
-    pub epoch: u64,
-    /// ARRAY: byte offset of the extent; SINGLE: 0.
-    pub offset: u64,
-    pub len: u64,
-    /// The client's CRC32C of the value, when it sent one.
-    pub crc: Option<u32>,
-    pub payload: Payload,
-    /// SCM charged for this record (kept so removal refunds exactly).
-    pub scm: u64,
-}
-
 impl Version {
     fn nvme(&self) -> u64 {
         match &self.payload {
-            Payload::Device(d) => d.nblocks * BLOCK,
+            Payload::Device(d) => d.nblocks() * BLOCK,
             Payload::Inline(_) => 0,
         }
     }
@@ -94,20 +66,20 @@ pub(crate) struct Tomb {
 pub(crate) struct AkeyTree {
     pub singles: SmallMap<u64, Version>,
     /// Sorted by epoch; equal epochs in write order.
-    pub extents: Vec<Version>,
-    pub punches: Vec<Tomb>,
+    pub extents: ExactVec<Version>,
+    pub punches: ThinVec<Tomb>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DkeyTree {
-    pub akeys: SmallMap<Key, AkeyTree>,
-    pub punches: Vec<Tomb>,
+    pub akeys: SmallMap<ShortKey, AkeyTree>,
+    pub punches: ThinVec<Tomb>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ObjTree {
     pub dkeys: SmallMap<Key, DkeyTree>,
-    pub punches: Vec<Tomb>,
+    pub punches: ThinVec<Tomb>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -63,7 +63,7 @@ impl Covered {
 pub(crate) enum Src {
     Inline(Vec<u8>),
     Dev {
-        ext: DevExtent,
+        ext: DevRun,
         value_len: u64,
         value_off: u64,
     },
@@ -223,8 +223,8 @@ impl TargetIndex {
                     status: 0,
                     len: v.len,
                     size: v.len,
-                    has_crc: v.crc.is_some(),
-                    stored_crc: v.crc,
+                    has_crc: v.crc().is_some(),
+                    stored_crc: v.crc(),
                     segs: vec![Seg {
                         out_off: 0,
                         len: v.len,
@@ -270,14 +270,14 @@ impl TargetIndex {
                         continue;
                     }
                     for (gs, ge) in cov.gaps(s, e) {
-                        all_crc &= x.crc.is_some();
+                        all_crc &= x.crc().is_some();
                         plan.epoch = plan.epoch.max(x.epoch);
                         // The newest piece is the whole request as written (and
                         // then the only piece), or the crc must be computed.
                         if exact.is_none() {
                             exact = Some(
                                 (x.offset == offset && x.len == len)
-                                    .then_some(x.crc)
+                                    .then_some(x.crc())
                                     .flatten(),
                             );
                         }

@@ -4,7 +4,7 @@ use super::list::punch_record;
 use super::*;
 
 fn inline(b: &[u8]) -> Payload {
-    Payload::Inline(b.to_vec())
+    Payload::Inline(b.into())
 }
 
 fn setup() -> (TargetIndex, Uuid, Uuid, ObjKey) {
@@ -331,15 +331,21 @@ fn checkpoints_from_before_the_aggregation_horizon_decode() {
     assert_eq!(TargetIndex::decode(b"\xff\xff"), None);
 }
 
-/// The compact trees (crate::compact) serialize exactly as the
-/// `BTreeMap<Vec<u8>, _>` trees and `Vec<u8>` values before them: a
-/// checkpoint of either kind loads in the other.
+/// The compact trees (crate::compact, index::version) serialize exactly
+/// as the `BTreeMap<Vec<u8>, _>` trees, `Vec` lists and 80-byte versions
+/// before them: a checkpoint or WAL record of either kind loads in the other.
 #[test]
 fn checkpoints_keep_their_shape_across_the_compact_trees() {
     #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct OldDevExtent {
+        block: u64,
+        nblocks: u64,
+        csums: Vec<u32>,
+    }
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
     enum OldPayload {
         Inline(Vec<u8>),
-        Device(DevExtent),
+        Device(OldDevExtent),
     }
     #[derive(Serialize, Deserialize, PartialEq, Debug)]
     struct OldVersion {
@@ -366,6 +372,71 @@ fn checkpoints_keep_their_shape_across_the_compact_trees() {
         dkeys: BTreeMap<Vec<u8>, OldDkey>,
         punches: Vec<Tomb>,
     }
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct OldNewValue {
+        akey: Vec<u8>,
+        kind: Kind,
+        offset: u64,
+        len: u64,
+        crc: Option<u32>,
+        payload: OldPayload,
+    }
+    // Versions of each payload form, pinned against the old shape.
+    let payloads = [
+        inline(b""),
+        inline(b"xyz"),
+        Payload::Device(DevRun::new(7, 1, vec![0xdead_beef]).unwrap()),
+        Payload::Device(DevRun::new(7, 2, vec![1, 2]).unwrap()),
+        Payload::Device(DevRun::new(7, 1, vec![]).unwrap()),
+    ];
+    for (i, p) in payloads.iter().enumerate() {
+        let crc = (i % 2 == 0).then_some(i as u32 * 3);
+        let v = Version::new(5, 6, 3, crc, p.clone(), 70 + i as u64);
+        let old = OldVersion {
+            epoch: 5,
+            offset: 6,
+            len: 3,
+            crc,
+            payload: match p {
+                Payload::Inline(b) => OldPayload::Inline(b.to_vec()),
+                Payload::Device(d) => OldPayload::Device(OldDevExtent {
+                    block: d.block,
+                    nblocks: d.nblocks(),
+                    csums: d.csums().to_vec(),
+                }),
+            },
+            scm: 70 + i as u64,
+        };
+        let enc = bincode::serialize(&v).unwrap();
+        assert_eq!(enc, bincode::serialize(&old).unwrap(), "version {i}");
+        assert_eq!(bincode::deserialize::<Version>(&enc).unwrap(), v);
+        let nv = NewValue {
+            akey: b"ak".to_vec(),
+            kind: Kind::Array,
+            offset: 6,
+            len: 3,
+            crc,
+            payload: p.clone(),
+        };
+        let old_nv = OldNewValue {
+            akey: b"ak".to_vec(),
+            kind: Kind::Array,
+            offset: 6,
+            len: 3,
+            crc,
+            payload: old.payload,
+        };
+        let enc = bincode::serialize(&nv).unwrap();
+        assert_eq!(enc, bincode::serialize(&old_nv).unwrap(), "WAL value {i}");
+        assert_eq!(bincode::deserialize::<NewValue>(&enc).unwrap(), nv);
+    }
+    // A run of no block is no run: refused, not stored.
+    let zero = OldPayload::Device(OldDevExtent {
+        block: 1,
+        nblocks: 0,
+        csums: vec![1],
+    });
+    assert!(bincode::deserialize::<Payload>(&bincode::serialize(&zero).unwrap()).is_err());
     let (mut ix, pool, cont, obj) = setup();
     // Names short and long (inline and boxed keys), one and many akeys
     // and dkeys (vector and tree maps), singles, extents and punches.
@@ -385,16 +456,12 @@ fn checkpoints_keep_their_shape_across_the_compact_trees() {
                 },
                 offset: j,
                 len: 3,
-                crc: Some(j as u32),
-                payload: if j == 3 {
-                    Payload::Device(DevExtent {
-                        block: 7,
-                        nblocks: 1,
-                        csums: vec![1, 2],
-                    })
-                } else {
-                    inline(b"xyz")
+                payload: match j {
+                    3 => Payload::Device(DevRun::new(7, 1, vec![1, 2]).unwrap()),
+                    5 => Payload::Device(DevRun::new(8, 1, vec![9]).unwrap()),
+                    _ => inline(b"xyz"),
                 },
+                crc: (j != 4).then_some(j as u32),
             })
             .collect();
         for epoch in [10 + i, 40 + i] {

@@ -401,7 +401,7 @@ pub(super) fn absorb_piece(
     let c0 = (ps / chunk) as usize;
     for (i, b) in bytes.chunks(chunk as usize).enumerate() {
         let c = c0 + i;
-        if ext.csums.get(c).copied() != Some(peregrine_isal::crc32c(b)) {
+        if ext.csums().get(c).copied() != Some(peregrine_isal::crc32c(b)) {
             r.bad.get_or_insert(Errno::new(
                 -peregrine_proto::CSUM_ERRNO,
                 format!(

@@ -77,7 +77,7 @@ use crate::device::{DeviceIo, Op};
 use crate::dtx::{self, Admit, OpKey};
 use crate::error::{Errno, StorageError};
 use crate::index::{
-    value_scm, DevExtent, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
+    value_scm, DevRun, NewValue, ObjKey, Payload, Released, Seg, Src, TargetIndex, WalOp,
 };
 use crate::request::{Address, Answer, PoolAddress};
 use crate::superblock::{Superblock, BLOCK};

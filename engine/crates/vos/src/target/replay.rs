@@ -486,7 +486,7 @@ impl Target {
                         .map_err(|e| self.io_err("verify last WAL batch", e))?;
                     let ok = bytes
                         .chunks(self.chunk as usize)
-                        .zip(&ext.csums)
+                        .zip(ext.csums())
                         .all(|(c, &crc)| peregrine_isal::crc32c(c) == crc);
                     if !ok {
                         return Ok(false);

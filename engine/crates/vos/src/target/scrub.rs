@@ -21,7 +21,7 @@
 //! scrubber, restores redundancy.
 
 use super::*;
-use crate::compact::Key;
+use crate::compact::{Key, ShortKey};
 use std::ops::Bound;
 
 /// Default of a target's scrubbing rate, [`crate::StorageOptions::scrub_rate`]:
@@ -63,7 +63,7 @@ struct Pos {
     cont: Uuid,
     obj: ObjKey,
     dkey: Key,
-    akey: Key,
+    akey: ShortKey,
 }
 
 /// One extent to verify.
@@ -209,9 +209,9 @@ fn gather(ix: &TargetIndex, after: Option<&Pos>, budget: u64) -> Walk {
                                     epoch: v.epoch,
                                     block: ext.block,
                                     len: v.len,
-                                    csums: ext.csums.clone(),
+                                    csums: ext.csums().to_vec(),
                                 });
-                                bytes += ext.nblocks * BLOCK;
+                                bytes += ext.nblocks() * BLOCK;
                                 any = true;
                             }
                         }

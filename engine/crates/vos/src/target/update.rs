@@ -233,15 +233,12 @@ impl Target {
             let what = || format!("update: dkey {dk:?} akey {:?}", show(&iod.akey));
             let stored = if large {
                 self.stage_value(&pool, &bulk, range, iod.crc.is_some(), &mut staging)
-                    .map(|(block, nblocks, csums, crc)| {
-                        (
-                            Payload::Device(DevExtent {
-                                block,
-                                nblocks,
-                                csums,
-                            }),
-                            crc,
-                        )
+                    .and_then(|(block, nblocks, csums, crc)| {
+                        // A run of 1 to 16 Ki blocks (values are 1 byte to MAX_IO_BYTES).
+                        let run = DevRun::new(block, nblocks, csums).ok_or_else(|| {
+                            Errno::inval(format!("{}: a value of {nblocks} blocks", what()))
+                        })?;
+                        Ok((Payload::Device(run), crc))
                     })
             } else {
                 bulk.to_vec(range.start, range.len())
@@ -252,7 +249,7 @@ impl Target {
                         } else {
                             0
                         };
-                        (Payload::Inline(v), crc)
+                        (Payload::Inline(v.into_boxed_slice()), crc)
                     })
             };
             let checked = stored.and_then(|(payload, got)| {
