@@ -103,6 +103,7 @@ engines_commit_stats() {
     grep -h "target closing" "$f" |
       sed -E 's/.*target=([0-9]+) commits=([0-9]+) ops_per_commit=([0-9.]{1,4})[0-9]* us_per_commit=([0-9]+) us_writing=([0-9]+).*/\1 \2 \3 \4 \5/' |
       while read -r t commits ops us writing; do
+        ((commits > 0)) || continue
         echo "$(basename "$f" .log) target $t: $commits commits, $ops ops each, ${us} us each (${writing} us to written)"
       done
   done
