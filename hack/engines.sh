@@ -100,8 +100,8 @@ engines_commit_stats() {
   local f
   for f in "$WORK"/engine*.log; do
     [[ -s "$f" ]] || continue
-    grep -h "target closing" "$f" |
-      sed -E 's/.*target=([0-9]+) commits=([0-9]+) ops_per_commit=([0-9.]{1,4})[0-9]* us_per_commit=([0-9]+) us_writing=([0-9]+).*/\1 \2 \3 \4 \5/' |
+    # sed, not grep: a log without the line (an engine killed) is no failure.
+    sed -nE 's/.*target closing.*target=([0-9]+) commits=([0-9]+) ops_per_commit=([0-9.]{1,4})[0-9]* us_per_commit=([0-9]+) us_writing=([0-9]+).*/\1 \2 \3 \4 \5/p' "$f" |
       while read -r t commits ops us writing; do
         ((commits > 0)) || continue
         echo "$(basename "$f" .log) target $t: $commits commits, $ops ops each, ${us} us each (${writing} us to written)"
