@@ -280,3 +280,49 @@ fn blocks_written_ahead_for_a_refused_update_wait_for_those_writes() {
     t.drain();
     assert_eq!(t.alloc.free_blocks(), free - MIB / BLOCK);
 }
+
+/// A scrubbing step reads at most [`scrub::STEP_READS`] extents, however
+/// small they are (each read blocks the target), and the steps from each
+/// one's stop cover every extent once.
+#[test]
+fn a_scrubbing_step_reads_a_bounded_number_of_extents() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, pool) = open_target(dir.path());
+    let n = 3 * scrub::STEP_READS + 5;
+    for i in 0..n {
+        let u = UpdateReq {
+            addr: addr(pool),
+            epoch: 1,
+            dkey: format!("d{i}").into_bytes(),
+            iods: vec![iod(BLOCK)],
+            insert_only: false,
+            sync: false,
+            dtx: None,
+            conditions: Vec::new(),
+        };
+        t.handle(
+            Request::Update(u, vec![i as u8; BLOCK as usize].into()),
+            Responder(None),
+        );
+    }
+    t.drain();
+    let mut blocks = std::collections::BTreeSet::new();
+    let mut after = None;
+    let mut steps = 0;
+    loop {
+        let w = scrub::gather(&t.index, after.as_ref(), 1 << 20);
+        assert!(
+            w.items.len() <= scrub::STEP_READS,
+            "{} reads in a step",
+            w.items.len()
+        );
+        blocks.extend(w.items.iter().map(|it| it.block));
+        steps += 1;
+        match w.stop {
+            Some(p) => after = Some(p),
+            None => break,
+        }
+    }
+    assert_eq!(blocks.len(), n, "every extent once");
+    assert!(steps >= 4, "{steps} steps");
+}
