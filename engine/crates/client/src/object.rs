@@ -384,6 +384,31 @@ impl Object {
         .map_err(|e| e.context(format!("object {}", self.oid)))
     }
 
+    /// Punch an object that nothing names any more (its last name is
+    /// gone): every live shard on its own, in parallel, not as one
+    /// transaction. No reader can see it half punched, and a shard that a
+    /// failure leaves unpunched is only space not reclaimed yet, while a
+    /// transaction would cost every shard a second durable write (the
+    /// commit after the prepare) and hold its reads until then.
+    pub fn discard(&self) -> Result<()> {
+        self.with_map(|map| {
+            let groups = self.layout(map)?;
+            let epoch = hlc::now();
+            let live: Vec<ShardLoc> = groups
+                .iter()
+                .flat_map(|g| g.shards.iter())
+                .filter(|l| map.targets[l.target].up)
+                .copied()
+                .collect();
+            par_map(&live, |loc| {
+                self.punch_shard(map, loc, None, epoch, b"", &[])
+            })
+            .into_iter()
+            .collect()
+        })
+        .map_err(|e| e.context(format!("object {}", self.oid)))
+    }
+
     /// Punch `dkey` and everything under it.
     pub fn punch_dkey(&self, dkey: &[u8]) -> Result<()> {
         check_keys(dkey, None)?;
@@ -458,6 +483,10 @@ impl Object {
     /// Size of ARRAY `akey`: highest byte written + 1 (0 if absent).
     pub fn array_size(&self, dkey: &[u8], akey: &[u8]) -> Result<u64> {
         self.at(EPOCH_LATEST).array_size(dkey, akey)
+    }
+    /// The last dkey whose `akey` has a non-zero size, and that size.
+    pub fn last_sized(&self, akey: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
+        self.at(EPOCH_LATEST).last_sized(akey)
     }
     /// All dkeys, sorted.
     pub fn list_dkeys(&self) -> Result<Vec<Vec<u8>>> {

@@ -9,7 +9,9 @@ use crate::object::{
 };
 use crate::placement::{self, Group, PoolMap, ShardLoc};
 use peregrine_isal::crc32c;
-use peregrine_proto::data::{response::Body, FetchReq, Iod, ListReq, QuerySizeReq, ValueKind};
+use peregrine_proto::data::{
+    response::Body, FetchReq, Iod, LastQuery, ListReq, QuerySizeReq, QuerySizeResp, ValueKind,
+};
 use peregrine_proto::frame::Opcode;
 use peregrine_proto::oclass::EC_CELL_SIZE;
 use peregrine_proto::CSUM_ERRNO;
@@ -133,6 +135,83 @@ impl ObjectAt<'_> {
                 o.size_shard(map, loc, self.epoch, dkey, &key)
             })
         })
+    }
+
+    /// The last dkey of the object (in key order) whose `akey` has a
+    /// non-zero size (its array's size, or its single value's), with that
+    /// size: one request per group, side by side, where a listing of
+    /// every dkey and a size query per dkey from the last down took two
+    /// round trips at least (a file's end). `Ok(None)` if no dkey has;
+    /// `-EOPNOTSUPP` from engines that predate the query.
+    pub fn last_sized(&self, akey: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
+        check_keys(b"-", Some(akey))?;
+        let o = self.obj;
+        let what = format!("object {}", o.oid);
+        let key = match o.rs.is_some() {
+            true => size_akey(akey),
+            false => akey.to_vec(),
+        };
+        o.with_map_for_read(|map| {
+            let groups = o.layout(map)?;
+            let lasts = par_map(&groups, |g| {
+                let order = o.read_order(map, g, &g.group.to_le_bytes());
+                o.try_each(&order, &what, |loc| self.last_sized_shard(map, loc, &key))
+            });
+            let mut best: Option<(Vec<u8>, u64)> = None;
+            for l in lasts {
+                if let Some((d, s)) = l? {
+                    if best.as_ref().is_none_or(|(b, _)| d > *b) {
+                        best = Some((d, s));
+                    }
+                }
+            }
+            Ok(best)
+        })
+    }
+
+    fn last_sized_shard(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        akey: &[u8],
+    ) -> Result<Option<(Vec<u8>, u64)>> {
+        let mut before = Vec::new();
+        loop {
+            let req = QuerySizeReq {
+                addr: Some(self.obj.address(map, loc)),
+                epoch: self.epoch,
+                akey: akey.to_vec(),
+                last: Some(LastQuery { before }),
+                ..Default::default()
+            };
+            let last = match self.obj.call(map, loc, Opcode::QuerySize, &req, &[]) {
+                Ok((Some(Body::Size(QuerySizeResp { last: Some(l), .. })), _)) => l,
+                Ok((Some(Body::Size(_)), _)) => {
+                    return Err(Error::new(
+                        -libc::EOPNOTSUPP,
+                        format!(
+                            "{}: the engine predates queries of the last sized dkey",
+                            self.obj.where_(map, loc)
+                        ),
+                    ))
+                }
+                Ok(_) => {
+                    return Err(Error::new(
+                        -libc::EPROTO,
+                        format!("{}: size reply without a size", self.obj.where_(map, loc)),
+                    ))
+                }
+                Err(e) if e.code == -libc::ENOENT => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if !last.dkey.is_empty() {
+                return Ok(Some((last.dkey, last.size)));
+            }
+            if last.resume.is_empty() {
+                return Ok(None);
+            }
+            before = last.resume;
+        }
     }
 
     /// All dkeys, sorted and de-duplicated over the object's groups.
@@ -408,6 +487,7 @@ impl Object {
             epoch,
             dkey: dkey.to_vec(),
             akey: akey.to_vec(),
+            last: None,
         };
         match self.call(map, loc, Opcode::QuerySize, &req, &[]) {
             Ok((Some(Body::Size(s)), _)) => Ok(s.size),

@@ -341,11 +341,24 @@ impl EngineState {
                     Ok(k) => k,
                     Err(e) => return e,
                 };
+                if r.last.is_some() {
+                    // Answered as an engine that predates the query (the
+                    // client then lists the dkeys).
+                    return ok(
+                        Some(Body::Size(QuerySizeResp {
+                            size: 0,
+                            absent: true,
+                            last: None,
+                        })),
+                        Vec::new(),
+                    );
+                }
                 match self.replay(&key, r.epoch, &r.dkey, &r.akey) {
                     Some(Val::Array(a, _)) => ok(
                         Some(Body::Size(QuerySizeResp {
                             size: a.len() as u64,
                             absent: false,
+                            last: None,
                         })),
                         Vec::new(),
                     ),
@@ -353,6 +366,7 @@ impl EngineState {
                         Some(Body::Size(QuerySizeResp {
                             size: d.len() as u64,
                             absent: false,
+                            last: None,
                         })),
                         Vec::new(),
                     ),

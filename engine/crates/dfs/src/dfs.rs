@@ -593,10 +593,11 @@ impl Dfs {
         })
     }
 
-    /// Punch the object behind a removed entry (files and directories).
+    /// Punch the object behind a removed entry (files and directories);
+    /// no name reaches it, so its shards are punched each on its own.
     pub fn release_object(&self, e: &Entry) -> Result<()> {
         if e.is_file() || e.is_dir() {
-            self.obj(e.oid)?.punch()?;
+            self.obj(e.oid)?.discard()?;
         }
         Ok(())
     }

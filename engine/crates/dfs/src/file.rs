@@ -75,6 +75,23 @@ impl File {
     /// The file's size from the store (and refresh the cache): the highest
     /// chunk holding data, times the chunk size, plus its array size.
     pub fn size(&self) -> Result<u64> {
+        let size = match self.obj.last_sized(DATA_AKEY) {
+            Ok(None) => 0,
+            Ok(Some((d, s))) => match chunk_index(&d) {
+                Some(idx) => idx * self.chunk + s,
+                // A dkey that is not a chunk's sorts last: count chunks only.
+                None => self.size_listed()?,
+            },
+            Err(e) if e.code == -libc::EOPNOTSUPP => self.size_listed()?,
+            Err(e) => return Err(e),
+        };
+        self.cached.store(size, Ordering::Relaxed);
+        Ok(size)
+    }
+
+    /// [`File::size`] from a listing of every dkey (engines that predate
+    /// the query of the last sized dkey).
+    fn size_listed(&self) -> Result<u64> {
         let dkeys = self.obj.list_dkeys()?;
         let mut size = 0;
         for d in dkeys.iter().rev() {
@@ -85,7 +102,6 @@ impl File {
                 break;
             }
         }
-        self.cached.store(size, Ordering::Relaxed);
         Ok(size)
     }
 

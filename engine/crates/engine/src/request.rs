@@ -75,6 +75,7 @@ impl DataRequest {
                 epoch: q.epoch,
                 dkey: q.dkey,
                 akey: q.akey,
+                last: q.last.map(|l| l.before),
             }),
             DataRequest::Flush(f) => vos::Request::Flush(vos::FlushReq {
                 addr: pool_address(f.addr, "flush")?,
@@ -290,8 +291,22 @@ pub fn response(a: vos::Answer) -> data::Response {
         vos::Answer::List { keys, anchor, done } => {
             Some(Body::List(data::ListResp { keys, anchor, done }))
         }
-        vos::Answer::Size { size, absent } => {
-            Some(Body::Size(data::QuerySizeResp { size, absent }))
+        vos::Answer::Size { size, absent } => Some(Body::Size(data::QuerySizeResp {
+            size,
+            absent,
+            last: None,
+        })),
+        vos::Answer::Last { found, resume } => {
+            let (dkey, size) = found.unwrap_or_default();
+            Some(Body::Size(data::QuerySizeResp {
+                size,
+                absent: size == 0,
+                last: Some(data::LastDkey {
+                    dkey,
+                    size,
+                    resume: resume.unwrap_or_default(),
+                }),
+            }))
         }
         vos::Answer::Changed { keys, done } => Some(Body::Changed(data::ListChangedResp {
             keys: keys.into_iter().map(changed_key).collect(),

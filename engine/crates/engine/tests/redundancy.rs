@@ -32,6 +32,13 @@ fn verify_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: 
             obj.array_size(b"chunk", b"data").unwrap(),
             1000 + len as u64
         );
+        // The last dkey holding "data": "meta" sorts after "chunk" but
+        // holds no "data".
+        assert_eq!(
+            obj.last_sized(b"data").unwrap(),
+            Some((b"chunk".to_vec(), 1000 + len as u64)),
+            "{class} object {i}: the last sized dkey"
+        );
         let name = obj.fetch_single(b"meta", b"name").unwrap().unwrap();
         assert_eq!(name, format!("object {i}").as_bytes());
     }

@@ -237,6 +237,11 @@ pub use stats::{PoolSpace, TargetStats};
 pub use superblock::{format, scan, ScanState, Superblock};
 pub use target::{ContQuota, QuotaShare, ScrubReport, DEFAULT_SCRUB_RATE};
 
+/// Most dkeys one `QuerySize` of the last sized dkey scans on the target's
+/// thread before it answers where to go on ([`Answer::Last`]): a file whose
+/// last chunks are all punched cannot hold the target for long.
+pub const LAST_SCAN_MAX: usize = 4096;
+
 /// One container's quota as the management service pushes it: `limit` in
 /// stored bytes (`None` lifts it), of which the other engines hold `elsewhere`.
 #[derive(Clone, Copy, Debug)]

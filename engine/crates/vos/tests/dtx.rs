@@ -177,6 +177,7 @@ fn prepared_update_is_invisible_until_committed() {
         epoch: LATEST,
         dkey: b"d".to_vec(),
         akey: b"s".to_vec(),
+        last: None,
     };
     let err = wait(&st, Request::QuerySize(size)).unwrap_err();
     assert_eq!(err.code, -libc::EINPROGRESS, "{err}");

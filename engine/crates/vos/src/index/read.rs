@@ -3,6 +3,8 @@
 //! over them (inline bytes in place, device extents still to read).
 
 use super::*;
+use crate::request::Answer;
+use std::borrow::Borrow;
 
 /// Newest punch at or below `r`.
 pub(super) fn level_floor(p: &[Tomb], r: u64) -> Option<u64> {
@@ -113,6 +115,14 @@ impl AkeyTree {
             .map(|x| x.offset + x.len)
             .max()
             .unwrap_or(0)
+    }
+    /// What `QuerySize` answers: the array's size, else the single
+    /// value's length, else 0.
+    fn value_size(&self, floor: Option<u64>, r: u64) -> u64 {
+        match self.array_size(floor, r) {
+            0 => self.visible_single(floor, r).map_or(0, |v| v.len),
+            arr => arr,
+        }
     }
     pub(super) fn exists(&self, floor: Option<u64>, r: u64) -> bool {
         self.visible_single(floor, r).is_some() || !self.visible_extents(floor, r).is_empty()
@@ -309,16 +319,68 @@ impl TargetIndex {
     ) -> (u64, bool) {
         match self.akey_at(pool, cont, obj, dkey, akey, r) {
             None => (0, true),
-            Some((a, f)) => {
-                let arr = a.array_size(f, r);
-                let size = if arr > 0 {
-                    arr
-                } else {
-                    a.visible_single(f, r).map_or(0, |v| v.len)
-                };
-                (size, !a.exists(f, r))
-            }
+            Some((a, f)) => (a.value_size(f, r), !a.exists(f, r)),
         }
+    }
+
+    /// The last dkey before `before` (empty: of all) whose `akey` has a
+    /// non-zero size at `r`, and that size, scanning at most
+    /// `scan_max` dkeys from the end down ([`Answer::Last`]: where
+    /// to go on when the bound stopped it). A file's size is the end of its
+    /// last chunk holding data: without this its reader listed every chunk
+    /// of the file and asked each from the last down.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn last_sized(
+        &self,
+        pool: &Uuid,
+        cont: &Uuid,
+        obj: &ObjKey,
+        akey: &[u8],
+        before: &[u8],
+        r: u64,
+        scan_max: usize,
+    ) -> Answer {
+        let none = Answer::Last {
+            found: None,
+            resume: None,
+        };
+        let Some(o) = self.cont(pool, cont).and_then(|c| c.objs.get(obj)) else {
+            return none;
+        };
+        let of = level_floor(&o.punches, r);
+        let end = match before.is_empty() {
+            true => Bound::Unbounded,
+            false => Bound::Excluded(before),
+        };
+        let mut last_seen = None;
+        for (i, (k, d)) in o
+            .dkeys
+            .range::<[u8], _>((Bound::Unbounded, end))
+            .rev()
+            .enumerate()
+        {
+            if i == scan_max {
+                return Answer::Last {
+                    found: None,
+                    resume: last_seen,
+                };
+            }
+            let k: &[u8] = k.borrow();
+            if let Some(a) = d.akeys.get(akey) {
+                let f = of
+                    .max(level_floor(&d.punches, r))
+                    .max(level_floor(&a.punches, r));
+                let size = a.value_size(f, r);
+                if size > 0 {
+                    return Answer::Last {
+                        found: Some((k.to_vec(), size)),
+                        resume: None,
+                    };
+                }
+            }
+            last_seen = Some(k.to_vec());
+        }
+        none
     }
 
     /// The newest change of bytes `[start, end)` of an array akey: the

@@ -677,3 +677,88 @@ fn covered_intervals() {
     assert_eq!(c.0, vec![(10, 40)]);
     assert!(c.gaps(12, 38).is_empty());
 }
+
+/// The last dkey whose akey has a size: punches at every level hide, a
+/// read below them still sees, other akeys and empty values do not count,
+/// and a bounded scan says where to go on, until nothing is left.
+#[test]
+fn the_last_sized_dkey_is_found_from_the_end_within_the_scan_bound() {
+    use crate::request::Answer;
+    let (mut ix, pool, cont, obj) = setup();
+    let at = |ix: &mut TargetIndex, dkey: &[u8], akey: &[u8], epoch: u64, b: &[u8]| {
+        ix.apply(
+            WalOp::Update {
+                pool,
+                cont,
+                obj,
+                dkey: dkey.to_vec(),
+                epoch,
+                values: vec![NewValue {
+                    akey: akey.to_vec(),
+                    kind: Kind::Array,
+                    offset: 0,
+                    len: b.len() as u64,
+                    crc: None,
+                    payload: inline(b),
+                }],
+            },
+            &mut Released::default(),
+        )
+    };
+    let punch = |ix: &mut TargetIndex, dkey: &[u8], akeys: Vec<Vec<u8>>, epoch: u64| {
+        ix.apply(
+            WalOp::Punch {
+                pool,
+                cont,
+                obj,
+                dkey: dkey.to_vec(),
+                akeys,
+                epoch,
+            },
+            &mut Released::default(),
+        )
+    };
+    let last = |ix: &TargetIndex, before: &[u8], r: u64, scan: usize| {
+        ix.last_sized(&pool, &cont, &obj, b"a", before, r, scan)
+    };
+    let found = |d: &[u8], s: u64| Answer::Last {
+        found: Some((d.to_vec(), s)),
+        resume: None,
+    };
+    let nothing = Answer::Last {
+        found: None,
+        resume: None,
+    };
+    assert_eq!(last(&ix, b"", u64::MAX, 10), nothing, "no object");
+    at(&mut ix, b"k1", b"a", 10, b"one");
+    at(&mut ix, b"k2", b"a", 11, b"second");
+    at(&mut ix, b"k3", b"other", 12, b"not a");
+    at(&mut ix, b"k4", b"a", 13, b"");
+    assert_eq!(last(&ix, b"", u64::MAX, 10), found(b"k2", 6));
+    assert_eq!(last(&ix, b"k2", u64::MAX, 10), found(b"k1", 3));
+    assert_eq!(last(&ix, b"", 10, 10), found(b"k1", 3), "at an epoch");
+    punch(&mut ix, b"k2", vec![], 20);
+    assert_eq!(last(&ix, b"", u64::MAX, 10), found(b"k1", 3), "dkey punch");
+    assert_eq!(last(&ix, b"", 19, 10), found(b"k2", 6), "below the punch");
+    at(&mut ix, b"k2", b"a", 21, b"back");
+    assert_eq!(last(&ix, b"", u64::MAX, 10), found(b"k2", 4));
+    punch(&mut ix, b"k2", vec![b"a".to_vec()], 22);
+    assert_eq!(last(&ix, b"", u64::MAX, 10), found(b"k1", 3), "akey punch");
+    // A scan of 2 dkeys from the end (k4, k3) finds nothing there and
+    // says to go on below k3; there it finds k1 past the punched k2.
+    assert_eq!(
+        last(&ix, b"", u64::MAX, 2),
+        Answer::Last {
+            found: None,
+            resume: Some(b"k3".to_vec())
+        }
+    );
+    assert_eq!(last(&ix, b"k3", u64::MAX, 2), found(b"k1", 3));
+    punch(&mut ix, b"", vec![], 30);
+    assert_eq!(last(&ix, b"", u64::MAX, 10), nothing, "object punch");
+    assert_eq!(
+        last(&ix, b"", u64::MAX, 4),
+        nothing,
+        "the bound is not hit at the very end"
+    );
+}

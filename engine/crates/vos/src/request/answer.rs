@@ -81,6 +81,14 @@ pub enum Answer {
         size: u64,
         absent: bool,
     },
+    /// The last dkey (before the asked bound) whose akey has a non-zero
+    /// size, and that size; `None` if there is none before `resume`, or
+    /// before the bound when `resume` is `None`. `resume`: the scan
+    /// stopped at [`crate::LAST_SCAN_MAX`] dkeys, ask again before it.
+    Last {
+        found: Option<(Vec<u8>, u64)>,
+        resume: Option<Vec<u8>>,
+    },
     Changed {
         keys: Vec<ChangedKey>,
         done: bool,

@@ -170,6 +170,10 @@ pub struct QuerySizeReq {
     pub epoch: u64,
     pub dkey: Vec<u8>,
     pub akey: Vec<u8>,
+    /// `Some(before)`: `dkey` is not read; answer the last dkey before
+    /// `before` (empty: the last of all) whose `akey` has a non-zero size
+    /// ([`crate::Answer::Last`]).
+    pub last: Option<Vec<u8>>,
 }
 
 /// Make every update acknowledged before it survive a power cut.

@@ -25,6 +25,21 @@ impl Target {
 
     pub(super) fn query_size(&mut self, q: QuerySizeReq) -> Reply {
         let (pool, cont, obj) = self.addr(&q.addr, "query size")?;
+        if let Some(before) = &q.last {
+            self.index
+                .dtx
+                .check_read("query size", &pool, &cont, &obj, None, q.epoch)?;
+            let a = self.index.last_sized(
+                &pool,
+                &cont,
+                &obj,
+                &q.akey,
+                before,
+                q.epoch,
+                crate::LAST_SCAN_MAX,
+            );
+            return Ok((a, Vec::new()));
+        }
         self.index
             .dtx
             .check_read("query size", &pool, &cont, &obj, Some(&q.dkey), q.epoch)?;

@@ -281,6 +281,7 @@ pub fn query_size_resp(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akey: &str
         epoch,
         dkey: dkey.as_bytes().to_vec(),
         akey: akey.as_bytes().to_vec(),
+        last: None,
     };
     let (resp, _) = wait(st, Request::QuerySize(req)).unwrap();
     let Answer::Size { size, absent } = resp else {
