@@ -400,11 +400,13 @@ impl Object {
                 .filter(|l| map.targets[l.target].up)
                 .copied()
                 .collect();
-            par_map(&live, |loc| {
-                self.punch_shard(map, loc, None, epoch, b"", &[])
-            })
-            .into_iter()
-            .collect()
+            let punches: Vec<(ShardLoc, PunchReq)> = live
+                .iter()
+                .map(|loc| (*loc, self.punch_req(map, loc, None, epoch, b"", &[])))
+                .collect();
+            self.call_each(map, Opcode::Punch, &punches)
+                .into_iter()
+                .try_for_each(|r| r.map(|_| ()))
         })
         .map_err(|e| e.context(format!("object {}", self.oid)))
     }
@@ -678,8 +680,60 @@ impl Object {
         bulk: &[&[u8]],
         out: Option<&mut [u8]>,
     ) -> Result<(Option<Body>, crate::transport::Reply)> {
+        self.check_callable(map, loc, op)?;
         let t = &map.targets[loc.target];
-        let at = || self.where_(map, loc);
+        let tr = self.cont.pool().client().transport();
+        let m = msg.encode_to_vec();
+        let reply = match out {
+            Some(out) => tr.call_into(&t.addr, t.index, op, &m, bulk, out),
+            None => tr.call(&t.addr, t.index, op, &m, bulk),
+        };
+        self.decoded(map, loc, reply)
+    }
+
+    /// [`Object::call`] to several shards side by side, without bulk
+    /// ([`crate::Transport::call_each`]); the answers in their order.
+    pub(crate) fn call_each<M: Message>(
+        &self,
+        map: &PoolMap,
+        op: Opcode,
+        calls: &[(ShardLoc, M)],
+    ) -> Vec<Result<Option<Body>>> {
+        let msgs: Vec<Vec<u8>> = calls.iter().map(|(_, m)| m.encode_to_vec()).collect();
+        let mut out: Vec<Option<Result<Option<Body>>>> = Vec::with_capacity(calls.len());
+        let mut sent = Vec::new();
+        for ((loc, _), m) in calls.iter().zip(&msgs) {
+            match self.check_callable(map, loc, op) {
+                Ok(()) => {
+                    let t = &map.targets[loc.target];
+                    sent.push((
+                        out.len(),
+                        crate::transport::Call {
+                            endpoint: &t.addr,
+                            target: t.index,
+                            op,
+                            msg: m,
+                            bulk: &[],
+                        },
+                    ));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        let only: Vec<_> = sent.iter().map(|(_, c)| *c).collect();
+        let replies = self.cont.pool().client().transport().call_each(&only);
+        for ((i, _), r) in sent.iter().zip(replies) {
+            out[*i] = Some(self.decoded(map, &calls[*i].0, r).map(|(b, _)| b));
+        }
+        out.into_iter()
+            .map(|r| r.expect("every call answered"))
+            .collect()
+    }
+
+    /// `-EHOSTDOWN` unless the pool map lets `op` go to `loc`'s target.
+    fn check_callable(&self, map: &PoolMap, loc: &ShardLoc, op: Opcode) -> Result<()> {
+        let t = &map.targets[loc.target];
         // Record listings are reintegration's, which asks the returning
         // targets too what they hold already.
         let reads = matches!(op, Opcode::Fetch | Opcode::List | Opcode::QuerySize);
@@ -688,20 +742,25 @@ impl Object {
                 -libc::EHOSTDOWN,
                 format!(
                     "{}: target {} is {} in pool map version {}",
-                    at(),
+                    self.where_(map, loc),
                     t.index,
                     if t.up { "being reintegrated" } else { "down" },
                     map.version
                 ),
             ));
         }
-        let tr = self.cont.pool().client().transport();
-        let m = msg.encode_to_vec();
-        let reply = match out {
-            Some(out) => tr.call_into(&t.addr, t.index, op, &m, bulk, out),
-            None => tr.call(&t.addr, t.index, op, &m, bulk),
-        }
-        .map_err(|e| e.context(at()))?;
+        Ok(())
+    }
+
+    /// A transport's reply to a call to `loc`, its body decoded.
+    fn decoded(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        reply: Result<crate::transport::Reply>,
+    ) -> Result<(Option<Body>, crate::transport::Reply)> {
+        let at = || self.where_(map, loc);
+        let reply = reply.map_err(|e| e.context(at()))?;
         let body = reply_body(&reply.msg, || format!("{}: shard {}", at(), loc.shard))?;
         Ok((body, reply))
     }

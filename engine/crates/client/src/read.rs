@@ -17,6 +17,14 @@ use peregrine_proto::oclass::EC_CELL_SIZE;
 use peregrine_proto::CSUM_ERRNO;
 use std::collections::BTreeSet;
 
+/// One shard's answer to a query of its last sized dkey.
+enum LastStep {
+    Found(Vec<u8>, u64),
+    Nothing,
+    /// Its scan stopped at its bound: ask again below this dkey.
+    Below(Vec<u8>),
+}
+
 impl ObjectAt<'_> {
     /// The SINGLE value `akey` of `dkey`, `None` if it does not exist.
     pub fn fetch_single(&self, dkey: &[u8], akey: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -139,10 +147,10 @@ impl ObjectAt<'_> {
 
     /// The last dkey of the object (in key order) whose `akey` has a
     /// non-zero size (its array's size, or its single value's), with that
-    /// size: one request per group, side by side, where a listing of
-    /// every dkey and a size query per dkey from the last down took two
-    /// round trips at least (a file's end). `Ok(None)` if no dkey has;
-    /// `-EOPNOTSUPP` from engines that predate the query.
+    /// size: one request per group, sent together from this thread, where
+    /// a listing of every dkey and a size query per dkey from the last
+    /// down took two round trips at least (a file's end). `Ok(None)` if no
+    /// dkey has; `-EOPNOTSUPP` from engines that predate the query.
     pub fn last_sized(&self, akey: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
         check_keys(b"-", Some(akey))?;
         let o = self.obj;
@@ -153,13 +161,35 @@ impl ObjectAt<'_> {
         };
         o.with_map_for_read(|map| {
             let groups = o.layout(map)?;
-            let lasts = par_map(&groups, |g| {
-                let order = o.read_order(map, g, &g.group.to_le_bytes());
-                o.try_each(&order, &what, |loc| self.last_sized_shard(map, loc, &key))
-            });
+            let orders: Vec<Vec<ShardLoc>> = groups
+                .iter()
+                .map(|g| o.read_order(map, g, &g.group.to_le_bytes()))
+                .collect();
+            let firsts: Vec<(ShardLoc, QuerySizeReq)> = orders
+                .iter()
+                .filter_map(|order| order.first())
+                .map(|loc| (*loc, self.last_req(map, loc, &key, Vec::new())))
+                .collect();
+            let mut answers = o.call_each(map, Opcode::QuerySize, &firsts).into_iter();
             let mut best: Option<(Vec<u8>, u64)> = None;
-            for l in lasts {
-                if let Some((d, s)) = l? {
+            for order in &orders {
+                let Some(&first) = order.first() else {
+                    continue;
+                };
+                let answer = answers.next().expect("one answer per first shard");
+                let found = match self.last_answer(map, &first, answer) {
+                    Ok(LastStep::Found(d, s)) => Some((d, s)),
+                    Ok(LastStep::Nothing) => None,
+                    Ok(LastStep::Below(k)) => self.last_sized_shard(map, &first, &key, k)?,
+                    Err(e) if e.code == -libc::EOPNOTSUPP || e.code == -libc::ESTALE => {
+                        return Err(e)
+                    }
+                    // Another copy, one at a time.
+                    Err(_) => o.try_each(order, &what, |loc| {
+                        self.last_sized_shard(map, loc, &key, Vec::new())
+                    })?,
+                };
+                if let Some((d, s)) = found {
                     if best.as_ref().is_none_or(|(b, _)| d > *b) {
                         best = Some((d, s));
                     }
@@ -169,48 +199,76 @@ impl ObjectAt<'_> {
         })
     }
 
+    fn last_req(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        akey: &[u8],
+        before: Vec<u8>,
+    ) -> QuerySizeReq {
+        QuerySizeReq {
+            addr: Some(self.obj.address(map, loc)),
+            epoch: self.epoch,
+            akey: akey.to_vec(),
+            last: Some(LastQuery { before }),
+            ..Default::default()
+        }
+    }
+
+    /// What one shard answered to a query of its last sized dkey.
+    fn last_answer(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        answer: Result<Option<Body>>,
+    ) -> Result<LastStep> {
+        let last = match answer {
+            Ok(Some(Body::Size(QuerySizeResp { last: Some(l), .. }))) => l,
+            Ok(Some(Body::Size(_))) => {
+                return Err(Error::new(
+                    -libc::EOPNOTSUPP,
+                    format!(
+                        "{}: the engine predates queries of the last sized dkey",
+                        self.obj.where_(map, loc)
+                    ),
+                ))
+            }
+            Ok(_) => {
+                return Err(Error::new(
+                    -libc::EPROTO,
+                    format!("{}: size reply without a size", self.obj.where_(map, loc)),
+                ))
+            }
+            Err(e) if e.code == -libc::ENOENT => return Ok(LastStep::Nothing),
+            Err(e) => return Err(e),
+        };
+        Ok(match (last.dkey.is_empty(), last.resume.is_empty()) {
+            (false, _) => LastStep::Found(last.dkey, last.size),
+            (true, true) => LastStep::Nothing,
+            (true, false) => LastStep::Below(last.resume),
+        })
+    }
+
+    /// The last sized dkey of one shard before `before` (empty: of all),
+    /// asking again below where each bounded scan stopped.
     fn last_sized_shard(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,
         akey: &[u8],
+        mut before: Vec<u8>,
     ) -> Result<Option<(Vec<u8>, u64)>> {
-        let mut before = Vec::new();
         loop {
-            let req = QuerySizeReq {
-                addr: Some(self.obj.address(map, loc)),
-                epoch: self.epoch,
-                akey: akey.to_vec(),
-                last: Some(LastQuery { before }),
-                ..Default::default()
-            };
-            let last = match self.obj.call(map, loc, Opcode::QuerySize, &req, &[]) {
-                Ok((Some(Body::Size(QuerySizeResp { last: Some(l), .. })), _)) => l,
-                Ok((Some(Body::Size(_)), _)) => {
-                    return Err(Error::new(
-                        -libc::EOPNOTSUPP,
-                        format!(
-                            "{}: the engine predates queries of the last sized dkey",
-                            self.obj.where_(map, loc)
-                        ),
-                    ))
-                }
-                Ok(_) => {
-                    return Err(Error::new(
-                        -libc::EPROTO,
-                        format!("{}: size reply without a size", self.obj.where_(map, loc)),
-                    ))
-                }
-                Err(e) if e.code == -libc::ENOENT => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            if !last.dkey.is_empty() {
-                return Ok(Some((last.dkey, last.size)));
+            let req = self.last_req(map, loc, akey, before);
+            let answer = self
+                .obj
+                .call(map, loc, Opcode::QuerySize, &req, &[])
+                .map(|(b, _)| b);
+            match self.last_answer(map, loc, answer)? {
+                LastStep::Found(d, s) => return Ok(Some((d, s))),
+                LastStep::Nothing => return Ok(None),
+                LastStep::Below(k) => before = k,
             }
-            if last.resume.is_empty() {
-                return Ok(None);
-            }
-            before = last.resume;
         }
     }
 

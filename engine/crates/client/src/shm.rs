@@ -16,7 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::sync::Mutex;
-use crate::transport::{Reply, Transport};
+use crate::transport::{Call, Reply, Transport};
 use peregrine_isal::crc32c_append;
 use peregrine_proto::frame::{Header, Opcode, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 pub use peregrine_proto::shm::REGION_LEN;
@@ -307,6 +307,22 @@ impl ShmConn {
         bulk: &[&[u8]],
         out: Option<&mut [u8]>,
     ) -> Result<Reply> {
+        let expect = out.as_ref().map_or(0, |o| o.len());
+        let small = self.send(id, op, msg, bulk, expect)?;
+        self.receive(id, op, out, small)
+    }
+
+    /// Write one request frame into the region and ring the target if it
+    /// sleeps. Returns whether the call is small (its reply is polled for
+    /// by every caller, not by a few at a time): see [`ShmConn::receive`].
+    fn send(
+        &mut self,
+        id: u64,
+        op: Opcode,
+        msg: &[u8],
+        bulk: &[&[u8]],
+        expect: usize,
+    ) -> Result<bool> {
         let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
         if msg.len() > MAX_MSG as usize || bulk_len > MAX_BULK as usize {
             return Err(Error::inval(format!(
@@ -384,8 +400,19 @@ impl ShmConn {
                 return Err(io_err("wake the target", &std::io::Error::last_os_error()));
             }
         }
-        let expect = out.as_ref().map_or(0, |o| o.len());
-        self.wait_reply(bulk_len <= SMALL_CALL && expect <= SMALL_CALL)?;
+        Ok(bulk_len <= SMALL_CALL && expect <= SMALL_CALL)
+    }
+
+    /// Wait for the reply to request `id` (sent by [`ShmConn::send`]) and
+    /// read it out of the region.
+    fn receive(
+        &mut self,
+        id: u64,
+        op: Opcode,
+        out: Option<&mut [u8]>,
+        small: bool,
+    ) -> Result<Reply> {
+        self.wait_reply(small)?;
         // The engine's memory is as untrusted as ours is to it.
         let len = self.word(wire::RESP_LEN)?.load(Ordering::Acquire);
         if len < HEADER_LEN as u64 || len > self.hello.resp_len {
@@ -511,6 +538,69 @@ impl ShmTransport {
             Err(e) => Err(ShmError::Call(e)),
         }
     }
+
+    /// Several calls side by side from this thread: every request is
+    /// written before any reply is waited for, each on a connection of its
+    /// own (a fan-out to several targets costs no thread hand-off). Each
+    /// call is `(socket path, expected engine address, call)`. A call that
+    /// fails on an idle connection is made again alone, as
+    /// [`ShmTransport::try_call`] does (the engine may have restarted).
+    pub fn try_call_each(
+        &self,
+        calls: &[(&str, Option<&str>, &Call<'_>)],
+    ) -> Vec<std::result::Result<Reply, ShmError>> {
+        type Sent = (Arc<Endpoint>, ShmConn, u64, bool, bool);
+        let mut sent: Vec<Option<std::result::Result<Sent, ShmError>>> =
+            Vec::with_capacity(calls.len());
+        for &(path, expect_addr, c) in calls {
+            let ep = self.endpoint(path, c.target);
+            let idle = ep.idle.lock().pop();
+            let reused = idle.is_some();
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => match connect(&self.cfg, path, expect_addr, c.target) {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        sent.push(Some(Err(ShmError::Connect(e))));
+                        continue;
+                    }
+                },
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            sent.push(match conn.send(id, c.op, c.msg, c.bulk, 0) {
+                Ok(small) => Some(Ok((ep, conn, id, small, reused))),
+                Err(_) if reused => None,
+                Err(e) => Some(Err(ShmError::Call(e))),
+            });
+        }
+        let again = |&(path, expect_addr, c): &(&str, Option<&str>, &Call<'_>)| {
+            self.try_call(path, expect_addr, c.target, c.op, c.msg, c.bulk, None)
+        };
+        sent.into_iter()
+            .zip(calls)
+            .map(|(s, call)| match s {
+                None => again(call),
+                Some(Err(e)) => Err(e),
+                Some(Ok((ep, mut conn, id, small, reused))) => match conn
+                    .receive(id, call.2.op, None, small)
+                {
+                    Ok(r) => {
+                        let mut idle = ep.idle.lock();
+                        if idle.len() < self.cfg.max_idle {
+                            idle.push(conn);
+                        }
+                        Ok(r)
+                    }
+                    Err(e) if !reused || e.code == -libc::ETIMEDOUT || e.code == -libc::EPROTO => {
+                        Err(ShmError::Call(e))
+                    }
+                    // The connection may have been idle across an engine
+                    // restart (requests are idempotent, as over TCP).
+                    Err(_) => again(call),
+                },
+            })
+            .collect()
+    }
 }
 
 impl Transport for ShmTransport {
@@ -525,6 +615,14 @@ impl Transport for ShmTransport {
     ) -> Result<Reply> {
         self.try_call(endpoint, None, target, op, msg, bulk, None)
             .map_err(Error::from)
+    }
+
+    fn call_each(&self, calls: &[Call<'_>]) -> Vec<Result<Reply>> {
+        let with_paths: Vec<_> = calls.iter().map(|c| (c.endpoint, None, c)).collect();
+        self.try_call_each(&with_paths)
+            .into_iter()
+            .map(|r| r.map_err(Error::from))
+            .collect()
     }
 }
 

@@ -149,12 +149,35 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
     );
     assert_eq!(auto.transport().stats().tcp_calls, 0);
 
+    // A fan-out (a striped object's last sized dkey: one query per
+    // target) goes out together over shared memory, and answers as TCP does.
+    let wide = ObjectId::new(ObjectClass::SX, 0, 300);
+    let o = cs.object(wide).unwrap();
+    for k in 0..8u64 {
+        o.update_array(&k.to_be_bytes(), b"arr", 0, &pattern(k, 100 + k as usize))
+            .unwrap();
+    }
+    let last = Some((7u64.to_be_bytes().to_vec(), 107));
+    let calls = shm.transport().stats().shm_calls;
+    assert_eq!(o.last_sized(b"arr").unwrap(), last);
+    assert_eq!(
+        shm.transport().stats().shm_calls - calls,
+        2,
+        "one query per target"
+    );
+    assert_eq!(ct.object(wide).unwrap().last_sized(b"arr").unwrap(), last);
+
     // A killed engine leaves its socket; the restarted one replaces it, and
     // the client's pooled connections reconnect.
     c.engines[0].kill9();
     assert!(sock.exists());
     c.restart(0);
     wait_log(&c, "removed stale shm socket");
+    // A fan-out over idle connections from before the restart, too.
+    assert_eq!(o.last_sized(b"arr").unwrap(), last);
+    o.discard().unwrap();
+    assert_eq!(o.last_sized(b"arr").unwrap(), None);
+    assert_eq!(ct.object(wide).unwrap().last_sized(b"arr").unwrap(), None);
     let oid = ObjectId::new(ObjectClass::SX, 0, 100 + 5);
     let got = cs.object(oid).unwrap().fetch_single(b"d", b"a").unwrap();
     assert_eq!(got.unwrap(), pattern(5, 65536));
