@@ -76,7 +76,10 @@
 //!   not absent.
 //! - `QuerySize` returns the array size, or the single value's size for a
 //!   single-value akey, or 0 when nothing is visible; `absent` is set
-//!   exactly when nothing (no single value, no extent) is visible.
+//!   exactly when nothing (no single value, no extent) is visible. With
+//!   `last` set it reads no dkey: it answers the last dkey in key order
+//!   (before `last.before`, if set) whose akey has a non-zero such size,
+//!   scanning at most [`LAST_SCAN_MAX`] dkeys and else saying where to go on.
 //! - `ListChanged` (reintegration) reads `addr.pool` and `addr.target`
 //!   only; a pool the target does not have is `-ENOENT`, as for `List`.
 //!   It lists (cont, oid, shard, dkey) in that order (uuid bytes, then
