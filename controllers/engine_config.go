@@ -36,16 +36,31 @@ type engineConfig struct {
 	AllowInsecure   bool       `yaml:"allow_insecure,omitempty"`
 }
 
+// scmClass is the engine's `scm.class` (engine/crates/engine/src/config/mod.rs: ScmClass).
+type scmClass string
+
+// bdevClass is the engine's `bdev.class` (engine/crates/engine/src/config/mod.rs: BdevConfig).
+type bdevClass string
+
+const (
+	// scmRAM keeps the SCM tier in RAM, made durable by the WAL.
+	scmRAM scmClass = "ram"
+	// bdevKdev is a kernel block device (NVMe, or a loop device as emulated NVMe).
+	bdevKdev bdevClass = "kdev"
+	// bdevFile is a file of the pod's host path, made to the configured size.
+	bdevFile bdevClass = "file"
+)
+
 // engineScm is the engine's `scm` (the SCM tier: RAM).
 type engineScm struct {
-	Class string         `yaml:"class"`
+	Class scmClass       `yaml:"class"`
 	Size  storagev1.Size `yaml:"size"`
 }
 
 // engineBdev is the engine's `bdev`: class kdev names a device; class file (emulated NVMe) a
 // size, its path being each pod's (--bdev-path).
 type engineBdev struct {
-	Class  string         `yaml:"class"`
+	Class  bdevClass      `yaml:"class"`
 	Device string         `yaml:"device,omitempty"`
 	Path   string         `yaml:"path,omitempty"`
 	Size   storagev1.Size `yaml:"size,omitempty"`
@@ -71,7 +86,7 @@ func renderEngineConfig(ss *storagev1.ServerSet) engineConfig {
 		DataPort:    dataPort(ss),
 		Targets:     targets,
 		Hugepages:   hugepages(ss).Sign() > 0,
-		Scm:         engineScm{Class: "ram", Size: ss.Spec.Storage.Scm},
+		Scm:         engineScm{Class: scmRAM, Size: ss.Spec.Storage.Scm},
 		LogLevel:    logLevel,
 	}
 	if fi := ss.Spec.FlushInterval; fi != nil {
@@ -80,9 +95,9 @@ func renderEngineConfig(ss *storagev1.ServerSet) engineConfig {
 	}
 	switch {
 	case ss.Spec.Storage.Nvme != nil:
-		c.Bdev = engineBdev{Class: "kdev", Device: ss.Spec.Storage.Nvme.Device}
+		c.Bdev = engineBdev{Class: bdevKdev, Device: ss.Spec.Storage.Nvme.Device}
 	case ss.Spec.Storage.Emulated != nil:
-		c.Bdev = engineBdev{Class: "file", Size: ss.Spec.Storage.Emulated.Size}
+		c.Bdev = engineBdev{Class: bdevFile, Size: ss.Spec.Storage.Emulated.Size}
 	}
 	// The pods' names behind the headless Service: each engine knows its own (--dns-name), so
 	// rank 0 finds itself first in the list.

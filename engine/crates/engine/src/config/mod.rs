@@ -303,8 +303,16 @@ impl Default for DataPlaneConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScmConfig {
-    pub class: String,
+    pub class: ScmClass,
     pub size: Size,
+}
+
+/// Where the SCM tier lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScmClass {
+    /// RAM, made durable by the write-ahead log on the bdev.
+    Ram,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -645,12 +653,6 @@ impl Config {
             return Err(format!(
                 "data_port: {} is the same as control_port",
                 self.data_port
-            ));
-        }
-        if self.scm.class != "ram" {
-            return Err(format!(
-                "scm.class: {:?} is not supported (use ram)",
-                self.scm.class
             ));
         }
         if self.scm.size.0 < (16 << 20) * self.targets as u64 {
