@@ -99,9 +99,14 @@ pub struct RunArgs {
     /// Request size of the random and latency tests.
     #[arg(long, value_parser = parse_size, default_value = "4KiB", value_name = "SIZE")]
     pub rand_block: u64,
-    /// Requests in flight in the random test (one thread each).
+    /// Requests in flight in the random test.
     #[arg(long, default_value_t = 32)]
     pub qd: usize,
+    /// Threads of the random test: each keeps its share of --qd in flight
+    /// as one batch (`Container::fetch_arrays`); --rand-threads equal to
+    /// --qd is one blocking read per thread.
+    #[arg(long, default_value_t = 2)]
+    pub rand_threads: usize,
     /// Seconds the random test runs.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub rand_secs: f64,
@@ -163,8 +168,8 @@ fn run(a: &RunArgs) -> Result<()> {
     let (Some(pool), Some(cont)) = (&a.pool, &a.cont) else {
         bail!("--pool and --cont are required to run the tests");
     };
-    if a.threads == 0 || a.qd == 0 || a.small_threads == 0 {
-        bail!("--threads, --qd and --small-threads must be at least 1");
+    if a.threads == 0 || a.qd == 0 || a.small_threads == 0 || a.rand_threads == 0 {
+        bail!("--threads, --qd, --rand-threads and --small-threads must be at least 1");
     }
     let results = tests::run_all(a, pool, cont)?;
     print!("{}", report::table(&results));

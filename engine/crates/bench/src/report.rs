@@ -26,6 +26,9 @@ pub struct Iops {
     pub ops: u64,
     pub secs: f64,
     pub queue_depth: usize,
+    /// Threads that kept the reads in flight (absent in older results).
+    #[serde(default)]
+    pub threads: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -9,7 +9,7 @@
 use crate::report::{Iops, Latency, Results, Small, Throughput};
 use crate::{RunArgs, Test};
 use anyhow::{anyhow, bail, Context, Result};
-use peregrine::{Client, Container, Object, ObjectClass, ObjectId};
+use peregrine::{ArrayRead, Client, Container, Object, ObjectClass, ObjectId};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -168,8 +168,18 @@ pub fn run_all(a: &RunArgs, pool: &str, cont: &str) -> Result<Results> {
         }
     }
     if wants(Test::Rand) {
-        let t = rand_read(&ds, a.rand_block, a.qd, secs(a.rand_secs)?)?;
-        eprintln!("peregrine-bench: rand read QD{} {:.0} IOPS", a.qd, t.iops);
+        let t = rand_read(
+            &cont_h,
+            &ds,
+            a.rand_block,
+            a.qd,
+            a.rand_threads,
+            secs(a.rand_secs)?,
+        )?;
+        eprintln!(
+            "peregrine-bench: rand read QD{} ({} threads) {:.0} IOPS",
+            a.qd, t.threads, t.iops
+        );
         r.rand_read = Some(t);
     }
     if wants(Test::Lat) {
@@ -268,20 +278,45 @@ fn random_piece(ds: &DataSet, len: u64, rng: &mut impl Rng) -> (usize, Vec<u8>, 
     (t, dkey(c), off)
 }
 
-fn rand_read(ds: &DataSet, len: u64, qd: usize, dur: Duration) -> Result<Iops> {
+/// `qd` reads in flight from `threads` threads (at most `qd`): each sends
+/// its share of them as one batch ([`Container::fetch_arrays`]), as one fio
+/// job keeps its queue depth through io_uring; with `threads` = `qd` each
+/// thread makes one blocking read at a time.
+fn rand_read(
+    cont: &Container,
+    ds: &DataSet,
+    len: u64,
+    qd: usize,
+    threads: usize,
+    dur: Duration,
+) -> Result<Iops> {
     let stop = AtomicBool::new(false);
     let start = Instant::now();
-    let counts = on_threads(qd, &stop, |i| {
+    let threads = threads.clamp(1, qd);
+    let counts = on_threads(threads, &stop, |i| {
+        let depth = qd / threads + usize::from(i < qd % threads);
         let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64 + 1);
-        let mut buf = vec![0u8; len as usize];
+        let mut bufs = vec![vec![0u8; len as usize]; depth];
         let mut n = 0u64;
         while !stop.load(Ordering::Relaxed) && start.elapsed() < dur {
-            let (t, dk, off) = random_piece(ds, len, &mut rng);
-            ds.objects[t]
-                .fetch_array_into(&dk, AKEY, off, &mut buf)
-                .map_err(cerr)
-                .context("rand read")?;
-            n += 1;
+            let pieces: Vec<_> = (0..depth)
+                .map(|_| random_piece(ds, len, &mut rng))
+                .collect();
+            let mut reads: Vec<ArrayRead<'_>> = pieces
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|((t, dk, off), buf)| ArrayRead {
+                    obj: &ds.objects[*t],
+                    dkey: dk,
+                    akey: AKEY,
+                    offset: *off,
+                    buf,
+                })
+                .collect();
+            for r in cont.fetch_arrays(&mut reads) {
+                r.map_err(cerr).context("rand read")?;
+            }
+            n += depth as u64;
         }
         Ok(n)
     })?;
@@ -292,6 +327,7 @@ fn rand_read(ds: &DataSet, len: u64, qd: usize, dur: Duration) -> Result<Iops> {
         ops,
         secs,
         queue_depth: qd,
+        threads,
     })
 }
 

@@ -21,6 +21,7 @@
 //! degraded reads) are documented in [`object`].
 
 pub mod agent;
+mod batch;
 pub mod capi;
 /// Certificates for local use (`peregrine certs`, test clusters).
 #[cfg(feature = "certgen")]
@@ -53,6 +54,7 @@ pub mod transaction;
 pub mod transport;
 mod workers;
 
+pub use batch::ArrayRead;
 pub use client::Client;
 pub use container::Container;
 pub use error::{Error, Result};

@@ -732,7 +732,7 @@ impl Object {
     }
 
     /// `-EHOSTDOWN` unless the pool map lets `op` go to `loc`'s target.
-    fn check_callable(&self, map: &PoolMap, loc: &ShardLoc, op: Opcode) -> Result<()> {
+    pub(crate) fn check_callable(&self, map: &PoolMap, loc: &ShardLoc, op: Opcode) -> Result<()> {
         let t = &map.targets[loc.target];
         // Record listings are reintegration's, which asks the returning
         // targets too what they hold already.
@@ -753,7 +753,7 @@ impl Object {
     }
 
     /// A transport's reply to a call to `loc`, its body decoded.
-    fn decoded(
+    pub(crate) fn decoded(
         &self,
         map: &PoolMap,
         loc: &ShardLoc,

@@ -378,6 +378,20 @@ impl Object {
         };
         let (body, reply) =
             self.call_with(map, loc, Opcode::Fetch, &req, &[], out.as_deref_mut())?;
+        self.fetched(map, loc, n, body, reply, out)
+    }
+
+    /// The values of a fetch reply of `n` iods from `loc`, each checked
+    /// against its CRC (its bulk placed in `out`, or not).
+    pub(crate) fn fetched(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        n: usize,
+        body: Option<Body>,
+        reply: crate::transport::Reply,
+        out: Option<&mut [u8]>,
+    ) -> Result<Vec<Fetched>> {
         let (mut bulk, placed, placed_crc) = (reply.bulk, reply.placed, reply.placed_crc);
         let bad = |m: String| Error::new(-libc::EPROTO, format!("{}: {m}", self.where_(map, loc)));
         let values = match body {
@@ -497,6 +511,18 @@ impl Object {
             .fetch_shard_with(map, loc, epoch, dkey, vec![iod], Some(&mut *out))?
             .pop()
             .expect("one value");
+        self.extent_into(map, loc, akey, v, out)
+    }
+
+    /// An array extent's fetched value into `out`, holes as zeros.
+    pub(crate) fn extent_into(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        akey: &[u8],
+        v: Fetched,
+        out: &mut [u8],
+    ) -> Result<()> {
         match v.status {
             0 if v.placed => Ok(()),
             0 => {

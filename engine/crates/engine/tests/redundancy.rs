@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use peregrine::ArrayRead;
 use peregrine_proto::{ObjectClass, ObjectId};
 
 fn write_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: usize) {
@@ -17,6 +18,32 @@ fn write_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: u
 }
 
 fn verify_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: usize) {
+    // A 4 KiB piece of every object as one batch (erasure-coded ones, and
+    // any whose first copy is away, take the path of a lone read).
+    let objs: Vec<_> = (0..n)
+        .map(|i| cont.object(ObjectId::new(class, 1, i)).unwrap())
+        .collect();
+    let mut bufs = vec![vec![0u8; 4096]; n as usize];
+    let mut reads: Vec<ArrayRead<'_>> = objs
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(obj, buf)| ArrayRead {
+            obj,
+            dkey: b"chunk",
+            akey: b"data",
+            offset: 1000 + 777,
+            buf,
+        })
+        .collect();
+    for (i, r) in cont.fetch_arrays(&mut reads).into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("{class} object {i}, batched: {e}"));
+    }
+    for (i, b) in bufs.iter().enumerate() {
+        assert!(
+            b[..] == pattern(i as u64, len)[777..777 + 4096],
+            "{class} object {i}: wrong data in a batch"
+        );
+    }
     for i in 0..n {
         let obj = cont.object(ObjectId::new(class, 1, i)).unwrap();
         let got = obj

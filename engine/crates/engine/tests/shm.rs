@@ -166,6 +166,26 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
         "one query per target"
     );
     assert_eq!(ct.object(wide).unwrap().last_sized(b"arr").unwrap(), last);
+    // Reads of several dkeys as one batch: one shm call each, as written.
+    let mut bufs = vec![vec![0u8; 50]; 8];
+    let keys: Vec<[u8; 8]> = (0..8u64).map(|k| k.to_be_bytes()).collect();
+    let mut reads: Vec<peregrine::ArrayRead<'_>> = keys
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(k, buf)| peregrine::ArrayRead {
+            obj: &o,
+            dkey: k,
+            akey: b"arr",
+            offset: 10,
+            buf,
+        })
+        .collect();
+    let calls = shm.transport().stats().shm_calls;
+    assert!(cs.fetch_arrays(&mut reads).iter().all(|r| r.is_ok()));
+    assert_eq!(shm.transport().stats().shm_calls - calls, 8);
+    for (k, b) in bufs.iter().enumerate() {
+        assert_eq!(b[..], pattern(k as u64, 100 + k)[10..60], "dkey {k}");
+    }
 
     // A killed engine leaves its socket; the restarted one replaces it, and
     // the client's pooled connections reconnect.
