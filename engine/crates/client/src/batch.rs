@@ -9,10 +9,10 @@
 
 use crate::container::Container;
 use crate::error::Result;
-use crate::object::{check_keys, check_range, Object, MAX_IO};
+use crate::object::{call_to, check_keys, check_range, Object, MAX_IO};
 use crate::placement::ShardLoc;
+use crate::read::array_iod;
 use crate::transport::Call;
-use peregrine_proto::data::{FetchReq, Iod, ValueKind};
 use peregrine_proto::frame::Opcode;
 use peregrine_proto::EPOCH_LATEST;
 use prost::Message;
@@ -46,32 +46,13 @@ impl Container {
             else {
                 continue;
             };
-            let req = FetchReq {
-                addr: Some(r.obj.address(&map, &loc)),
-                epoch: EPOCH_LATEST,
-                dkey: r.dkey.to_vec(),
-                iods: vec![Iod {
-                    akey: r.akey.to_vec(),
-                    kind: ValueKind::Array as i32,
-                    offset: r.offset,
-                    len: r.buf.len() as u64,
-                    ..Default::default()
-                }],
-            };
+            let iod = array_iod(r.akey, r.offset, r.buf.len() as u64);
+            let req = r.obj.fetch_req(&map, &loc, EPOCH_LATEST, r.dkey, vec![iod]);
             batch.push((i, loc, req.encode_to_vec()));
         }
         let calls: Vec<Call<'_>> = batch
             .iter()
-            .map(|(_, loc, msg)| {
-                let t = &map.targets[loc.target];
-                Call {
-                    endpoint: &t.addr,
-                    target: t.index,
-                    op: Opcode::Fetch,
-                    msg,
-                    bulk: &[],
-                }
-            })
+            .map(|(_, loc, msg)| call_to(&map, loc, Opcode::Fetch, msg))
             .collect();
         let replies = self.pool().client().transport().call_each(&calls);
         let mut done = vec![false; reads.len()];

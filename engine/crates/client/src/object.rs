@@ -705,17 +705,7 @@ impl Object {
         for ((loc, _), m) in calls.iter().zip(&msgs) {
             match self.check_callable(map, loc, op) {
                 Ok(()) => {
-                    let t = &map.targets[loc.target];
-                    sent.push((
-                        out.len(),
-                        crate::transport::Call {
-                            endpoint: &t.addr,
-                            target: t.index,
-                            op,
-                            msg: m,
-                            bulk: &[],
-                        },
-                    ));
+                    sent.push((out.len(), call_to(map, loc, op, m)));
                     out.push(None);
                 }
                 Err(e) => out.push(Some(Err(e))),
@@ -909,6 +899,23 @@ impl Object {
             ));
         }
         Ok(())
+    }
+}
+
+/// The transport's call of `op` with `msg` (no bulk) to `loc`'s target.
+pub(crate) fn call_to<'a>(
+    map: &'a PoolMap,
+    loc: &ShardLoc,
+    op: Opcode,
+    msg: &'a [u8],
+) -> crate::transport::Call<'a> {
+    let t = &map.targets[loc.target];
+    crate::transport::Call {
+        endpoint: &t.addr,
+        target: t.index,
+        op,
+        msg,
+        bulk: &[],
     }
 }
 

@@ -17,6 +17,17 @@ use peregrine_proto::oclass::EC_CELL_SIZE;
 use peregrine_proto::CSUM_ERRNO;
 use std::collections::BTreeSet;
 
+/// The iod of `len` bytes of ARRAY `akey` at `offset`.
+pub(crate) fn array_iod(akey: &[u8], offset: u64, len: u64) -> Iod {
+    Iod {
+        akey: akey.to_vec(),
+        kind: ValueKind::Array as i32,
+        offset,
+        len,
+        ..Default::default()
+    }
+}
+
 /// One shard's answer to a query of its last sized dkey.
 enum LastStep {
     Found(Vec<u8>, u64),
@@ -370,15 +381,27 @@ impl Object {
         mut out: Option<&mut [u8]>,
     ) -> Result<Vec<Fetched>> {
         let n = iods.len();
-        let req = FetchReq {
+        let req = self.fetch_req(map, loc, epoch, dkey, iods);
+        let (body, reply) =
+            self.call_with(map, loc, Opcode::Fetch, &req, &[], out.as_deref_mut())?;
+        self.fetched(map, loc, n, body, reply, out)
+    }
+
+    /// The fetch of `iods` of `dkey` from `loc` at `epoch`.
+    pub(crate) fn fetch_req(
+        &self,
+        map: &PoolMap,
+        loc: &ShardLoc,
+        epoch: u64,
+        dkey: &[u8],
+        iods: Vec<Iod>,
+    ) -> FetchReq {
+        FetchReq {
             addr: Some(self.address(map, loc)),
             epoch,
             dkey: dkey.to_vec(),
             iods,
-        };
-        let (body, reply) =
-            self.call_with(map, loc, Opcode::Fetch, &req, &[], out.as_deref_mut())?;
-        self.fetched(map, loc, n, body, reply, out)
+        }
     }
 
     /// The values of a fetch reply of `n` iods from `loc`, each checked
@@ -461,15 +484,7 @@ impl Object {
         offset: u64,
         len: usize,
     ) -> Result<Vec<u8>> {
-        let iod = Iod {
-            akey: akey.to_vec(),
-            kind: ValueKind::Array as i32,
-            offset,
-            len: len as u64,
-            crc: 0,
-            has_crc: false,
-            ..Default::default()
-        };
+        let iod = array_iod(akey, offset, len as u64);
         let v = self
             .fetch_shard(map, loc, epoch, dkey, vec![iod])?
             .pop()
@@ -498,15 +513,7 @@ impl Object {
         offset: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        let iod = Iod {
-            akey: akey.to_vec(),
-            kind: ValueKind::Array as i32,
-            offset,
-            len: out.len() as u64,
-            crc: 0,
-            has_crc: false,
-            ..Default::default()
-        };
+        let iod = array_iod(akey, offset, out.len() as u64);
         let v = self
             .fetch_shard_with(map, loc, epoch, dkey, vec![iod], Some(&mut *out))?
             .pop()
