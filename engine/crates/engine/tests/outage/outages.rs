@@ -196,3 +196,68 @@ fn ec_reads_see_no_update_in_flight() {
     }
     w.assert_clean("EC_2P1G1 under a writer");
 }
+
+/// Objects discarded (as removed files are) while an engine holding some
+/// of their replicas is down past detection stay discarded once it is back
+/// and reintegrated: read through every replica (each engine stopped in
+/// turn), none holds data again.
+#[test]
+fn rp_2g1_discard_during_an_outage_holds_after_the_return() {
+    let _serial = one_at_a_time();
+    let class = ObjectClass::Rp2G1;
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 1024,
+            scm_mib: 64,
+        },
+        640 * 3,
+        class.name(),
+        "crc32c",
+    );
+    let cont = c.container();
+    let objs: Vec<_> = (0..OBJECTS)
+        .map(|i| cont.object(ObjectId::new(class, 9, i)).unwrap())
+        .collect();
+    for (i, o) in objs.iter().enumerate() {
+        o.update_array(b"chunk", b"data", 0, &pattern(i as u64, 6000))
+            .unwrap();
+    }
+    let victim = 2;
+    c.engines[victim].kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pool_out(&c).1 == 0 {
+        assert!(Instant::now() < deadline, "rank {victim} never excluded");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (i, o) in objs.iter().enumerate() {
+        o.discard()
+            .unwrap_or_else(|e| panic!("discard of object {i} with rank {victim} down: {e}"));
+    }
+    c.restart(victim);
+    wait_reintegrated(&c, Duration::from_secs(60));
+    // (Opened before rank 0, the management service, is stopped.)
+    let cont = c.container();
+    let check = |when: &str| {
+        for i in 0..OBJECTS {
+            let o = cont.object(ObjectId::new(class, 9, i)).unwrap();
+            assert_eq!(
+                o.last_sized(b"data").unwrap(),
+                None,
+                "object {i}, {when}: data back after its discard"
+            );
+            assert!(
+                o.list_dkeys().unwrap().is_empty(),
+                "object {i}, {when}: dkeys back after its discard"
+            );
+        }
+    };
+    check("all engines up");
+    for r in 0..c.engines.len() {
+        c.engines[r].kill9();
+        check(&format!("rank {r} stopped"));
+        c.restart(r);
+    }
+    wait_reintegrated(&c, Duration::from_secs(60));
+}
