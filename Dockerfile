@@ -11,8 +11,8 @@
 #   Rust and Go stages are never run (nor their base images pulled).
 #
 # Image contents, and who relies on them:
-# - engine: peregrine-engine, the peregrine CLI and peregrine-dataset (make demo's workload) on
-#   PATH, and /bin/sh (the ServerSet's pods run /bin/sh start-engine.sh, which execs
+# - engine: peregrine-engine, the peregrine CLI, peregrine-agent (the node agent's DaemonSet) and
+#   peregrine-dataset (make demo's workload) on PATH, and /bin/sh (the ServerSet's pods run /bin/sh start-engine.sh, which execs
 #   peregrine-engine with the shared config and the pod's own values as flags).
 # - operator: peregrine-operator on PATH and at /peregrine-operator (config/manager runs that
 #   path); runs as 65532 so that runAsNonRoot pods start without a runAsUser.
@@ -40,7 +40,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/engine/target,id=peregrine-engine-target \
     cargo build --release --workspace --locked \
  && mkdir -p /out \
- && for f in peregrine-engine peregrine peregrine-dataset peregrine-fuse libperegrine_il.so; do \
+ && for f in peregrine-engine peregrine peregrine-agent peregrine-dataset peregrine-fuse libperegrine_il.so; do \
       cp target/release/$f /out/ && strip --strip-debug /out/$f; \
     done
 
@@ -66,10 +66,11 @@ RUN --mount=type=cache,target=/root/.cache/go-build \
 # intermediate images these stages leave (podman build --layers).
 FROM scratch AS engine-bin-build
 LABEL dev.peregrine.images.stage=engine-bin-build
-COPY --from=rust-build /out/peregrine-engine /out/peregrine /out/peregrine-dataset /
+COPY --from=rust-build /out/peregrine-engine /out/peregrine /out/peregrine-agent /out/peregrine-dataset /
 FROM scratch AS engine-bin-prebuilt
 LABEL dev.peregrine.images.stage=engine-bin-prebuilt
-COPY _out/images/bin/peregrine-engine _out/images/bin/peregrine _out/images/bin/peregrine-dataset /
+COPY _out/images/bin/peregrine-engine _out/images/bin/peregrine _out/images/bin/peregrine-agent \
+     _out/images/bin/peregrine-dataset /
 
 FROM scratch AS operator-bin-build
 LABEL dev.peregrine.images.stage=operator-bin-build
@@ -100,9 +101,9 @@ FROM ${BASE_IMAGE} AS engine
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libisal2 liburing2 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
-COPY --from=engine-bin /peregrine-engine /peregrine /peregrine-dataset /usr/local/bin/
+COPY --from=engine-bin /peregrine-engine /peregrine /peregrine-agent /peregrine-dataset /usr/local/bin/
 LABEL org.opencontainers.image.title="peregrine-engine" \
-      org.opencontainers.image.description="Peregrine storage engine and admin CLI" \
+      org.opencontainers.image.description="Peregrine storage engine, admin CLI and node agent" \
       org.opencontainers.image.licenses="Apache-2.0"
 CMD ["peregrine-engine", "--help"]
 

@@ -281,6 +281,41 @@ func TestRender(t *testing.T) {
 		}
 	})
 
+	// The node agent: unprivileged, with the node's client certificate, its socket in a host
+	// directory; absent without the CSI driver (whose certificate and ConfigMap it uses) or when
+	// turned off. (The engines' NetworkPolicy lets it reach their control port: NetworkPolicy.)
+	t.Run("Agent", func(t *testing.T) {
+		ds := kubetest.Typed[appsv1.DaemonSet](t, kubetest.Find(t, chart, "DaemonSet", "peregrine-agent"))
+		spec := ds.Spec.Template.Spec
+		c := spec.Containers[0]
+		if sc := c.SecurityContext; sc == nil || ptrTrue(sc.Privileged) || !ptrFalse(sc.AllowPrivilegeEscalation) ||
+			sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || spec.HostNetwork || spec.HostPID {
+			t.Errorf("the agent is not unprivileged: %+v, hostNetwork %v, hostPID %v", c.SecurityContext, spec.HostNetwork, spec.HostPID)
+		}
+		if !slices.Contains(c.Args, "--socket=/run/peregrine/agent.sock") || !slices.Contains(c.Args, "--tls-dir=/etc/peregrine-tls") {
+			t.Errorf("agent args %v", c.Args)
+		}
+		secret, socketDir := "", ""
+		for _, v := range spec.Volumes {
+			if v.Secret != nil {
+				secret = v.Secret.SecretName
+			}
+			if v.HostPath != nil {
+				socketDir = v.HostPath.Path
+			}
+		}
+		if secret != "peregrine-csi-node-tls" || socketDir != "/run/peregrine" {
+			t.Errorf("agent certificate %q (want the node's client one), socket directory %q", secret, socketDir)
+		}
+		for _, set := range []string{"agent.enabled=false", "csi.enabled=false"} {
+			for _, o := range render(t, "", "--set", set) {
+				if o.GetName() == "peregrine-agent" {
+					t.Errorf("%s, still %s", set, key(o))
+				}
+			}
+		}
+	})
+
 	t.Run("WebhookOff", func(t *testing.T) {
 		objs := render(t, "", "--set", "webhook.enabled=false")
 		for _, o := range objs {
@@ -653,8 +688,8 @@ func networkPolicies(t *testing.T, defaults []*unstructured.Unstructured) {
 	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
 		t.Errorf("policy types %v", np.Spec.PolicyTypes)
 	}
-	if len(np.Spec.Ingress) != 3 {
-		t.Fatalf("want 3 ingress rules (own pods, clients, metrics), got %d", len(np.Spec.Ingress))
+	if len(np.Spec.Ingress) != 4 {
+		t.Fatalf("want 4 ingress rules (own pods, node agents, clients, metrics), got %d", len(np.Spec.Ingress))
 	}
 	all := np.Spec.Ingress[0]
 	if len(all.Ports) != 0 || len(all.From) != 3 {
@@ -678,11 +713,16 @@ func networkPolicies(t *testing.T, defaults []*unstructured.Unstructured) {
 		}
 		return p
 	}
-	if c := np.Spec.Ingress[1]; !slices.Equal(c.From[0].NamespaceSelector.MatchExpressions[0].Values, []string{"apps"}) ||
+	if a := np.Spec.Ingress[1]; len(a.From) != 1 || a.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != namespace ||
+		a.From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != podName("DaemonSet", "peregrine-agent") ||
+		!slices.Equal(ports(a), []string{"control"}) {
+		t.Errorf("node agents (the control port only): %+v", a)
+	}
+	if c := np.Spec.Ingress[2]; !slices.Equal(c.From[0].NamespaceSelector.MatchExpressions[0].Values, []string{"apps"}) ||
 		!slices.Equal(ports(c), []string{"control", "data"}) {
 		t.Errorf("client namespaces: %+v", c)
 	}
-	if m := np.Spec.Ingress[2]; !slices.Equal(m.From[0].NamespaceSelector.MatchExpressions[0].Values, []string{"monitoring"}) ||
+	if m := np.Spec.Ingress[3]; !slices.Equal(m.From[0].NamespaceSelector.MatchExpressions[0].Values, []string{"monitoring"}) ||
 		!slices.Equal(ports(m), []string{"metrics"}) {
 		t.Errorf("metrics namespaces: %+v", m)
 	}
@@ -786,3 +826,6 @@ func enginePolicy(t *testing.T, defaults []*unstructured.Unstructured) {
 		"operator.enginePolicy.allowedImages={registry.example.com/mirror/}"),
 		"registry.example.com/mirror/,registry.example.com/storage/engine:,registry.example.com/storage/engine@")
 }
+
+func ptrTrue(b *bool) bool  { return b != nil && *b }
+func ptrFalse(b *bool) bool { return b != nil && !*b }

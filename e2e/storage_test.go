@@ -290,5 +290,6 @@ i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/stea
 	engineRestartSpecs(ctx)
 	expansionAndSnapshotSpecs(ctx)
 	accessControlSpecs(ctx)
+	agentSpecs(ctx)
 	uninstallSpecs(ctx) // last: E2E_UNINSTALL=1 uninstalls the release
 })

@@ -215,7 +215,7 @@ stage_binaries() {
   local target="$ROOT/engine/target/$PROFILE" f newer stale=() cargo="cargo build --workspace"
   [[ "$PROFILE" == debug ]] || cargo="cargo build --profile $PROFILE --workspace"
   mkdir -p "$OUT/bin"
-  for f in peregrine-engine peregrine peregrine-dataset peregrine-fuse libperegrine_il.so; do
+  for f in peregrine-engine peregrine peregrine-agent peregrine-dataset peregrine-fuse libperegrine_il.so; do
     [[ -f "$target/$f" ]] ||
       die "$target/$f missing: run '$cargo' in engine/ (or PROFILE=debug for engine/target/debug)"
     newer="$(find "$ROOT/engine/crates" "$ROOT/engine/proto" -newer "$target/$f" -type f \( -name '*.rs' -o -name '*.proto' -o -name Cargo.toml \) -print -quit)"

@@ -38,6 +38,17 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub insecure: bool,
 
+    /// Object commands through the node agent at this socket (`peregrine-agent`), for a
+    /// user without a certificate: the agent names the caller by its uid to the ACLs.
+    /// Management commands ignore it.
+    #[arg(
+        long,
+        global = true,
+        env = "PEREGRINE_AGENT_SOCKET",
+        value_name = "SOCKET"
+    )]
+    pub agent: Option<PathBuf>,
+
     /// Print machine-readable JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,

@@ -15,6 +15,7 @@ use args::{Cli, Command};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -47,29 +48,28 @@ fn main() -> ExitCode {
     if let Command::Certs(a) = &cli.cmd {
         return finish(certs(a, cli.json));
     }
-    let security = match security(&cli) {
-        Ok(s) => s,
-        Err(e) => return finish(Err(e)),
-    };
     // The client library is synchronous and runs its own threads, so object
     // commands stay off the tokio runtime the management calls use.
     if let Command::Obj(cmd) = cli.cmd {
         let stdout = std::io::stdout();
         let mut o = stdout.lock();
-        return finish(
-            obj::run(
-                &obj::Service {
+        let run = |svc: &obj::Service| obj::run(svc, cli.timeout, cmd, cli.json, &mut o);
+        // Through the node agent, they need no certificate of their own.
+        let r = match &cli.agent {
+            Some(socket) => run(&obj::Service::Agent(socket)),
+            None => security(&cli.tls_dir, cli.insecure).and_then(|security| {
+                run(&obj::Service::Mgmt {
                     addr: &cli.mgmt,
                     security: &security,
-                },
-                cli.timeout,
-                cmd,
-                cli.json,
-                &mut o,
-            )
-            .and_then(|()| Ok(o.flush()?)),
-        );
+                })
+            }),
+        };
+        return finish(r.and_then(|()| Ok(o.flush()?)));
     }
+    let security = match security(&cli.tls_dir, cli.insecure) {
+        Ok(s) => s,
+        Err(e) => return finish(Err(e)),
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -86,9 +86,9 @@ fn main() -> ExitCode {
 
 /// `--tls-dir` (or PEREGRINE_TLS_DIR) or `--insecure` (or PEREGRINE_INSECURE=1):
 /// exactly one; the environment's insecure only when no directory is given.
-fn security(cli: &Cli) -> anyhow::Result<peregrine::Security> {
-    let insecure = cli.insecure || (cli.tls_dir.is_none() && peregrine::tls::env_insecure());
-    peregrine::Security::from_flags(cli.tls_dir.clone(), insecure).map_err(|e| anyhow::anyhow!(e))
+fn security(tls_dir: &Option<PathBuf>, insecure: bool) -> anyhow::Result<peregrine::Security> {
+    let insecure = insecure || (tls_dir.is_none() && peregrine::tls::env_insecure());
+    peregrine::Security::from_flags(tls_dir.clone(), insecure).map_err(|e| anyhow::anyhow!(e))
 }
 
 fn finish(r: anyhow::Result<()>) -> ExitCode {

@@ -11,6 +11,7 @@ use peregrine::{Client, Object};
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{Read, Write};
+use std::path::Path;
 use std::time::Duration;
 
 /// Bytes per array request.
@@ -18,23 +19,29 @@ const PIECE: usize = 1 << 20;
 /// Array requests in flight at once.
 const IN_FLIGHT: usize = 8;
 
-/// The management service and how to reach it.
-pub struct Service<'a> {
-    pub addr: &'a str,
-    pub security: &'a peregrine::Security,
+/// Where pool connects and container opens go.
+pub enum Service<'a> {
+    /// The management service, with this process's certificate.
+    Mgmt {
+        addr: &'a str,
+        security: &'a peregrine::Security,
+    },
+    /// The node agent's socket: the agent holds the node's certificate and
+    /// names this process by its uid.
+    Agent(&'a Path),
 }
 
 pub fn run(
-    mgmt: &Service,
+    svc: &Service,
     _timeout: Duration,
     cmd: ObjCmd,
     json: bool,
     o: &mut impl Write,
 ) -> Result<()> {
     match cmd {
-        ObjCmd::Put(a) => put(mgmt, a, json, o),
-        ObjCmd::Get(a) => get(mgmt, a, json, o),
-        ObjCmd::Ls(a) => ls(mgmt, a, json, o),
+        ObjCmd::Put(a) => put(svc, a, json, o),
+        ObjCmd::Get(a) => get(svc, a, json, o),
+        ObjCmd::Ls(a) => ls(svc, a, json, o),
     }
 }
 
@@ -46,24 +53,27 @@ fn client_err(e: peregrine::Error) -> anyhow::Error {
 /// Connect to the service. A failure gets the same wording as the management
 /// commands (and no command context), so scripts see one form.
 fn connect(svc: &Service) -> Result<Client> {
-    let mgmt = svc.addr;
     // The command's environment, read here once: the transport
     // (`PEREGRINE_TRANSPORT`) and its shared-memory settings.
     let shm = peregrine::shm::ShmConfig::default().with_vars(|k| std::env::var(k).ok());
-    peregrine::TransportKind::from_env()
-        .and_then(|kind| Client::connect_with_shm(mgmt, svc.security, kind, shm))
-        .map_err(|e| {
-            let reason = if e.msg.contains("Connection refused") {
-                "connection refused".to_string()
-            } else if e.code == -libc::ETIMEDOUT {
-                "timed out".to_string()
-            } else {
-                e.msg
-                    .trim_start_matches(&format!("management service {mgmt}: "))
-                    .to_string()
-            };
-            anyhow!("cannot reach management service at {mgmt}: {reason}")
-        })
+    let kind = peregrine::TransportKind::from_env().map_err(client_err)?;
+    match svc {
+        Service::Agent(socket) => peregrine::agent::connect(socket, kind, shm)
+            .map_err(|e| anyhow!("cannot reach the node agent: {}", e.msg)),
+        Service::Mgmt { addr, security } => Client::connect_with_shm(addr, security, kind, shm)
+            .map_err(|e| {
+                let reason = if e.msg.contains("Connection refused") {
+                    "connection refused".to_string()
+                } else if e.code == -libc::ETIMEDOUT {
+                    "timed out".to_string()
+                } else {
+                    e.msg
+                        .trim_start_matches(&format!("management service {addr}: "))
+                        .to_string()
+                };
+                anyhow!("cannot reach management service at {addr}: {reason}")
+            }),
+    }
 }
 
 /// Open the object; the client's messages already name the pool or container.
@@ -77,7 +87,7 @@ fn what(verb: &str, t: &ObjTarget, dkey: &str, akey: &str) -> String {
     format!("obj {verb} {} {dkey:?}/{akey:?}", format_oid(&t.oid))
 }
 
-fn put(mgmt: &Service, a: ObjPutArgs, json: bool, o: &mut impl Write) -> Result<()> {
+fn put(svc: &Service, a: ObjPutArgs, json: bool, o: &mut impl Write) -> Result<()> {
     let what = what("put", &a.target, &a.dkey, &a.akey);
     let (dkey, akey) = (a.dkey.as_bytes(), a.akey.as_bytes());
     let mut source: Box<dyn Read> = match (&a.value, &a.file) {
@@ -87,7 +97,7 @@ fn put(mgmt: &Service, a: ObjPutArgs, json: bool, o: &mut impl Write) -> Result<
         }
         (None, None) => bail!("{what}: give --value or --file"),
     };
-    let client = connect(mgmt)?;
+    let client = connect(svc)?;
     let obj = open(&client, &a.target).context(what.clone())?;
     let bytes = if a.array {
         put_array(&obj, dkey, akey, a.offset, &mut source).context(what.clone())?
@@ -173,10 +183,10 @@ fn read_full(src: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-fn get(mgmt: &Service, a: ObjGetArgs, json: bool, o: &mut impl Write) -> Result<()> {
+fn get(svc: &Service, a: ObjGetArgs, json: bool, o: &mut impl Write) -> Result<()> {
     let what = what("get", &a.target, &a.dkey, &a.akey);
     let (dkey, akey) = (a.dkey.as_bytes(), a.akey.as_bytes());
-    let client = connect(mgmt)?;
+    let client = connect(svc)?;
     let obj = open(&client, &a.target).context(what.clone())?;
     let mut file = match &a.out {
         Some(p) => Some(File::create(p).with_context(|| format!("{what}: {}", p.display()))?),
@@ -277,13 +287,13 @@ fn key_json(k: &[u8]) -> Value {
     }
 }
 
-fn ls(mgmt: &Service, a: ObjLsArgs, json: bool, o: &mut impl Write) -> Result<()> {
+fn ls(svc: &Service, a: ObjLsArgs, json: bool, o: &mut impl Write) -> Result<()> {
     let oid = format_oid(&a.target.oid);
     let what = match &a.dkey {
         Some(d) => format!("obj ls {oid} {d:?}"),
         None => format!("obj ls {oid}"),
     };
-    let client = connect(mgmt)?;
+    let client = connect(svc)?;
     let obj = open(&client, &a.target).context(what.clone())?;
     let keys = match &a.dkey {
         Some(d) => obj.list_akeys(d.as_bytes()),

@@ -278,3 +278,164 @@ fn a_client_keeps_working_across_an_agent_restart() {
     root.pool_connect("pool")
         .expect("the library dials the restarted agent");
 }
+
+/// `peregrine --agent SOCKET obj ...` as `uid`, with no certificate and
+/// nothing of this process's environment.
+fn cli_as(uid: u32, agent: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_peregrine"))
+        .arg("--agent")
+        .arg(agent)
+        .args(args)
+        .env_clear()
+        .env("PEREGRINE_TRANSPORT", "tcp")
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_agent_waits_for_the_service_and_the_cli_goes_through_it() {
+    let mut c = cluster();
+    // The agent starts while the management service is down (a DaemonSet
+    // scheduled before its ServerSet): it serves at once, keeps trying the
+    // service, and tells callers meanwhile why it cannot act for them.
+    c.engines[0].stop();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("agent.sock");
+    let mut agent = Agent {
+        child: spawn_agent(&c, &socket),
+        socket: socket.clone(),
+        _dir: dir,
+    };
+    let get_ro = ["obj", "get", "pool", "ro", "S1:0.7", "d", "a"];
+    let out = cli_as(NOBODY, &socket, &get_ro);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("has not reached the management service"),
+        "the error says what the agent waits for: {err}"
+    );
+
+    c.restart(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        let out = cli_as(NOBODY, &socket, &get_ro);
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        out.status.success(),
+        "the agent reached the service once it was back: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"admin");
+
+    // nobody, the ACL's reader of "ro", may not write it; it writes "rw" as a member of nogroup and reads it back.
+    let out = cli_as(
+        NOBODY,
+        &socket,
+        &[
+            "obj", "put", "pool", "ro", "S1:0.7", "d", "a", "--value", "x",
+        ],
+    );
+    assert!(!out.status.success(), "a reader's write is refused");
+    let put = [
+        "obj",
+        "put",
+        "pool",
+        "rw",
+        "S1:0.8",
+        "d",
+        "a",
+        "--value",
+        "by nobody",
+    ];
+    let out = cli_as(NOBODY, &socket, &put);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli_as(
+        NOBODY,
+        &socket,
+        &["obj", "get", "pool", "rw", "S1:0.8", "d", "a"],
+    );
+    assert_eq!(
+        out.stdout,
+        b"by nobody",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A uid the ACLs do not name opens neither, whatever its environment says.
+    let out = cli_as(STRANGER, &socket, &get_ro);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("12345"), "the refusal names the caller: {err}");
+    agent.kill9();
+}
+
+#[test]
+fn the_agent_takes_its_certificate_files_as_they_are_replaced() {
+    let c = cluster();
+    // A certificate directory whose certificate is damaged, as during a
+    // Secret's update: the agent cannot connect, and says why.
+    let tls = tempfile::tempdir().unwrap();
+    let client = c.client_tls_dir().expect("a TLS cluster");
+    for f in ["ca.crt", "tls.crt", "tls.key"] {
+        std::fs::copy(client.join(f), tls.path().join(f)).unwrap();
+    }
+    std::fs::write(tls.path().join("tls.crt"), b"not a certificate").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("agent.sock");
+    let _ = std::fs::remove_file(&socket);
+    let mut agent = Agent {
+        child: Command::new(env!("CARGO_BIN_EXE_peregrine-agent"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--mgmt", &c.mgmt_addr()])
+            .arg("--tls-dir")
+            .arg(tls.path())
+            .spawn()
+            .unwrap(),
+        socket: socket.clone(),
+        _dir: dir,
+    };
+    let get_ro = ["obj", "get", "pool", "ro", "S1:0.7", "d", "a"];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let out = loop {
+        let out = cli_as(NOBODY, &socket, &get_ro);
+        if !out.stderr.is_empty() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has not reached the management service"),
+        "{err}"
+    );
+
+    // The good files come back: the agent connects with them, unrestarted.
+    std::fs::copy(client.join("tls.crt"), tls.path().join("tls.crt")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        let out = cli_as(NOBODY, &socket, &get_ro);
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"admin");
+    agent.kill9();
+}

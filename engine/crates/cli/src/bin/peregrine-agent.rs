@@ -11,7 +11,7 @@
 
 use clap::Parser;
 use peregrine::agent;
-use peregrine::{Error, Mgmt, Security};
+use peregrine::{tls, Error, Mgmt, Security};
 use peregrine_proto::mgmt::*;
 use prost::Message;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -19,7 +19,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -65,11 +65,6 @@ fn run(args: Args) -> Result<(), String> {
             args.mgmt
         );
     }
-    let mgmt = Mgmt::connect(&args.mgmt, &security).map_err(|e| e.to_string())?;
-    // Every forwarded call names its caller; the agent itself is no one.
-    mgmt.set_credential(None);
-    let mgmt = Arc::new(mgmt);
-
     if let Ok(m) = std::fs::symlink_metadata(&args.socket) {
         if !m.file_type().is_socket() {
             return Err(format!(
@@ -83,6 +78,7 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(dir) = args.socket.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
+    let mgmt = Current::start(&args.mgmt, security);
     let listener =
         UnixListener::bind(&args.socket).map_err(|e| format!("{}: {e}", args.socket.display()))?;
     std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o666))
@@ -123,9 +119,123 @@ fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// How often the agent looks whether its certificates changed.
+const TLS_CHECK: Duration = Duration::from_secs(30);
+/// The longest wait between two attempts to reach the management service.
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// The management connection. A background thread makes it, for as long
+/// as the service takes to come up (a node's agent may start before the
+/// engines: a DaemonSet and a ServerSet installed together), and makes it
+/// again when the certificate directory changes (the operator renews the
+/// node's certificate two thirds into its life and rotates the CA; a
+/// mounted Secret changes under a running pod).
+struct Current {
+    addr: String,
+    state: RwLock<Conn>,
+}
+
+enum Conn {
+    /// Not reached yet; the last attempt's error.
+    Waiting(String),
+    Up(Arc<Mgmt>),
+}
+
+impl Current {
+    /// The first attempt is made before returning, so that an agent
+    /// started beside a running service answers its first caller.
+    fn start(addr: &str, security: Security) -> Arc<Current> {
+        let this = Arc::new(Current {
+            addr: addr.to_string(),
+            state: RwLock::new(Conn::Waiting("not tried yet".into())),
+        });
+        let mut loaded = None;
+        this.attempt(&security, &mut loaded);
+        let keeper = this.clone();
+        std::thread::spawn(move || keeper.keep(&security, loaded));
+        this
+    }
+
+    /// The connection, or why there is none yet (the caller is told, not
+    /// kept waiting).
+    fn get(&self) -> Result<Arc<Mgmt>, Error> {
+        match &*self.state.read().unwrap_or_else(|p| p.into_inner()) {
+            Conn::Up(m) => Ok(m.clone()),
+            Conn::Waiting(e) => Err(Error::new(
+                -libc::EAGAIN,
+                format!(
+                    "the agent has not reached the management service at {} yet (it keeps \
+                     trying): {e}",
+                    self.addr
+                ),
+            )),
+        }
+    }
+
+    /// Retry until connected, then reconnect whenever the certificates change.
+    fn keep(&self, security: &Security, mut loaded: Option<Option<Vec<u8>>>) {
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let wait = if loaded.is_some() { TLS_CHECK } else { backoff };
+            backoff = (backoff * 2).min(CONNECT_BACKOFF_MAX);
+            std::thread::sleep(wait);
+            self.attempt(security, &mut loaded);
+        }
+    }
+
+    /// Connect unless connected with the certificate files as they are now
+    /// (`loaded`: those of the connection made, if one was).
+    fn attempt(&self, security: &Security, loaded: &mut Option<Option<Vec<u8>>>) {
+        let files = tls_files(security);
+        if loaded.as_ref() == Some(&files) {
+            return;
+        }
+        match Mgmt::connect(&self.addr, security) {
+            Ok(m) => {
+                // Every forwarded call names its caller; the agent itself is no one.
+                m.set_credential(None);
+                let how = match loaded {
+                    Some(_) => "certificates changed: reconnected to",
+                    None => "connected to",
+                };
+                eprintln!(
+                    "peregrine-agent: {how} the management service at {}",
+                    self.addr
+                );
+                // Calls in flight finish on the old connection.
+                *self.state.write().unwrap_or_else(|p| p.into_inner()) = Conn::Up(Arc::new(m));
+                *loaded = Some(files);
+            }
+            Err(e) => {
+                eprintln!("peregrine-agent: {e}; trying again");
+                // A working connection stays until a new one is made.
+                if let Conn::Waiting(last) =
+                    &mut *self.state.write().unwrap_or_else(|p| p.into_inner())
+                {
+                    *last = e.to_string();
+                }
+            }
+        }
+    }
+}
+
+/// The bytes of the certificate directory's files (`None` without TLS).
+fn tls_files(security: &Security) -> Option<Vec<u8>> {
+    let Security::Tls { dir } = security else {
+        return None;
+    };
+    let mut all = Vec::new();
+    for f in [tls::CA_FILE, tls::CERT_FILE, tls::KEY_FILE] {
+        // A file being replaced reads as missing: the next check sees it.
+        all.extend(std::fs::read(dir.join(f)).unwrap_or_default());
+        all.push(0);
+    }
+    Some(all)
+}
+
 /// One caller: its calls, one at a time, until it hangs up, idles out or
 /// breaks the protocol (told why, then dropped).
-fn serve(mgmt: &Mgmt, mut s: UnixStream, idle: Duration) {
+fn serve(mgmt: &Current, mut s: UnixStream, idle: Duration) {
     let (uid, gid) = match peer_ids(&s) {
         Ok(ids) => ids,
         Err(e) => {
@@ -147,7 +257,7 @@ fn serve(mgmt: &Mgmt, mut s: UnixStream, idle: Duration) {
             // Hung up or idle.
             Err(_) => return,
         };
-        let reply = forward(mgmt, &cred, &rpc, &req);
+        let reply = mgmt.get().and_then(|m| forward(&m, &cred, &rpc, &req));
         if agent::write_reply(&mut s, &reply).is_err() {
             return;
         }
