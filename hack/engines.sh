@@ -13,7 +13,8 @@
 # without TLS instead (allow_insecure: true, PEREGRINE_INSECURE=1).
 #
 # ENGINES_EXTRA (default empty): YAML lines appended to every engine's config,
-# e.g. ENGINES_EXTRA='access_checks: false' (bench/access.sh sets it).
+# e.g. ENGINES_EXTRA='access_checks: false' (bench/access.sh sets it); ENGINES_EXTRA_<rank>:
+# lines for that engine alone.
 
 ENGINE_PIDS=()
 
@@ -33,7 +34,7 @@ device_file() {
 
 # engines_start COUNT DEVICE_SIZE TARGETS SCM_SIZE
 engines_start() {
-  local count=$1 dev_size=$2 targets=$3 scm_size=$4 rank security
+  local count=$1 dev_size=$2 targets=$3 scm_size=$4 rank security own
   if [[ ${ENGINES_INSECURE:-0} == 1 ]]; then
     unset PEREGRINE_TLS_DIR
     export PEREGRINE_INSECURE=1
@@ -67,6 +68,11 @@ $security
 EOF
     if [[ -n ${ENGINES_EXTRA:-} ]]; then
       printf '%s\n' "$ENGINES_EXTRA" >>"$WORK/engine$rank.yaml"
+    fi
+    # One engine's own lines: ENGINES_EXTRA_<rank> (bench/access.sh --paired).
+    own="ENGINES_EXTRA_$rank"
+    if [[ -n ${!own:-} ]]; then
+      printf '%s\n' "${!own}" >>"$WORK/engine$rank.yaml"
     fi
     "$ENGINE" --config "$WORK/engine$rank.yaml" >>"$WORK/engine$rank.out" 2>&1 &
     ENGINE_PIDS+=($!)

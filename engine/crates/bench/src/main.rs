@@ -10,6 +10,7 @@
 //! (bench/run.sh drives both).
 
 mod compare;
+mod paired;
 mod report;
 mod tests;
 
@@ -58,6 +59,8 @@ pub enum Test {
     Lat,
     /// 64 B single-value update and fetch, ops/s.
     Small,
+    /// The small test on --cont and --pair-cont in alternating blocks (bench/access.sh --paired).
+    SmallPaired,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -122,6 +125,15 @@ pub struct RunArgs {
     /// Bytes of each small value.
     #[arg(long, default_value_t = 64)]
     pub small_size: usize,
+    /// The second pool of --tests small-paired.
+    #[arg(long, value_name = "POOL")]
+    pub pair_pool: Option<String>,
+    /// The second container of --tests small-paired (in --pair-pool).
+    #[arg(long, value_name = "CONT")]
+    pub pair_cont: Option<String>,
+    /// Blocks per side of --tests small-paired (--small-ops split among them).
+    #[arg(long, default_value_t = 40)]
+    pub pair_blocks: u64,
     /// Check every byte read in the sequential test against what was written.
     #[arg(long)]
     pub verify: bool,

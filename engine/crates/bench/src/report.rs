@@ -72,6 +72,21 @@ pub struct Small {
     pub ops: u64,
 }
 
+/// The small-value test on two containers in alternating blocks (`paired`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SmallPaired {
+    pub value_bytes: usize,
+    pub threads: usize,
+    pub blocks: u64,
+    pub ops_per_side: u64,
+    /// ops/s on side A (`--cont`) and side B (`--pair-cont`).
+    pub update_ops: [f64; 2],
+    pub fetch_ops: [f64; 2],
+    /// A's rate over B's in each block.
+    pub update_ratio_per_block: Vec<f64>,
+    pub fetch_ratio_per_block: Vec<f64>,
+}
+
 /// Everything one run measured; tests not run are absent.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Results {
@@ -85,6 +100,8 @@ pub struct Results {
     pub latency: Option<Latency>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub small: Option<Small>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub small_paired: Option<SmallPaired>,
     /// The parameters the run used, for the record.
     #[serde(default)]
     pub config: serde_json::Value,
@@ -154,6 +171,20 @@ pub fn table(r: &Results) -> String {
             fmt_num(t.fetch_ops),
             what,
         ));
+    }
+    if let Some(t) = &r.small_paired {
+        for (name, ops) in [("update", t.update_ops), ("fetch", t.fetch_ops)] {
+            for (side, v) in ["A", "B"].iter().zip(ops) {
+                rows.push((
+                    format!("small {name} {}B, {side}", t.value_bytes),
+                    fmt_num(v),
+                    format!(
+                        "ops/s ({} threads, {} ops in {} blocks per side)",
+                        t.threads, t.ops_per_side, t.blocks
+                    ),
+                ));
+            }
+        }
     }
     let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(4);
     let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max(6);

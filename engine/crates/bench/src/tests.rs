@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 const AKEY: &[u8] = b"d";
 
-fn cerr(e: peregrine::Error) -> anyhow::Error {
+pub(crate) fn cerr(e: peregrine::Error) -> anyhow::Error {
     anyhow!("{}", e.msg)
 }
 
@@ -53,7 +53,7 @@ fn dkey(c: u64) -> Vec<u8> {
 
 /// Run `f(thread_index)` on `n` threads; the first error stops the others
 /// (they poll `stop`) and is returned.
-fn on_threads<T: Send>(
+pub(crate) fn on_threads<T: Send>(
     n: usize,
     stop: &AtomicBool,
     f: impl Fn(usize) -> Result<T> + Sync,
@@ -204,6 +204,30 @@ pub fn run_all(a: &RunArgs, pool: &str, cont: &str) -> Result<Results> {
             t.update_ops, t.fetch_ops
         );
         r.small = Some(t);
+    }
+    if wants(Test::SmallPaired) {
+        let (Some(pp), Some(pc)) = (&a.pair_pool, &a.pair_cont) else {
+            bail!("--tests small-paired needs --pair-pool and --pair-cont");
+        };
+        let pair = client
+            .pool_connect(pp)
+            .and_then(|p| p.cont_open(pc))
+            .map_err(cerr)
+            .with_context(|| format!("the pair container {pp}/{pc}"))?;
+        let t = crate::paired::small_paired(
+            [&cont_h, &pair],
+            class,
+            run_id,
+            a.small_threads,
+            a.small_ops,
+            a.small_size,
+            a.pair_blocks,
+        )?;
+        eprintln!(
+            "peregrine-bench: paired small update {:.0} / {:.0} ops/s, fetch {:.0} / {:.0} ops/s ({pool}/{cont} / {pp}/{pc})",
+            t.update_ops[0], t.update_ops[1], t.fetch_ops[0], t.fetch_ops[1]
+        );
+        r.small_paired = Some(t);
     }
     // The data set goes with the run, so that runs can follow each other on one pool.
     for o in &ds.objects {

@@ -207,12 +207,20 @@ impl Current {
                 *loaded = Some(files);
             }
             Err(e) => {
-                eprintln!("peregrine-agent: {e}; trying again");
-                // A working connection stays until a new one is made.
-                if let Conn::Waiting(last) =
-                    &mut *self.state.write().unwrap_or_else(|p| p.into_inner())
-                {
-                    *last = e.to_string();
+                let e = e.to_string();
+                let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+                match &mut *state {
+                    // Said once per reason, not at every attempt.
+                    Conn::Waiting(last) if *last != e => {
+                        eprintln!("peregrine-agent: {e}; trying again");
+                        *last = e;
+                    }
+                    Conn::Waiting(_) => {}
+                    // A working connection stays until a new one is made.
+                    Conn::Up(_) => eprintln!(
+                        "peregrine-agent: certificates changed, and connecting with them failed \
+                         (the old connection stays; trying again): {e}"
+                    ),
                 }
             }
         }
