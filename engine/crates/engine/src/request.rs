@@ -296,16 +296,17 @@ pub fn response(a: vos::Answer) -> data::Response {
             absent,
             last: None,
         })),
-        vos::Answer::Last { found, resume } => {
-            let (dkey, size) = found.unwrap_or_default();
+        vos::Answer::Last(last) => {
+            // On the wire: a dkey found, or the one to resume below (or neither).
+            let (dkey, size, resume) = match last {
+                vos::LastSized::Found { dkey, size } => (dkey, size, Vec::new()),
+                vos::LastSized::Nothing => (Vec::new(), 0, Vec::new()),
+                vos::LastSized::Below(k) => (Vec::new(), 0, k),
+            };
             Some(Body::Size(data::QuerySizeResp {
                 size,
                 absent: size == 0,
-                last: Some(data::LastDkey {
-                    dkey,
-                    size,
-                    resume: resume.unwrap_or_default(),
-                }),
+                last: Some(data::LastDkey { dkey, size, resume }),
             }))
         }
         vos::Answer::Changed { keys, done } => Some(Body::Changed(data::ListChangedResp {

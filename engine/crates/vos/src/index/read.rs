@@ -3,7 +3,7 @@
 //! over them (inline bytes in place, device extents still to read).
 
 use super::*;
-use crate::request::Answer;
+use crate::request::{Answer, LastSized};
 use std::borrow::Borrow;
 
 /// Newest punch at or below `r`.
@@ -340,10 +340,7 @@ impl TargetIndex {
         r: u64,
         scan_max: usize,
     ) -> Answer {
-        let none = Answer::Last {
-            found: None,
-            resume: None,
-        };
+        let none = Answer::Last(LastSized::Nothing);
         let Some(o) = self.cont(pool, cont).and_then(|c| c.objs.get(obj)) else {
             return none;
         };
@@ -360,10 +357,7 @@ impl TargetIndex {
             .enumerate()
         {
             if i == scan_max {
-                return Answer::Last {
-                    found: None,
-                    resume: last_seen,
-                };
+                return Answer::Last(last_seen.map_or(LastSized::Nothing, LastSized::Below));
             }
             let k: &[u8] = k.borrow();
             if let Some(a) = d.akeys.get(akey) {
@@ -372,10 +366,10 @@ impl TargetIndex {
                     .max(level_floor(&a.punches, r));
                 let size = a.value_size(f, r);
                 if size > 0 {
-                    return Answer::Last {
-                        found: Some((k.to_vec(), size)),
-                        resume: None,
-                    };
+                    return Answer::Last(LastSized::Found {
+                        dkey: k.to_vec(),
+                        size,
+                    });
                 }
             }
             last_seen = Some(k.to_vec());

@@ -2,6 +2,7 @@
 
 use super::list::punch_record;
 use super::*;
+use crate::request::LastSized;
 
 fn inline(b: &[u8]) -> Payload {
     Payload::Inline(b.into())
@@ -721,14 +722,13 @@ fn the_last_sized_dkey_is_found_from_the_end_within_the_scan_bound() {
     let last = |ix: &TargetIndex, before: &[u8], r: u64, scan: usize| {
         ix.last_sized(&pool, &cont, &obj, b"a", before, r, scan)
     };
-    let found = |d: &[u8], s: u64| Answer::Last {
-        found: Some((d.to_vec(), s)),
-        resume: None,
+    let found = |d: &[u8], s: u64| {
+        Answer::Last(LastSized::Found {
+            dkey: d.to_vec(),
+            size: s,
+        })
     };
-    let nothing = Answer::Last {
-        found: None,
-        resume: None,
-    };
+    let nothing = Answer::Last(LastSized::Nothing);
     assert_eq!(last(&ix, b"", u64::MAX, 10), nothing, "no object");
     at(&mut ix, b"k1", b"a", 10, b"one");
     at(&mut ix, b"k2", b"a", 11, b"second");
@@ -748,10 +748,7 @@ fn the_last_sized_dkey_is_found_from_the_end_within_the_scan_bound() {
     // says to go on below k3; there it finds k1 past the punched k2.
     assert_eq!(
         last(&ix, b"", u64::MAX, 2),
-        Answer::Last {
-            found: None,
-            resume: Some(b"k3".to_vec())
-        }
+        Answer::Last(LastSized::Below(b"k3".to_vec()))
     );
     assert_eq!(last(&ix, b"k3", u64::MAX, 2), found(b"k1", 3));
     punch(&mut ix, b"", vec![], 30);

@@ -3,6 +3,19 @@
 
 use super::types::{ChangedKey, Dtx, ValueKind};
 
+/// Where a scan for the last dkey whose akey has a non-zero size ended
+/// ([`Answer::Last`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LastSized {
+    /// That dkey, and the size.
+    Found { dkey: Vec<u8>, size: u64 },
+    /// No such dkey before the asked bound.
+    Nothing,
+    /// None among the [`crate::LAST_SCAN_MAX`] dkeys scanned: ask again
+    /// before this one, the last scanned.
+    Below(Vec<u8>),
+}
+
 /// One iod of a fetch as read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FetchedValue {
@@ -81,14 +94,8 @@ pub enum Answer {
         size: u64,
         absent: bool,
     },
-    /// The last dkey (before the asked bound) whose akey has a non-zero
-    /// size, and that size; `None` if there is none before `resume`, or
-    /// before the bound when `resume` is `None`. `resume`: the scan
-    /// stopped at [`crate::LAST_SCAN_MAX`] dkeys, ask again before it.
-    Last {
-        found: Option<(Vec<u8>, u64)>,
-        resume: Option<Vec<u8>>,
-    },
+    /// The last dkey (before the asked bound) whose akey has a non-zero size.
+    Last(LastSized),
     Changed {
         keys: Vec<ChangedKey>,
         done: bool,

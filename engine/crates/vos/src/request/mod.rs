@@ -6,7 +6,7 @@ use crate::{Bulk, Errno, Gather};
 mod answer;
 mod types;
 
-pub use answer::{Answer, DtxPending, DtxState, FetchedValue, Record, RecordKind};
+pub use answer::{Answer, DtxPending, DtxState, FetchedValue, LastSized, Record, RecordKind};
 pub use types::{
     Address, ChangedKey, Condition, Dtx, DtxDecideReq, DtxPendingReq, DtxQueryReq, Expect,
     FetchReq, FlushReq, Iod, IodKind, ListChangedReq, ListRecordsReq, ListReq, ObjectId,
