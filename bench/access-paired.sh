@@ -53,12 +53,8 @@ want_positive --rounds "$ROUNDS"
 want_positive --ops "$OPS"
 want_positive --blocks "$BLOCKS"
 want_positive --threads "$THREADS"
-[[ $MAX_LOSS =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--max-loss wants a percentage, got $MAX_LOSS"
-case $TRANSPORT in
-  auto | tcp | shm) ;;
-  *) die "--transport wants auto, tcp or shm, got $TRANSPORT" ;;
-esac
-export PEREGRINE_TRANSPORT=$TRANSPORT
+want_percent --max-loss "$MAX_LOSS"
+use_transport "$TRANSPORT"
 
 bench_build peregrine-engine peregrine-cli peregrine-bench -- "$PEREGRINE" "$ENGINE" "$BENCH"
 command -v python3 >/dev/null || die "python3 not found (it formats the table)"

@@ -64,13 +64,8 @@ want_positive --engines "$COUNT"
 [[ $SECS =~ ^[0-9]+$ ]] || die "--secs wants whole seconds, got $SECS"
 : "${SMALL_OPS:=$((SECS * 20000))}"
 want_positive --small-ops "$SMALL_OPS"
-[[ $MAX_LOSS =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--max-loss wants a percentage, got $MAX_LOSS"
-case $TRANSPORT in
-  auto | tcp | shm) ;;
-  *) die "--transport wants auto, tcp or shm, got $TRANSPORT" ;;
-esac
-# peregrine-bench reads it (run.sh leaves it to the environment, default auto).
-export PEREGRINE_TRANSPORT=$TRANSPORT
+want_percent --max-loss "$MAX_LOSS"
+use_transport "$TRANSPORT"
 
 bench_build peregrine-engine peregrine-cli peregrine-bench -- "$PEREGRINE" "$ENGINE" "$BENCH"
 command -v python3 >/dev/null || die "python3 not found (it formats the table)"

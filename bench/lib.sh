@@ -25,6 +25,19 @@ die() {
   exit 1
 }
 
+# want_percent OPTION VALUE: VALUE is a percentage (digits, an optional fraction).
+want_percent() {
+  [[ $2 =~ ^[0-9]+([.][0-9]+)?$ ]] || die "$1 wants a percentage, got $2"
+}
+
+# use_transport VALUE: auto, tcp or shm, exported as PEREGRINE_TRANSPORT (peregrine-bench reads it).
+use_transport() {
+  case $1 in
+    auto | tcp | shm) export PEREGRINE_TRANSPORT=$1 ;;
+    *) die "--transport wants auto, tcp or shm, got $1" ;;
+  esac
+}
+
 # want_positive OPTION VALUE: VALUE is a whole number above zero.
 want_positive() {
   [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 wants a positive number, got $2"

@@ -53,13 +53,18 @@ fn start_agent(c: &Cluster) -> Agent {
 
 /// An agent process serving `socket`, once it listens.
 fn spawn_agent(c: &Cluster, socket: &Path) -> Child {
+    spawn_agent_with(c, socket, &c.client_tls_dir().expect("a TLS cluster"))
+}
+
+/// [`spawn_agent`] with the certificate directory `tls`.
+fn spawn_agent_with(c: &Cluster, socket: &Path, tls: &Path) -> Child {
     let _ = std::fs::remove_file(socket);
     let child = Command::new(env!("CARGO_BIN_EXE_peregrine-agent"))
         .arg("--socket")
         .arg(socket)
         .args(["--mgmt", &c.mgmt_addr()])
         .arg("--tls-dir")
-        .arg(c.client_tls_dir().expect("a TLS cluster"))
+        .arg(tls)
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -294,6 +299,28 @@ fn cli_as(uid: u32, agent: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The CLI as nobody through the agent at `socket` reads "admin" from "ro"
+/// within 30 s (the agent may still be connecting).
+fn nobody_reads_through(socket: &Path, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        let out = cli_as(NOBODY, socket, &GET_RO);
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        out.status.success(),
+        "{why}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"admin");
+}
+
+/// `obj get` of what [`cluster`] put in "ro".
+const GET_RO: [&str; 7] = ["obj", "get", "pool", "ro", "S1:0.7", "d", "a"];
+
 #[test]
 fn the_agent_waits_for_the_service_and_the_cli_goes_through_it() {
     let mut c = cluster();
@@ -309,8 +336,7 @@ fn the_agent_waits_for_the_service_and_the_cli_goes_through_it() {
         socket: socket.clone(),
         _dir: dir,
     };
-    let get_ro = ["obj", "get", "pool", "ro", "S1:0.7", "d", "a"];
-    let out = cli_as(NOBODY, &socket, &get_ro);
+    let out = cli_as(NOBODY, &socket, &GET_RO);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -319,20 +345,7 @@ fn the_agent_waits_for_the_service_and_the_cli_goes_through_it() {
     );
 
     c.restart(0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let out = loop {
-        let out = cli_as(NOBODY, &socket, &get_ro);
-        if out.status.success() || Instant::now() > deadline {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(
-        out.status.success(),
-        "the agent reached the service once it was back: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.stdout, b"admin");
+    nobody_reads_through(&socket, "the agent reaches the service once it is back");
 
     // nobody, the ACL's reader of "ro", may not write it; it writes "rw" as a member of nogroup and reads it back.
     let out = cli_as(
@@ -372,7 +385,7 @@ fn the_agent_waits_for_the_service_and_the_cli_goes_through_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     // A uid the ACLs do not name opens neither, whatever its environment says.
-    let out = cli_as(STRANGER, &socket, &get_ro);
+    let out = cli_as(STRANGER, &socket, &GET_RO);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("12345"), "the refusal names the caller: {err}");
@@ -393,23 +406,14 @@ fn the_agent_takes_its_certificate_files_as_they_are_replaced() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = dir.path().join("agent.sock");
-    let _ = std::fs::remove_file(&socket);
     let mut agent = Agent {
-        child: Command::new(env!("CARGO_BIN_EXE_peregrine-agent"))
-            .arg("--socket")
-            .arg(&socket)
-            .args(["--mgmt", &c.mgmt_addr()])
-            .arg("--tls-dir")
-            .arg(tls.path())
-            .spawn()
-            .unwrap(),
+        child: spawn_agent_with(&c, &socket, tls.path()),
         socket: socket.clone(),
         _dir: dir,
     };
-    let get_ro = ["obj", "get", "pool", "ro", "S1:0.7", "d", "a"];
     let deadline = Instant::now() + Duration::from_secs(20);
     let out = loop {
-        let out = cli_as(NOBODY, &socket, &get_ro);
+        let out = cli_as(NOBODY, &socket, &GET_RO);
         if !out.stderr.is_empty() || Instant::now() > deadline {
             break out;
         }
@@ -423,19 +427,6 @@ fn the_agent_takes_its_certificate_files_as_they_are_replaced() {
 
     // The good files come back: the agent connects with them, unrestarted.
     std::fs::copy(client.join("tls.crt"), tls.path().join("tls.crt")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let out = loop {
-        let out = cli_as(NOBODY, &socket, &get_ro);
-        if out.status.success() || Instant::now() > deadline {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.stdout, b"admin");
+    nobody_reads_through(&socket, "the agent connects with the good files");
     agent.kill9();
 }
