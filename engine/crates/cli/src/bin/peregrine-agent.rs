@@ -8,6 +8,10 @@
 //! Bounds: requests of at most 64 KiB, `--max-connections` callers at once
 //! (the next is told the agent is busy), and a connection idle for
 //! `--idle-timeout` seconds is closed.
+//!
+//! It serves its socket at once and reaches the management service in the
+//! background ([`Current`]): until then callers are told why it cannot act
+//! for them; it connects again when its certificate files change.
 
 use clap::Parser;
 use peregrine::agent;
