@@ -168,11 +168,17 @@ func metricsSpecs(ctx context.Context) {
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: storeNS, Name: storeName}, pool)).To(Succeed())
 		ops := &corev1.PodList{}
 		Expect(k8s.List(ctx, ops, client.InNamespace(releaseNS), client.MatchingLabels{"app.kubernetes.io/name": "peregrine-operator"})).To(Succeed())
-		Expect(ops.Items).NotTo(BeEmpty())
+		// An evicted or finished pod of an earlier ReplicaSet stays listed; it serves nothing.
+		var running []*corev1.Pod
+		for i := range ops.Items {
+			if p := &ops.Items[i]; p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				running = append(running, p)
+			}
+		}
+		Expect(running).NotTo(BeEmpty(), "no running operator pod among %d", len(ops.Items))
 		// A scraper's identity: a ServiceAccount bound to peregrine-metrics-reader, and one that is not.
 		scraper, stranger := metricsToken(ctx, "e2e-metrics-scraper", true), metricsToken(ctx, "e2e-metrics-stranger", false)
-		for i := range ops.Items {
-			p := &ops.Items[i]
+		for _, p := range running {
 			code, _ := scrapeOperator(ctx, p, "")
 			Expect(code).To(Equal(http.StatusUnauthorized), "pod %s without a token", p.Name)
 			code, _ = scrapeOperator(ctx, p, stranger)
@@ -181,9 +187,9 @@ func metricsSpecs(ctx context.Context) {
 		// Only the leader reconciles, so only its metrics carry the pool.
 		Eventually(func() float64 {
 			var n float64
-			for i := range ops.Items {
-				code, body := scrapeOperator(ctx, &ops.Items[i], scraper)
-				Expect(code).To(Equal(http.StatusOK), "pod %s: %.300s", ops.Items[i].Name, body)
+			for _, p := range running {
+				code, body := scrapeOperator(ctx, p, scraper)
+				Expect(code).To(Equal(http.StatusOK), "pod %s: %.300s", p.Name, body)
 				n += sumMetric(parseMetrics(body), "peregrine_pool_info",
 					map[string]string{"namespace": storeNS, "pool": storeName, "uuid": pool.Status.UUID})
 			}
