@@ -59,7 +59,7 @@ pub enum Test {
     Lat,
     /// 64 B single-value update and fetch, ops/s.
     Small,
-    /// The small test on --cont and --pair-cont in alternating blocks (bench/access.sh --paired).
+    /// The small test on --cont and --pair-cont in alternating blocks (bench/access-paired.sh).
     SmallPaired,
 }
 

@@ -1,6 +1,6 @@
 //! The small-value test on two containers in alternating blocks
 //! (`--tests small-paired`, `--pair-pool`, `--pair-cont`): what
-//! `bench/access.sh --paired` uses to compare two engines of one system
+//! `bench/access-paired.sh` uses to compare two engines of one system
 //! that differ in one setting (access checks on one, off on the other).
 //!
 //! Runs of their own on this 2-vCPU VM move by 10-30% from one to the next
@@ -11,18 +11,11 @@
 //! machine's speed lasting longer than a block weighs on both sides alike.
 
 use crate::report::SmallPaired;
-use crate::tests::{cerr, on_threads};
+use crate::tests::{cerr, on_threads, small_value as value};
 use anyhow::{bail, Context, Result};
 use peregrine::{Container, Object, ObjectClass, ObjectId};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
-
-/// The value of key `i` of thread `t`: different for every key.
-fn value(t: usize, i: u64, size: usize) -> Vec<u8> {
-    (0..size)
-        .map(|b| (t as u64 * 31 + i + b as u64) as u8)
-        .collect()
-}
 
 /// Seconds each side took, block by block, for `op(side, thread, key)`
 /// over `per_block` keys per thread and block.

@@ -372,6 +372,13 @@ fn latency(ds: &DataSet, len: u64, dur: Duration) -> Result<Latency> {
     Latency::from_ns(samples).context("no operation finished within the latency test's duration")
 }
 
+/// The small test's value of key `i` of thread `t`: different for every key.
+pub(crate) fn small_value(t: usize, i: u64, size: usize) -> Vec<u8> {
+    (0..size)
+        .map(|b| (t as u64 * 31 + i + b as u64) as u8)
+        .collect()
+}
+
 fn small(
     cont: &Container,
     class: ObjectClass,
@@ -392,12 +399,6 @@ fn small(
             .map_err(cerr)
         })
         .collect::<Result<Vec<_>>>()?;
-    let value = |t: usize, i: u64| -> Vec<u8> {
-        (0..size)
-            .map(|b| (t as u64 * 31 + i + b as u64) as u8)
-            .collect()
-    };
-
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     on_threads(threads, &stop, |t| {
@@ -406,7 +407,7 @@ fn small(
                 break;
             }
             objects[t]
-                .update_single(format!("k{i}").as_bytes(), b"v", &value(t, i))
+                .update_single(format!("k{i}").as_bytes(), b"v", &small_value(t, i, size))
                 .map_err(cerr)
                 .context("small update")?;
         }
@@ -424,7 +425,7 @@ fn small(
                 .fetch_single(format!("k{i}").as_bytes(), b"v")
                 .map_err(cerr)
                 .context("small fetch")?;
-            if v.as_deref() != Some(&value(t, i)[..]) {
+            if v.as_deref() != Some(&small_value(t, i, size)[..]) {
                 bail!("small fetch: object {t} key k{i}: value differs from what was written");
             }
         }

@@ -3,6 +3,28 @@
 
 use super::*;
 
+/// `engines` engines of one target on `device_mib` devices (64 MiB of SCM
+/// each), formatted, with pool "pool" of `pool_mib` and container "cont" of
+/// `class`, checksums on: what every outage test starts from.
+pub(crate) fn one_target_engines(
+    engines: u32,
+    device_mib: u64,
+    pool_mib: u64,
+    class: &str,
+) -> Cluster {
+    Cluster::with_pool(
+        ClusterSpec {
+            engines,
+            targets: 1,
+            device_mib,
+            scm_mib: 64,
+        },
+        pool_mib,
+        class,
+        "crc32c",
+    )
+}
+
 /// (map version, targets not up-and-in) of pool "pool", and the sum of
 /// `targets_out` over the members.
 pub(crate) fn pool_out(c: &Cluster) -> (u64, u32, u32) {

@@ -5,17 +5,7 @@ use super::*;
 
 fn outage(class: ObjectClass, engines: u32, victim: usize, down: Duration) {
     let _serial = one_at_a_time();
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines,
-            targets: 1,
-            device_mib: 1024,
-            scm_mib: 64,
-        },
-        640 * engines as u64,
-        class.name(),
-        "crc32c",
-    );
+    let mut c = one_target_engines(engines, 1024, 640 * engines as u64, class.name());
     let w = Workload::new(class);
     let threads = start(&c, &w);
     std::thread::sleep(Duration::from_secs(2));
@@ -104,17 +94,7 @@ fn ec_4p2g1_engine_down_past_detection() {
 /// at once (degraded) and after the return with each engine missing in turn.
 fn failed_updates(class: ObjectClass, engines: u32) {
     let _serial = one_at_a_time();
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines,
-            targets: 1,
-            device_mib: 1024,
-            scm_mib: 64,
-        },
-        640 * engines as u64,
-        class.name(),
-        "crc32c",
-    );
+    let mut c = one_target_engines(engines, 1024, 640 * engines as u64, class.name());
     let w = Arc::new(Workload {
         tolerate_failures: true,
         ..Workload::build(class)
@@ -176,17 +156,7 @@ fn failed_ec_updates_are_all_or_nothing() {
 #[test]
 fn ec_reads_see_no_update_in_flight() {
     let _serial = one_at_a_time();
-    let c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        384,
-        "EC_2P1G1",
-        "crc32c",
-    );
+    let c = one_target_engines(3, 256, 384, "EC_2P1G1");
     let w = Workload::new(ObjectClass::Ec2P1G1);
     let threads = start(&c, &w);
     std::thread::sleep(Duration::from_secs(6));
@@ -205,17 +175,7 @@ fn ec_reads_see_no_update_in_flight() {
 fn rp_2g1_discard_during_an_outage_holds_after_the_return() {
     let _serial = one_at_a_time();
     let class = ObjectClass::Rp2G1;
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 1024,
-            scm_mib: 64,
-        },
-        640 * 3,
-        class.name(),
-        "crc32c",
-    );
+    let mut c = one_target_engines(3, 1024, 640 * 3, class.name());
     let cont = c.container();
     let objs: Vec<_> = (0..OBJECTS)
         .map(|i| cont.object(ObjectId::new(class, 9, i)).unwrap())

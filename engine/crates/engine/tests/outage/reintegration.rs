@@ -12,17 +12,7 @@ use super::*;
 #[test]
 fn conditional_inserts_go_on_while_a_replica_is_out() {
     let _serial = one_at_a_time();
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        384,
-        "RP_2G1",
-        "crc32c",
-    );
+    let mut c = one_target_engines(3, 256, 384, "RP_2G1");
     let cont = c.container();
     let dir = cont.object(oid(ObjectClass::Rp2G1, 100)).unwrap();
     let (v0, _, _) = pool_out(&c);
@@ -78,17 +68,7 @@ fn conditional_inserts_go_on_while_a_replica_is_out() {
 fn reintegration_writes_only_what_the_returning_engine_missed() {
     let _serial = one_at_a_time();
     let class = ObjectClass::Ec2P1G1;
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 1024,
-            scm_mib: 64,
-        },
-        1920,
-        class.name(),
-        "crc32c",
-    );
+    let mut c = one_target_engines(3, 1024, 1920, class.name());
     let cont = c.container();
     // Before the outage: 32 MiB in 1 MiB dkeys, as a file is stored. Every
     // object of a G1 class has a shard on each of the three targets.
@@ -270,17 +250,7 @@ fn engine_out_past_the_reintegration_window_is_copied_whole() {
 #[test]
 fn a_reader_with_an_old_map_reads_the_replica_that_came_back() {
     let _serial = one_at_a_time();
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        384,
-        "RP_2G1",
-        "crc32c",
-    );
+    let mut c = one_target_engines(3, 256, 384, "RP_2G1");
     let cont = c.container();
     let full = cont.pool().map();
     let ranks = |i: u64| -> Vec<u32> {

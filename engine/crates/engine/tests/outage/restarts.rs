@@ -11,17 +11,7 @@ use super::*;
 fn rolling_restart_under_a_writer() {
     let _serial = one_at_a_time();
     let class = ObjectClass::Ec2P1G1;
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 1024,
-            scm_mib: 64,
-        },
-        1920,
-        class.name(),
-        "crc32c",
-    );
+    let mut c = one_target_engines(3, 1024, 1920, class.name());
     let w = Workload::new(class);
     let threads = start(&c, &w);
     for victim in [1, 2, 0] {
@@ -51,17 +41,7 @@ fn rolling_restart_under_a_writer() {
 fn clean_stop_is_excluded_at_once() {
     let _serial = one_at_a_time();
     let class = ObjectClass::Rp2G1;
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 1024,
-            scm_mib: 64,
-        },
-        1920,
-        class.name(),
-        "crc32c",
-    );
+    let mut c = one_target_engines(3, 1024, 1920, class.name());
     let w = Workload::new(class);
     let threads = start(&c, &w);
     std::thread::sleep(Duration::from_secs(1));
