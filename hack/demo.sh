@@ -157,8 +157,17 @@ until k logs -f job/peregrine-train >&2 2>/dev/null; do
   ((SECONDS < deadline)) || { k describe job/peregrine-train >&2; die "the training job did not start"; }
   sleep 2
 done
-k wait --for=condition=complete job/peregrine-train --timeout="${WAIT}s" >&2 ||
-  { k describe job/peregrine-train >&2; die "the training job did not complete"; }
+# Complete or failed, whichever comes first; a failure shows the pod's own account.
+k wait --for=jsonpath='{.status.conditions[?(@.status=="True")].type}' job/peregrine-train \
+  --timeout="${WAIT}s" >&2 || true
+if [[ "$(k get job/peregrine-train -o jsonpath='{.status.succeeded}')" != 1 ]]; then
+  k describe job/peregrine-train >&2
+  k describe pod -l job-name=peregrine-train >&2
+  k logs -l job-name=peregrine-train --all-containers --tail=50 >&2 || true
+  k exec peregrine-reader -- df -h /data >&2 || true
+  df -h / >&2
+  die "the training job did not complete"
+fi
 k logs job/peregrine-train -c peregrine-il-check-0 >&2
 log "done in $((SECONDS - T0)) s; the cluster stays up: KUBECONFIG=$KUBECONFIG ($KUBECTL); bash hack/cluster.sh down stops it"
 echo "$KUBECONFIG"

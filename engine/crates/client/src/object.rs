@@ -102,6 +102,13 @@ pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(30)
 /// engines to settle one whose client died (`peregrine_vos::DTX_STALE_MS`,
 /// then a round of questions), or whose leader died (failure detection, 6 s).
 pub(crate) const READ_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long an update refused for its container's quota is retried: the
+/// engines reclaim what removals and overwrites freed as the container
+/// nears its quota, and learn what the others hold once a second (the
+/// management service's `QUOTA_EVERY`), so room made by removing files
+/// shows within two rounds.
+const QUOTA_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const QUOTA_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(20);
 const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -552,6 +559,7 @@ impl Object {
     ) -> Result<T> {
         let pool = self.cont.pool();
         let deadline = std::time::Instant::now() + window;
+        let quota_deadline = std::time::Instant::now() + QUOTA_WAIT;
         let mut map = pool.map();
         let mut pause = RETRY_PAUSE_MIN;
         let mut in_progress_pause = std::time::Duration::from_micros(200);
@@ -567,6 +575,10 @@ impl Object {
                     pool.client().committer().flush();
                     std::thread::sleep(in_progress_pause);
                     in_progress_pause = (in_progress_pause * 2).min(RETRY_PAUSE_MAX);
+                }
+                Err(e) if e.code == -libc::EDQUOT && std::time::Instant::now() < quota_deadline => {
+                    tracing::debug!("retrying after: {e}");
+                    std::thread::sleep(QUOTA_PAUSE);
                 }
                 Err(e) if retryable(e.code) && std::time::Instant::now() < deadline => {
                     tracing::debug!("retrying after: {e}");

@@ -231,3 +231,56 @@ fn an_engine_back_from_a_restart_enforces_the_quota_again() {
         assert!(got == pattern(0, 1 << 20), "d{i} differs after the restart");
     }
 }
+
+#[test]
+fn a_container_refilled_right_after_its_data_was_removed_takes_the_new_data() {
+    // Three engines, RP_2GX as the CSI driver's default: every engine holds
+    // a part of what is removed, and counts what the others hold.
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 2,
+            device_mib: 256,
+            scm_mib: 64,
+        },
+        256,
+        "RP_2GX",
+        "crc32c",
+    );
+    set_quota(&c, "16MiB");
+    let cont = c.container();
+    let file = |round: u64, i: u64| {
+        cont.object(ObjectId::new(ObjectClass::Rp2GX, 4, round * 100 + i))
+            .unwrap()
+    };
+    let val = pattern(5, 1 << 20);
+    // A dataset of 12 files of 1 MiB removed and written again, as a job
+    // that regenerates its output does (a removed file is a punched
+    // object): three rounds, 36 MiB through a 16 MiB quota.
+    for round in 0..3 {
+        for i in 0..12 {
+            file(round, i)
+                .update_array(b"0", b"a", 0, &val)
+                .unwrap_or_else(|e| panic!("round {round}, file {i} under a 16 MiB quota: {e}"));
+        }
+        for i in 0..12 {
+            file(round, i).punch().unwrap();
+        }
+        // The service measures the engines: 12 MiB removed, not yet reclaimed.
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    // Left alone, the engines reclaim what was removed, though the service
+    // measures them (and wakes their targets) every second.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let used = query(&c).quota_used_bytes;
+        if used < 1 << 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{used} bytes still counted against the quota a minute after everything was removed"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

@@ -120,7 +120,8 @@
 //!   it; a target records the highest such epoch and refuses a snapshot
 //!   being added at or below it (`StorageError::Retry`: take it at a newer
 //!   epoch), since versions only that snapshot would read may be gone.
-//!   Targets aggregate on their own (a pool 80% full, idle) only under the
+//!   Targets aggregate on their own (a pool 80% full, a container near its
+//!   quota, no client request for 30 s) only under the
 //!   aggregation lease ([`Storage::lease_aggregation`]; endless unless an
 //!   engine sets it).
 //! - `FetchedValue.epoch` is the newest epoch of the versions the returned

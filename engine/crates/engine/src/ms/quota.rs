@@ -7,8 +7,13 @@
 //! property changes. Engines count stored bytes, replicas and parity
 //! included; the property counts data, so the two are converted by the
 //! container's file object class (`RP_2G1` stores two bytes per byte of
-//! data, `EC_4P2G1` one and a half). Overwrites count until aggregation
-//! reclaims the versions they replaced.
+//! data, `EC_4P2G1` one and a half). Overwrites and removals count until
+//! aggregation reclaims what they replaced; a target reclaims before it
+//! would refuse an update, when this service finds the container within an
+//! eighth of its quota, and when no client has used it for a while. A
+//! client retries an update refused for the quota for a few seconds
+//! (`peregrine::object`'s `QUOTA_WAIT`), so room made by removing files on
+//! other engines shows once they reclaimed and were measured again.
 
 use super::{ContRec, MgmtService, MsState, PoolRec};
 use peregrine_proto::mgmt::{ContShardQuota, ContShardQuotaReq, PoolShardSpace};

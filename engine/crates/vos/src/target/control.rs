@@ -242,9 +242,13 @@ impl Target {
                     Some(q) => self.quota.limits.insert((pool, cont), q),
                     None => self.quota.limits.remove(&(pool, cont)),
                 };
-                // A full container gets back what its overwrites and
-                // removals freed now, not when the target is next idle.
-                if self.check_quota(&pool, &cont, 1).is_err() && self.dirty.remove(&pool) {
+                // A container near its quota gets back what its overwrites
+                // and removals freed now, on every engine: what one engine
+                // has yet to reclaim counts against writers on the others
+                // until the service measures again.
+                let near = |q: &ContQuota| q.limit / 8;
+                let near = self.quota.limits.get(&(pool, cont)).map_or(0, near);
+                if self.over_quota(&pool, &cont, near.max(1)) && self.dirty.remove(&pool) {
                     self.auto_aggregate(pool, "quota reached");
                 }
                 Ok(CtlOut::Done)

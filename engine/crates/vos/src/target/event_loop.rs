@@ -17,6 +17,9 @@ pub(super) struct Polling {
     /// Keep polling, rather than sleep, until then: a source's next request
     /// usually follows its reply closely.
     pub(super) until: Option<Instant>,
+    /// When the target last took a client's data-plane request: it
+    /// aggregates once idle for [`IDLE_AGGREGATE`].
+    pub(super) last_request: Instant,
 }
 
 pub(crate) enum Msg {
@@ -109,7 +112,6 @@ impl Target {
         let mut halt = false;
         let mut stopping = false;
         let mut spun = false;
-        let mut idle_since = Instant::now();
         loop {
             self.complete();
             self.publish(false);
@@ -173,18 +175,20 @@ impl Target {
                     continue;
                 }
                 self.publish(true);
-                if self.sleep_idle(&inbox) {
-                    idle_since = Instant::now();
-                } else if idle_since.elapsed() >= IDLE_AGGREGATE && self.lease.valid() {
+                self.sleep_idle(&inbox);
+                // Idle means no data-plane request: the management service's
+                // measurements and quota pushes (every second), flush stamps
+                // and the scrubber wake the target too, and must not keep it
+                // from ever reclaiming what removals and overwrites freed.
+                let idle = self.polling.last_request.elapsed() >= IDLE_AGGREGATE;
+                if idle && !self.dirty.is_empty() && self.lease.valid() {
                     let dirty: Vec<Uuid> = self.dirty.iter().copied().collect();
                     for pool in dirty {
                         self.auto_aggregate(pool, "idle");
                     }
-                    idle_since = Instant::now();
                 }
                 continue;
             }
-            idle_since = Instant::now();
             if self.dev.in_flight() == 0 || self.dev.completed() {
                 self.submit();
                 continue;
@@ -236,6 +240,11 @@ impl Target {
 
     /// Start (fetches: queue) one data-plane request.
     fn take(&mut self, req: Request, tx: Responder, area: Option<ReplyArea>) {
+        // The engine's own round of questions about held transactions
+        // comes every second whatever the clients do: not activity.
+        if !matches!(req, Request::DtxPending(_)) {
+            self.polling.last_request = Instant::now();
+        }
         if let Some(e) = &self.refused {
             return tx.send(Err(e.clone()));
         }
@@ -267,11 +276,10 @@ impl Target {
     }
 
     /// Mark the target asleep and sleep in the ring until a message, a
-    /// source's request, a flush is due or [`IDLE_AGGREGATE`]; false if it
-    /// slept that long.
-    fn sleep_idle(&mut self, inbox: &Inbox) -> bool {
+    /// source's request, a flush is due or [`IDLE_AGGREGATE`].
+    fn sleep_idle(&mut self, inbox: &Inbox) {
         if !self.going_to_sleep(inbox) {
-            return true;
+            return;
         }
         let timeout = match self.flush.dirty_since {
             Some(t) if self.flush_wanted() => self
@@ -296,13 +304,9 @@ impl Target {
         };
         let r = self.dev.wait_idle(inbox.wake.fd.as_raw_fd(), timeout);
         inbox.wake.asleep().store(0, Ordering::SeqCst);
-        match r {
-            Ok(woken) => woken,
-            Err(e) => {
-                tracing::error!(target = self.id, error = %e, "waiting for requests failed");
-                std::thread::sleep(Duration::from_millis(1));
-                true
-            }
+        if let Err(e) = r {
+            tracing::error!(target = self.id, error = %e, "waiting for requests failed");
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

@@ -245,6 +245,7 @@ impl Target {
                 sources: Vec::new(),
                 poll: opts.poll,
                 until: None,
+                last_request: Instant::now(),
             },
         };
         t.chunk = t.sb.csum_chunk();

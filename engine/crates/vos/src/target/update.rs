@@ -53,12 +53,11 @@ pub(super) fn copy_and_sum(
 }
 
 impl Target {
-    /// Refuse an update of `need` bytes that would take the container past
-    /// its quota ([`ContQuota`]).
-    pub(super) fn check_quota(&self, pool: &Uuid, cont: &Uuid, need: u64) -> Result<(), Errno> {
-        let Some(q) = self.quota.limits.get(&(*pool, *cont)) else {
-            return Ok(());
-        };
+    /// What a container with a quota holds by this engine's count: this
+    /// target's own figure, the other targets' shares and what the service
+    /// last measured on the other engines; `None` without a quota.
+    fn quota_used(&self, pool: &Uuid, cont: &Uuid) -> Option<(&ContQuota, u64, u64)> {
+        let q = self.quota.limits.get(&(*pool, *cont))?;
         let here = self
             .index
             .cont(pool, cont)
@@ -77,7 +76,21 @@ impl Target {
                 }
             })
             .sum();
-        let used = q.elsewhere.saturating_add(local);
+        Some((q, here, q.elsewhere.saturating_add(local)))
+    }
+
+    /// Whether `need` more stored bytes would take the container past its quota.
+    pub(super) fn over_quota(&self, pool: &Uuid, cont: &Uuid, need: u64) -> bool {
+        self.quota_used(pool, cont)
+            .is_some_and(|(q, _, used)| used.saturating_add(need) > q.limit)
+    }
+
+    /// Refuse an update of `need` bytes that would take the container past
+    /// its quota ([`ContQuota`]).
+    pub(super) fn check_quota(&self, pool: &Uuid, cont: &Uuid, need: u64) -> Result<(), Errno> {
+        let Some((q, here, used)) = self.quota_used(pool, cont) else {
+            return Ok(());
+        };
         if used.saturating_add(need) > q.limit {
             return Err(Errno::new(
                 -libc::EDQUOT,
@@ -87,10 +100,30 @@ impl Target {
                 ),
             ));
         }
-        if let Some(slot) = q.share.held.get(me) {
+        if let Some(slot) = q.share.held.get(self.id as usize) {
             slot.store(here + need, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// An update that would take its container past its quota first gets
+    /// back what removals and overwrites freed on this target: a writer
+    /// that removed files to make room must not be refused until the target
+    /// happens to be idle.
+    pub(super) fn reclaim_for_quota(&mut self, u: &UpdateReq) {
+        if self.quota.limits.is_empty() || !self.lease.valid() {
+            return;
+        }
+        let Ok((pool, cont, _)) = self.addr(&u.addr, "update") else {
+            return;
+        };
+        let need = u.iods.iter().fold(0u64, |s, i| s.saturating_add(i.len));
+        if self.dirty.contains(&pool) && self.over_quota(&pool, &cont, need) {
+            self.dirty.remove(&pool);
+            // Aggregation needs the device to itself.
+            self.drain();
+            self.auto_aggregate(pool, "quota reached");
+        }
     }
 
     /// Validate and stage an update into the open batch; a transaction's
