@@ -9,8 +9,9 @@
 //! container's file object class (`RP_2G1` stores two bytes per byte of
 //! data, `EC_4P2G1` one and a half). Overwrites and removals count until
 //! aggregation reclaims what they replaced; a target reclaims before it
-//! would refuse an update, when this service finds the container within an
-//! eighth of its quota, and when no client has used it for a while. A
+//! would refuse an update and when this service finds the container within
+//! an eighth of its quota (at most every 2 s), and when no client has used
+//! it for 30 s. A
 //! client retries an update refused for the quota for a few seconds
 //! (`peregrine::object`'s `QUOTA_WAIT`), so room made by removing files on
 //! other engines shows once they reclaimed and were measured again.

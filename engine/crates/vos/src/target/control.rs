@@ -85,6 +85,8 @@ pub(super) struct Quotas {
     pub(super) limits: HashMap<(Uuid, Uuid), ContQuota>,
     /// The newest quota push applied per container (see [`Ctl::SetQuota`]).
     pub(super) versions: HashMap<(Uuid, Uuid), u64>,
+    /// When a pool was last aggregated for a quota ([`Target::aggregate_for_quota`]).
+    pub(super) aggregated: HashMap<Uuid, Instant>,
 }
 
 pub(crate) enum CtlOut {
@@ -248,8 +250,8 @@ impl Target {
                 // until the service measures again.
                 let near = |q: &ContQuota| q.limit / 8;
                 let near = self.quota.limits.get(&(pool, cont)).map_or(0, near);
-                if self.over_quota(&pool, &cont, near.max(1)) && self.dirty.remove(&pool) {
-                    self.auto_aggregate(pool, "quota reached");
+                if self.over_quota(&pool, &cont, near.max(1)) {
+                    self.aggregate_for_quota(pool);
                 }
                 Ok(CtlOut::Done)
             }

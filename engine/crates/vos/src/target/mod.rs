@@ -133,6 +133,8 @@ const BATCH_DATA: usize = 8 << 20;
 /// Large values go to the device in writes of this size, each started as
 /// soon as it is copied in (the next piece is copied meanwhile).
 const WRITE_PIECE: usize = 256 << 10;
+/// Least time between two aggregations of a pool for a container's quota.
+const QUOTA_AGGREGATE_GAP: Duration = Duration::from_secs(2);
 /// Idle time after which a target aggregates the pools it changed.
 const IDLE_AGGREGATE: Duration = Duration::from_secs(30);
 /// `ListReq.max == 0` means this many.

@@ -111,19 +111,34 @@ impl Target {
     /// that removed files to make room must not be refused until the target
     /// happens to be idle.
     pub(super) fn reclaim_for_quota(&mut self, u: &UpdateReq) {
-        if self.quota.limits.is_empty() || !self.lease.valid() {
+        if self.quota.limits.is_empty() {
             return;
         }
         let Ok((pool, cont, _)) = self.addr(&u.addr, "update") else {
             return;
         };
         let need = u.iods.iter().fold(0u64, |s, i| s.saturating_add(i.len));
-        if self.dirty.contains(&pool) && self.over_quota(&pool, &cont, need) {
-            self.dirty.remove(&pool);
-            // Aggregation needs the device to itself.
-            self.drain();
-            self.auto_aggregate(pool, "quota reached");
+        if self.over_quota(&pool, &cont, need) {
+            self.aggregate_for_quota(pool);
         }
+    }
+
+    /// Aggregate a pool for a container's quota, if it changed since its
+    /// last aggregation and at most once per [`QUOTA_AGGREGATE_GAP`]: each
+    /// one walks the pool's whole index, and a container that stays near
+    /// its quota with live data would otherwise have it walked every second.
+    pub(super) fn aggregate_for_quota(&mut self, pool: Uuid) {
+        let recent = |at: &Instant| at.elapsed() < QUOTA_AGGREGATE_GAP;
+        if !self.dirty.contains(&pool)
+            || !self.lease.valid()
+            || self.quota.aggregated.get(&pool).is_some_and(recent)
+        {
+            return;
+        }
+        self.quota.aggregated.insert(pool, Instant::now());
+        // Aggregation needs the device to itself.
+        self.drain();
+        self.auto_aggregate(pool, "quota reached");
     }
 
     /// Validate and stage an update into the open batch; a transaction's
