@@ -9,6 +9,18 @@ use peregrine_proto::{ObjectClass, ObjectId};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// `engines` engines of `targets` targets on 256 MiB devices, a pool of
+/// 256 MiB per target and a container of files of class `oclass`.
+fn quota_cluster(engines: u32, targets: u32, oclass: &str) -> Cluster {
+    let spec = ClusterSpec {
+        engines,
+        targets,
+        device_mib: 256,
+        scm_mib: 64,
+    };
+    Cluster::with_pool(spec, 256, oclass, "crc32c")
+}
+
 fn set_quota(c: &Cluster, v: &str) -> ContInfo {
     let mut m = c.mgmt();
     c.rt.block_on(m.cont_set_prop(ContSetPropReq {
@@ -47,17 +59,7 @@ fn fill(obj: &peregrine::Object, from: u64, max: u64) -> (u64, peregrine::Error)
 #[test]
 fn replicated_container_stops_at_its_quota_in_data_bytes() {
     // Two engines, RP_2G1: every MiB of data is stored twice.
-    let c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 2,
-            targets: 2,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        256,
-        "RP_2G1",
-        "crc32c",
-    );
+    let c = quota_cluster(2, 2, "RP_2G1");
     let info = set_quota(&c, "8MiB");
     assert_eq!(info.quota_bytes, 8 << 20);
     assert_eq!(info.props.get("quota").map(String::as_str), Some("8388608"));
@@ -121,17 +123,7 @@ fn replicated_container_stops_at_its_quota_in_data_bytes() {
 
 #[test]
 fn striped_container_over_quota_frees_space_by_punching() {
-    let c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 2,
-            targets: 2,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        256,
-        "SX",
-        "crc32c",
-    );
+    let c = quota_cluster(2, 2, "SX");
     set_quota(&c, "8MiB");
     let cont = c.container();
     let obj = cont.object(ObjectId::new(ObjectClass::SX, 2, 1)).unwrap();
@@ -191,17 +183,7 @@ fn bad_quota_is_refused_by_name() {
 
 #[test]
 fn an_engine_back_from_a_restart_enforces_the_quota_again() {
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 2,
-            targets: 1,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        256,
-        "SX",
-        "crc32c",
-    );
+    let mut c = quota_cluster(2, 1, "SX");
     set_quota(&c, "8MiB");
     let cont = c.container();
     let obj = cont.object(ObjectId::new(ObjectClass::SX, 3, 1)).unwrap();
@@ -236,17 +218,7 @@ fn an_engine_back_from_a_restart_enforces_the_quota_again() {
 fn a_container_refilled_right_after_its_data_was_removed_takes_the_new_data() {
     // Three engines, RP_2GX as the CSI driver's default: every engine holds
     // a part of what is removed, and counts what the others hold.
-    let c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 2,
-            device_mib: 256,
-            scm_mib: 64,
-        },
-        256,
-        "RP_2GX",
-        "crc32c",
-    );
+    let c = quota_cluster(3, 2, "RP_2GX");
     set_quota(&c, "16MiB");
     let cont = c.container();
     let file = |round: u64, i: u64| {
