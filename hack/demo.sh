@@ -151,23 +151,25 @@ k get pvc,pv >&2
 log "a training-like job: a dataset of many files written, then read back in shuffled epochs"
 k delete job peregrine-train --ignore-not-found --wait >&2
 k apply -f config/samples/csi/training-job.yaml >&2
-# Its progress as it goes: the logs follow once the container started (after its check container).
-deadline=$((SECONDS + WAIT))
-until k logs -f job/peregrine-train >&2 2>/dev/null; do
-  ((SECONDS < deadline)) || { k describe job/peregrine-train >&2; die "the training job did not start"; }
-  sleep 2
-done
-# Complete or failed, whichever comes first; a failure shows the pod's own account.
-k wait --for=jsonpath='{.status.conditions[?(@.status=="True")].type}' job/peregrine-train \
-  --timeout="${WAIT}s" >&2 || true
-if [[ "$(k get job/peregrine-train -o jsonpath='{.status.succeeded}')" != 1 ]]; then
+# A failure shows the pod's own account and the space left, then stops the demo.
+train_failed() {
   k describe job/peregrine-train >&2
   k describe pod -l job-name=peregrine-train >&2
   k logs -l job-name=peregrine-train --all-containers --tail=50 >&2 || true
   k exec peregrine-reader -- df -h /data >&2 || true
   df -h / >&2
-  die "the training job did not complete"
-fi
+  die "the training job $1"
+}
+# Its progress as it goes: the logs follow once the container started (after its check container).
+deadline=$((SECONDS + WAIT))
+until k logs -f job/peregrine-train >&2 2>/dev/null; do
+  ((SECONDS < deadline)) || train_failed "did not start"
+  sleep 2
+done
+# Complete or failed, whichever comes first.
+k wait --for=jsonpath='{.status.conditions[?(@.status=="True")].type}' job/peregrine-train \
+  --timeout="${WAIT}s" >&2 || true
+[[ "$(k get job/peregrine-train -o jsonpath='{.status.succeeded}')" == 1 ]] || train_failed "did not complete"
 k logs job/peregrine-train -c peregrine-il-check-0 >&2
 log "done in $((SECONDS - T0)) s; the cluster stays up: KUBECONFIG=$KUBECONFIG ($KUBECTL); bash hack/cluster.sh down stops it"
 echo "$KUBECONFIG"

@@ -583,14 +583,14 @@ impl DeviceIo {
     }
 
     /// Sleep until the wake-up eventfd `wake` is written (or a completion
-    /// arrives), at most `timeout`; false if the timeout passed.
+    /// arrives), at most `timeout`.
     pub(crate) fn wait_idle(
         &mut self,
         wake: RawFd,
         timeout: std::time::Duration,
-    ) -> io::Result<bool> {
+    ) -> io::Result<()> {
         if !self.ready.is_empty() {
-            return Ok(true);
+            return Ok(());
         }
         let Some(ring) = self.ring.as_mut() else {
             let mut p = libc::pollfd {
@@ -604,7 +604,7 @@ impl DeviceIo {
             if n < 0 {
                 let e = io::Error::last_os_error();
                 return if e.kind() == io::ErrorKind::Interrupted {
-                    Ok(true)
+                    Ok(())
                 } else {
                     Err(e)
                 };
@@ -614,15 +614,20 @@ impl DeviceIo {
                 // Safety: reading 8 bytes into our buffer; poll said it won't block.
                 unsafe { libc::read(wake, b.as_mut_ptr().cast(), 8) };
             }
-            return Ok(n > 0);
+            return Ok(());
         };
         let ts = types::Timespec::from(timeout);
         let args = types::SubmitArgs::new().timespec(&ts);
         match ring.submitter().submit_with_args(1, &args) {
-            Ok(_) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(!ring.completion().is_empty()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => Ok(true),
-            Err(e) => Err(e),
+            Err(e)
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) =>
+            {
+                Err(e)
+            }
+            _ => Ok(()),
         }
     }
 

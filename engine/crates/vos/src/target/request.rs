@@ -12,7 +12,6 @@ impl Target {
                 {
                     self.settle_now();
                 }
-                self.reclaim_for_quota(&u);
                 let sync = u.sync;
                 match self.prepare_update(u, bulk) {
                     Ok(admit) => return self.answer_staged(admit, sync, tx),

@@ -106,39 +106,24 @@ impl Target {
         Ok(())
     }
 
-    /// An update that would take its container past its quota first gets
-    /// back what removals and overwrites freed on this target: a writer
-    /// that removed files to make room must not be refused until the target
-    /// happens to be idle.
-    pub(super) fn reclaim_for_quota(&mut self, u: &UpdateReq) {
-        if self.quota.limits.is_empty() {
-            return;
-        }
-        let Ok((pool, cont, _)) = self.addr(&u.addr, "update") else {
-            return;
-        };
-        let need = u.iods.iter().fold(0u64, |s, i| s.saturating_add(i.len));
-        if self.over_quota(&pool, &cont, need) {
-            self.aggregate_for_quota(pool);
-        }
-    }
-
     /// Aggregate a pool for a container's quota, if it changed since its
     /// last aggregation and at most once per [`QUOTA_AGGREGATE_GAP`]: each
     /// one walks the pool's whole index, and a container that stays near
     /// its quota with live data would otherwise have it walked every second.
-    pub(super) fn aggregate_for_quota(&mut self, pool: Uuid) {
+    /// False if it did not run.
+    pub(super) fn aggregate_for_quota(&mut self, pool: Uuid) -> bool {
         let recent = |at: &Instant| at.elapsed() < QUOTA_AGGREGATE_GAP;
         if !self.dirty.contains(&pool)
             || !self.lease.valid()
             || self.quota.aggregated.get(&pool).is_some_and(recent)
         {
-            return;
+            return false;
         }
         self.quota.aggregated.insert(pool, Instant::now());
         // Aggregation needs the device to itself.
         self.drain();
         self.auto_aggregate(pool, "quota reached");
+        true
     }
 
     /// Validate and stage an update into the open batch; a transaction's
@@ -272,7 +257,15 @@ impl Target {
                 .into());
             }
         }
-        self.check_quota(&pool, &cont, scm_need + nvme_need)?;
+        if let Err(e) = self.check_quota(&pool, &cont, scm_need + nvme_need) {
+            // A writer that removed files to make room gets it back now,
+            // not when the target is next idle. Nothing of this update is
+            // staged yet, and aggregation changes no value a read sees.
+            if !self.aggregate_for_quota(pool) {
+                return Err(e);
+            }
+            self.check_quota(&pool, &cont, scm_need + nvme_need)?;
+        }
         // Copy each value once, to where it is stored, and check the
         // client's checksum on that copy: the bytes stored are the bytes checked.
         let mut staging = Staging::default();
