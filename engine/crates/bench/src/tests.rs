@@ -9,7 +9,7 @@
 use crate::report::{Iops, Latency, Results, Small, Throughput};
 use crate::{RunArgs, Test};
 use anyhow::{anyhow, bail, Context, Result};
-use peregrine::{ArrayRead, Client, Container, Object, ObjectClass, ObjectId};
+use peregrine::{ArrayRead, Client, Container, Object, ObjectClass, ObjectId, ReadQueue};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -294,18 +294,18 @@ fn seq_read(ds: &DataSet, verify: bool) -> Result<Throughput> {
     Ok(Throughput::new(ds.bytes(), start.elapsed().as_secs_f64()))
 }
 
-/// A random `len`-byte piece of the data set: (object, dkey, offset).
-fn random_piece(ds: &DataSet, len: u64, rng: &mut impl Rng) -> (usize, Vec<u8>, u64) {
+/// A random `len`-byte piece of the data set: (object, chunk, offset).
+fn random_at(ds: &DataSet, len: u64, rng: &mut impl Rng) -> (usize, u64, u64) {
     let t = rng.gen_range(0..ds.objects.len());
     let c = rng.gen_range(0..ds.chunks);
     let off = rng.gen_range(0..ds.block / len) * len;
-    (t, dkey(c), off)
+    (t, c, off)
 }
 
-/// `qd` reads in flight from `threads` threads (at most `qd`): each sends
-/// its share of them as one batch ([`Container::fetch_arrays`]), as one fio
-/// job keeps its queue depth through io_uring; with `threads` = `qd` each
-/// thread makes one blocking read at a time.
+/// `qd` reads in flight from `threads` threads (at most `qd`): each keeps
+/// its share of them in flight ([`ReadQueue`]), sending the next read as
+/// soon as one is done, as one fio job keeps its queue depth through
+/// io_uring; with `threads` = `qd` each thread makes one read at a time.
 fn rand_read(
     cont: &Container,
     ds: &DataSet,
@@ -317,30 +317,37 @@ fn rand_read(
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let threads = threads.clamp(1, qd);
+    // Every chunk's dkey, made once: a read borrows its dkey while in flight.
+    let dkeys: Vec<Vec<u8>> = (0..ds.chunks).map(dkey).collect();
     let counts = on_threads(threads, &stop, |i| {
         let depth = qd / threads + usize::from(i < qd % threads);
         let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64 + 1);
-        let mut bufs = vec![vec![0u8; len as usize]; depth];
-        let mut n = 0u64;
-        while !stop.load(Ordering::Relaxed) && start.elapsed() < dur {
-            let pieces: Vec<_> = (0..depth)
-                .map(|_| random_piece(ds, len, &mut rng))
-                .collect();
-            let mut reads: Vec<ArrayRead<'_>> = pieces
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|((t, dk, off), buf)| ArrayRead {
-                    obj: &ds.objects[*t],
-                    dkey: dk,
-                    akey: AKEY,
-                    offset: *off,
-                    buf,
-                })
-                .collect();
-            for r in cont.fetch_arrays(&mut reads) {
-                r.map_err(cerr).context("rand read")?;
+        let mut next = |buf| {
+            let (t, c, offset) = random_at(ds, len, &mut rng);
+            ArrayRead {
+                obj: &ds.objects[t],
+                dkey: &dkeys[c as usize],
+                akey: AKEY,
+                offset,
+                buf,
             }
-            n += depth as u64;
+        };
+        let mut bufs = vec![vec![0u8; len as usize]; depth];
+        let mut queue = ReadQueue::new(cont);
+        for buf in bufs.iter_mut() {
+            queue.submit(0, next(buf));
+        }
+        let mut done = Vec::with_capacity(depth);
+        let mut n = 0u64;
+        while !queue.is_empty() {
+            queue.reap(&mut done);
+            for c in done.drain(..) {
+                c.result.map_err(cerr).context("rand read")?;
+                n += 1;
+                if !stop.load(Ordering::Relaxed) && start.elapsed() < dur {
+                    queue.submit(0, next(c.read.buf));
+                }
+            }
         }
         Ok(n)
     })?;
@@ -361,7 +368,8 @@ fn latency(ds: &DataSet, len: u64, dur: Duration) -> Result<Latency> {
     let mut samples = Vec::new();
     let start = Instant::now();
     while start.elapsed() < dur {
-        let (t, dk, off) = random_piece(ds, len, &mut rng);
+        let (t, c, off) = random_at(ds, len, &mut rng);
+        let dk = dkey(c);
         let t0 = Instant::now();
         ds.objects[t]
             .fetch_array_into(&dk, AKEY, off, &mut buf)

@@ -54,7 +54,7 @@ pub mod transaction;
 pub mod transport;
 mod workers;
 
-pub use batch::ArrayRead;
+pub use batch::{ArrayRead, Completed, ReadQueue};
 pub use client::Client;
 pub use container::Container;
 pub use error::{Error, Result};

@@ -16,7 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::sync::Mutex;
-use crate::transport::{Call, Reply, Transport};
+use crate::transport::{Call, Reply, Started, Transport};
 use peregrine_isal::crc32c_append;
 use peregrine_proto::frame::{Header, Opcode, FLAG_RESPONSE, HEADER_LEN, MAX_BULK, MAX_MSG};
 pub use peregrine_proto::shm::REGION_LEN;
@@ -257,6 +257,13 @@ impl ShmConn {
         self.map
             .word(self.hello.ctl_off + at)
             .map_err(|e| io_err("shm", &e))
+    }
+
+    /// Whether the target has written the reply (or the region cannot be
+    /// read: the receive then says why).
+    fn reply_ready(&self) -> bool {
+        self.word(wire::RESP_STATE)
+            .map_or(true, |s| s.load(Ordering::Acquire) == wire::RESP_DONE)
     }
 
     /// Poll for the reply for a while (a small call always, a large one if
@@ -539,67 +546,137 @@ impl ShmTransport {
         }
     }
 
+    /// Write `c`'s request to target `c.target` of the engine at socket
+    /// `path` on a connection of its own and return without waiting for
+    /// the reply ([`ShmTransport::finish`] reads it).
+    pub fn start(&self, path: &str, expect_addr: Option<&str>, c: &Call<'_>) -> ShmStarted {
+        let again = || ShmStarted {
+            path: path.to_string(),
+            expect_addr: expect_addr.map(str::to_string),
+            state: StartState::Again,
+        };
+        let ep = self.endpoint(path, c.target);
+        let idle = ep.idle.lock().pop();
+        let reused = idle.is_some();
+        let state = match idle.map_or_else(|| connect(&self.cfg, path, expect_addr, c.target), Ok) {
+            Err(e) => StartState::Failed(ShmError::Connect(e)),
+            Ok(mut conn) => {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                match conn.send(id, c.op, c.msg, c.bulk, 0) {
+                    Ok(small) => StartState::InFlight(Box::new(InFlight {
+                        ep,
+                        conn,
+                        id,
+                        small,
+                        reused,
+                    })),
+                    // The idle connection may be to an engine that has restarted.
+                    Err(_) if reused => return again(),
+                    Err(e) => StartState::Failed(ShmError::Call(e)),
+                }
+            }
+        };
+        ShmStarted { state, ..again() }
+    }
+
+    /// Wait for the reply of `s`, started by [`ShmTransport::start`] for
+    /// `c`; a reply bulk of exactly `out.len()` bytes goes straight into
+    /// `out`. A call that failed on an idle connection is made again
+    /// alone, as [`ShmTransport::try_call`] does (the engine may have
+    /// restarted; requests are idempotent, as over TCP).
+    pub fn finish(
+        &self,
+        s: ShmStarted,
+        c: &Call<'_>,
+        mut out: Option<&mut [u8]>,
+    ) -> std::result::Result<Reply, ShmError> {
+        let expect_addr = s.expect_addr.as_deref();
+        let again = |out| self.try_call(&s.path, expect_addr, c.target, c.op, c.msg, c.bulk, out);
+        let f = match s.state {
+            StartState::Again => return again(out),
+            StartState::Failed(e) => return Err(e),
+            StartState::InFlight(f) => f,
+        };
+        let InFlight {
+            ep,
+            mut conn,
+            id,
+            small,
+            reused,
+        } = *f;
+        match conn.receive(id, c.op, out.as_deref_mut(), small) {
+            Ok(r) => {
+                let mut idle = ep.idle.lock();
+                if idle.len() < self.cfg.max_idle {
+                    idle.push(conn);
+                }
+                Ok(r)
+            }
+            Err(e) if !reused || e.code == -libc::ETIMEDOUT || e.code == -libc::EPROTO => {
+                Err(ShmError::Call(e))
+            }
+            Err(_) => again(out),
+        }
+    }
+
     /// Several calls side by side from this thread: every request is
     /// written before any reply is waited for, each on a connection of its
     /// own (a fan-out to several targets costs no thread hand-off). Each
-    /// call is `(socket path, expected engine address, call)`. A call that
-    /// fails on an idle connection is made again alone, as
-    /// [`ShmTransport::try_call`] does (the engine may have restarted).
+    /// call is `(socket path, expected engine address, call)`.
     pub fn try_call_each(
         &self,
         calls: &[(&str, Option<&str>, &Call<'_>)],
     ) -> Vec<std::result::Result<Reply, ShmError>> {
-        type Sent = (Arc<Endpoint>, ShmConn, u64, bool, bool);
-        let mut sent: Vec<Option<std::result::Result<Sent, ShmError>>> =
-            Vec::with_capacity(calls.len());
-        for &(path, expect_addr, c) in calls {
-            let ep = self.endpoint(path, c.target);
-            let idle = ep.idle.lock().pop();
-            let reused = idle.is_some();
-            let mut conn = match idle {
-                Some(conn) => conn,
-                None => match connect(&self.cfg, path, expect_addr, c.target) {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        sent.push(Some(Err(ShmError::Connect(e))));
-                        continue;
-                    }
-                },
-            };
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            sent.push(match conn.send(id, c.op, c.msg, c.bulk, 0) {
-                Ok(small) => Some(Ok((ep, conn, id, small, reused))),
-                Err(_) if reused => None,
-                Err(e) => Some(Err(ShmError::Call(e))),
-            });
-        }
-        let again = |&(path, expect_addr, c): &(&str, Option<&str>, &Call<'_>)| {
-            self.try_call(path, expect_addr, c.target, c.op, c.msg, c.bulk, None)
-        };
-        sent.into_iter()
+        let started: Vec<ShmStarted> = calls
+            .iter()
+            .map(|&(path, expect_addr, c)| self.start(path, expect_addr, c))
+            .collect();
+        started
+            .into_iter()
             .zip(calls)
-            .map(|(s, call)| match s {
-                None => again(call),
-                Some(Err(e)) => Err(e),
-                Some(Ok((ep, mut conn, id, small, reused))) => match conn
-                    .receive(id, call.2.op, None, small)
-                {
-                    Ok(r) => {
-                        let mut idle = ep.idle.lock();
-                        if idle.len() < self.cfg.max_idle {
-                            idle.push(conn);
-                        }
-                        Ok(r)
-                    }
-                    Err(e) if !reused || e.code == -libc::ETIMEDOUT || e.code == -libc::EPROTO => {
-                        Err(ShmError::Call(e))
-                    }
-                    // The connection may have been idle across an engine
-                    // restart (requests are idempotent, as over TCP).
-                    Err(_) => again(call),
-                },
-            })
+            .map(|(s, &(_, _, c))| self.finish(s, c, None))
             .collect()
+    }
+}
+
+/// A call [`ShmTransport::start`] sent and [`ShmTransport::finish`] has
+/// yet to read the reply of.
+pub struct ShmStarted {
+    path: String,
+    expect_addr: Option<String>,
+    state: StartState,
+}
+
+enum StartState {
+    InFlight(Box<InFlight>),
+    Failed(ShmError),
+    /// Sending failed on an idle connection: made again alone at the finish.
+    Again,
+}
+
+struct InFlight {
+    ep: Arc<Endpoint>,
+    conn: ShmConn,
+    id: u64,
+    small: bool,
+    reused: bool,
+}
+
+impl ShmStarted {
+    /// Whether [`ShmTransport::finish`] would return without waiting.
+    pub fn ready(&self) -> bool {
+        match &self.state {
+            StartState::InFlight(f) => f.conn.reply_ready(),
+            StartState::Failed(_) | StartState::Again => true,
+        }
+    }
+
+    /// How long its connection polls for a reply ([`ShmConfig::spin`]).
+    pub fn spin(&self) -> Duration {
+        match &self.state {
+            StartState::InFlight(f) => f.conn.spin,
+            StartState::Failed(_) | StartState::Again => Duration::ZERO,
+        }
     }
 }
 
@@ -623,6 +700,17 @@ impl Transport for ShmTransport {
             .into_iter()
             .map(|r| r.map_err(Error::from))
             .collect()
+    }
+
+    fn start(&self, c: &Call<'_>) -> Started {
+        Started::Shm(ShmTransport::start(self, c.endpoint, None, c))
+    }
+
+    fn finish(&self, started: Started, c: &Call<'_>, out: Option<&mut [u8]>) -> Result<Reply> {
+        match started {
+            Started::Done(r) => r,
+            Started::Shm(s) => ShmTransport::finish(self, s, c, out).map_err(Error::from),
+        }
     }
 }
 

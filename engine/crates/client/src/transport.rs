@@ -11,7 +11,7 @@
 //! dropped; the next call connects afresh.
 
 use crate::error::{Error, Result};
-use crate::shm::{ShmError, ShmTransport};
+use crate::shm::{ShmError, ShmStarted, ShmTransport};
 use crate::sync::{Mutex, RwLock};
 use peregrine_proto::frame::{self, FrameError, Opcode, FLAG_RESPONSE};
 use std::collections::HashMap;
@@ -73,6 +73,29 @@ pub trait Transport: Send + Sync {
         call_each_threaded(self, calls)
     }
 
+    /// Send `call` and return before its reply, which [`Transport::finish`]
+    /// reads: a thread keeps several calls in flight this way and takes
+    /// their replies as they come ([`Started::ready`]), as a DAOS event
+    /// queue does. Over shared memory the request is written and nothing
+    /// waits; a transport that cannot split a call makes it here whole.
+    fn start(&self, call: &Call<'_>) -> Started {
+        Started::Done(self.call(call.endpoint, call.target, call.op, call.msg, call.bulk))
+    }
+
+    /// The reply of `started`, which [`Transport::start`] of this
+    /// transport returned for `call`; a reply bulk of exactly `out.len()`
+    /// bytes may land in `out` ([`Reply::placed`]).
+    fn finish(&self, started: Started, call: &Call<'_>, out: Option<&mut [u8]>) -> Result<Reply> {
+        let _ = (call, out);
+        match started {
+            Started::Done(r) => r,
+            Started::Shm(_) => Err(Error::new(
+                -libc::EINVAL,
+                "a shared-memory call finished by a transport that did not start it",
+            )),
+        }
+    }
+
     /// Learn from a pool map that the engine at `endpoint` also serves
     /// shared memory on `shm_path` ("" when it does not). Transports that
     /// cannot use it ignore it.
@@ -89,6 +112,33 @@ fn call_each_threaded<T: Transport + ?Sized>(t: &T, calls: &[Call<'_>]) -> Vec<R
     crate::workers::par_map(calls, calls.len(), |c| {
         t.call(c.endpoint, c.target, c.op, c.msg, c.bulk)
     })
+}
+
+/// A call [`Transport::start`] sent, whose reply [`Transport::finish`] reads.
+pub enum Started {
+    /// Made whole already.
+    Done(Result<Reply>),
+    /// Written to an engine's shared-memory region.
+    Shm(ShmStarted),
+}
+
+impl Started {
+    /// Whether [`Transport::finish`] would return without waiting.
+    pub fn ready(&self) -> bool {
+        match self {
+            Started::Done(_) => true,
+            Started::Shm(s) => s.ready(),
+        }
+    }
+
+    /// How long it is worth polling [`Started::ready`] before sleeping in
+    /// [`Transport::finish`] (the transport's polling budget).
+    pub fn spin(&self) -> Duration {
+        match self {
+            Started::Done(_) => Duration::ZERO,
+            Started::Shm(s) => s.spin(),
+        }
+    }
 }
 
 /// One call of [`Transport::call_each`].
@@ -289,28 +339,37 @@ impl Transport for MultiTransport {
     /// a call that could not connect is made alone ([`MultiTransport`]'s
     /// fallback to TCP).
     fn call_each(&self, calls: &[Call<'_>]) -> Vec<Result<Reply>> {
-        let paths: Option<Vec<String>> = calls.iter().map(|c| self.shm_path(c.endpoint)).collect();
-        let Some(paths) = paths.filter(|_| calls.len() > 1) else {
+        if calls.len() < 2 || calls.iter().any(|c| self.shm_path(c.endpoint).is_none()) {
             return call_each_threaded(self, calls);
-        };
-        let with_paths: Vec<_> = paths
-            .iter()
-            .zip(calls)
-            .map(|(p, c)| (p.as_str(), Some(c.endpoint), c))
-            .collect();
-        self.shm
-            .try_call_each(&with_paths)
+        }
+        let started: Vec<Started> = calls.iter().map(|c| self.start(c)).collect();
+        started
             .into_iter()
             .zip(calls)
-            .map(|(r, c)| match r {
-                Ok(r) => {
-                    self.shm_calls.fetch_add(1, Ordering::Relaxed);
-                    Ok(r)
-                }
-                Err(ShmError::Connect(_)) => self.call(c.endpoint, c.target, c.op, c.msg, c.bulk),
-                Err(ShmError::Call(e)) => Err(e),
-            })
+            .map(|(s, c)| self.finish(s, c, None))
             .collect()
+    }
+
+    fn start(&self, c: &Call<'_>) -> Started {
+        match self.shm_path(c.endpoint) {
+            Some(path) => Started::Shm(self.shm.start(&path, Some(c.endpoint), c)),
+            None => Started::Done(self.call(c.endpoint, c.target, c.op, c.msg, c.bulk)),
+        }
+    }
+
+    fn finish(&self, started: Started, c: &Call<'_>, out: Option<&mut [u8]>) -> Result<Reply> {
+        let s = match started {
+            Started::Done(r) => return r,
+            Started::Shm(s) => s,
+        };
+        match self.shm.finish(s, c, out) {
+            Ok(r) => {
+                self.shm_calls.fetch_add(1, Ordering::Relaxed);
+                Ok(r)
+            }
+            Err(ShmError::Connect(_)) => self.call(c.endpoint, c.target, c.op, c.msg, c.bulk),
+            Err(ShmError::Call(e)) => Err(e),
+        }
     }
 
     fn add_route(&self, endpoint: &str, shm_path: &str) {

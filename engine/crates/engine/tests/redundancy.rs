@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use peregrine::ArrayRead;
+use peregrine::{ArrayRead, ReadQueue};
 use peregrine_proto::{ObjectClass, ObjectId};
 
 fn write_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: usize) {
@@ -44,6 +44,43 @@ fn verify_objects(cont: &peregrine::Container, class: ObjectClass, n: u64, len: 
             "{class} object {i}: wrong data in a batch"
         );
     }
+    // The same pieces through a queue that keeps two in flight, each
+    // taken as its reply comes.
+    let mut qbufs = vec![vec![0u8; 4096]; n as usize];
+    let mut queue = ReadQueue::new(cont);
+    let mut todo = objs.iter().zip(qbufs.iter_mut()).enumerate();
+    let mut done = Vec::new();
+    let mut seen = 0;
+    loop {
+        while queue.len() < 2 {
+            let Some((i, (obj, buf))) = todo.next() else {
+                break;
+            };
+            let read = ArrayRead {
+                obj,
+                dkey: b"chunk",
+                akey: b"data",
+                offset: 1000 + 777,
+                buf,
+            };
+            queue.submit(i as u64, read);
+        }
+        if queue.is_empty() {
+            break;
+        }
+        queue.reap(&mut done);
+        for c in done.drain(..) {
+            let i = c.tag;
+            c.result
+                .unwrap_or_else(|e| panic!("{class} object {i}, queued: {e}"));
+            assert!(
+                c.read.buf[..] == pattern(i, len)[777..777 + 4096],
+                "{class} object {i}: wrong data through the queue"
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, n, "{class}: every queued read handed back once");
     for i in 0..n {
         let obj = cont.object(ObjectId::new(class, 1, i)).unwrap();
         let got = obj

@@ -186,6 +186,11 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
     for (k, b) in bufs.iter().enumerate() {
         assert_eq!(b[..], pattern(k as u64, 100 + k)[10..60], "dkey {k}");
     }
+    // The same reads through a queue: all eight in flight at once, one
+    // shm call each, every reply taken into its own buffer.
+    let calls = shm.transport().stats().shm_calls;
+    queued_reads(&cs, &o, &keys);
+    assert_eq!(shm.transport().stats().shm_calls - calls, 8);
 
     // A killed engine leaves its socket; the restarted one replaces it, and
     // the client's pooled connections reconnect.
@@ -195,6 +200,11 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
     wait_log(&c, "removed stale shm socket");
     // A fan-out over idle connections from before the restart, too.
     assert_eq!(o.last_sized(b"arr").unwrap(), last);
+    // A queue's reads go out on idle connections from before the restart
+    // (the engine it wrote to is gone) and come back right all the same.
+    c.engines[0].kill9();
+    c.restart(0);
+    queued_reads(&cs, &o, &keys);
     o.discard().unwrap();
     assert_eq!(o.last_sized(b"arr").unwrap(), None);
     assert_eq!(ct.object(wide).unwrap().last_sized(b"arr").unwrap(), None);
@@ -204,6 +214,37 @@ fn shm_io_matches_tcp_and_uses_shared_memory() {
     // A clean stop removes it.
     c.engines[0].stop();
     assert!(!sock.exists(), "socket left behind after SIGTERM");
+}
+
+/// Reads of 50 bytes at 10 of ARRAY `arr` of each of `keys` (dkey `k`
+/// holds `pattern(k, 100 + k)`), all in flight through one [`ReadQueue`].
+fn queued_reads(cont: &peregrine::Container, o: &peregrine::Object, keys: &[[u8; 8]]) {
+    let mut bufs = vec![vec![0u8; 50]; keys.len()];
+    let mut queue = peregrine::ReadQueue::new(cont);
+    for (k, (key, buf)) in keys.iter().zip(bufs.iter_mut()).enumerate() {
+        let read = peregrine::ArrayRead {
+            obj: o,
+            dkey: key,
+            akey: b"arr",
+            offset: 10,
+            buf,
+        };
+        queue.submit(k as u64, read);
+    }
+    let mut done = Vec::new();
+    while !queue.is_empty() {
+        queue.reap(&mut done);
+    }
+    assert_eq!(done.len(), keys.len());
+    for c in done {
+        let k = c.tag;
+        c.result.unwrap_or_else(|e| panic!("dkey {k}: {e}"));
+        assert_eq!(
+            c.read.buf[..],
+            pattern(k, 100 + k as usize)[10..60],
+            "dkey {k}"
+        );
+    }
 }
 
 fn expect_refused(raw: &Raw, what: &str) {

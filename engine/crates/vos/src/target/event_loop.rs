@@ -420,13 +420,19 @@ impl Target {
                     }
                 }
                 job.pending -= 1;
+                job.left[dst.fetch] -= 1;
+                let answer = match job.left[dst.fetch] {
+                    0 => job.take(dst.fetch),
+                    _ => None,
+                };
                 if job.pending == 0 {
-                    // The replies borrow the regions: released once they are sent.
-                    let job = self.fetch.jobs.remove(&d.tag).expect("job");
-                    for ((f, tx, _), p) in job.fetches.into_iter().zip(job.plans) {
-                        tx.send(p.map(|iods| self.assemble(&f, iods)));
-                    }
-                    release_reads(&mut self.dev, &job.reads);
+                    self.fetch.jobs.remove(&d.tag);
+                }
+                if let Some(done) = answer {
+                    // The reply borrows the regions: released once it is sent.
+                    let (f, tx, _) = done.queued;
+                    tx.send(done.plan.map(|iods| self.assemble(&f, iods)));
+                    release_reads(&mut self.dev, &done.reads);
                     self.release_deferred();
                 }
             } else if let Some(w) = self.commit.ahead.remove(&d.tag) {

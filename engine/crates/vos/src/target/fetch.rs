@@ -15,13 +15,46 @@ pub(super) struct Fetches {
 /// A fetch waiting to start, and where its source would take its bytes.
 pub(super) type Queued = (FetchReq, Responder, Option<ReplyArea>);
 
-/// Fetches whose device reads are in flight.
+/// Fetches whose device reads are in flight, started together. Each is
+/// answered as soon as its own reads are done (a slow read delays only its
+/// fetch), and the regions it read into released with its reply.
 pub(super) struct InFetch {
-    pub(super) fetches: Vec<Queued>,
+    /// `None` once answered.
+    pub(super) fetches: Vec<Option<Queued>>,
     pub(super) plans: Vec<Result<Vec<IodRead>, Errno>>,
     /// Per device op: where its bytes go, and where it reads them into.
     pub(super) reads: Vec<(PieceDst, ReadInto)>,
+    /// Per fetch: its reads still in flight.
+    pub(super) left: Vec<usize>,
+    /// Reads of all the fetches still in flight.
     pub(super) pending: usize,
+}
+
+/// A fetch of an [`InFetch`] whose reads are done: what its answer needs.
+pub(super) struct Done {
+    pub(super) queued: Queued,
+    pub(super) plan: Result<Vec<IodRead>, Errno>,
+    /// The regions its reads landed in: released once its reply is sent.
+    pub(super) reads: Vec<(PieceDst, ReadInto)>,
+}
+
+impl InFetch {
+    /// Take fetch `i`, whose reads are done (`None` if answered already).
+    pub(super) fn take(&mut self, i: usize) -> Option<Done> {
+        let queued = self.fetches[i].take()?;
+        let plan = std::mem::replace(&mut self.plans[i], Ok(Vec::new()));
+        let reads = self
+            .reads
+            .iter()
+            .filter(|(dst, _)| dst.fetch == i)
+            .copied()
+            .collect();
+        Some(Done {
+            queued,
+            plan,
+            reads,
+        })
+    }
 }
 
 /// Where a fetch's device read lands.
@@ -237,15 +270,26 @@ impl Target {
             }
             return;
         }
-        self.fetch.jobs.insert(
-            tag,
-            InFetch {
-                fetches,
-                plans,
-                pending: reads.len(),
-                reads,
-            },
-        );
+        let mut left = vec![0; fetches.len()];
+        for (dst, _) in &reads {
+            left[dst.fetch] += 1;
+        }
+        let mut job = InFetch {
+            fetches: fetches.into_iter().map(Some).collect(),
+            plans,
+            pending: reads.len(),
+            reads,
+            left,
+        };
+        // Fetches served from RAM alone need not wait for the others' reads.
+        for i in 0..job.left.len() {
+            if job.left[i] == 0 {
+                let d = job.take(i).expect("not answered yet");
+                let (f, tx, _) = d.queued;
+                tx.send(d.plan.map(|iods| self.assemble(&f, iods)));
+            }
+        }
+        self.fetch.jobs.insert(tag, job);
     }
 
     /// Whether a planned fetch can be read from the device straight into
