@@ -18,7 +18,9 @@
 //! ```
 //!
 //! Layout decisions (EC cells and the size companion akey, read order,
-//! degraded reads) are documented in [`object`].
+//! degraded reads) are documented in [`object`]. One thread keeps many
+//! array reads in flight with a [`ReadQueue`] (an event queue: each reply
+//! taken as it comes) or [`Container::fetch_arrays`] (a batch).
 
 pub mod agent;
 mod batch;
