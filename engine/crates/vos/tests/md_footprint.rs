@@ -120,13 +120,16 @@ impl std::fmt::Display for Cost {
     }
 }
 
-/// Bytes held per file over files `n..2n` (after `0..n` warmed the target up).
+/// Bytes held per file over files `n..2n` (after `0..n` warmed the target
+/// up): as the files are created, and as a checkpoint leaves them (its
+/// rebuilt maps are what a restart reads back too; measured across a close
+/// and reopen, which writes and reads one).
 fn per_file(
     n: u64,
     data: &[u8],
     scm_value_max: usize,
     touch: Option<u64>,
-) -> (Cost, Env, Storage, Obj) {
+) -> (Cost, Cost, Env, Storage, Obj) {
     // A sparse 4 GiB device: checkpoint slots of 512 MiB, room for the
     // 45,000 inline 3901-byte values in the SCM budget.
     let mut e = env(4096, 1);
@@ -137,32 +140,42 @@ fn per_file(
     st.pool_create(pool, 240 * MIB, 1024 * MIB).unwrap();
     let dir = Obj::new(pool, uuid::Uuid::new_v4(), 1, 0);
     create(&st, &dir, 0, n, data, touch);
+    let reopen = |st: Storage| {
+        st.close();
+        Storage::open(&e.opts).unwrap()
+    };
+    let st = reopen(st);
     let before = live();
     create(&st, &dir, n, 2 * n, data, touch);
     let after = live();
-    let cost = Cost([0, 1, 2].map(|k| (after[k] - before[k]) as f64 / n as f64));
-    (cost, e, st, dir)
+    let st = reopen(st);
+    let settled = live();
+    let cost =
+        |a: [isize; 3], b: [isize; 3]| Cost([0, 1, 2].map(|k| (b[k] - a[k]) as f64 / n as f64));
+    (cost(before, after), cost(before, settled), e, st, dir)
 }
 
 #[test]
 fn a_file_costs_the_index_little() {
     let n = 20_000;
-    let (entry_only, _e, st, _) = per_file(n, b"", SCM_VALUE_MAX, None);
+    let (entry_only, entry_settled, _e, st, _) = per_file(n, b"", SCM_VALUE_MAX, None);
     st.close();
     let data = vec![7u8; 3901];
     // The data on the device (scm_value_max 1 KiB), then with the
     // directory's rewrites (one per 6 files, as mdscale's 2 threads get).
-    let (dev, _e, st, _) = per_file(n, &data, 1024, None);
+    let (dev, dev_settled, _e, st, _) = per_file(n, &data, 1024, None);
     st.close();
-    let (touched, _e, st, _) = per_file(n, &data, 1024, Some(6));
+    let (touched, touched_settled, _e, st, _) = per_file(n, &data, 1024, Some(6));
     st.close();
-    let (file, e, st, dir) = per_file(n, &data, SCM_VALUE_MAX, None);
+    let (file, file_settled, e, st, dir) = per_file(n, &data, SCM_VALUE_MAX, None);
     let meta = file.0[0] - data.len() as f64;
+    let meta_settled = file_settled.0[0] - data.len() as f64;
     let dirent = entry_only.0[0];
-    println!("index per file: entry only {entry_only}");
-    println!("  + 3901-byte file, data in RAM: {file} (metadata {meta:.0} + data 3901)");
-    println!("  + 3901-byte file, data on the device: {dev}");
-    println!("  + 3901-byte file on the device, directory rewritten every 6 files: {touched}");
+    println!("index per file, as created | after a checkpoint:");
+    println!("  entry only: {entry_only} | {entry_settled}");
+    println!("  + 3901-byte file, data in RAM: {file} | {file_settled} (metadata {meta:.0} | {meta_settled:.0} + data 3901)");
+    println!("  + 3901-byte file, data on the device: {dev} | {dev_settled}");
+    println!("  + 3901-byte file on the device, directory rewritten every 6 files: {touched} | {touched_settled}");
     // Restart: from the checkpoint written at close, and after a crash
     // (no closing checkpoint: the WAL since the last one is replayed).
     st.close();
@@ -187,13 +200,19 @@ fn a_file_costs_the_index_little() {
         entry(2 * n + 4999)
     );
     st.close();
-    // Bounds with some slack over what the compact records cost (296,
-    // 549 and 549 bytes asked for, at the time of writing).
+    // Bounds with some slack over what the compact records cost as the
+    // files are created (296, 549 and 549 bytes asked for, at the time of
+    // writing), and the goal of issue 19 for what a checkpoint leaves of a
+    // file on the device (the form that scales: 470 bytes then).
     assert!(dirent <= 384.0, "a directory entry costs {dirent:.0} bytes");
     assert!(meta <= 640.0, "a file's metadata costs {meta:.0} bytes");
-    let dev = dev.0[0];
+    let (dev, dev_settled) = (dev.0[0], dev_settled.0[0]);
     assert!(
         dev <= 640.0,
         "a file with its data on the device costs {dev:.0} bytes"
+    );
+    assert!(
+        dev_settled <= 512.0,
+        "a file with its data on the device costs {dev_settled:.0} bytes after a checkpoint"
     );
 }

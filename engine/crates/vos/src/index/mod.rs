@@ -91,6 +91,7 @@ pub(crate) struct ObjKey {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ContTree {
+    #[serde(deserialize_with = "crate::compact::packed_map")]
     pub objs: BTreeMap<ObjKey, ObjTree>,
     /// Snapshot epochs aggregation keeps readable (sorted).
     pub snapshots: Vec<u64>,
@@ -157,6 +158,16 @@ impl TargetIndex {
             })?;
         ix.dtx.rebuild();
         Some(ix)
+    }
+
+    /// Rebuild the object maps and the trees of dkeys with full nodes
+    /// ([`crate::compact::repack`]): at each checkpoint, which walks the
+    /// whole index anyway (decoding one builds them full already).
+    pub(crate) fn repack(&mut self) {
+        for c in self.pools.values_mut().flat_map(|p| p.conts.values_mut()) {
+            crate::compact::repack(&mut c.objs);
+            c.objs.values_mut().for_each(|o| o.dkeys.repack());
+        }
     }
 }
 

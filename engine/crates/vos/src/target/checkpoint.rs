@@ -16,6 +16,7 @@ impl Target {
     /// The index holds exactly the durable state here (changes are applied
     /// only after their record is durable), stamped with the last record's seq.
     pub(super) fn checkpoint(&mut self) -> Result<(), StorageError> {
+        self.index.repack();
         let payload = bincode::serialize(&self.index).map_err(|e| {
             StorageError::Corrupt(format!("target {}: encode checkpoint: {e}", self.id))
         })?;
