@@ -536,13 +536,18 @@ impl ShmTransport {
         };
         match res {
             Ok(r) => {
-                let mut idle = ep.idle.lock();
-                if idle.len() < self.cfg.max_idle {
-                    idle.push(conn);
-                }
+                self.keep_idle(&ep, conn);
                 Ok(r)
             }
             Err(e) => Err(ShmError::Call(e)),
+        }
+    }
+
+    /// Pool a connection whose call is done, if the pool has room.
+    fn keep_idle(&self, ep: &Endpoint, conn: ShmConn) {
+        let mut idle = ep.idle.lock();
+        if idle.len() < self.cfg.max_idle {
+            idle.push(conn);
         }
     }
 
@@ -550,10 +555,10 @@ impl ShmTransport {
     /// `path` on a connection of its own and return without waiting for
     /// the reply ([`ShmTransport::finish`] reads it).
     pub fn start(&self, path: &str, expect_addr: Option<&str>, c: &Call<'_>) -> ShmStarted {
-        let again = || ShmStarted {
+        let started = |state| ShmStarted {
             path: path.to_string(),
             expect_addr: expect_addr.map(str::to_string),
-            state: StartState::Again,
+            state,
         };
         let ep = self.endpoint(path, c.target);
         let idle = ep.idle.lock().pop();
@@ -571,12 +576,12 @@ impl ShmTransport {
                         reused,
                     })),
                     // The idle connection may be to an engine that has restarted.
-                    Err(_) if reused => return again(),
+                    Err(_) if reused => StartState::Again,
                     Err(e) => StartState::Failed(ShmError::Call(e)),
                 }
             }
         };
-        ShmStarted { state, ..again() }
+        started(state)
     }
 
     /// Wait for the reply of `s`, started by [`ShmTransport::start`] for
@@ -606,10 +611,7 @@ impl ShmTransport {
         } = *f;
         match conn.receive(id, c.op, out.as_deref_mut(), small) {
             Ok(r) => {
-                let mut idle = ep.idle.lock();
-                if idle.len() < self.cfg.max_idle {
-                    idle.push(conn);
-                }
+                self.keep_idle(&ep, conn);
                 Ok(r)
             }
             Err(e) if !reused || e.code == -libc::ETIMEDOUT || e.code == -libc::EPROTO => {
