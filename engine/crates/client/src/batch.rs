@@ -169,8 +169,9 @@ impl<'a> ReadQueue<'a> {
     }
 
     /// Wait until at least one read is done (none if the queue is empty)
-    /// and append every one that is to `done`. Replies already there are
-    /// taken in any order; when none is, the oldest read is waited for.
+    /// and append every one that is to `done`, in any order. While none
+    /// is, every read is polled for the transport's polling budget; then
+    /// the oldest is waited for (asleep, over shared memory).
     pub fn reap(&mut self, done: &mut Vec<Completed<'a>>) {
         let before = done.len();
         done.append(&mut self.made);
