@@ -326,3 +326,58 @@ fn a_scrubbing_step_reads_a_bounded_number_of_extents() {
     assert_eq!(blocks.len(), n, "every extent once");
     assert!(steps >= 4, "{steps} steps");
 }
+
+/// Fetches started together are answered one by one, each once its own
+/// reads are done: one served from RAM does not wait for another's device
+/// read, and a fetch's regions go back with its reply.
+#[test]
+fn a_fetch_is_answered_when_its_own_reads_are_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, pool) = open_target(dir.path());
+    let len = 64 << 10;
+    t.handle(update(pool, 1, len), Responder(None));
+    // A small value under another dkey stays in RAM.
+    let small = UpdateReq {
+        addr: addr(pool),
+        epoch: 1,
+        dkey: b"e".to_vec(),
+        iods: vec![iod(100)],
+        insert_only: false,
+        sync: false,
+        dtx: None,
+        conditions: Vec::new(),
+    };
+    t.handle(
+        Request::Update(small, vec![2u8; 100].into()),
+        Responder(None),
+    );
+    t.drain();
+
+    let fetch = |dkey: &[u8], n: u64| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = FetchReq {
+            addr: addr(pool),
+            epoch: u64::MAX,
+            dkey: dkey.to_vec(),
+            iods: vec![iod(n)],
+        };
+        let reply = Responder(Some(Box::new(move |r: crate::ReplyRef<'_>| {
+            tx.send(r.map(|(_, bulk)| bulk.into_vec())).unwrap()
+        })));
+        ((f, reply, None), rx)
+    };
+    let (on_device, device_rx) = fetch(b"d", len as u64);
+    let (in_ram, ram_rx) = fetch(b"e", 100);
+    t.fetch.queued.extend([on_device, in_ram]);
+    t.start_fetches();
+    assert_eq!(t.fetch.jobs.len(), 1, "the device read is in flight");
+    assert_eq!(
+        ram_rx.try_recv().expect("answered at once").unwrap(),
+        vec![2u8; 100]
+    );
+    assert!(device_rx.try_recv().is_err(), "not before its read is done");
+    t.drain();
+    assert_eq!(device_rx.recv().unwrap().unwrap(), vec![1u8; len]);
+    assert!(t.fetch.jobs.is_empty());
+    assert!(t.dev.regions_idle(), "every region given back");
+}
