@@ -105,12 +105,12 @@ impl Container {
 pub struct ReadQueue<'a> {
     cont: &'a Container,
     /// In the order they were sent.
-    sent: VecDeque<InFlight<'a>>,
+    sent: VecDeque<Sent<'a>>,
     /// Reads made whole at their submit (not plain, or no shard to ask).
     made: Vec<Completed<'a>>,
 }
 
-struct InFlight<'a> {
+struct Sent<'a> {
     tag: u64,
     read: ArrayRead<'a>,
     map: Arc<PoolMap>,
@@ -158,7 +158,7 @@ impl<'a> ReadQueue<'a> {
                 .client()
                 .transport()
                 .start(&call_to(&map, &loc, Opcode::Fetch, &msg));
-        self.sent.push_back(InFlight {
+        self.sent.push_back(Sent {
             tag,
             read,
             map,
@@ -201,8 +201,8 @@ impl<'a> ReadQueue<'a> {
         }
     }
 
-    fn finish(&self, f: InFlight<'a>) -> Completed<'a> {
-        let InFlight {
+    fn finish(&self, f: Sent<'a>) -> Completed<'a> {
+        let Sent {
             tag,
             mut read,
             map,

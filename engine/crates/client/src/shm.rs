@@ -553,17 +553,13 @@ impl ShmTransport {
 
     /// Write `c`'s request to target `c.target` of the engine at socket
     /// `path` on a connection of its own and return without waiting for
-    /// the reply ([`ShmTransport::finish`] reads it).
-    pub fn start(&self, path: &str, expect_addr: Option<&str>, c: &Call<'_>) -> ShmStarted {
-        let started = |state| ShmStarted {
-            path: path.to_string(),
-            expect_addr: expect_addr.map(str::to_string),
-            state,
-        };
-        let ep = self.endpoint(path, c.target);
+    /// the reply ([`ShmTransport::finish_at`] reads it).
+    pub fn start_at(&self, path: String, expect_addr: Option<&str>, c: &Call<'_>) -> ShmStarted {
+        let ep = self.endpoint(&path, c.target);
         let idle = ep.idle.lock().pop();
         let reused = idle.is_some();
-        let state = match idle.map_or_else(|| connect(&self.cfg, path, expect_addr, c.target), Ok) {
+        let state = match idle.map_or_else(|| connect(&self.cfg, &path, expect_addr, c.target), Ok)
+        {
             Err(e) => StartState::Failed(ShmError::Connect(e)),
             Ok(mut conn) => {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -581,21 +577,22 @@ impl ShmTransport {
                 }
             }
         };
-        started(state)
+        ShmStarted { path, state }
     }
 
-    /// Wait for the reply of `s`, started by [`ShmTransport::start`] for
-    /// `c`; a reply bulk of exactly `out.len()` bytes goes straight into
-    /// `out`. A call that failed on an idle connection is made again
-    /// alone, as [`ShmTransport::try_call`] does (the engine may have
-    /// restarted; requests are idempotent, as over TCP).
-    pub fn finish(
+    /// Wait for the reply of `s`, started by [`ShmTransport::start_at`]
+    /// for `c` with the same `expect_addr`; a reply bulk of exactly
+    /// `out.len()` bytes goes straight into `out`. A call that failed on
+    /// an idle connection is made again alone, as [`ShmTransport::try_call`]
+    /// does (the engine may have restarted; requests are idempotent, as
+    /// over TCP).
+    pub fn finish_at(
         &self,
         s: ShmStarted,
+        expect_addr: Option<&str>,
         c: &Call<'_>,
         mut out: Option<&mut [u8]>,
     ) -> std::result::Result<Reply, ShmError> {
-        let expect_addr = s.expect_addr.as_deref();
         let again = |out| self.try_call(&s.path, expect_addr, c.target, c.op, c.msg, c.bulk, out);
         let f = match s.state {
             StartState::Again => return again(out),
@@ -620,32 +617,13 @@ impl ShmTransport {
             Err(_) => again(out),
         }
     }
-
-    /// Several calls side by side from this thread: every request is
-    /// written before any reply is waited for, each on a connection of its
-    /// own (a fan-out to several targets costs no thread hand-off). Each
-    /// call is `(socket path, expected engine address, call)`.
-    pub fn try_call_each(
-        &self,
-        calls: &[(&str, Option<&str>, &Call<'_>)],
-    ) -> Vec<std::result::Result<Reply, ShmError>> {
-        let started: Vec<ShmStarted> = calls
-            .iter()
-            .map(|&(path, expect_addr, c)| self.start(path, expect_addr, c))
-            .collect();
-        started
-            .into_iter()
-            .zip(calls)
-            .map(|(s, &(_, _, c))| self.finish(s, c, None))
-            .collect()
-    }
 }
 
-/// A call [`ShmTransport::start`] sent and [`ShmTransport::finish`] has
-/// yet to read the reply of.
+/// A call [`ShmTransport::start_at`] sent and [`ShmTransport::finish_at`]
+/// has yet to read the reply of.
 pub struct ShmStarted {
+    /// The engine's socket, to call again on a fresh connection.
     path: String,
-    expect_addr: Option<String>,
     state: StartState,
 }
 
@@ -665,7 +643,7 @@ struct InFlight {
 }
 
 impl ShmStarted {
-    /// Whether [`ShmTransport::finish`] would return without waiting.
+    /// Whether [`ShmTransport::finish_at`] would return without waiting.
     pub fn ready(&self) -> bool {
         match &self.state {
             StartState::InFlight(f) => f.conn.reply_ready(),
@@ -696,22 +674,26 @@ impl Transport for ShmTransport {
             .map_err(Error::from)
     }
 
+    /// Every request written before any reply is waited for, each on a
+    /// connection of its own (a fan-out to several targets costs no
+    /// thread hand-off).
     fn call_each(&self, calls: &[Call<'_>]) -> Vec<Result<Reply>> {
-        let with_paths: Vec<_> = calls.iter().map(|c| (c.endpoint, None, c)).collect();
-        self.try_call_each(&with_paths)
+        let started: Vec<Started> = calls.iter().map(|c| self.start(c)).collect();
+        started
             .into_iter()
-            .map(|r| r.map_err(Error::from))
+            .zip(calls)
+            .map(|(s, c)| self.finish(s, c, None))
             .collect()
     }
 
     fn start(&self, c: &Call<'_>) -> Started {
-        Started::Shm(ShmTransport::start(self, c.endpoint, None, c))
+        Started::Shm(self.start_at(c.endpoint.to_string(), None, c))
     }
 
     fn finish(&self, started: Started, c: &Call<'_>, out: Option<&mut [u8]>) -> Result<Reply> {
         match started {
             Started::Done(r) => r,
-            Started::Shm(s) => ShmTransport::finish(self, s, c, out).map_err(Error::from),
+            Started::Shm(s) => self.finish_at(s, None, c, out).map_err(Error::from),
         }
     }
 }

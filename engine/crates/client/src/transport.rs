@@ -339,10 +339,15 @@ impl Transport for MultiTransport {
     /// a call that could not connect is made alone ([`MultiTransport`]'s
     /// fallback to TCP).
     fn call_each(&self, calls: &[Call<'_>]) -> Vec<Result<Reply>> {
-        if calls.len() < 2 || calls.iter().any(|c| self.shm_path(c.endpoint).is_none()) {
+        let paths: Option<Vec<String>> = calls.iter().map(|c| self.shm_path(c.endpoint)).collect();
+        let Some(paths) = paths.filter(|_| calls.len() > 1) else {
             return call_each_threaded(self, calls);
-        }
-        let started: Vec<Started> = calls.iter().map(|c| self.start(c)).collect();
+        };
+        let started: Vec<Started> = paths
+            .into_iter()
+            .zip(calls)
+            .map(|(path, c)| Started::Shm(self.shm.start_at(path, Some(c.endpoint), c)))
+            .collect();
         started
             .into_iter()
             .zip(calls)
@@ -352,7 +357,7 @@ impl Transport for MultiTransport {
 
     fn start(&self, c: &Call<'_>) -> Started {
         match self.shm_path(c.endpoint) {
-            Some(path) => Started::Shm(self.shm.start(&path, Some(c.endpoint), c)),
+            Some(path) => Started::Shm(self.shm.start_at(path, Some(c.endpoint), c)),
             None => Started::Done(self.call(c.endpoint, c.target, c.op, c.msg, c.bulk)),
         }
     }
@@ -362,7 +367,7 @@ impl Transport for MultiTransport {
             Started::Done(r) => return r,
             Started::Shm(s) => s,
         };
-        match self.shm.finish(s, c, out) {
+        match self.shm.finish_at(s, Some(c.endpoint), c, out) {
             Ok(r) => {
                 self.shm_calls.fetch_add(1, Ordering::Relaxed);
                 Ok(r)

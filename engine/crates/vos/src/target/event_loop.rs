@@ -419,13 +419,12 @@ impl Target {
                         iods[iod].out.push((at, piece));
                     }
                 }
-                job.pending -= 1;
                 job.left[dst.fetch] -= 1;
                 let answer = match job.left[dst.fetch] {
                     0 => job.take(dst.fetch),
                     _ => None,
                 };
-                if job.pending == 0 {
+                if job.left.iter().all(|&n| n == 0) {
                     self.fetch.jobs.remove(&d.tag);
                 }
                 if let Some(done) = answer {

@@ -24,10 +24,8 @@ pub(super) struct InFetch {
     pub(super) plans: Vec<Result<Vec<IodRead>, Errno>>,
     /// Per device op: where its bytes go, and where it reads them into.
     pub(super) reads: Vec<(PieceDst, ReadInto)>,
-    /// Per fetch: its reads still in flight.
+    /// Per fetch: its reads still in flight (the job is done when none is).
     pub(super) left: Vec<usize>,
-    /// Reads of all the fetches still in flight.
-    pub(super) pending: usize,
 }
 
 /// A fetch of an [`InFetch`] whose reads are done: what its answer needs.
@@ -277,7 +275,6 @@ impl Target {
         let mut job = InFetch {
             fetches: fetches.into_iter().map(Some).collect(),
             plans,
-            pending: reads.len(),
             reads,
             left,
         };
