@@ -3,10 +3,11 @@
 //! Most levels of the index hold one entry (one akey per dkey, one version
 //! per akey), and a `BTreeMap` allocates a whole node (room for 11 keys and
 //! values, about 1 KiB here) even for one; a `Vec` grows to 4 elements on
-//! its first push. [`SmallMap`] keeps up to [`SMALL`] entries in a sorted
-//! vector of exactly their size and turns into a `BTreeMap` past that (a
-//! directory's names); [`Key`] holds keys of up to 22 bytes inline (no
-//! allocation: akeys, chunk indexes, most file names).
+//! its first push. [`SmallMap`] holds one entry in place (no allocation),
+//! up to [`SMALL`] entries in a sorted vector of exactly their size, and
+//! turns into a `BTreeMap` past that (a directory's names); [`Key`] holds
+//! keys of up to 22 bytes inline (no allocation: akeys, chunk indexes, most
+//! file names).
 //!
 //! Both serialize exactly as the types they replace (`BTreeMap<K, V>` and
 //! `Vec<u8>`), so checkpoints written before them load, and theirs load in
@@ -20,7 +21,7 @@ use std::cmp::Ordering;
 use std::collections::{btree_map, BTreeMap};
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::{Bound, Deref, RangeBounds};
+use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 
 /// Keys up to this many bytes are held inline.
 const INLINE: usize = 22;
@@ -286,15 +287,19 @@ pub(crate) fn repack<K: Ord, V>(t: &mut BTreeMap<K, V>) {
 /// Entries a [`SmallMap`] keeps in its sorted vector; one more makes it a tree.
 pub(crate) const SMALL: usize = 8;
 
-/// A sorted map: a boxed slice of exactly its entries up to [`SMALL`] of
-/// them, a boxed `BTreeMap` beyond. Equality is by content, whatever the
-/// form. 16 bytes (a `Vec` and a `BTreeMap` side by side took 32): most
-/// maps of the index hold one entry, and this field is in every level.
+/// A sorted map: its one entry in place, a boxed slice of exactly its
+/// entries up to [`SMALL`] of them, a boxed `BTreeMap` beyond. Equality is
+/// by content, whatever the form. Most maps of the index hold one entry (a
+/// file's one chunk, a chunk's one akey, a name's one akey), and that one
+/// takes no block of its own: a block would cost its pointer, and in an
+/// allocator its rounding, on top of the entry (a block per level per file).
 #[derive(Clone)]
 pub(crate) enum SmallMap<K, V> {
+    One((K, V)),
+    /// None, or 2 to [`SMALL`] entries.
     Vec(Box<[(K, V)]>),
     // Boxed for a thin pointer: the tree form is the rare one (past SMALL
-    // entries), and unboxed it would make every map 32 bytes.
+    // entries).
     #[allow(clippy::box_collection)]
     Tree(Box<BTreeMap<K, V>>),
 }
@@ -349,6 +354,7 @@ impl<K, V> DoubleEndedIterator for Iter<'_, K, V> {
 impl<K: Ord, V> SmallMap<K, V> {
     pub(crate) fn len(&self) -> usize {
         match self {
+            SmallMap::One(_) => 1,
             SmallMap::Vec(v) => v.len(),
             SmallMap::Tree(t) => t.len(),
         }
@@ -370,19 +376,36 @@ impl<K: Ord, V> SmallMap<K, V> {
         Q: Ord + ?Sized,
     {
         match self {
+            SmallMap::One((x, v)) => (x.borrow() == k).then_some(v),
             SmallMap::Vec(v) => Self::find(v, k).ok().map(|i| &v[i].1),
             SmallMap::Tree(t) => t.get(k),
         }
     }
     /// The value of `k`, inserted from `new` when absent.
     pub(crate) fn get_or_insert_with(&mut self, k: K, new: impl FnOnce() -> V) -> &mut V {
-        if let SmallMap::Vec(v) = self {
-            if v.len() >= SMALL && Self::find(v, &k).is_err() {
+        // First the form that has room for `k`.
+        match self {
+            SmallMap::Vec(v) if v.is_empty() => {
+                *self = SmallMap::One((k, new()));
+                let SmallMap::One((_, v)) = self else {
+                    unreachable!("just set")
+                };
+                return v;
+            }
+            SmallMap::One((x, _)) if *x != k => {
+                let SmallMap::One(e) = std::mem::take(self) else {
+                    unreachable!("matched")
+                };
+                *self = SmallMap::Vec(Box::new([e]));
+            }
+            SmallMap::Vec(v) if v.len() >= SMALL && Self::find(v, &k).is_err() => {
                 let t: BTreeMap<K, V> = std::mem::take(v).into_vec().into_iter().collect();
                 *self = SmallMap::Tree(Box::new(t));
             }
+            _ => {}
         }
         match self {
+            SmallMap::One((_, v)) => v,
             SmallMap::Vec(v) => {
                 let i = match Self::find(v, &k) {
                     Ok(i) => i,
@@ -400,6 +423,15 @@ impl<K: Ord, V> SmallMap<K, V> {
             SmallMap::Tree(t) => t.entry(k).or_insert_with(new),
         }
     }
+    /// A vector left with one entry keeps it in place.
+    fn settle(&mut self) {
+        if let SmallMap::Vec(v) = self {
+            if v.len() == 1 {
+                let e = std::mem::take(v).into_vec().pop().expect("one entry");
+                *self = SmallMap::One(e);
+            }
+        }
+    }
     /// Rebuild the tree form with full nodes ([`repack`]).
     pub(crate) fn repack(&mut self) {
         if let SmallMap::Tree(t) = self {
@@ -414,10 +446,14 @@ impl<K: Ord, V> SmallMap<K, V> {
     }
     /// Insert or replace; the value replaced.
     pub(crate) fn insert(&mut self, k: K, val: V) -> Option<V> {
-        if let SmallMap::Vec(v) = self {
-            if let Ok(i) = Self::find(v, &k) {
-                return Some(std::mem::replace(&mut v[i].1, val));
+        match self {
+            SmallMap::One((x, v)) if *x == k => return Some(std::mem::replace(v, val)),
+            SmallMap::Vec(v) => {
+                if let Ok(i) = Self::find(v, &k) {
+                    return Some(std::mem::replace(&mut v[i].1, val));
+                }
             }
+            _ => {}
         }
         let mut val = Some(val);
         let slot = self.get_or_insert_with(k, || val.take().unwrap());
@@ -429,20 +465,35 @@ impl<K: Ord, V> SmallMap<K, V> {
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        match self {
+        let out = match self {
+            SmallMap::One((x, _)) if (*x).borrow() == k => {
+                let SmallMap::One((_, v)) = std::mem::take(self) else {
+                    unreachable!("matched")
+                };
+                Some(v)
+            }
+            SmallMap::One(_) => None,
             SmallMap::Vec(v) => {
                 let i = Self::find(v, k).ok()?;
                 Some(edit(v, |v| v.remove(i).1))
             }
             SmallMap::Tree(t) => t.remove(k),
-        }
+        };
+        self.settle();
+        out
     }
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
         match self {
+            SmallMap::One((k, val)) => {
+                if !keep(k, val) {
+                    *self = SmallMap::default();
+                }
+            }
             SmallMap::Vec(v) => {
                 // No reallocation unless something goes (a boxed slice's
                 // capacity is its length).
                 edit(v, |v| v.retain_mut(|(k, val)| keep(k, val)));
+                self.settle();
             }
             SmallMap::Tree(t) => t.retain(|k, val| keep(k, val)),
         }
@@ -459,6 +510,10 @@ impl<K: Ord, V> SmallMap<K, V> {
         R: RangeBounds<Q>,
     {
         match self {
+            SmallMap::One(e) => {
+                let v = std::slice::from_ref(e);
+                Iter::Vec(if r.contains(e.0.borrow()) { v } else { &v[..0] }.iter())
+            }
             SmallMap::Vec(v) => {
                 let lo = match r.start_bound() {
                     Bound::Unbounded => 0,
@@ -477,12 +532,10 @@ impl<K: Ord, V> SmallMap<K, V> {
     }
     pub(crate) fn iter(&self) -> Iter<'_, K, V> {
         match self {
+            SmallMap::One(e) => Iter::Vec(std::slice::from_ref(e).iter()),
             SmallMap::Vec(v) => Iter::Vec(v.iter()),
             SmallMap::Tree(t) => Iter::Tree(t.range::<K, _>(..)),
         }
-    }
-    pub(crate) fn keys(&self) -> impl DoubleEndedIterator<Item = &K> {
-        self.iter().map(|(k, _)| k)
     }
     pub(crate) fn values(&self) -> impl DoubleEndedIterator<Item = &V> {
         self.iter().map(|(_, v)| v)
@@ -570,7 +623,9 @@ where
                         v.push(e);
                     }
                     if v.len() <= SMALL && v.windows(2).all(|w| w[0].0 < w[1].0) {
-                        return Ok(SmallMap::Vec(v.into_boxed_slice()));
+                        let mut m = SmallMap::Vec(v.into_boxed_slice());
+                        m.settle();
+                        return Ok(m);
                     }
                     return Ok(v.into_iter().collect());
                 }
@@ -647,6 +702,12 @@ impl<T> Deref for ExactVec<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         &self.0
+    }
+}
+
+impl<T> DerefMut for ExactVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.0
     }
 }
 
@@ -738,6 +799,14 @@ mod tests {
 
     #[test]
     fn small_map_behaves_as_a_btreemap() {
+        // Keys from 24 values cross into the tree; from 2 (and the 100s the
+        // loop adds) they stay with 0 to 3 entries: one in place, a vector.
+        for keys in [24, 2] {
+            small_map_against_btreemap(keys);
+        }
+    }
+
+    fn small_map_against_btreemap(keys: u64) {
         let mut m: SmallMap<u64, u64> = SmallMap::default();
         let mut b: BTreeMap<u64, u64> = BTreeMap::new();
         // Pseudo-random inserts, replacements and removals across the switch.
@@ -746,10 +815,14 @@ mod tests {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let k = (x >> 33) % 24;
+            let k = (x >> 33) % keys;
             match i % 5 {
                 0..=2 => assert_eq!(m.insert(k, i), b.insert(k, i)),
                 3 => assert_eq!(m.remove(&k), b.remove(&k)),
+                _ if keys < 8 => {
+                    m.clear();
+                    b.clear();
+                }
                 _ => {
                     m.retain(|k, v| (k + *v) % 7 != 0);
                     b.retain(|k, v| (k + *v) % 7 != 0);
@@ -757,7 +830,7 @@ mod tests {
             }
             assert!(m.iter().eq(b.iter()));
             assert_eq!(m.len(), b.len());
-            for lo in [0, 5, 11] {
+            for lo in [0, 1, 5, 11, 100, 101] {
                 assert!(m.range(lo..).eq(b.range(lo..)));
                 assert!(m.range(..=lo).rev().eq(b.range(..=lo).rev()));
                 assert!(m
@@ -865,11 +938,17 @@ mod tests {
         assert!(Key::new(b"ab") < Key::new(b"abc"));
         assert!(Key::new(&[0xff; 30]) > Key::new(b"z"));
         assert_eq!(std::mem::size_of::<Key>(), 24);
-        // One small akey map with one entry costs exactly that entry.
+        // A map of one entry holds it in place, in no more room than the
+        // entry (its form rides in the key's spare values); two make a vector.
         let mut m: SmallMap<Key, u64> = SmallMap::default();
         m.insert(Key::new(b"inode"), 1);
-        let SmallMap::Vec(v) = &m else { panic!() };
-        assert_eq!(v.len(), 1);
-        assert_eq!(std::mem::size_of::<SmallMap<Key, u64>>(), 16);
+        assert!(matches!(m, SmallMap::One(_)));
+        assert_eq!(std::mem::size_of::<SmallMap<Key, u64>>(), 32);
+        m.insert(Key::new(b"size"), 2);
+        assert!(matches!(&m, SmallMap::Vec(v) if v.len() == 2));
+        m.remove(&Key::new(b"inode"));
+        assert!(matches!(m, SmallMap::One(_)));
+        m.retain(|_, _| false);
+        assert!(matches!(&m, SmallMap::Vec(v) if v.is_empty()));
     }
 }

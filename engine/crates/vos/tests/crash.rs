@@ -122,6 +122,13 @@ fn crash_child() {
                         .collect();
                     match update(st, &o, 1 + round * 1_000_000 + n, &dkey(round, n), vals) {
                         Ok(()) => println!("ACK {round} {th} {n}"),
+                        // The storm writes until it is killed: how much fits
+                        // before that depends on the machine's speed. A full
+                        // pool ends this thread's storm with a clear error.
+                        Err(e) if e.code == -libc::ENOSPC => {
+                            println!("FULL {round} {th} {n} {e}");
+                            return;
+                        }
                         Err(e) => {
                             println!("ERR {round} {th} {n} {e}");
                             return;

@@ -40,7 +40,7 @@ fn aggregate_cont(c: &mut ContTree, rel: &mut Released, upto: u64) {
                     })
                     .collect();
                 let mut keep_single: BTreeSet<u64> =
-                    a.singles.keys().copied().filter(|&e| e > upto).collect();
+                    a.singles.epochs().filter(|&e| e > upto).collect();
                 let mut keep_ext: Vec<bool> = a.extents.iter().map(|x| x.epoch > upto).collect();
                 for (&r, &f) in reads.iter().zip(&floors) {
                     if let Some(v) = a.visible_single(f, r) {
@@ -79,8 +79,8 @@ fn aggregate_cont(c: &mut ContTree, rel: &mut Released, upto: u64) {
                         }
                     }
                 }
-                a.singles.retain(|e, v| {
-                    let keep = keep_single.contains(e);
+                a.singles.retain(|v| {
+                    let keep = keep_single.contains(&v.epoch);
                     if !keep {
                         gone.version(v);
                     }

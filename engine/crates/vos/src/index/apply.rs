@@ -138,7 +138,7 @@ impl Released {
         self.scm += t.scm;
     }
     fn akey(&mut self, a: &AkeyTree) {
-        a.singles.values().for_each(|v| self.version(v));
+        a.singles.iter().for_each(|v| self.version(v));
         a.extents.iter().for_each(|v| self.version(v));
         a.punches.iter().for_each(|t| self.tomb(t));
     }
@@ -224,7 +224,7 @@ impl TargetIndex {
                     match nv.kind {
                         Kind::Single => {
                             // Same epoch: the new value replaces the old one in place.
-                            if let Some(prev) = a.singles.insert(epoch, v) {
+                            if let Some(prev) = a.singles.insert(v) {
                                 old.version(&prev);
                             }
                         }

@@ -30,7 +30,7 @@ mod version;
 pub(crate) use apply::{value_scm, NewValue, Released, WalOp};
 use read::{dkey_exists, level_floor, Covered};
 pub(crate) use read::{Seg, Src};
-pub(crate) use version::{DevRun, Payload, Version};
+pub(crate) use version::{DevRun, Payload, Singles, Version};
 
 /// SCM charged per stored record (version or punch) on top of its key and inline bytes.
 pub(crate) const REC_OVERHEAD: u64 = 64;
@@ -64,7 +64,7 @@ pub(crate) struct Tomb {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct AkeyTree {
-    pub singles: SmallMap<u64, Version>,
+    pub singles: Singles,
     /// Sorted by epoch; equal epochs in write order.
     pub extents: ExactVec<Version>,
     pub punches: ThinVec<Tomb>,

@@ -99,8 +99,8 @@ pub(crate) struct Plan {
 
 impl AkeyTree {
     pub(super) fn visible_single(&self, floor: Option<u64>, r: u64) -> Option<&Version> {
-        let (&e, v) = self.singles.range(..=r).next_back()?;
-        (Some(e) > floor).then_some(v)
+        let v = self.singles.at(r)?;
+        (Some(v.epoch) > floor).then_some(v)
     }
     /// Extents visible at `r` (oldest first): epochs in `(floor, r]`.
     pub(super) fn visible_extents(&self, floor: Option<u64>, r: u64) -> &[Version] {
@@ -129,13 +129,13 @@ impl AkeyTree {
     }
     /// Newest epoch of any of its versions or punches.
     pub(super) fn newest(&self) -> Option<u64> {
-        let s = self.singles.keys().next_back().copied();
+        let s = self.singles.last().map(|v| v.epoch);
         // Extents are sorted by epoch.
         let x = self.extents.last().map(|x| x.epoch);
         s.max(x).max(self.punches.iter().map(|t| t.epoch).max())
     }
     pub(super) fn min_epoch(&self) -> Option<u64> {
-        let s = self.singles.keys().next().copied();
+        let s = self.singles.first().map(|v| v.epoch);
         let x = self.extents.first().map(|x| x.epoch);
         s.into_iter().chain(x).min()
     }
@@ -196,9 +196,8 @@ impl TargetIndex {
         };
         let newest = a
             .singles
-            .keys()
-            .next_back()
-            .copied()
+            .last()
+            .map(|v| v.epoch)
             .max(a.extents.iter().map(|x| x.epoch).max());
         (newest, df.max(level_floor(&a.punches, r)))
     }

@@ -276,10 +276,7 @@ fn aggregation_up_to_an_epoch_keeps_what_later_snapshots_read() {
     assert_eq!(ix.aggregated_to, 25);
     let a = &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d"[..]].akeys[&b"a"[..]];
     // Hidden at 25 (and so at every later epoch): only v1 goes.
-    assert_eq!(
-        a.singles.keys().copied().collect::<Vec<_>>(),
-        vec![20, 30, 40]
-    );
+    assert_eq!(a.singles.epochs().collect::<Vec<_>>(), vec![20, 30, 40]);
     assert_eq!(
         a.extents.iter().map(|x| x.epoch).collect::<Vec<_>>(),
         vec![20, 30, 40]
@@ -304,7 +301,7 @@ fn aggregation_up_to_an_epoch_keeps_what_later_snapshots_read() {
         &mut Released::default(),
     );
     let a = &ix.cont(&pool, &cont).unwrap().objs[&obj].dkeys[&b"d"[..]].akeys[&b"a"[..]];
-    assert_eq!(a.singles.keys().copied().collect::<Vec<_>>(), vec![30, 40]);
+    assert_eq!(a.singles.epochs().collect::<Vec<_>>(), vec![30, 40]);
     assert_eq!(read(&ix, pool, cont, obj, Kind::Single, 0, 0, 35).1, b"v3");
     // The horizon only grows (an older one replayed later does not lower it).
     ix.apply(
@@ -758,4 +755,15 @@ fn the_last_sized_dkey_is_found_from_the_end_within_the_scan_bound() {
         nothing,
         "the bound is not hit at the very end"
     );
+}
+/// A level holds its one child in place (a dkey its one akey, an object
+/// its one dkey): a file of one chunk is one object entry and its versions.
+#[test]
+fn levels_hold_one_child_in_place() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<AkeyTree>(), 40);
+    // The one akey (16 + 40) and the punches (8).
+    assert_eq!(size_of::<DkeyTree>(), 64);
+    // The one dkey (24 + 64) and the punches (8).
+    assert_eq!(size_of::<ObjTree>(), 96);
 }

@@ -18,8 +18,8 @@
 //! below write and read exactly that, so either engine reads the other's
 //! (pinned by `index::tests::checkpoints_keep_their_shape_across_the_compact_trees`).
 
-use crate::compact::bytes;
-use serde::de::Error as _;
+use crate::compact::{bytes, ExactVec};
+use serde::de::{Error as _, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::num::NonZeroU32;
@@ -254,6 +254,85 @@ impl<'de> Deserialize<'de> for Version {
     }
 }
 
+/// The single values of an akey, one per epoch, ascending: a vector of
+/// exactly its versions (each keeps its epoch), not a map keyed by a copy of
+/// it. Serialized as the map from epoch to version it was.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct Singles(ExactVec<Version>);
+
+impl Singles {
+    /// The newest version at or below epoch `r`.
+    pub(crate) fn at(&self, r: u64) -> Option<&Version> {
+        self.0[..self.0.partition_point(|v| v.epoch <= r)].last()
+    }
+    /// Add `v`; the version of the same epoch it replaces.
+    pub(crate) fn insert(&mut self, v: Version) -> Option<Version> {
+        let i = self.0.partition_point(|x| x.epoch < v.epoch);
+        match self.0.get(i) {
+            Some(x) if x.epoch == v.epoch => Some(std::mem::replace(&mut self.0[i], v)),
+            _ => {
+                self.0.insert(i, v);
+                None
+            }
+        }
+    }
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&Version) -> bool) {
+        self.0.retain(keep)
+    }
+    pub(crate) fn epochs(&self) -> impl DoubleEndedIterator<Item = u64> + '_ {
+        self.0.iter().map(|v| v.epoch)
+    }
+}
+
+impl std::ops::Deref for Singles {
+    type Target = [Version];
+    fn deref(&self) -> &[Version] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Singles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|v| (v.epoch, v)))
+            .finish()
+    }
+}
+
+impl Serialize for Singles {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|v| (v.epoch, v)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Singles {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Singles, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Singles;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map from epoch to version")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Singles, A::Error> {
+                // The hint comes from the data: reserve no more than a bounded start.
+                let mut v: Vec<Version> = Vec::with_capacity(a.size_hint().unwrap_or(0).min(64));
+                while let Some((e, x)) = a.next_entry::<u64, Version>()? {
+                    if e != x.epoch || v.last().is_some_and(|p| p.epoch >= e) {
+                        return Err(A::Error::custom(format!(
+                            "a single value of epoch {} under key {e}, after {:?}",
+                            x.epoch,
+                            v.last().map(|p| p.epoch)
+                        )));
+                    }
+                    v.push(x);
+                }
+                Ok(Singles(ExactVec::from(v)))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +342,32 @@ mod tests {
         assert_eq!(std::mem::size_of::<DevRun>(), 24);
         assert_eq!(std::mem::size_of::<Payload>(), 24);
         assert_eq!(std::mem::size_of::<Version>(), 56);
+    }
+
+    #[test]
+    fn singles_keep_one_version_per_epoch_and_serialize_as_the_map_they_were() {
+        let v = |e: u64, b: u8| Version::new(e, 0, 1, None, Payload::Inline(Box::new([b])), 9);
+        let mut s = Singles::default();
+        assert!(s.insert(v(20, 1)).is_none());
+        assert!(s.insert(v(10, 2)).is_none());
+        assert!(s.insert(v(30, 3)).is_none());
+        // Same epoch: replaced in place.
+        assert_eq!(s.insert(v(20, 4)), Some(v(20, 1)));
+        assert_eq!(s.epochs().collect::<Vec<_>>(), vec![10, 20, 30]);
+        assert_eq!(s.at(25), Some(&v(20, 4)));
+        assert_eq!(s.at(30), Some(&v(30, 3)));
+        assert_eq!(s.at(9), None);
+        let map: std::collections::BTreeMap<u64, Version> =
+            s.iter().map(|x| (x.epoch, x.clone())).collect();
+        let enc = bincode::serialize(&s).unwrap();
+        assert_eq!(enc, bincode::serialize(&map).unwrap());
+        assert!(bincode::deserialize::<Singles>(&enc).unwrap() == s);
+        // A version under another epoch's key is refused, not misfiled.
+        let bad: std::collections::BTreeMap<u64, Version> = [(11, v(10, 2))].into();
+        let e = bincode::deserialize::<Singles>(&bincode::serialize(&bad).unwrap());
+        assert!(e.unwrap_err().to_string().contains("epoch 10 under key 11"));
+        s.retain(|x| x.epoch != 20);
+        assert_eq!(s.epochs().collect::<Vec<_>>(), vec![10, 30]);
     }
 
     #[test]

@@ -212,7 +212,7 @@ pub(super) fn gather(ix: &TargetIndex, after: Option<&Pos>, budget: u64) -> Walk
                             akey: ak.clone(),
                         };
                         let mut any = false;
-                        for v in at.singles.values().chain(at.extents.iter()) {
+                        for v in at.singles.iter().chain(at.extents.iter()) {
                             if let Payload::Device(ext) = &v.payload {
                                 w.items.push(Item {
                                     at: w.places.len(),
