@@ -18,10 +18,14 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::{btree_map, BTreeMap};
+use std::collections::btree_map;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Bound, Deref, DerefMut, RangeBounds};
+
+mod packed;
+use packed::packed_entries;
+pub(crate) use packed::Packed;
 
 /// Keys up to this many bytes are held inline.
 const INLINE: usize = 22;
@@ -274,16 +278,6 @@ impl<'de> Visitor<'de> for BytesVisitor {
     }
 }
 
-/// Rebuild `t` with every node full. Keys inserted in ascending order (new
-/// objects, file names of a run) leave each `BTreeMap` node split at
-/// insertion a little over half full for good, so a map built that way
-/// takes about twice the node memory of one built at once from its sorted
-/// entries; the index's object maps and directory-sized dkey maps grow
-/// exactly that way. O(n), as the walk of a checkpoint.
-pub(crate) fn repack<K: Ord, V>(t: &mut BTreeMap<K, V>) {
-    *t = std::mem::take(t).into_iter().collect();
-}
-
 /// Entries a [`SmallMap`] keeps in its sorted vector; one more makes it a tree.
 pub(crate) const SMALL: usize = 8;
 
@@ -300,8 +294,7 @@ pub(crate) enum SmallMap<K, V> {
     Vec(Box<[(K, V)]>),
     // Boxed for a thin pointer: the tree form is the rare one (past SMALL
     // entries).
-    #[allow(clippy::box_collection)]
-    Tree(Box<BTreeMap<K, V>>),
+    Tree(Box<Packed<K, V>>),
 }
 
 impl<K, V> Default for SmallMap<K, V> {
@@ -399,7 +392,7 @@ impl<K: Ord, V> SmallMap<K, V> {
                 *self = SmallMap::Vec(Box::new([e]));
             }
             SmallMap::Vec(v) if v.len() >= SMALL && Self::find(v, &k).is_err() => {
-                let t: BTreeMap<K, V> = std::mem::take(v).into_vec().into_iter().collect();
+                let t: Packed<K, V> = std::mem::take(v).into_vec().into_iter().collect();
                 *self = SmallMap::Tree(Box::new(t));
             }
             _ => {}
@@ -420,7 +413,7 @@ impl<K: Ord, V> SmallMap<K, V> {
                 };
                 &mut v[i].1
             }
-            SmallMap::Tree(t) => t.entry(k).or_insert_with(new),
+            SmallMap::Tree(t) => t.get_or_insert_with(k, new),
         }
     }
     /// A vector left with one entry keeps it in place.
@@ -432,10 +425,10 @@ impl<K: Ord, V> SmallMap<K, V> {
             }
         }
     }
-    /// Rebuild the tree form with full nodes ([`repack`]).
+    /// Rebuild the tree form with full nodes ([`Packed::repack`]).
     pub(crate) fn repack(&mut self) {
         if let SmallMap::Tree(t) = self {
-            repack(t);
+            t.repack();
         }
     }
     pub(crate) fn entry_or_default(&mut self, k: K) -> &mut V
@@ -636,40 +629,6 @@ where
     }
 }
 
-/// The entries of a serialized map as a tree of full nodes ([`repack`]):
-/// gathered first, then built at once, rather than inserted one by one.
-fn packed_entries<'de, K: Ord + Deserialize<'de>, V: Deserialize<'de>, A: MapAccess<'de>>(
-    mut a: A,
-) -> Result<BTreeMap<K, V>, A::Error> {
-    // The hint comes from the data: reserve no more than a bounded start.
-    let mut v: Vec<(K, V)> = Vec::with_capacity(a.size_hint().unwrap_or(0).min(1 << 16));
-    while let Some(e) = a.next_entry()? {
-        v.push(e);
-    }
-    Ok(v.into_iter().collect())
-}
-
-/// `#[serde(deserialize_with)]` for a `BTreeMap` the index keeps large (a
-/// container's objects): decoded with full nodes ([`repack`]).
-pub(crate) fn packed_map<'de, D, K, V>(d: D) -> Result<BTreeMap<K, V>, D::Error>
-where
-    D: Deserializer<'de>,
-    K: Ord + Deserialize<'de>,
-    V: Deserialize<'de>,
-{
-    struct V_<K, V>(PhantomData<(K, V)>);
-    impl<'de, K: Ord + Deserialize<'de>, V: Deserialize<'de>> Visitor<'de> for V_<K, V> {
-        type Value = BTreeMap<K, V>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a map")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
-            packed_entries(a)
-        }
-    }
-    d.deserialize_map(V_(PhantomData))
-}
-
 /// A vector of exactly its elements: a boxed slice (16 bytes, no spare
 /// capacity), for lists that are mostly of one element and change rarely
 /// (an akey's extents). Serialized as a `Vec<T>`.
@@ -796,6 +755,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for ThinVec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn small_map_behaves_as_a_btreemap() {
@@ -849,17 +809,8 @@ mod tests {
     }
 
     #[test]
-    fn repacked_and_packed_decoded_maps_keep_their_entries() {
-        let mut t: BTreeMap<u64, u64> = (0..1000).map(|i| (i, i * 3)).collect();
-        t.extend((1000..5000u64).map(|i| (i, i * 3)));
-        let want = t.clone();
-        repack(&mut t);
-        assert_eq!(t, want);
-        // Decoded from the bytes of a plain map, as a checkpoint holds them.
-        #[derive(Deserialize)]
-        struct Packed(#[serde(deserialize_with = "packed_map")] BTreeMap<u64, u64>);
-        let Packed(d) = bincode::deserialize(&bincode::serialize(&want).unwrap()).unwrap();
-        assert_eq!(d, want);
+    fn repacked_maps_keep_their_entries() {
+        let want: BTreeMap<u64, u64> = (0..5000).map(|i| (i, i * 3)).collect();
         let mut m: SmallMap<u64, u64> = want.clone().into_iter().collect();
         m.repack();
         assert!(m.iter().map(|(k, v)| (*k, *v)).eq(want.into_iter()));

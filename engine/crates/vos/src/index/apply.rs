@@ -206,8 +206,7 @@ impl TargetIndex {
                 let c = p.conts.entry(cont).or_default();
                 let d = c
                     .objs
-                    .entry(obj)
-                    .or_default()
+                    .entry_or_default(obj)
                     .dkeys
                     .entry_or_default(Key::new(&dkey));
                 let mut add = Released::default();
@@ -256,7 +255,7 @@ impl TargetIndex {
                 // whole copy to a returning target writes the punch before
                 // the versions it hides; a client's retry; a late commit).
                 let c = p.conts.entry(cont).or_default();
-                let o = c.objs.entry(obj).or_default();
+                let o = c.objs.entry_or_default(obj);
                 let mut charged = 0;
                 if dkey.is_empty() {
                     o.punches.push(Tomb {

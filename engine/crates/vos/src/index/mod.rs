@@ -10,7 +10,7 @@
 //! (a punch hides versions at its own epoch too). For arrays, later epochs win
 //! per byte; between extents of equal epoch the later write wins.
 
-use crate::compact::{ExactVec, Key, ShortKey, SmallMap, ThinVec};
+use crate::compact::{ExactVec, Key, Packed, ShortKey, SmallMap, ThinVec};
 use crate::dtx::{DtxTable, TxId};
 use crate::error::Errno;
 use crate::superblock::BLOCK;
@@ -91,8 +91,7 @@ pub(crate) struct ObjKey {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ContTree {
-    #[serde(deserialize_with = "crate::compact::packed_map")]
-    pub objs: BTreeMap<ObjKey, ObjTree>,
+    pub objs: Packed<ObjKey, ObjTree>,
     /// Snapshot epochs aggregation keeps readable (sorted).
     pub snapshots: Vec<u64>,
     pub scm_used: u64,
@@ -161,11 +160,11 @@ impl TargetIndex {
     }
 
     /// Rebuild the object maps and the trees of dkeys with full nodes
-    /// ([`crate::compact::repack`]): at each checkpoint, which walks the
-    /// whole index anyway (decoding one builds them full already).
+    /// ([`Packed::repack`]): at each checkpoint, which walks the whole
+    /// index anyway (decoding one builds them full already).
     pub(crate) fn repack(&mut self) {
         for c in self.pools.values_mut().flat_map(|p| p.conts.values_mut()) {
-            crate::compact::repack(&mut c.objs);
+            c.objs.repack();
             c.objs.values_mut().for_each(|o| o.dkeys.repack());
         }
     }
