@@ -31,12 +31,30 @@ pub(crate) fn round_up(n: u64) -> u64 {
 
 /// Frame `payload` as a record of generation `gen`, padded to whole blocks.
 pub(crate) fn encode(magic: &[u8; 4], dev: Uuid, seq: u64, gen: u64, payload: &[u8]) -> Vec<u8> {
-    let mut rec = vec![0u8; round_up((HDR + payload.len()) as u64) as usize];
+    let mut rec = with_room(payload.len() as u64);
+    rec.extend_from_slice(payload);
+    seal(magic, dev, seq, gen, rec)
+}
+
+/// An empty record with room for a payload of `len` bytes: the payload is
+/// written after the header's bytes (in place: a checkpoint is one buffer
+/// of its size, not its encoding and then a copy), then [`seal`]ed.
+pub(crate) fn with_room(len: u64) -> Vec<u8> {
+    let mut rec = Vec::with_capacity(round_up(HDR as u64 + len) as usize);
+    rec.resize(HDR, 0);
+    rec
+}
+
+/// The header of a record [`with_room`] whose payload follows it now, and
+/// the padding to whole blocks.
+pub(crate) fn seal(magic: &[u8; 4], dev: Uuid, seq: u64, gen: u64, mut rec: Vec<u8>) -> Vec<u8> {
+    let len = rec.len() - HDR;
+    let crc = peregrine_isal::crc32c(&rec[HDR..]);
     rec[0..4].copy_from_slice(magic);
     rec[4..20].copy_from_slice(dev.as_bytes());
     rec[20..28].copy_from_slice(&seq.to_le_bytes());
-    rec[28..36].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    rec[36..40].copy_from_slice(&peregrine_isal::crc32c(payload).to_le_bytes());
+    rec[28..36].copy_from_slice(&(len as u64).to_le_bytes());
+    rec[36..40].copy_from_slice(&crc.to_le_bytes());
     let hcrc = peregrine_isal::crc32c(&rec[0..40]);
     rec[40..44].copy_from_slice(&hcrc.to_le_bytes());
     if gen != 0 {
@@ -44,7 +62,7 @@ pub(crate) fn encode(magic: &[u8; 4], dev: Uuid, seq: u64, gen: u64, payload: &[
         let gcrc = peregrine_isal::crc32c(&rec[44..52]);
         rec[52..56].copy_from_slice(&gcrc.to_le_bytes());
     }
-    rec[HDR..HDR + payload.len()].copy_from_slice(payload);
+    rec.resize(round_up(rec.len() as u64) as usize, 0);
     rec
 }
 

@@ -17,18 +17,23 @@ impl Target {
     /// only after their record is durable), stamped with the last record's seq.
     pub(super) fn checkpoint(&mut self) -> Result<(), StorageError> {
         self.index.repack();
-        let payload = bincode::serialize(&self.index).map_err(|e| {
-            StorageError::Corrupt(format!("target {}: encode checkpoint: {e}", self.id))
-        })?;
-        let rec = wal::encode(CKPT_MAGIC, self.sb.device_uuid, self.wal.seq, 0, &payload);
-        if rec.len() as u64 > self.sb.ckpt_bytes {
+        let encode_err =
+            |e| StorageError::Corrupt(format!("target {}: encode checkpoint: {e}", self.id));
+        // Sized first: the record is one buffer of exactly its size (the
+        // index of a target can take hundreds of MiB encoded), and one too
+        // large for its slot is refused before any of it is made.
+        let len = bincode::serialized_size(&self.index).map_err(encode_err)?;
+        if wal::round_up(wal::HDR as u64 + len) > self.sb.ckpt_bytes {
             return Err(StorageError::Invalid(format!(
                 "target {}: checkpoint of {} bytes exceeds its slot of {} bytes (metadata budget too large for this device)",
                 self.id,
-                rec.len(),
+                wal::HDR as u64 + len,
                 self.sb.ckpt_bytes
             )));
         }
+        let mut rec = wal::with_room(len);
+        bincode::serialize_into(&mut rec, &self.index).map_err(encode_err)?;
+        let rec = wal::seal(CKPT_MAGIC, self.sb.device_uuid, self.wal.seq, 0, rec);
         let off = self.sb.ckpt_offset(self.id, self.wal.next_ckpt);
         self.dev
             .write(&[(off, &rec)], true)
