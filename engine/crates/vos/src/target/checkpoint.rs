@@ -16,6 +16,7 @@ impl Target {
     /// The index holds exactly the durable state here (changes are applied
     /// only after their record is durable), stamped with the last record's seq.
     pub(super) fn checkpoint(&mut self) -> Result<(), StorageError> {
+        let t0 = Instant::now();
         self.index.repack();
         let encode_err =
             |e| StorageError::Corrupt(format!("target {}: encode checkpoint: {e}", self.id));
@@ -38,11 +39,13 @@ impl Target {
         self.dev
             .write(&[(off, &rec)], true)
             .map_err(|e| self.io_err("write checkpoint", e))?;
-        tracing::debug!(
+        // Its time grows with the index (the target serves nothing meanwhile).
+        tracing::info!(
             target = self.id,
             slot = self.wal.next_ckpt,
             seq = self.wal.seq,
             bytes = rec.len(),
+            ms = t0.elapsed().as_millis() as u64,
             "checkpoint"
         );
         self.wal.next_ckpt ^= 1;
