@@ -399,23 +399,24 @@ impl Object {
     /// commit after the prepare) and hold its reads until then.
     pub fn discard(&self) -> Result<()> {
         self.with_map(|map| {
-            let groups = self.layout(map)?;
-            let epoch = hlc::now();
-            let live: Vec<ShardLoc> = groups
-                .iter()
-                .flat_map(|g| g.shards.iter())
-                .filter(|l| map.targets[l.target].up)
-                .copied()
-                .collect();
-            let punches: Vec<(ShardLoc, PunchReq)> = live
-                .iter()
-                .map(|loc| (*loc, self.punch_req(map, loc, None, epoch, b"", &[])))
-                .collect();
+            let punches = self.discard_punches(map)?;
             self.call_each(map, Opcode::Punch, &punches)
                 .into_iter()
                 .try_for_each(|r| r.map(|_| ()))
         })
         .map_err(|e| e.context(format!("object {}", self.oid)))
+    }
+
+    /// The punch of each live shard that discards the object.
+    pub(crate) fn discard_punches(&self, map: &PoolMap) -> Result<Vec<(ShardLoc, PunchReq)>> {
+        let groups = self.layout(map)?;
+        let epoch = hlc::now();
+        Ok(groups
+            .iter()
+            .flat_map(|g| g.shards.iter())
+            .filter(|l| map.targets[l.target].up)
+            .map(|loc| (*loc, self.punch_req(map, loc, None, epoch, b"", &[])))
+            .collect())
     }
 
     /// Punch `dkey` and everything under it.

@@ -150,6 +150,15 @@
 //! before the commit and not checked, so an xattr set by another client in
 //! between can be lost (the entry itself cannot). Renames left half done by
 //! clients of before transactions are settled when read (`legacy.rs`).
+//!
+//! Removal and the data: an unlink (or rmdir, or a rename over a file)
+//! returns once the name is removed; the object behind it is punched after
+//! (`Dfs::release_object`): the punches are sent, and their replies are
+//! read by later removals, up to `DISCARDS_IN_FLIGHT` waiting, or when the
+//! last handle of the mount drops (the interception library also at exit).
+//! A punch that fails is made again with the retries of a synchronous one,
+//! then logged: no name reaches the object, so only space is at stake. A
+//! client killed with punches in flight may leave their objects unpunched.
 
 mod dfs;
 mod dir;
@@ -164,7 +173,7 @@ mod rename;
 mod times;
 mod xattr;
 
-pub use dfs::Dfs;
+pub use dfs::{Dfs, DISCARDS_IN_FLIGHT};
 pub use dir::{DirEntry, DirHandle};
 pub use entry::{Entry, Move, Xattrs};
 pub use file::{chunk_dkey, File};

@@ -163,6 +163,7 @@ impl Dfs {
                 touches: Mutex::new(HashMap::new()),
                 counts: Mutex::new(HashMap::new()),
                 rename_lease_ns: RENAME_LEASE_NS.into(),
+                discards: Mutex::new(Default::default()),
             }),
         })
     }

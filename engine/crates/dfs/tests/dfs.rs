@@ -300,9 +300,56 @@ fn file_io_sizes_and_truncate() {
     f.read_at(0, &mut head).unwrap();
     assert_eq!(&head, b"again");
 
-    // unlink punches the data
+    // unlink punches the data (sent by the unlink; its replies are read by
+    // a later removal, or here)
     fs.unlink(&root, b"data").unwrap();
+    fs.settle_discards().unwrap();
     assert_eq!(g.size().unwrap(), 0);
+}
+
+#[test]
+fn removed_files_data_is_punched_without_waiting_for_each() {
+    let c = cluster(2);
+    let fs = mount(&c, "cont", false);
+    let root = fs.root();
+    // More files than the punches kept in flight: the oldest are waited
+    // for as new ones go out; the rest when the last handle drops.
+    let n = DISCARDS_IN_FLIGHT as u32 * 2 + 3;
+    let mut files = Vec::new();
+    for i in 0..n {
+        let name = format!("f{i}");
+        let (node, _) = fs
+            .create(&root, name.as_bytes(), 0o644, 0, 0, true)
+            .unwrap();
+        let data = vec![i as u8 + 1; 70_000 + i as usize];
+        fs.open(&node).unwrap().write_at(0, &data).unwrap();
+        files.push((name, node));
+    }
+    let mkdir = fs.mkdir(&root, b"d", 0o755, 0, 0).unwrap();
+    // A second mount reads the objects behind the names as they go.
+    let other = mount(&c, "cont", false);
+    let opened: Vec<_> = files.iter().map(|(_, n)| other.open(n).unwrap()).collect();
+    for (name, _) in &files {
+        fs.unlink(&root, name.as_bytes()).unwrap();
+        assert_eq!(
+            code(other.lookup(&other.root(), name.as_bytes())),
+            libc::ENOENT
+        );
+    }
+    fs.rmdir(&root, b"d").unwrap();
+    drop(fs);
+    // Every removed file's data is gone, and the directory's object.
+    for (f, (name, _)) in opened.iter().zip(&files) {
+        assert_eq!(f.size().unwrap(), 0, "{name}");
+    }
+    let cont = c
+        .client()
+        .pool_connect("pool")
+        .unwrap()
+        .cont_open("cont")
+        .unwrap();
+    let d = cont.object(mkdir.oid()).unwrap();
+    assert!(d.list_dkeys().unwrap().is_empty());
 }
 
 #[test]

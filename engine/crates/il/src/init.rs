@@ -12,6 +12,7 @@ use std::sync::Arc;
 /// send the commits of this process's last writes before it goes, or other
 /// readers of them wait for the engines to settle them (seconds).
 extern "C" fn flush_commits() {
+    crate::ns::settle_discards();
     // Another thread may hold the table while the process exits: skip then.
     if let Some(conts) = CONTS.try_lock() {
         for (_, c) in conts.iter() {

@@ -58,6 +58,20 @@ pub(crate) enum Slot {
 
 pub(crate) static NSS: Mutex<Vec<((u32, u32), Slot)>> = Mutex::new(Vec::new());
 
+/// At exit: wait for the punches of removed files still in flight (they
+/// were sent; their replies tell a failure, which is retried). Skipped if
+/// another thread holds the table as the process exits.
+pub(crate) fn settle_discards() {
+    let Some(t) = NSS.try_lock() else { return };
+    for (_, s) in t.iter() {
+        if let Slot::Ready(ns) = s {
+            if let Err(e) = ns.dfs.settle_discards() {
+                crate::report::note_failure(format!("punching a removed file's data: {e}"));
+            }
+        }
+    }
+}
+
 /// The container of mount `dev`, learnt from a handle.
 pub(crate) fn learn(dev: (u32, u32), h: &Handle) {
     let mut t = NSS.lock();
