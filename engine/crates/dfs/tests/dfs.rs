@@ -142,7 +142,8 @@ fn namespace_operations() {
     assert_eq!(h2.oid(), f.oid());
     assert_eq!(fs.listxattr(&h2).unwrap(), vec![b"user.b".to_vec()]);
     assert_eq!(code(fs.lookup(&d1, b"g")), libc::ENOENT);
-    // the replaced file's data is gone
+    // the replaced file's data is gone (its punch sent by the rename)
+    fs.settle_discards().unwrap();
     let old = File::new(fs.container(), h.oid(), h.entry.chunk_size, false).unwrap();
     assert_eq!(old.size().unwrap(), 0);
     // exchange

@@ -96,6 +96,7 @@ fn names_share_one_inode_until_the_last_goes() {
     assert_eq!(read_all(&a, &a.lookup_path("/h").unwrap()), b"shared bytes");
     // The last name goes: so do the record and the data.
     a.unlink(&root, b"h").unwrap();
+    a.settle_discards().unwrap();
     let gone = File::new(a.container(), f.oid(), f.entry.chunk_size, false).unwrap();
     assert_eq!(gone.size().unwrap(), 0, "data punched with the last name");
     assert_eq!(names(&a, &root), vec![b"d1".to_vec(), b"d2".to_vec()]);
