@@ -56,6 +56,7 @@ impl Node {
             read_spin: cfg.vos_read_spin(),
             scrub_rate: cfg.scrub_rate(),
             scm_value_max: cfg.scm_value_max(),
+            wal_io: cfg.wal_io(),
         }
     }
 

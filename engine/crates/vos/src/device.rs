@@ -1,5 +1,7 @@
 //! Device I/O of one target: its own file descriptor (O_DIRECT), its own
-//! io_uring ring and its own registered buffer pool.
+//! io_uring ring and its own registered buffer pool; with
+//! [`crate::WalIo::PageCache`] also a buffered descriptor for its WAL,
+//! whose writes are plain system calls (see [`DeviceIo::start`]).
 //!
 //! All offsets and lengths handed to the device are multiples of 4 KiB, as
 //! O_DIRECT requires; callers pad values to whole blocks.
@@ -18,6 +20,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::Path;
@@ -100,6 +103,12 @@ impl Op {
 
 pub(crate) struct DeviceIo {
     file: File,
+    /// The WAL's byte range on the device and a descriptor of the device
+    /// without O_DIRECT, when the WAL goes through the page cache
+    /// ([`crate::WalIo::PageCache`]): reads and writes inside the range use
+    /// it (so replay reads what the kernel holds); an fdatasync on either
+    /// descriptor flushes the file's dirty pages too.
+    cached: Option<(File, Range<u64>)>,
     ring: Option<IoUring>,
     bufs: BufPool,
     /// Buffers registered with the ring (ReadFixed/WriteFixed usable).
@@ -180,6 +189,15 @@ impl Arena {
     }
 }
 
+/// The descriptor `op` goes through: the cached one inside the cached
+/// range, else the O_DIRECT one (also for an fdatasync).
+fn file_for<'a>(direct: &'a File, cached: &'a Option<(File, Range<u64>)>, op: &Op) -> &'a File {
+    match cached {
+        Some((f, r)) if op.kind != OpKind::Sync && r.contains(&op.off) => f,
+        _ => direct,
+    }
+}
+
 /// Open a device for a target with O_DIRECT, falling back (with a warning)
 /// only when the filesystem refuses O_DIRECT (tmpfs).
 pub(crate) fn open_direct(path: &Path, target: u32) -> io::Result<File> {
@@ -199,8 +217,19 @@ pub(crate) fn open_direct(path: &Path, target: u32) -> io::Result<File> {
 }
 
 impl DeviceIo {
-    pub(crate) fn open(path: &Path, hugepages: bool, target: u32) -> io::Result<DeviceIo> {
+    /// Open the device for target `target`; with `cached_range`, I/O in
+    /// that byte range (the target's WAL) goes through the page cache.
+    pub(crate) fn open(
+        path: &Path,
+        hugepages: bool,
+        target: u32,
+        cached_range: Option<Range<u64>>,
+    ) -> io::Result<DeviceIo> {
         let file = open_direct(path, target)?;
+        let cached = match cached_range {
+            Some(r) => Some((OpenOptions::new().read(true).write(true).open(path)?, r)),
+            None => None,
+        };
         let bufs = BufPool::new(BUFS_PER_TARGET, hugepages, target)?;
         let ring = match IoUring::new(256) {
             Ok(r) => Some(r),
@@ -221,6 +250,7 @@ impl DeviceIo {
         }
         Ok(DeviceIo {
             file,
+            cached,
             ring,
             arena: Arena::new(bufs.count()),
             bufs,
@@ -234,7 +264,7 @@ impl DeviceIo {
     }
 
     fn sqe(&self, op: &Op) -> squeue::Entry {
-        let fd = types::Fd(self.file.as_raw_fd());
+        let fd = types::Fd(file_for(&self.file, &self.cached, op).as_raw_fd());
         let sqe = match op.kind {
             OpKind::Sync => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
@@ -282,12 +312,11 @@ impl DeviceIo {
         }
         let (b, from, to) = (op.buf, op.buf_off + done, op.buf_off + op.len);
         let at = op.off + done as u64;
+        let file = file_for(&self.file, &self.cached, op);
         let r = match (op.kind, op.target_slice()) {
-            (OpKind::Write, _) => self.file.write_all_at(&self.bufs.slice(b)[from..to], at),
-            (_, Some(t)) => self.file.read_exact_at(&mut t[done..], at),
-            _ => self
-                .file
-                .read_exact_at(&mut self.bufs.slice_mut(b)[from..to], at),
+            (OpKind::Write, _) => file.write_all_at(&self.bufs.slice(b)[from..to], at),
+            (_, Some(t)) => file.read_exact_at(&mut t[done..], at),
+            _ => file.read_exact_at(&mut self.bufs.slice_mut(b)[from..to], at),
         };
         r.map_err(|e| {
             let what = if op.kind == OpKind::Write {
@@ -317,15 +346,14 @@ impl DeviceIo {
                 continue;
             }
             let (b, o, l) = (op.buf, op.buf_off, op.len);
+            let file = file_for(&self.file, &self.cached, op);
             let r = match (op.kind, op.target_slice()) {
-                (OpKind::Sync, _) => self.file.sync_data(),
-                (OpKind::Write, _) => self
-                    .file
-                    .write_all_at(&self.bufs.slice(b)[o..o + l], op.off),
-                (OpKind::Read, Some(t)) => self.file.read_exact_at(t, op.off),
-                (OpKind::Read, None) => self
-                    .file
-                    .read_exact_at(&mut self.bufs.slice_mut(b)[o..o + l], op.off),
+                (OpKind::Sync, _) => file.sync_data(),
+                (OpKind::Write, _) => file.write_all_at(&self.bufs.slice(b)[o..o + l], op.off),
+                (OpKind::Read, Some(t)) => file.read_exact_at(t, op.off),
+                (OpKind::Read, None) => {
+                    file.read_exact_at(&mut self.bufs.slice_mut(b)[o..o + l], op.off)
+                }
             };
             failed = r.is_err() && op.link;
             out.push(r);
@@ -451,26 +479,44 @@ impl DeviceIo {
             }
             return Ok(());
         }
-        let sqes: Vec<squeue::Entry> = ops
-            .iter()
-            .enumerate()
-            .map(|(i, op)| self.sqe(op).user_data(tag << IDX_BITS | i as u64))
-            .collect();
+        // A write into the page cache takes a few microseconds as a system
+        // call; through the ring the kernel hands it to a worker thread
+        // (ext4 cannot take it without blocking), which costs ~45 µs.
+        let mut queued = Vec::with_capacity(ops.len());
+        let mut in_chain = false;
+        for (i, op) in ops.iter().enumerate() {
+            if !in_chain && !op.link && self.page_cache_write(op) {
+                let res = self.run_plain(std::slice::from_ref(op)).remove(0);
+                self.ready.push(Done { tag, idx: i, res });
+            } else {
+                queued.push((i, self.sqe(op).user_data(tag << IDX_BITS | i as u64)));
+            }
+            in_chain = op.link;
+        }
         let ring = self.ring.as_mut().expect("ring");
         let room = {
             let sq = ring.submission();
             sq.capacity() - sq.len()
         };
-        if room < sqes.len() {
+        if room < queued.len() {
             ring.submit()?;
         }
-        for (i, sqe) in sqes.iter().enumerate() {
+        for (i, sqe) in &queued {
             // Safety: the regions stay taken until the completion is reaped.
             unsafe { ring.submission().push(sqe) }
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-            self.inflight.insert(tag << IDX_BITS | i as u64, ops[i]);
+            self.inflight.insert(tag << IDX_BITS | *i as u64, ops[*i]);
         }
         Ok(())
+    }
+
+    /// Whether `op` is a write that goes through the page cache.
+    fn page_cache_write(&self, op: &Op) -> bool {
+        op.kind == OpKind::Write
+            && self
+                .cached
+                .as_ref()
+                .is_some_and(|(_, r)| r.contains(&op.off))
     }
 
     /// Hand the operations started since the last submission to the kernel

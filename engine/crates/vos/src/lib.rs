@@ -28,7 +28,9 @@
 //!
 //! Acknowledged means written, as a POSIX file system's write(2): the device
 //! (the kernel, for a file) holds it, so it survives the crash or `kill -9`
-//! of any process. A flush (fdatasync) of the device's volatile write cache
+//! of any process. The WAL record goes with O_DIRECT or, on a device file
+//! by default, through the page cache ([`WalIo`]): a write the kernel holds
+//! in either case. A flush (fdatasync) of the device's volatile write cache
 //! makes it survive a power cut too: a [`Request::Flush`] (what fsync turns
 //! into), an update or punch with `sync` set (containers with property
 //! `sync=always`), and the target on its own at most
@@ -227,8 +229,8 @@ pub use dtx::TxId;
 pub use dtx::{DTX_STALE_MS, MAX_DECIDE, MAX_SHARDS};
 pub use error::{Errno, StorageError};
 pub use open::{
-    BdevClass, BdevSpec, StorageOptions, DEFAULT_FLUSH_INTERVAL, DEFAULT_POLL, DEFAULT_READ_SPIN,
-    SCM_VALUE_MAX,
+    BdevClass, BdevSpec, StorageOptions, WalIo, DEFAULT_FLUSH_INTERVAL, DEFAULT_POLL,
+    DEFAULT_READ_SPIN, SCM_VALUE_MAX,
 };
 pub(crate) use request::Responder;
 pub use request::{

@@ -18,6 +18,37 @@ pub enum BdevClass {
     Kdev,
 }
 
+/// How a target writes its write-ahead log. Either way an update is
+/// acknowledged once its record is written (it survives the crash or
+/// `kill -9` of any process) and survives a power cut once flushed
+/// ([`StorageOptions::flush_interval`], fsync, `sync=always`): what
+/// differs is only where the acknowledged record waits for the flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WalIo {
+    /// O_DIRECT, as the data: the device holds the record (in its volatile
+    /// write cache) before the update is acknowledged. For NVMe, where
+    /// such a write takes 10-20 µs.
+    Direct,
+    /// Through the kernel's page cache: the kernel holds the record and
+    /// writes it back (at the latest at the next flush). For a device
+    /// that is a file on a host file system (emulated NVMe), where an
+    /// O_DIRECT write takes the host disk's latency (~70-100 µs on a
+    /// cloud VM's disk) and a metadata update is little else.
+    PageCache,
+}
+
+impl WalIo {
+    /// The default for a kind of device: the page cache for a file,
+    /// O_DIRECT for a block device.
+    pub fn default_for(class: BdevClass) -> WalIo {
+        match class {
+            BdevClass::File => WalIo::PageCache,
+            BdevClass::Kdev => WalIo::Direct,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BdevSpec {
     pub class: BdevClass,
@@ -53,6 +84,9 @@ pub struct StorageOptions {
     /// namespace of many small files takes (a file's data then costs a
     /// block of the device, not its size in RAM); 1 to [`SCM_VALUE_MAX`].
     pub scm_value_max: usize,
+    /// How the targets write their WAL ([`WalIo::default_for`] the device
+    /// unless configured).
+    pub wal_io: WalIo,
 }
 
 /// [`StorageOptions::flush_interval`] unless configured.

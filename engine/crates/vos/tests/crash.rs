@@ -2,7 +2,9 @@
 //! `VOS_CRASH_DEV` set) writes a storm of updates from several threads and
 //! prints one `ACK` line per acknowledged update; the parent SIGKILLs it at a
 //! random moment, reopens the device and checks that every acknowledged update
-//! is readable and intact, and that nothing present is torn. Eight rounds.
+//! is readable and intact, and that nothing present is torn. Eight rounds
+//! with the WAL in the page cache (a device file's default), four with it
+//! written O_DIRECT.
 
 mod common;
 
@@ -16,7 +18,14 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 const THREADS: u64 = 4;
-const ROUNDS: u64 = 8;
+
+/// The WAL mode the child runs with, named in `VOS_CRASH_WAL`.
+fn wal_name(wal: WalIo) -> &'static str {
+    match wal {
+        WalIo::Direct => "direct",
+        WalIo::PageCache => "page_cache",
+    }
+}
 
 /// What update `n` of thread `th` in round `round` writes: (akey, is_array, offset, bytes).
 fn values(round: u64, th: u64, n: u64) -> Vec<(&'static str, bool, u64, Vec<u8>)> {
@@ -93,7 +102,7 @@ fn check(
     }
 }
 
-/// The child: runs only when re-executed by `crash_after_kill_keeps_acknowledged_updates`.
+/// The child: runs only when re-executed by [`crash_rounds`].
 #[test]
 fn crash_child() {
     let Ok(dev) = std::env::var("VOS_CRASH_DEV") else {
@@ -102,7 +111,16 @@ fn crash_child() {
     let pool: Uuid = std::env::var("VOS_CRASH_POOL").unwrap().parse().unwrap();
     let cont: Uuid = std::env::var("VOS_CRASH_CONT").unwrap().parse().unwrap();
     let round: u64 = std::env::var("VOS_CRASH_ROUND").unwrap().parse().unwrap();
-    let st = Storage::open(&options(dev.as_ref(), 256, 2)).unwrap();
+    let wal = std::env::var("VOS_CRASH_WAL").unwrap();
+    let wal = [WalIo::Direct, WalIo::PageCache]
+        .into_iter()
+        .find(|w| wal_name(*w) == wal)
+        .unwrap();
+    let st = Storage::open(&StorageOptions {
+        wal_io: wal,
+        ..options(dev.as_ref(), 256, 2)
+    })
+    .unwrap();
     println!("READY");
     std::thread::scope(|s| {
         for th in 0..THREADS {
@@ -142,9 +160,23 @@ fn crash_child() {
 
 #[test]
 fn crash_after_kill_keeps_acknowledged_updates() {
+    crash_rounds(WalIo::PageCache, 8);
+}
+
+#[test]
+fn crash_after_kill_keeps_acknowledged_updates_with_a_direct_wal() {
+    crash_rounds(WalIo::Direct, 4);
+}
+
+/// `rounds` rounds of a storm killed at a random moment, the storage
+/// opened with `wal` in the child and in the checks.
+fn crash_rounds(wal: WalIo, rounds: u64) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crash.img");
-    let opts = options(&path, 256, 2);
+    let opts = StorageOptions {
+        wal_io: wal,
+        ..options(&path, 256, 2)
+    };
     format(&opts, "crash", 0, false).unwrap();
     let (pool, cont) = (Uuid::new_v4(), Uuid::new_v4());
     let st = Storage::open(&opts).unwrap();
@@ -153,13 +185,14 @@ fn crash_after_kill_keeps_acknowledged_updates() {
     let exe = std::env::current_exe().unwrap();
     let mut rng = rand::thread_rng();
     let mut acked: Vec<(u64, u64, u64)> = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let mut child = Command::new(&exe)
             .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
             .env("VOS_CRASH_DEV", &path)
             .env("VOS_CRASH_POOL", pool.to_string())
             .env("VOS_CRASH_CONT", cont.to_string())
             .env("VOS_CRASH_ROUND", round.to_string())
+            .env("VOS_CRASH_WAL", wal_name(wal))
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.path().join("child.err")).unwrap())
             .spawn()

@@ -91,6 +91,15 @@ pub struct Config {
     /// bench/mdscale.md).
     #[serde(default)]
     pub scm_value_max: Option<Size>,
+    /// How the targets write their WAL: `direct` (O_DIRECT: the device
+    /// holds a record before its update is acknowledged) or `page_cache`
+    /// (the kernel holds it, and writes it back by the next flush). Both
+    /// survive a `kill -9` of the engine; a power cut loses what was not
+    /// flushed either way (`flush_interval_ms`). Unset: `page_cache` for a
+    /// `file` bdev, whose O_DIRECT writes pay the host disk's latency,
+    /// `direct` for a `kdev`.
+    #[serde(default)]
+    pub wal_io: Option<peregrine_vos::WalIo>,
     pub scm: ScmConfig,
     pub bdev: BdevConfig,
     /// Control addresses of the management-service replicas (`host:port`,
@@ -543,6 +552,15 @@ impl Config {
     pub fn scm_value_max(&self) -> usize {
         self.scm_value_max
             .map_or(peregrine_vos::SCM_VALUE_MAX, |s| s.0 as usize)
+    }
+
+    /// [`Config::wal_io`], or the default for the bdev's class.
+    pub fn wal_io(&self) -> peregrine_vos::WalIo {
+        self.wal_io
+            .unwrap_or(peregrine_vos::WalIo::default_for(match self.bdev {
+                BdevConfig::File { .. } => peregrine_vos::BdevClass::File,
+                BdevConfig::Kdev { .. } => peregrine_vos::BdevClass::Kdev,
+            }))
     }
 
     /// [`Config::scrub_rate`] in bytes per second, or its default.

@@ -172,6 +172,27 @@ fn scm_value_max_defaults_to_a_block_and_is_bounded() {
 }
 
 #[test]
+fn wal_io_follows_the_bdev_unless_configured() {
+    use peregrine_vos::WalIo;
+    let c = Config::parse(GOOD).unwrap();
+    assert_eq!(
+        crate::node::Node::storage_options(&c).wal_io,
+        WalIo::PageCache
+    );
+    let kdev = GOOD.replace(
+        "{class: file, path: /tmp/nvme.img, size: 4GiB}",
+        "{class: kdev, device: /dev/loop7}",
+    );
+    assert_eq!(Config::parse(&kdev).unwrap().wal_io(), WalIo::Direct);
+    let c = Config::parse(&format!("{GOOD}wal_io: direct\n")).unwrap();
+    assert_eq!(c.wal_io(), WalIo::Direct);
+    let c = Config::parse(&format!("{kdev}wal_io: page_cache\n")).unwrap();
+    assert_eq!(c.wal_io(), WalIo::PageCache);
+    let e = Config::parse(&format!("{GOOD}wal_io: buffered\n")).unwrap_err();
+    assert!(e.contains("wal_io") && e.contains("page_cache"), "{e}");
+}
+
+#[test]
 fn vos_tuning_from_yaml_else_environment_else_defaults() {
     let none = |_: &str| None;
     let mut c = Config::parse(GOOD).unwrap();

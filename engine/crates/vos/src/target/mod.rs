@@ -214,7 +214,9 @@ impl Target {
         lease: Arc<crate::AggregationLease>,
     ) -> Result<Target, StorageError> {
         let path = &opts.bdev.path;
-        let mut dev = DeviceIo::open(path, opts.hugepages, id).map_err(|e| {
+        let wal = sb.wal_offset(id)..sb.wal_offset(id) + sb.wal_bytes;
+        let cached = (opts.wal_io == crate::WalIo::PageCache).then_some(wal);
+        let mut dev = DeviceIo::open(path, opts.hugepages, id, cached).map_err(|e| {
             StorageError::io(format!("target {id}: open device {}", path.display()), e)
         })?;
         dev.spin = opts.read_spin;

@@ -61,6 +61,7 @@ fn open_target(dir: &std::path::Path) -> (Target, Uuid) {
         read_spin: crate::DEFAULT_READ_SPIN,
         scrub_rate: crate::DEFAULT_SCRUB_RATE,
         scm_value_max: crate::SCM_VALUE_MAX,
+        wal_io: crate::WalIo::PageCache,
     };
     crate::format(&opts, "t", 0, false).unwrap();
     let ScanState::Formatted(sb) = crate::scan(&opts.bdev).unwrap() else {

@@ -26,6 +26,7 @@ pub fn options(path: &Path, mib: u64, targets: u32) -> StorageOptions {
         read_spin: DEFAULT_READ_SPIN,
         scrub_rate: DEFAULT_SCRUB_RATE,
         scm_value_max: SCM_VALUE_MAX,
+        wal_io: WalIo::default_for(BdevClass::File),
     }
 }
 
