@@ -132,9 +132,17 @@ impl Storage {
                 sb.device_bytes
             )));
         }
-        if opts.bdev.class == BdevClass::File {
-            reserve_wals(&f, &sb, &name)?;
+        let mut opts = opts.clone();
+        if opts.bdev.class == BdevClass::File && !reserve_wals(&f, &sb, &name)? {
+            if opts.wal_io == WalIo::PageCache {
+                // A record the kernel holds in a hole it cannot fill would
+                // be lost at writeback: write the WAL O_DIRECT, so that a
+                // full host fails the commit instead.
+                tracing::warn!(device = %name, "the WAL's blocks are not reserved: writing it O_DIRECT, not through the page cache");
+            }
+            opts.wal_io = WalIo::Direct;
         }
+        let opts = &opts;
         // Checkpoints make the SCM tier durable, so a target may hold no more
         // metadata than a checkpoint slot can take (half of it: the encoded
         // index is larger than the accounted bytes). Past that, updates get a
@@ -222,12 +230,13 @@ impl Storage {
 /// reserved blocks), and on a host file system that fills up it would fail
 /// the commit (the target then refuses updates). Reserved, the WAL is never
 /// short of space: a full host fails the opening with a clear error instead.
-/// Blocks already reserved, or written, are left as they are.
+/// Blocks already reserved, or written, are left as they are. False when
+/// the host file system cannot reserve them.
 fn reserve_wals(
     f: &std::fs::File,
     sb: &superblock::Superblock,
     name: &str,
-) -> Result<(), StorageError> {
+) -> Result<bool, StorageError> {
     use std::os::fd::AsRawFd;
     for t in 0..sb.targets {
         let (off, len) = (sb.wal_offset(t), sb.wal_bytes);
@@ -241,7 +250,7 @@ fn reserve_wals(
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
             tracing::warn!(device = %name, "the host file system cannot reserve blocks (fallocate); WAL writes allocate them as they go");
-            return Ok(());
+            return Ok(false);
         }
         return Err(StorageError::io(
             format!(
@@ -250,5 +259,5 @@ fn reserve_wals(
             e,
         ));
     }
-    Ok(())
+    Ok(true)
 }
