@@ -64,7 +64,7 @@ pub trait Transport: Send + Sync {
     }
 
     /// Several calls side by side; the replies in their order. By default
-    /// each runs on a worker thread ([`crate::workers`]); over shared memory
+    /// each runs on a worker thread (the client's worker pool); over shared memory
     /// every request is written before any reply is waited for, so a
     /// fan-out to a few targets costs no thread hand-off (on a busy node
     /// the hand-off cost more than the requests: a striped file's size,
