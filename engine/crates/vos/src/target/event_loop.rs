@@ -298,7 +298,7 @@ impl Target {
             ),
             false => timeout,
         };
-        let timeout = match self.scrub.wait() {
+        let timeout = match self.scrub_wait() {
             Some(d) if self.refused.is_none() => timeout.min(d.max(Duration::from_millis(1))),
             _ => timeout,
         };
