@@ -59,7 +59,7 @@ struct Args {
     #[arg(long)]
     mountpoint: Option<PathBuf>,
     /// Request-serving threads (default: the CPUs this process may use,
-    /// 2 to 16).
+    /// 4 to 16).
     #[arg(long)]
     threads: Option<usize>,
     /// Attribute cache timeout in seconds (or 500ms, 2s, ...).
@@ -144,13 +144,15 @@ fn parse_cache(s: &str) -> Result<DataCache, String> {
 }
 
 /// Request threads unless configured: one per CPU this process may use
-/// (its cgroup's quota counts), at least 2 and at most 16. A request
-/// thread waiting on an engine polls its reply for a while before it
-/// sleeps, so more threads than CPUs take CPU time from the callers and
-/// the engines on the same node: with 4 on a 2-CPU node, creates through
-/// the mount ran at 6k/s, with 2 at 9k/s (bench/posix-il.md).
+/// (its cgroup's quota counts), at least 4 and at most 16. Fewer than 4
+/// starve parallel readers (4 fio jobs of 4 KiB reads through the mount:
+/// 21k IOPS with 2 threads, 30k with 4, on 2 CPUs); on a node of 2 CPUs 2
+/// threads would create files faster (9k/s against 6-8.6k/s: a thread
+/// waiting on an engine polls for its reply for a while, and more threads
+/// than CPUs take CPU time from the callers and the engines), so
+/// `--threads` is the knob there (bench/posix-il.md).
 fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 16))
+    std::thread::available_parallelism().map_or(4, |n| n.get().clamp(4, 16))
 }
 
 fn config(a: Args) -> Result<Cfg, String> {
