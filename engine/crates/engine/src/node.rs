@@ -6,7 +6,7 @@ use crate::metrics::IoMetrics;
 use crate::poolmap::PoolMaps;
 use parking_lot::{Mutex, RwLock};
 use peregrine_proto::mgmt::{RankStorage, StorageState};
-use peregrine_vos::{BdevClass, BdevSpec, ScanState, Storage, StorageOptions};
+use peregrine_vos::{BdevClass, BdevSpec, ScanState, Storage, StorageOptions, WalIo};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
@@ -47,6 +47,7 @@ impl Node {
             },
         };
         StorageOptions {
+            wal_io: cfg.wal_io.unwrap_or(WalIo::default_for(bdev.class)),
             bdev,
             scm_bytes: cfg.scm.size.0,
             targets: cfg.targets,
@@ -56,7 +57,6 @@ impl Node {
             read_spin: cfg.vos_read_spin(),
             scrub_rate: cfg.scrub_rate(),
             scm_value_max: cfg.scm_value_max(),
-            wal_io: cfg.wal_io(),
         }
     }
 

@@ -486,7 +486,9 @@ impl DeviceIo {
         let mut in_chain = false;
         for (i, op) in ops.iter().enumerate() {
             if !in_chain && !op.link && self.page_cache_write(op) {
-                let res = self.run_plain(std::slice::from_ref(op)).remove(0);
+                let (b, o, l) = (op.buf, op.buf_off, op.len);
+                let res = file_for(&self.file, &self.cached, op)
+                    .write_all_at(&self.bufs.slice(b)[o..o + l], op.off);
                 self.ready.push(Done { tag, idx: i, res });
             } else {
                 queued.push((i, self.sqe(op).user_data(tag << IDX_BITS | i as u64)));
@@ -513,10 +515,7 @@ impl DeviceIo {
     /// Whether `op` is a write that goes through the page cache.
     fn page_cache_write(&self, op: &Op) -> bool {
         op.kind == OpKind::Write
-            && self
-                .cached
-                .as_ref()
-                .is_some_and(|(_, r)| r.contains(&op.off))
+            && !std::ptr::eq(file_for(&self.file, &self.cached, op), &self.file)
     }
 
     /// Hand the operations started since the last submission to the kernel

@@ -554,15 +554,6 @@ impl Config {
             .map_or(peregrine_vos::SCM_VALUE_MAX, |s| s.0 as usize)
     }
 
-    /// [`Config::wal_io`], or the default for the bdev's class.
-    pub fn wal_io(&self) -> peregrine_vos::WalIo {
-        self.wal_io
-            .unwrap_or(peregrine_vos::WalIo::default_for(match self.bdev {
-                BdevConfig::File { .. } => peregrine_vos::BdevClass::File,
-                BdevConfig::Kdev { .. } => peregrine_vos::BdevClass::Kdev,
-            }))
-    }
-
     /// [`Config::scrub_rate`] in bytes per second, or its default.
     pub fn scrub_rate(&self) -> u64 {
         self.scrub_rate

@@ -183,11 +183,17 @@ fn wal_io_follows_the_bdev_unless_configured() {
         "{class: file, path: /tmp/nvme.img, size: 4GiB}",
         "{class: kdev, device: /dev/loop7}",
     );
-    assert_eq!(Config::parse(&kdev).unwrap().wal_io(), WalIo::Direct);
+    assert_eq!(
+        crate::node::Node::storage_options(&Config::parse(&kdev).unwrap()).wal_io,
+        WalIo::Direct
+    );
     let c = Config::parse(&format!("{GOOD}wal_io: direct\n")).unwrap();
-    assert_eq!(c.wal_io(), WalIo::Direct);
+    assert_eq!(crate::node::Node::storage_options(&c).wal_io, WalIo::Direct);
     let c = Config::parse(&format!("{kdev}wal_io: page_cache\n")).unwrap();
-    assert_eq!(c.wal_io(), WalIo::PageCache);
+    assert_eq!(
+        crate::node::Node::storage_options(&c).wal_io,
+        WalIo::PageCache
+    );
     let e = Config::parse(&format!("{GOOD}wal_io: buffered\n")).unwrap_err();
     assert!(e.contains("wal_io") && e.contains("page_cache"), "{e}");
 }
