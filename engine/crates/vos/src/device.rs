@@ -512,10 +512,14 @@ impl DeviceIo {
         Ok(())
     }
 
+    /// Whether I/O at device offset `off` goes through the page cache.
+    fn buffered(&self, off: u64) -> bool {
+        self.cached.as_ref().is_some_and(|(_, r)| r.contains(&off))
+    }
+
     /// Whether `op` is a write that goes through the page cache.
     fn page_cache_write(&self, op: &Op) -> bool {
-        op.kind == OpKind::Write
-            && !std::ptr::eq(file_for(&self.file, &self.cached, op), &self.file)
+        op.kind == OpKind::Write && self.buffered(op.off)
     }
 
     /// Hand the operations started since the last submission to the kernel
@@ -684,7 +688,9 @@ impl DeviceIo {
     }
 
     /// Write each `(offset, bytes)`; offsets are block-aligned, bytes are
-    /// zero-padded to whole blocks. Pieces share the buffer pool, so up to
+    /// zero-padded to whole blocks, except in the range that goes through
+    /// the page cache, where they are written as they are (a packed WAL
+    /// record starts and ends inside blocks). Pieces share the buffer pool, so up to
     /// `BUFS_PER_TARGET` 2 MiB writes are in flight at once. With `sync`, an
     /// fdatasync follows the writes; when everything fits the buffers at once
     /// the writes and the fdatasync go down in ONE submission, linked
@@ -694,7 +700,7 @@ impl DeviceIo {
         debug_assert!(self.arena.idle(), "blocking write while regions are taken");
         let mut pieces: Vec<(u64, &[u8])> = Vec::new();
         for &(off, data) in writes {
-            debug_assert_eq!(off % BLOCK, 0);
+            debug_assert!(off % BLOCK == 0 || self.buffered(off));
             for (k, piece) in data.chunks(BUF_BYTES).enumerate() {
                 pieces.push((off + (k * BUF_BYTES) as u64, piece));
             }
@@ -705,7 +711,11 @@ impl DeviceIo {
             let mut ops = Vec::with_capacity(group.len() + 1);
             let last = g + 1 == groups;
             for (i, &(off, piece)) in group.iter().enumerate() {
-                let padded = piece.len().div_ceil(BLOCK as usize) * BLOCK as usize;
+                let padded = if self.buffered(off) {
+                    piece.len()
+                } else {
+                    piece.len().div_ceil(BLOCK as usize) * BLOCK as usize
+                };
                 let buf = self.bufs.slice_mut(i);
                 buf[..piece.len()].copy_from_slice(piece);
                 buf[piece.len()..padded].fill(0);

@@ -18,6 +18,9 @@ pub(super) struct Wal {
     pub(super) tail: u64,
     /// Stamped on the WAL records of this opening (nonzero, random): see [`crate::wal`].
     pub(super) generation: u64,
+    /// How this opening lays its records out: packed when the WAL goes
+    /// through the page cache.
+    pub(super) layout: wal::Layout,
     /// Checkpoint slot the next checkpoint goes to (the other holds the newest).
     pub(super) next_ckpt: usize,
     pub(super) checkpoints: u64,
@@ -26,12 +29,13 @@ pub(super) struct Wal {
 }
 
 impl Wal {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(layout: wal::Layout) -> Self {
         Wal {
             seq: 0,
             seq_started: 0,
             tail: 0,
             generation: Uuid::new_v4().as_u64_pair().0.max(1),
+            layout,
             next_ckpt: 0,
             checkpoints: 0,
             ckpt_due: false,
@@ -351,6 +355,8 @@ impl Target {
             self.wal.ckpt_due = true;
             return;
         }
+        let rec_bytes = rec.len() as u64;
+        let rec = self.zero_to_block(rec);
         let mut b = self.seal();
         let wal_off = self.sb.wal_offset(self.id) + self.wal.tail;
         let mut ops = Vec::new();
@@ -367,7 +373,13 @@ impl Target {
             let r = match staged {
                 Some(Staged::Region(buf, boff, len)) => Some((*buf, *boff, *len)),
                 Some(Staged::Bytes(v)) => self.dev.region_with(v),
-                None => self.dev.region_with(bytes),
+                // The record's own length: a packed one starts inside a
+                // block, and its write (into the page cache) stops at the
+                // end of the block it ends in.
+                None => self
+                    .dev
+                    .region_with(bytes)
+                    .map(|(b, o, _)| (b, o, bytes.len())),
             };
             let Some(r) = r else {
                 short = true;
@@ -407,7 +419,7 @@ impl Target {
         }
         self.wal.seq_started += 1;
         self.counters.wal_record();
-        self.wal.tail += rec.len() as u64;
+        self.wal.tail += rec_bytes;
         self.note_stamps(self.wal.seq_started, &b.ops);
         if b.ops.iter().any(|op| !matches!(op, WalOp::Flushed { .. })) {
             self.flush.last_real = self.wal.seq_started;
@@ -550,6 +562,8 @@ impl Target {
             })?;
         }
         let off = self.sb.wal_offset(self.id) + self.wal.tail;
+        let rec_bytes = rec.len() as u64;
+        let rec = self.zero_to_block(rec);
         let mut writes = data.to_vec();
         writes.push((off, &rec));
         self.dev.write(&writes, true).map_err(|e| {
@@ -561,7 +575,7 @@ impl Target {
         self.wal.seq += 1;
         self.wal.seq_started = self.wal.seq;
         self.counters.wal_record();
-        self.wal.tail += rec.len() as u64;
+        self.wal.tail += rec_bytes;
         self.note_stamps(self.wal.seq, ops);
         if ops.iter().any(|op| !matches!(op, WalOp::Flushed { .. })) {
             self.flush.last_real = self.wal.seq;
@@ -580,6 +594,7 @@ impl Target {
             self.wal.seq_started + 1,
             self.wal.generation,
             &payload,
+            self.wal.layout,
         );
         if rec.len() as u64 > self.sb.wal_bytes / 2 {
             return Err(Errno::new(
@@ -593,5 +608,16 @@ impl Target {
             ));
         }
         Ok(rec)
+    }
+
+    /// `rec`, to be written at the WAL's tail, followed by zeros to the end
+    /// of the block it ends in (packed records only: the others fill their
+    /// blocks). The place of the next record then reads as zeros until it
+    /// is written, which replay takes as the plain end of the log, not as
+    /// the middle of a record an earlier cycle of the WAL left there.
+    fn zero_to_block(&self, mut rec: Vec<u8>) -> Vec<u8> {
+        let end = self.wal.tail + rec.len() as u64;
+        rec.resize(rec.len() + (wal::round_up(end) - end) as usize, 0);
+        rec
     }
 }

@@ -240,7 +240,10 @@ impl Target {
             scrub: scrub::Scrubber::new(opts.scrub_rate),
             fault,
             lease,
-            wal: Wal::new(),
+            wal: Wal::new(match opts.wal_io {
+                crate::WalIo::PageCache => wal::Layout::Packed,
+                crate::WalIo::Direct => wal::Layout::Blocks,
+            }),
             flush: Flush::new(opts.flush_interval),
             commit: Commits::default(),
             fetch: Fetches::default(),
@@ -257,6 +260,16 @@ impl Target {
             Ok(()) => t.flush.last_real = t.flush.stamped,
             Err(replay::ReplayError::Storage(e)) => return Err(e),
             Err(replay::ReplayError::Damaged(msg)) => t.refuse(msg),
+        }
+        if !t.wal.tail.is_multiple_of(BLOCK)
+            && t.wal.layout == wal::Layout::Blocks
+            && t.refused.is_none()
+        {
+            // The WAL was packed (it went through the page cache) and now
+            // goes O_DIRECT, whose records start on a block: the next one
+            // cannot follow the last where replay would look for it, so
+            // the WAL restarts after a checkpoint first.
+            t.checkpoint()?;
         }
         Ok(t)
     }

@@ -10,8 +10,9 @@
 //! # Where the log ends, and when that end is damage
 //!
 //! The WAL holds the records after the checkpoint, batch `base + 1` on, one
-//! after the other from offset 0. The chain of records replayed ends at the
-//! first block that is not the next record: not a record of this format,
+//! after the other from offset 0 (each starting on a block, or, packed, on
+//! a multiple of 64 bytes: see [`crate::wal`]). The chain of records
+//! replayed ends at the first place that is not the next record: not a record of this format,
 //! a bad header or payload CRC, a payload that does not decode, the record
 //! of another batch, a record left over from an earlier opening, or one
 //! running past the WAL. Call `h` the batch expected there.
@@ -39,14 +40,15 @@
 //! quietly (a warning in the log), as the durability contract allows.
 //!
 //! The rest of the WAL is searched only when the end is not plainly the
-//! end of the log: a block of zeros (never written) or an intact record
+//! end of the log: zeros (never written; a packed record is followed by
+//! zeros to the end of its block) or an intact record
 //! of an earlier cycle of the WAL (batch below `h`, before the last
 //! checkpoint) or of an earlier format of the device is; anything else (a
-//! damaged block, a record with a batch number above `h`, a leftover of
-//! an earlier opening) makes replay look at the blocks after it, up to
+//! damaged record, a record with a batch number above `h`, a leftover of
+//! an earlier opening) makes replay look at every place after it, up to
 //! the first intact record of an earlier cycle or format: the records of
-//! this cycle lie one after the other from offset 0, so a block this
-//! cycle wrote and flushed never reads as such a record, and a block it
+//! this cycle lie one after the other from offset 0, so a place this
+//! cycle wrote and flushed never reads as such a record, and a place it
 //! did not write durably means nothing after it was flushed (a flush
 //! covers every write before it). Records left over from an earlier opening never carry
 //! a stamp at or past a hole of the current chain: their opening flushed
@@ -97,15 +99,19 @@ struct WalReader {
 }
 
 impl WalReader {
-    /// `len` bytes at block-aligned WAL offset `off`; the caller checked
-    /// that `off + len <= end` (so a length read from the device is bounded
+    /// `len` bytes at WAL offset `off` (packed records start inside blocks;
+    /// the device is read in whole blocks); the caller checked that
+    /// `off + len <= end` (so a length read from the device is bounded
     /// before anything is allocated for it).
     fn get(&mut self, dev: &mut DeviceIo, off: u64, len: usize) -> std::io::Result<&[u8]> {
         let have = off >= self.at && off + len as u64 <= self.at + self.buf.len() as u64;
         if !have {
-            let want = (len as u64).max(READ_CHUNK as u64).min(self.end - off);
-            self.buf = dev.read(self.base + off, wal::round_up(want) as usize)?;
-            self.at = off;
+            let start = off / BLOCK * BLOCK;
+            let want = (off + len as u64 - start)
+                .max(READ_CHUNK as u64)
+                .min(self.end - start);
+            self.buf = dev.read(self.base + start, wal::round_up(want) as usize)?;
+            self.at = start;
         }
         let s = (off - self.at) as usize;
         Ok(&self.buf[s..s + len])
@@ -182,11 +188,11 @@ impl Target {
         // acknowledged), and the restart's own records have since reached it.
         let mut gens: Vec<u64> = Vec::new();
         let end = loop {
-            if tail + BLOCK > wal_bytes {
+            if tail + wal::HDR as u64 > wal_bytes {
                 break End::Plain;
             }
             let blk = rd
-                .get(&mut self.dev, tail, BLOCK as usize)
+                .get(&mut self.dev, tail, wal::HDR)
                 .map_err(|e| self.io_err("read WAL", e))?;
             let Some(h) = wal::decode_header(WAL_MAGIC, dev_uuid, blk) else {
                 break if blk.iter().all(|&b| b == 0) || earlier_format(blk, dev_uuid) {
@@ -412,10 +418,11 @@ impl Target {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
+        // Records start at multiples of `wal::PACK` (blocks are too).
         let mut off = at;
-        while off + BLOCK <= wal_bytes {
+        while off + wal::HDR as u64 <= wal_bytes {
             let blk = rd
-                .get(&mut self.dev, off, BLOCK as usize)
+                .get(&mut self.dev, off, wal::HDR)
                 .map_err(|e| self.io_err("read WAL", e))?;
             let hdr = wal::decode_header(WAL_MAGIC, dev_uuid, blk);
             if hdr.is_some_and(|x| x.seq < h) || earlier_format(blk, dev_uuid) {
@@ -428,14 +435,14 @@ impl Target {
                     && x.record_bytes() <= wal_bytes / 2
             });
             let Some(h2) = h2 else {
-                off += BLOCK;
+                off += wal::PACK;
                 continue;
             };
             let rec = rd
                 .get(&mut self.dev, off, h2.record_bytes() as usize)
                 .map_err(|e| self.io_err("read WAL", e))?;
             let Ok(ops) = ops_of(&h2, rec) else {
-                off += BLOCK;
+                off += wal::PACK;
                 continue;
             };
             if off == 0 && h2.seq > h {
