@@ -54,7 +54,8 @@
 //! generation it already passed, so such a leftover is never taken for a
 //! later batch once the restart's own records lead up to it.
 //!
-//! When the WAL passes half full, the target serializes its index to the
+//! When the WAL has grown past twice the last checkpoint (at least 64 MiB,
+//! at most half the WAL), the target serializes its index to the
 //! inactive checkpoint slot (stamped with the last applied sequence), fsyncs,
 //! and restarts the WAL at its beginning with the next sequence number. Replay
 //! takes the newest valid checkpoint and then the WAL records numbered exactly

@@ -106,6 +106,28 @@ fn wraps(wal: WalIo, records: u64, aggregate: Option<u64>) {
 }
 
 #[test]
+fn a_small_index_checkpoints_every_64_mib_of_wal_not_at_half_a_large_wal() {
+    let mut e = env(2048, 1); // a 255 MiB WAL
+    e.opts.wal_io = WalIo::Direct; // a record per block: 64 MiB in 16,384
+    let (st, pool, cont) = open_with_pool(&e, 8 * MIB);
+    let o = Obj::new(pool, cont, 3, 0);
+    for i in 0..17_000u64 {
+        update(&st, &o, 10 + i, "k", vec![single("s", &pattern(i, 100))]).unwrap();
+    }
+    let stats = st.target_stats()[0];
+    assert_eq!(stats.checkpoints, 1, "{stats:?}");
+    assert!(stats.wal_tail < 4 * MIB, "{stats:?}");
+    st.abandon();
+    let st = Storage::open(&e.opts).unwrap();
+    assert_eq!(
+        get_single(&st, &o, LATEST, "k", "s").unwrap(),
+        pattern(16_999, 100)
+    );
+    assert_eq!(st.target_stats()[0].seq, stats.seq);
+    st.close();
+}
+
+#[test]
 fn a_wal_switched_between_page_cache_and_direct_keeps_every_record() {
     let mut e = env(40, 1);
     e.opts.wal_io = WalIo::PageCache;

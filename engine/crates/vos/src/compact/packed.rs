@@ -18,8 +18,10 @@ use std::ops::{Deref, DerefMut};
 
 /// A map is rebuilt once it holds this many entries, then at each growth
 /// by [`GROWTH`] of it: O(1) moves per insert amortized (five), and at
-/// most a fifth of the entries in nodes left half full.
-const REPACK_FROM: usize = 1024;
+/// most a fifth of the entries in nodes left half full. Small, so that
+/// directories of a few hundred names are kept full too: checkpoints,
+/// which rebuild every map, come only as the WAL grows with the index.
+const REPACK_FROM: usize = 32;
 /// The fraction (1 / this) a map grows by between rebuilds.
 const GROWTH: usize = 4;
 
@@ -162,10 +164,13 @@ mod tests {
             }
         }
         assert_eq!(*m, want);
-        // Rebuilt at 1024 entries, then at each growth by a quarter.
+        // Rebuilt at 32 entries, then at each growth by a quarter.
         assert_eq!(
             builds,
-            [0, 1024, 1280, 1600, 2000, 2500, 3125, 3906, 4882, 6102, 7627, 9533]
+            [
+                0, 32, 40, 50, 62, 77, 96, 120, 150, 187, 233, 291, 363, 453, 566, 707, 883, 1103,
+                1378, 1722, 2152, 2690, 3362, 4202, 5252, 6565, 8206
+            ]
         );
         // An existing key rebuilds nothing.
         let built = m.built;

@@ -23,6 +23,8 @@ pub(super) struct Wal {
     pub(super) layout: wal::Layout,
     /// Checkpoint slot the next checkpoint goes to (the other holds the newest).
     pub(super) next_ckpt: usize,
+    /// Bytes of the newest checkpoint (0: none yet).
+    pub(super) ckpt_bytes: u64,
     pub(super) checkpoints: u64,
     /// A checkpoint is due: no new device work starts until it is written.
     pub(super) ckpt_due: bool,
@@ -37,6 +39,7 @@ impl Wal {
             generation: Uuid::new_v4().as_u64_pair().0.max(1),
             layout,
             next_ckpt: 0,
+            ckpt_bytes: 0,
             checkpoints: 0,
             ckpt_due: false,
         }
@@ -280,7 +283,7 @@ impl Target {
                 tx.send(Ok((Answer::Done, Gather::default())));
             }
         }
-        if self.wal.tail > self.sb.wal_bytes / 2 {
+        if self.checkpoint_due() {
             self.wal.ckpt_due = true;
         }
     }

@@ -133,12 +133,36 @@ struct BadSlot {
     why: String,
 }
 
-/// The last record `records` (which follow record `base`) say was flushed.
-fn last_stamp(base: u64, records: &[(u64, Vec<WalOp>)]) -> u64 {
-    records
-        .iter()
-        .filter_map(|(_, ops)| stamp_of(ops))
-        .fold(base, u64::max)
+/// What replay applied to the index so far.
+#[derive(Default)]
+struct Replayed {
+    /// Records applied (batches `base + 1 ..= base + applied`).
+    applied: u64,
+    /// The highest stamp of the records read.
+    stamp: u64,
+    /// The highest stamp of the records applied (all of them kept).
+    kept_stamp: u64,
+    /// The blocks each applied record after `kept_stamp` freed, by batch.
+    freed: Vec<(u64, Vec<(u64, u64)>)>,
+}
+
+impl Replayed {
+    /// Apply the next record, batch `base + applied + 1`.
+    fn apply(&mut self, index: &mut TargetIndex, base: u64, ops: Vec<WalOp>) {
+        self.applied += 1;
+        self.kept_stamp = self.kept_stamp.max(stamp_of(&ops).unwrap_or(base));
+        let mut rel = Released::default();
+        for op in ops {
+            index.apply(op, &mut rel);
+        }
+        if !rel.runs.is_empty() {
+            self.freed.push((base + self.applied, rel.runs));
+        }
+        // A kept stamp covers the blocks its batches freed for good.
+        if self.freed.first().is_some_and(|f| f.0 <= self.kept_stamp) {
+            self.freed.retain(|f| f.0 > self.kept_stamp);
+        }
+    }
 }
 
 /// Whether `b` is the intact header of a WAL record of an earlier format
@@ -180,7 +204,16 @@ impl Target {
             buf: Vec::new(),
         };
         let mut tail = 0u64;
-        let mut records: Vec<(u64, Vec<WalOp>)> = Vec::new();
+        // The records read and not applied yet, with their WAL offsets. A
+        // record the stamps read so far say was flushed is kept whatever
+        // follows, so it is applied at once: replay holds decoded only the
+        // records after the last flush, however many the WAL holds.
+        let mut records: VecDeque<(u64, Vec<WalOp>)> = VecDeque::new();
+        let mut replayed = Replayed {
+            stamp: base,
+            kept_stamp: base,
+            ..Replayed::default()
+        };
         let mut seq = base;
         // Generations of the records taken so far, in order. A record of an
         // earlier generation after a later one is a leftover of a crash: it
@@ -236,8 +269,19 @@ impl Target {
                 .get(&mut self.dev, tail, h.record_bytes() as usize)
                 .map_err(|e| self.io_err("read WAL", e))?;
             match ops_of(&h, rec) {
-                Ok(ops) => records.push((tail, ops)),
+                Ok(ops) => {
+                    if let Some(d) = stamp_of(&ops) {
+                        replayed.stamp = replayed.stamp.max(d);
+                    }
+                    records.push_back((tail, ops));
+                }
                 Err(why) => break End::Bad(why),
+            }
+            while base + replayed.applied < replayed.stamp {
+                let Some((_, ops)) = records.pop_front() else {
+                    break;
+                };
+                replayed.apply(&mut self.index, base, ops);
             }
             seq += 1;
             tail += h.record_bytes();
@@ -249,10 +293,9 @@ impl Target {
         // A record after the last one a replayed record says was flushed
         // (or the checkpoint) may have outlived its data: a crash while its
         // writes were in flight, a power cut before the flush. Such records
-        // were not flushed, nor was any after them: drop from the first
-        // whose data is not all there on.
-        let first = (last_stamp(base, &records) - base).min(records.len() as u64) as usize;
-        for i in first..records.len() {
+        // (those not applied yet) were not flushed, nor was any after them:
+        // drop from the first whose data is not all there on.
+        for i in 0..records.len() {
             if !self.data_intact(&records[i].1)? {
                 let dropped = records.len() - i;
                 tracing::warn!(target = self.id, seq, dropped, "a WAL batch references data that never reached the device; dropping it and the later batches (none of them was flushed)");
@@ -262,23 +305,17 @@ impl Target {
                 break;
             }
         }
+        let n = replayed.applied as usize + records.len();
+        for (_, ops) in records {
+            replayed.apply(&mut self.index, base, ops);
+        }
         // Only the stamps of the records kept survive to the next replay:
         // the blocks freed by every later record keep their bytes until a
         // flushed stamp covers it, as they would have had the engine run on
         // (that replay may check the data of those records again).
-        let settled = last_stamp(base, &records);
-        let n = records.len();
-        let mut unsettled = Vec::new();
-        for (i, (_, ops)) in records.into_iter().enumerate() {
-            let rec_seq = base + 1 + i as u64;
-            let mut rel = Released::default();
-            for op in ops {
-                self.index.apply(op, &mut rel);
-            }
-            if rec_seq > settled && !rel.runs.is_empty() {
-                unsettled.push((rec_seq, rel.runs));
-            }
-        }
+        let settled = replayed.kept_stamp;
+        let mut unsettled = replayed.freed;
+        unsettled.retain(|(rec_seq, _)| *rec_seq > settled);
         // What replay read may still be in the device's cache only (the
         // engine was killed, not the power cut): flush it before building on it.
         self.dev
@@ -375,6 +412,7 @@ impl Target {
             match ix {
                 Ok(ix) => {
                     self.wal.seq = h.seq;
+                    self.wal.ckpt_bytes = h.record_bytes();
                     self.index = ix;
                     self.wal.next_ckpt = slot ^ 1;
                     for b in &bad {
