@@ -63,6 +63,10 @@ struct Args {
     /// Wait until the tree serves again (after a restart) and print how long it took.
     #[arg(long)]
     wait_serving: Option<u64>,
+    /// Create nothing: stat `--stats` files drawn from the first `--files` of a tree an
+    /// earlier run created (with the same `--threads` and `--per-dir`), and print the rate.
+    #[arg(long)]
+    stats_only: bool,
 }
 
 fn rss_bytes(pid: u32) -> Result<u64> {
@@ -182,6 +186,12 @@ fn main() -> Result<()> {
         return wait_serving(&a, secs);
     }
     let fs = mount(&a)?;
+    if a.stats_only {
+        let top = top_dirs(&fs, &a, false)?;
+        let rate = stat_phase(&fs, &a, &top, a.files)?;
+        println!("{} stats/s over {} files", rate.round(), a.files);
+        return Ok(());
+    }
     let top = top_dirs(&fs, &a, true)?;
     let tree = Tree {
         dirs: (0..a.threads).map(|_| Mutex::default()).collect(),
@@ -226,37 +236,7 @@ fn main() -> Result<()> {
         })?;
         let create_rate = (upto - done) as f64 / t0.elapsed().as_secs_f64();
         done = upto;
-        // Stats of files drawn at random among all created so far.
-        let nstat = a.stats.min(done);
-        let left = AtomicU64::new(nstat);
-        let t0 = Instant::now();
-        std::thread::scope(|s| -> Result<()> {
-            let hs: Vec<_> = (0..a.threads)
-                .map(|_| {
-                    s.spawn(|| -> Result<()> {
-                        let mut rng = rand::thread_rng();
-                        while left
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                                n.checked_sub(1)
-                            })
-                            .is_ok()
-                        {
-                            let i = rng.gen_range(0..done);
-                            let size = stat_one(&fs, &a, &top, i)?;
-                            if size != a.size as u64 {
-                                bail!("file {i}: size {size}, wrote {}", a.size);
-                            }
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().expect("stat thread")?;
-            }
-            Ok(())
-        })?;
-        let stat_rate = nstat as f64 / t0.elapsed().as_secs_f64();
+        let stat_rate = stat_phase(&fs, &a, &top, done)?;
         let (rss, per) = match (a.engine_pid, rss0) {
             (Some(pid), Some(r0)) => {
                 let r = rss_bytes(pid)?;
@@ -271,4 +251,45 @@ fn main() -> Result<()> {
         decade *= 10;
     }
     Ok(())
+}
+
+/// Stats of `--stats` files drawn at random among the first `done`, from
+/// `--threads` threads; the rate.
+fn stat_phase(fs: &Dfs, a: &Args, top: &[Node], done: u64) -> Result<f64> {
+    {
+        let nstat = if a.stats_only {
+            a.stats
+        } else {
+            a.stats.min(done)
+        };
+        let left = AtomicU64::new(nstat);
+        let t0 = Instant::now();
+        std::thread::scope(|s| -> Result<()> {
+            let hs: Vec<_> = (0..a.threads)
+                .map(|_| {
+                    s.spawn(|| -> Result<()> {
+                        let mut rng = rand::thread_rng();
+                        while left
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                n.checked_sub(1)
+                            })
+                            .is_ok()
+                        {
+                            let i = rng.gen_range(0..done);
+                            let size = stat_one(fs, a, top, i)?;
+                            if size != a.size as u64 {
+                                bail!("file {i}: size {size}, wrote {}", a.size);
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().expect("stat thread")?;
+            }
+            Ok(())
+        })?;
+        Ok(nstat as f64 / t0.elapsed().as_secs_f64())
+    }
 }
