@@ -4,7 +4,8 @@
 # (--per-dir per directory) through the POSIX layer (no FUSE), with the create
 # and stat rates per decade (10^4, 10^5, 10^6) and the engine's RSS per file;
 # then the engine is SIGKILLed and restarted on the same device, and the time
-# until the tree serves again (a stat of the last file) is printed.
+# until the tree serves again (a stat of the last file) is printed. Last, the
+# same tree in a local directory on the same disk (the peer), and the ratios.
 #
 #   bench/mdscale.sh [--files 1000000] [--size 3901] [--per-dir 1000] [--threads 4]
 #                    [--stats 20000] [--targets N] [--scm-value-max 4KiB] [--dir /var/tmp]
@@ -81,7 +82,7 @@ echo "==> pool mdscale, POSIX container fs (oclass S1)"
 
 CMD=("$MDSCALE" --pool mdscale --cont fs --files "$FILES" --size "$SIZE" --per-dir "$PER_DIR" --threads "$THREADS" --stats "$STATS")
 echo "==> ${CMD[*]##*/} --engine-pid ${ENGINE_PIDS[0]}"
-"${CMD[@]}" --engine-pid "${ENGINE_PIDS[0]}"
+"${CMD[@]}" --engine-pid "${ENGINE_PIDS[0]}" | tee "$WORK/store.txt"
 echo "==> engine device: $(du -sh --apparent-size "$WORK/nvme0.img" | cut -f1) apparent, $(du -sh "$WORK/nvme0.img" | cut -f1) written"
 
 # kill -9, then the same engine on the same device; time until it serves the tree.
@@ -98,3 +99,17 @@ RESTART=$(date +%s.%N)
 echo "==> engine log of the restart (process started at $(date -u -d "@$RESTART" +%T.%3N) UTC)"
 grep -E '"replayed"|replayed|storage open|ready|serving' "$WORK/engine0.log" | tail -n "$((TARGETS + 4))" | cut -c1-220
 echo "==> engine RSS after the restart: $(awk '/VmRSS/ {printf "%.0f MiB", $2 / 1024}' "/proc/${ENGINE_PIDS[0]}/status")"
+
+# The peer: the same tree built and stat'ed in a local directory on the same
+# disk, through the kernel (its stats come from the dentry and inode caches),
+# with the engine stopped (unless --keep) so that it takes no CPU from it.
+((KEEP)) || engines_stop
+LOCAL_FS=$(df -T "$WORK" | awk 'NR == 2 {print $2}')
+echo "==> the same tree in a local directory ($LOCAL_FS, same disk)"
+"$MDSCALE" --local "$WORK/local" --files "$FILES" --size "$SIZE" --per-dir "$PER_DIR" \
+  --threads "$THREADS" --stats "$STATS" | tee "$WORK/local.txt"
+echo "==> store / $LOCAL_FS, per decade"
+awk 'NR == FNR && FNR > 1 {c[$1] = $2; s[$1] = $3; next}
+     FNR == 1 {if (NR != FNR) printf "%9s %10s %10s\n", "files", "create", "stat"; next}
+     ($1 in c) {printf "%9s %10.2f %10.2f\n", $1, c[$1] / $2, s[$1] / $3}' \
+  "$WORK/store.txt" "$WORK/local.txt"

@@ -5,6 +5,7 @@
 //! peregrine-mdscale --mgmt ADDR --pool P --cont C [--files 1000000] [--size 3901]
 //!     [--per-dir 1000] [--threads 4] [--stats 20000] [--engine-pid PID]
 //! peregrine-mdscale --mgmt ADDR --pool P --cont C --wait-serving SECS
+//! peregrine-mdscale --local DIR [--files 1000000] [--size 3901] ...
 //! ```
 //!
 //! Creates `--files` files of `--size` bytes each (3901 as mdtest-hard writes) in a tree
@@ -16,7 +17,9 @@
 //! files, create rate over the decade, stat rate at that size, engine RSS, and RSS per file
 //! (growth since the mount, over the files created).
 //!
-//! `--wait-serving SECS` instead waits (up to SECS) until the container mounts and the last
+//! `--local DIR` builds the same tree in a local directory through the kernel (the peer
+//! measured in the same run, on the same disk), `--stats-only` stats the files of a tree
+//! an earlier run left. `--wait-serving SECS` instead waits (up to SECS) until the container mounts and the last
 //! file of the tree answers a stat with its size, and prints how long that took: the driver
 //! (`bench/mdscale.sh`) runs it right after restarting a SIGKILLed engine.
 
@@ -24,6 +27,8 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use peregrine_dfs::{Dfs, Node};
 use rand::Rng;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -67,6 +72,61 @@ struct Args {
     /// earlier run created (with the same `--threads` and `--per-dir`), and print the rate.
     #[arg(long)]
     stats_only: bool,
+    /// Build the tree in this local directory instead, through the kernel's file system:
+    /// the peer the store's rates are read against, on the same disk in the same run.
+    #[arg(long)]
+    local: Option<PathBuf>,
+}
+
+/// Where the tree lives.
+enum Namespace {
+    /// The container, through the POSIX layer.
+    Store { fs: Dfs, top: Vec<Node>, tree: Tree },
+    /// A local directory (`--local`).
+    Local(PathBuf),
+}
+
+impl Namespace {
+    /// Create file `i` with `data` in it.
+    fn create(&self, a: &Args, i: u64, data: &[u8]) -> Result<()> {
+        let (t, d, name) = place(a, i);
+        match self {
+            Namespace::Store { fs, top, tree } => {
+                let dir = tree.dir(fs, top, t, d)?;
+                let (n, _) = fs
+                    .create(&dir, name.as_bytes(), 0o644, 0, 0, true)
+                    .with_context(|| format!("create {name}"))?;
+                if !data.is_empty() {
+                    fs.open(&n)?.write_at(0, data)?;
+                }
+            }
+            Namespace::Local(root) => {
+                let dir = root.join(format!("t{t}/d{d}"));
+                let path = dir.join(&name);
+                let mut f = match std::fs::File::create_new(&path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        std::fs::create_dir_all(&dir)?;
+                        std::fs::File::create_new(&path)
+                    }
+                    r => r,
+                }
+                .with_context(|| format!("create {}", path.display()))?;
+                f.write_all(data)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The size of file `i`, after the lookups a `stat` of its path makes.
+    fn stat(&self, a: &Args, i: u64) -> Result<u64> {
+        match self {
+            Namespace::Store { fs, top, .. } => stat_one(fs, a, top, i),
+            Namespace::Local(root) => {
+                let (t, d, name) = place(a, i);
+                Ok(std::fs::metadata(root.join(format!("t{t}/d{d}/{name}")))?.len())
+            }
+        }
+    }
 }
 
 fn rss_bytes(pid: u32) -> Result<u64> {
@@ -185,17 +245,25 @@ fn main() -> Result<()> {
     if let Some(secs) = a.wait_serving {
         return wait_serving(&a, secs);
     }
-    let fs = mount(&a)?;
+    let ns = match &a.local {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+            Namespace::Local(dir.clone())
+        }
+        None => {
+            let fs = mount(&a)?;
+            let top = top_dirs(&fs, &a, !a.stats_only)?;
+            let tree = Tree {
+                dirs: (0..a.threads).map(|_| Mutex::default()).collect(),
+            };
+            Namespace::Store { fs, top, tree }
+        }
+    };
     if a.stats_only {
-        let top = top_dirs(&fs, &a, false)?;
-        let rate = stat_phase(&fs, &a, &top, a.files)?;
+        let rate = stat_phase(&ns, &a, a.files)?;
         println!("{} stats/s over {} files", rate.round(), a.files);
         return Ok(());
     }
-    let top = top_dirs(&fs, &a, true)?;
-    let tree = Tree {
-        dirs: (0..a.threads).map(|_| Mutex::default()).collect(),
-    };
     let data: Vec<u8> = (0..a.size).map(|i| (i * 7 + 1) as u8).collect();
     let rss0 = a.engine_pid.map(rss_bytes).transpose()?;
     println!(
@@ -217,14 +285,7 @@ fn main() -> Result<()> {
                             if i >= upto {
                                 return Ok(());
                             }
-                            let (t, d, name) = place(&a, i);
-                            let dir = tree.dir(&fs, &top, t, d)?;
-                            let (n, _) = fs
-                                .create(&dir, name.as_bytes(), 0o644, 0, 0, true)
-                                .with_context(|| format!("create {name}"))?;
-                            if !data.is_empty() {
-                                fs.open(&n)?.write_at(0, &data)?;
-                            }
+                            ns.create(&a, i, &data)?;
                         }
                     })
                 })
@@ -236,7 +297,7 @@ fn main() -> Result<()> {
         })?;
         let create_rate = (upto - done) as f64 / t0.elapsed().as_secs_f64();
         done = upto;
-        let stat_rate = stat_phase(&fs, &a, &top, done)?;
+        let stat_rate = stat_phase(&ns, &a, done)?;
         let (rss, per) = match (a.engine_pid, rss0) {
             (Some(pid), Some(r0)) => {
                 let r = rss_bytes(pid)?;
@@ -255,7 +316,7 @@ fn main() -> Result<()> {
 
 /// Stats of `--stats` files drawn at random among the first `done`, from
 /// `--threads` threads; the rate.
-fn stat_phase(fs: &Dfs, a: &Args, top: &[Node], done: u64) -> Result<f64> {
+fn stat_phase(ns: &Namespace, a: &Args, done: u64) -> Result<f64> {
     {
         let nstat = if a.stats_only {
             a.stats
@@ -276,7 +337,7 @@ fn stat_phase(fs: &Dfs, a: &Args, top: &[Node], done: u64) -> Result<f64> {
                             .is_ok()
                         {
                             let i = rng.gen_range(0..done);
-                            let size = stat_one(fs, a, top, i)?;
+                            let size = ns.stat(a, i)?;
                             if size != a.size as u64 {
                                 bail!("file {i}: size {size}, wrote {}", a.size);
                             }
