@@ -43,10 +43,10 @@ struct Args {
     /// Management service address.
     #[arg(long, env = "PEREGRINE_MGMT", default_value = "127.0.0.1:10001")]
     mgmt: String,
-    #[arg(long)]
-    pool: String,
-    #[arg(long)]
-    cont: String,
+    #[arg(long, required_unless_present = "local")]
+    pool: Option<String>,
+    #[arg(long, required_unless_present = "local")]
+    cont: Option<String>,
     /// Files to create in all.
     #[arg(long, default_value_t = 1_000_000)]
     files: u64,
@@ -155,8 +155,12 @@ fn mount(a: &Args) -> Result<Dfs> {
         peregrine::TransportKind::from_env()?,
         shm,
     )?;
-    let pool = client.pool_connect(&a.pool)?;
-    Ok(Dfs::mount(pool.cont_open(&a.cont)?, true, false)?)
+    let pool = client.pool_connect(a.pool.as_deref().context("--pool")?)?;
+    Ok(Dfs::mount(
+        pool.cont_open(a.cont.as_deref().context("--cont")?)?,
+        true,
+        false,
+    )?)
 }
 
 /// File `i` of the run: (thread, directory within the thread, name).
