@@ -12,10 +12,11 @@
 //! The WAL holds the records after the checkpoint, batch `base + 1` on, one
 //! after the other from offset 0 (each starting on a block, or, packed, on
 //! a multiple of 64 bytes: see [`crate::wal`]). The chain of records
-//! replayed ends at the first place that is not the next record: not a record of this format,
-//! a bad header or payload CRC, a payload that does not decode, the record
-//! of another batch, a record left over from an earlier opening, or one
-//! running past the WAL. Call `h` the batch expected there.
+//! replayed ends at the first place that is not the next record: not a
+//! record of this format, a bad header or payload CRC, a payload that does
+//! not decode, the record of another batch, a record left over from an
+//! earlier opening, or one running past the WAL. Call `h` the batch
+//! expected there.
 //!
 //! Nothing before `h` is lost; whether `h` and what follows may be lost
 //! quietly depends on whether they were flushed. Up to [`MAX_COMMITS`]
