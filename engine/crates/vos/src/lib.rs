@@ -123,8 +123,9 @@
 //!   it; a target records the highest such epoch and refuses a snapshot
 //!   being added at or below it (`StorageError::Retry`: take it at a newer
 //!   epoch), since versions only that snapshot would read may be gone.
-//!   Targets aggregate on their own (a pool 80% full, a container near its
-//!   quota, no client request for 30 s) only under the
+//!   Targets aggregate on their own (a pool's data region 80% full, an
+//!   update that does not fit in a tier or its container's quota, a
+//!   container near its quota, no client request for 30 s) only under the
 //!   aggregation lease ([`Storage::lease_aggregation`]; endless unless an
 //!   engine sets it).
 //! - `FetchedValue.epoch` is the newest epoch of the versions the returned
@@ -283,8 +284,8 @@ pub struct Storage {
     repairs: Vec<String>,
 }
 
-/// Until when the targets may aggregate on their own (a pool 80% full, or
-/// idle). An engine in a system holds it only while the management service
+/// Until when the targets may aggregate on their own (a pool filling, an
+/// update that does not fit, or idle). An engine in a system holds it only while the management service
 /// counts it as up and it knows the snapshot lists: a snapshot taken while
 /// the service counts the engine as down skips it, and the engine learns of
 /// it only when it is back; aggregating meanwhile could drop what the

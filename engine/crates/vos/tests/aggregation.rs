@@ -109,6 +109,68 @@ fn enospc_and_space_reuse_after_punch_and_aggregation() {
     assert!(st.pools().is_empty());
 }
 
+/// Files removed give their space back to the next files written, at once:
+/// an update that does not fit aggregates the pool first (here the SCM
+/// tier, which small values fill and which no usage level aggregates), and
+/// only a pool full of live values answers ENOSPC.
+#[test]
+fn an_update_that_does_not_fit_gets_the_space_of_removed_values() {
+    let e = env(64, 1);
+    let st = Storage::open(&e.opts).unwrap();
+    let pool = Uuid::new_v4();
+    st.pool_create(pool, 64 * 1024, MIB).unwrap();
+    let o = Obj::new(pool, Uuid::new_v4(), 1, 0);
+    let small = pattern(3, 1000);
+    let fill = |round: u64| {
+        let mut n = 0;
+        loop {
+            let r = update(
+                &st,
+                &o,
+                round * 1000 + n,
+                &format!("r{round}-{n}"),
+                vec![single("a", &small)],
+            );
+            match r {
+                Ok(()) => n += 1,
+                Err(e) => break (n, e),
+            }
+            assert!(n < 1000, "64 KiB of SCM took {n} values of 1000 bytes");
+        }
+    };
+    let (first, err) = fill(1);
+    assert!(first > 10, "{first} values");
+    assert!(
+        err.code == -libc::ENOSPC && err.msg.contains("tier scm"),
+        "{}",
+        err.msg
+    );
+    for round in 2..5u64 {
+        // Remove the last round's values, then write as many again at once.
+        for i in 0..first {
+            punch(
+                &st,
+                &o,
+                round * 1000 - 1,
+                &format!("r{}-{i}", round - 1),
+                &[],
+            )
+            .unwrap();
+        }
+        let (n, err) = fill(round);
+        assert!(
+            n + 2 >= first,
+            "round {round}: {n} values fit after removing {first}: {}",
+            err.msg
+        );
+        assert_eq!(err.code, -libc::ENOSPC, "{}", err.msg);
+        assert_eq!(
+            get_single(&st, &o, LATEST, &format!("r{round}-0"), "a").unwrap(),
+            small
+        );
+    }
+}
+
 #[test]
 fn snapshots_survive_aggregation() {
     let e = env(64, 1);

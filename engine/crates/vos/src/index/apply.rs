@@ -103,6 +103,19 @@ impl WalOp {
         }
     }
 
+    /// The pool of a change that may remove values (a punch, or a
+    /// transaction's decision to commit, which may hold one): space that
+    /// aggregation gives back.
+    pub(crate) fn removing_pool(&self) -> Option<Uuid> {
+        match self {
+            WalOp::Punch { pool, .. }
+            | WalOp::Decide {
+                pool, commit: true, ..
+            } => Some(*pool),
+            _ => None,
+        }
+    }
+
     /// The values of an update, prepared or not, as logged.
     pub(crate) fn update_values(&self) -> &[NewValue] {
         match self {

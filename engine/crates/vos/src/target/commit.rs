@@ -277,6 +277,9 @@ impl Target {
                 if let Some(pool) = op.changed_pool() {
                     self.dirty.insert(pool);
                 }
+                if let Some(pool) = op.removing_pool() {
+                    self.removed.insert(pool);
+                }
                 self.apply(op, c.seq);
             }
             for tx in c.replies {
@@ -510,6 +513,9 @@ impl Target {
                 for op in b.ops {
                     if let Some(pool) = op.changed_pool() {
                         self.dirty.insert(pool);
+                    }
+                    if let Some(pool) = op.removing_pool() {
+                        self.removed.insert(pool);
                     }
                     self.apply(op, self.wal.seq);
                 }

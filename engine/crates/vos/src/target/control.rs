@@ -85,8 +85,6 @@ pub(super) struct Quotas {
     pub(super) limits: HashMap<(Uuid, Uuid), ContQuota>,
     /// The newest quota push applied per container (see [`Ctl::SetQuota`]).
     pub(super) versions: HashMap<(Uuid, Uuid), u64>,
-    /// When a pool was last aggregated for a quota ([`Target::aggregate_for_quota`]).
-    pub(super) aggregated: HashMap<Uuid, Instant>,
 }
 
 pub(crate) enum CtlOut {
@@ -152,6 +150,8 @@ impl Target {
                 if self.index.pools.contains_key(&pool) {
                     self.commit_ctl(WalOp::PoolDestroy { pool })?;
                     self.dirty.remove(&pool);
+                    self.removed.remove(&pool);
+                    self.fruitless.remove(&pool);
                 }
                 Ok(CtlOut::Done)
             }
@@ -218,6 +218,7 @@ impl Target {
                 }
                 let rel = self.aggregate(pool)?;
                 self.dirty.remove(&pool);
+                self.removed.remove(&pool);
                 Ok(CtlOut::Reclaimed(rel.scm + rel.nvme))
             }
             Ctl::DeviceSpace => {
@@ -251,7 +252,7 @@ impl Target {
                 let near = |q: &ContQuota| q.limit / 8;
                 let near = self.quota.limits.get(&(pool, cont)).map_or(0, near);
                 if self.over_quota(&pool, &cont, near.max(1)) {
-                    self.aggregate_for_quota(pool);
+                    self.aggregate_for_room(pool, "quota reached");
                 }
                 Ok(CtlOut::Done)
             }

@@ -147,12 +147,8 @@ impl Target {
                 }
             }
             self.pump();
-            if !self.filling().is_empty() && self.lease.valid() {
-                // Aggregation needs the device to itself; it gives the space back.
-                self.drain();
-                for pool in self.filling() {
-                    self.auto_aggregate(pool, "nvme usage above 80%");
-                }
+            for pool in self.filling() {
+                self.aggregate_for_room(pool, "nvme usage above 80%");
             }
             if !self.busy() {
                 if stopping {

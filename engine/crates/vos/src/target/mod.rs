@@ -111,6 +111,7 @@ mod scrub;
 mod tests;
 mod update;
 
+use aggregate::Fruitless;
 use commit::{release_staged, staged_bytes, AheadWrite, Commits, Staged, Wal};
 use control::Quotas;
 use fetch::{absorb_piece, area_bytes, release_reads, Fetches, Piece, ReadInto};
@@ -133,8 +134,6 @@ const BATCH_DATA: usize = 8 << 20;
 /// Large values go to the device in writes of this size, each started as
 /// soon as it is copied in (the next piece is copied meanwhile).
 const WRITE_PIECE: usize = 256 << 10;
-/// Least time between two aggregations of a pool for a container's quota.
-const QUOTA_AGGREGATE_GAP: Duration = Duration::from_secs(2);
 /// Idle time after which a target aggregates the pools it changed.
 const IDLE_AGGREGATE: Duration = Duration::from_secs(30);
 /// `ListReq.max == 0` means this many.
@@ -149,6 +148,8 @@ pub(crate) struct Target {
     scm_budget: u64,
     /// Pools changed since their last aggregation.
     dirty: BTreeSet<Uuid>,
+    /// Pools with values removed since their last aggregation.
+    removed: BTreeSet<Uuid>,
     /// Bytes of value per data checksum (the device's format).
     chunk: u64,
     /// Values at least this large go to data blocks ([`crate::StorageOptions::scm_value_max`]).
@@ -180,6 +181,9 @@ pub(crate) struct Target {
     fetch: Fetches,
     /// Containers' quotas ([`control`], [`update`]).
     quota: Quotas,
+    /// Pools whose last aggregation to make room gave nothing back
+    /// ([`Target::aggregate_for_room`]).
+    fruitless: HashMap<Uuid, Fruitless>,
     /// Sources polled besides the queue ([`event_loop`]).
     polling: Polling,
 }
@@ -229,6 +233,7 @@ impl Target {
             alloc,
             scm_budget,
             dirty: BTreeSet::new(),
+            removed: BTreeSet::new(),
             chunk: 0,
             scm_value_max: opts.scm_value_max.clamp(1, crate::SCM_VALUE_MAX),
             prof: Prof::default(),
@@ -248,6 +253,7 @@ impl Target {
             commit: Commits::default(),
             fetch: Fetches::default(),
             quota: Quotas::default(),
+            fruitless: HashMap::new(),
             polling: Polling {
                 sources: Vec::new(),
                 poll: opts.poll,

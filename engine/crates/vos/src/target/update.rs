@@ -106,24 +106,36 @@ impl Target {
         Ok(())
     }
 
-    /// Aggregate a pool for a container's quota, if it changed since its
-    /// last aggregation and at most once per [`QUOTA_AGGREGATE_GAP`]: each
-    /// one walks the pool's whole index, and a container that stays near
-    /// its quota with live data would otherwise have it walked every second.
-    /// False if it did not run.
-    pub(super) fn aggregate_for_quota(&mut self, pool: Uuid) -> bool {
-        let recent = |at: &Instant| at.elapsed() < QUOTA_AGGREGATE_GAP;
-        if !self.dirty.contains(&pool)
-            || !self.lease.valid()
-            || self.quota.aggregated.get(&pool).is_some_and(recent)
-        {
-            return false;
-        }
-        self.quota.aggregated.insert(pool, Instant::now());
-        // Aggregation needs the device to itself.
-        self.drain();
-        self.auto_aggregate(pool, "quota reached");
-        true
+    /// The tier of `pool` an update needing `scm_need` and `nvme_need`
+    /// bytes does not fit in, as the error to answer.
+    fn no_room(&self, pool: &Uuid, scm_need: u64, nvme_need: u64) -> Option<StorageError> {
+        let p = &self.index.pools[pool];
+        let (os, on) = self
+            .commit
+            .open
+            .space
+            .get(pool)
+            .copied()
+            .unwrap_or_default();
+        let (cs, cn) = self.commit.claimed.get(pool).copied().unwrap_or_default();
+        // Changes held by transactions take their space until decided.
+        let (hs, hn) = self.index.dtx.held_space(pool);
+        let (bs, bn) = (os + cs + hs, on + cn + hn);
+        [
+            ("scm", scm_need, p.scm_total, p.scm_used() + bs),
+            ("nvme", nvme_need, p.nvme_total, p.nvme_used() + bn),
+        ]
+        .into_iter()
+        .find_map(|(tier, need, total, used)| {
+            let free = total.saturating_sub(used);
+            (need > free).then(|| StorageError::NoSpace {
+                pool: pool.to_string(),
+                tier,
+                target: self.id,
+                need,
+                free,
+            })
+        })
     }
 
     /// Validate and stage an update into the open batch; a transaction's
@@ -229,39 +241,18 @@ impl Target {
             let own = tx.as_ref().map(|t| t.0);
             dtx::check_unchanged(&self.index, self.in_flight(), own, at, iod)?;
         }
-        let p = &self.index.pools[&pool];
-        let (os, on) = self
-            .commit
-            .open
-            .space
-            .get(&pool)
-            .copied()
-            .unwrap_or_default();
-        let (cs, cn) = self.commit.claimed.get(&pool).copied().unwrap_or_default();
-        // Changes held by transactions take their space until decided.
-        let (hs, hn) = self.index.dtx.held_space(&pool);
-        let (bs, bn) = (os + cs + hs, on + cn + hn);
-        for (tier, need, total, used) in [
-            ("scm", scm_need, p.scm_total, p.scm_used() + bs),
-            ("nvme", nvme_need, p.nvme_total, p.nvme_used() + bn),
-        ] {
-            let free = total.saturating_sub(used);
-            if need > free {
-                return Err(StorageError::NoSpace {
-                    pool: pool.to_string(),
-                    tier,
-                    target: self.id,
-                    need,
-                    free,
-                }
-                .into());
+        if self.no_room(&pool, scm_need, nvme_need).is_some() {
+            // Removed files' space comes back now, not when the target is
+            // next idle. Nothing of this update is staged yet, and
+            // aggregation changes no value a read sees.
+            self.aggregate_for_room(pool, "tier full");
+            if let Some(e) = self.no_room(&pool, scm_need, nvme_need) {
+                return Err(e.into());
             }
         }
         if let Err(e) = self.check_quota(&pool, &cont, scm_need + nvme_need) {
-            // A writer that removed files to make room gets it back now,
-            // not when the target is next idle. Nothing of this update is
-            // staged yet, and aggregation changes no value a read sees.
-            if !self.aggregate_for_quota(pool) {
+            // As for a full tier (above).
+            if !self.aggregate_for_room(pool, "quota reached") {
                 return Err(e);
             }
             self.check_quota(&pool, &cont, scm_need + nvme_need)?;
