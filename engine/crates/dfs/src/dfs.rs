@@ -2,6 +2,7 @@
 //! writes, lookup, create, mkdir, mknod, symlink, unlink, rmdir, setattr,
 //! statfs, fsync and open.
 
+use crate::dirstat::DirStats;
 use crate::entry::is_special_mode;
 use crate::links::CountBatch;
 use crate::times::Touch;
@@ -29,6 +30,8 @@ pub(crate) struct Inner {
     pub(crate) oid_hi: u64,
     pub(crate) next_lo: AtomicU64,
     pub(crate) locks: Vec<Mutex<()>>,
+    /// Directory attributes read or changed here (`dirstat.rs`).
+    pub(crate) dir_stats: DirStats,
     /// Directory time updates in progress, by directory ([`Dfs::touch_dir`]).
     pub(crate) touches: Mutex<HashMap<ObjectId, Arc<Touch>>>,
     /// Subdirectory count changes in progress, by directory ([`Dfs::adjust_subdirs`]).
@@ -660,7 +663,9 @@ impl Dfs {
     }
 
     pub fn rmdir(&self, parent: &Node, name: &[u8]) -> Result<()> {
-        self.rmdir_locked(parent, name)?;
+        let removed = self.rmdir_locked(parent, name);
+        self.dirs_moved();
+        removed?;
         self.touch_dir(parent);
         self.adjust_subdirs(parent, -1);
         Ok(())

@@ -43,6 +43,7 @@ impl Dfs {
                     self.put_entry_in(&mut tx, &o, name, &back, xs, &old);
                     tx.punch_akeys(&o, name, &[RENAME_CLAIM]);
                     tx.commit()?;
+                    self.dirs_moved();
                     Ok(Some(back))
                 }
             };
@@ -57,6 +58,7 @@ impl Dfs {
         tx.update_single(&o, name, INODE, &back.encode());
         tx.punch_akeys(&o, name, &[RENAME_CLAIM]);
         tx.commit()?;
+        self.dirs_moved();
         Ok(Some(back))
     }
 

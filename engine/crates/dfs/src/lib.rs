@@ -162,6 +162,7 @@
 
 mod dfs;
 mod dir;
+mod dirstat;
 mod entry;
 mod file;
 mod hardlink;

@@ -65,7 +65,9 @@ impl Dfs {
             let round = st.requested;
             let d = std::mem::take(&mut st.pending);
             drop(st);
-            if let Err(e) = self.apply_subdirs(dir.oid(), d) {
+            let r = self.apply_subdirs(dir.oid(), d);
+            self.dir_subdirs_moved(dir.oid(), r.as_ref().ok().map(|()| d));
+            if let Err(e) = r {
                 eprintln!(
                     "peregrine-dfs: subdirectory count of {:?} ({}) not changed by {d}: {e}",
                     show(&dir.name),

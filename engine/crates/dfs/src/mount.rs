@@ -160,6 +160,7 @@ impl Dfs {
                 oid_hi,
                 next_lo: AtomicU64::new(1),
                 locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+                dir_stats: Default::default(),
                 touches: Mutex::new(HashMap::new()),
                 counts: Mutex::new(HashMap::new()),
                 rename_lease_ns: RENAME_LEASE_NS.into(),

@@ -34,7 +34,9 @@ impl Dfs {
         dname: &[u8],
         flags: u32,
     ) -> Result<Option<Entry>> {
-        let (r, (ds, dd)) = self.rename_locked(sp, sname, dp, dname, flags)?;
+        let renamed = self.rename_locked(sp, sname, dp, dname, flags);
+        self.dirs_moved();
+        let (r, (ds, dd)) = renamed?;
         if sp.oid() != dp.oid() || sname != dname {
             self.touch_dir(sp);
             if dp.oid() != sp.oid() {

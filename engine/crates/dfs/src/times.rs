@@ -63,7 +63,9 @@ impl Dfs {
             let round = st.requested;
             drop(st);
             let tick = now_ns() / DIR_TIME_TICK_NS;
-            let ok = self.touch_dir_once(dir).is_ok();
+            let r = self.touch_dir_once(dir);
+            self.dir_times_set(dir.oid(), r.as_ref().ok().copied().flatten());
+            let ok = r.is_ok();
             st = t.st.lock();
             st.running = false;
             st.covered = round;
@@ -80,9 +82,11 @@ impl Dfs {
         if let Some(t) = self.inner.touches.lock().get(&dir) {
             t.st.lock().tick = 0;
         }
+        self.dir_entry_changed(dir);
     }
 
-    fn touch_dir_once(&self, dir: &Node) -> Result<()> {
+    /// The time written, if `dir` was still there to stamp.
+    fn touch_dir_once(&self, dir: &Node) -> Result<Option<i64>> {
         let _g = self.lock(&[(dir.parent, &dir.name)]);
         retry_changed(|| match self.node_versioned(dir.parent, &dir.name)? {
             // Still this directory (not renamed away and replaced).
@@ -90,9 +94,9 @@ impl Dfs {
                 let t = now_ns();
                 n.entry.mtime = t;
                 n.entry.ctime = t;
-                self.replace_entry(&n, epoch)
+                self.replace_entry(&n, epoch).map(|()| Some(t))
             }
-            _ => Ok(()),
+            _ => Ok(None),
         })
     }
 }

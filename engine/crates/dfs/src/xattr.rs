@@ -63,7 +63,9 @@ impl Dfs {
             xattr_flags_check(flags, exists, name)?;
             n.entry.child_class = class.id();
             n.entry.ctime = now_ns();
-            return self.replace_entry(&n, epoch);
+            let r = self.replace_entry(&n, epoch);
+            self.dir_entry_changed(n.oid());
+            return r;
         }
         let o = self.obj(n.parent)?;
         let key = xattr_akey(name);
@@ -131,7 +133,9 @@ impl Dfs {
                 return Err(err(libc::ENODATA, format!("no xattr {OCLASS_XATTR}")));
             }
             n.entry.child_class = 0;
-            return self.replace_entry(&n, epoch);
+            let r = self.replace_entry(&n, epoch);
+            self.dir_entry_changed(n.oid());
+            return r;
         }
         let o = self.obj(n.parent)?;
         let key = xattr_akey(name);

@@ -209,3 +209,80 @@ fn directory_link_counts() {
     );
     assert_eq!(nlink(&a, "/race"), 4);
 }
+
+/// `getattr_within` answers a directory's attributes from what this mount
+/// read, with its own changes applied: after every kind of change made here
+/// it answers what a fresh read by another mount finds, without reading
+/// again; another mount's change shows once the age given has passed.
+#[test]
+fn directory_attributes_kept_with_this_mounts_changes() {
+    let c = cluster(1);
+    let fs = mount(&c, "cont", false);
+    let other = mount(&c, "cont", false);
+    let root = fs.root();
+    let d = fs.mkdir(&root, b"d", 0o755, 0, 0).unwrap();
+    let e = fs.mkdir(&root, b"e", 0o755, 0, 0).unwrap();
+    let long = std::time::Duration::from_secs(60);
+    let seen = |fs: &Dfs, d: &Node, age| {
+        let st = fs.getattr_within(d, age).unwrap().1;
+        (st.mode, st.nlink, st.mtime, st.ctime)
+    };
+    let stored = |d: &Node| seen(&other, d, std::time::Duration::ZERO);
+    let kept = |d: &Node| seen(&fs, d, long);
+    assert_eq!(kept(&d), stored(&d));
+    let step = |what: &str, op: &dyn Fn()| {
+        // Past the tick of the last stamp: each change stamps the times.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        op();
+        for dir in [&d, &e] {
+            assert_eq!(kept(dir), stored(dir), "after {what}");
+        }
+    };
+    step("create", &|| {
+        fs.create(&d, b"f", 0o644, 0, 0, true).unwrap();
+    });
+    step("mkdir", &|| {
+        fs.mkdir(&d, b"sub", 0o755, 0, 0).unwrap();
+    });
+    step("symlink", &|| {
+        fs.symlink(&d, b"l", b"f", 0, 0).unwrap();
+    });
+    step("mknod", &|| {
+        fs.mknod(&d, b"p", libc::S_IFIFO | 0o644, 0, 0, 0).unwrap();
+    });
+    step("hard link", &|| {
+        let f = fs.lookup(&d, b"f").unwrap();
+        fs.link(&f, &e, b"f2").unwrap();
+    });
+    step("rename of a file across", &|| {
+        fs.rename(&d, b"l", &e, b"l", 0).unwrap();
+    });
+    step("rename of a directory across", &|| {
+        fs.rename(&d, b"sub", &e, b"sub", 0).unwrap();
+    });
+    step("unlink", &|| fs.unlink(&d, b"f").unwrap());
+    step("rmdir", &|| fs.rmdir(&e, b"sub").unwrap());
+    step("chmod", &|| {
+        let a = SetAttr {
+            mode: Some(0o700),
+            ..Default::default()
+        };
+        fs.setattr(&d, &a).unwrap();
+    });
+    step("object class xattr", &|| {
+        fs.setxattr(&d, OCLASS_XATTR.as_bytes(), b"SX", 0).unwrap();
+    });
+    // Another mount's change is not seen before the age given passes ...
+    let before = kept(&d);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    other.create(&d, b"theirs", 0o644, 0, 0, true).unwrap();
+    assert_eq!(kept(&d), before, "read again before its time");
+    assert_ne!(stored(&d), before);
+    // ... and is once it has.
+    let short = std::time::Duration::from_millis(300);
+    seen(&fs, &d, std::time::Duration::ZERO);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    other.create(&d, b"theirs2", 0o644, 0, 0, true).unwrap();
+    std::thread::sleep(short);
+    assert_eq!(seen(&fs, &d, short), stored(&d));
+}

@@ -7,6 +7,7 @@
 //! reading requests from /dev/fuse and calling into the Dfs, so requests
 //! proceed in parallel.
 
+mod caps;
 mod handles;
 mod inodes;
 mod list;
@@ -71,6 +72,8 @@ struct Ino {
     /// Removed while open: punch its object at the last close.
     unlinked: Option<Entry>,
     cache_stamp: Option<Instant>,
+    /// Since when it is known to have no file capabilities (`caps.rs`).
+    no_caps_since: Option<Instant>,
 }
 
 enum Handle {
@@ -223,6 +226,7 @@ impl PeregrineFs {
                 open: 0,
                 unlinked: None,
                 cache_stamp: None,
+                no_caps_since: None,
             },
         );
         PeregrineFs {
@@ -310,16 +314,19 @@ impl Filesystem for PeregrineFs {
         // The name now naming another object (removed and made again, by
         // another client too) is this inode gone, not the other's attributes.
         let was = n.oid();
-        let got = self.dfs.getattr(&n).and_then(|(n, st)| {
-            if n.oid() == was {
-                Ok((n, st))
-            } else {
-                Err(Error::new(
-                    -libc::ENOENT,
-                    "entry removed and its name reused",
-                ))
-            }
-        });
+        let got = self
+            .dfs
+            .getattr_within(&n, self.opts.attr_ttl)
+            .and_then(|(n, st)| {
+                if n.oid() == was {
+                    Ok((n, st))
+                } else {
+                    Err(Error::new(
+                        -libc::ENOENT,
+                        "entry removed and its name reused",
+                    ))
+                }
+            });
         match got {
             Ok((n, st)) => {
                 self.update(&n);
@@ -560,6 +567,7 @@ impl Filesystem for PeregrineFs {
     ) {
         let p = tryr!(reply, self.node(parent));
         let excl = flags & libc::O_EXCL != 0;
+        let made = Instant::now();
         let (n, created) = tryr!(
             reply,
             self.dfs
@@ -570,7 +578,10 @@ impl Filesystem for PeregrineFs {
             true => self.dfs.stat_of(&n.entry, 0),
             false => tryr!(reply, self.stat_node(&n)),
         };
-        self.remember(&n);
+        let ino = self.remember(&n);
+        if created {
+            self.set_caps_absent(ino, Some(made));
+        }
         let attr = self.attr(&st);
         let ttl = self.opts.entry_ttl;
         let mut r = Some(reply);
@@ -822,6 +833,7 @@ impl Filesystem for PeregrineFs {
             return;
         }
         let n = tryr!(reply, self.node(ino));
+        self.set_caps_absent(ino.0, None);
         tryr!(reply, self.dfs.setxattr(&n, name.as_bytes(), value, flags));
         if let Ok(n) = self.dfs.refresh(&n) {
             self.update(&n);
@@ -830,8 +842,23 @@ impl Filesystem for PeregrineFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let caps = name.as_bytes() == caps::CAPS_XATTR;
+        if caps && self.caps_absent(ino.0) {
+            reply.error(Errno::from_i32(libc::ENODATA));
+            return;
+        }
         let n = tryr!(reply, self.node(ino));
-        let v = tryr!(reply, self.dfs.getxattr(&n, name.as_bytes()));
+        let asked = Instant::now();
+        let v = match self.dfs.getxattr(&n, name.as_bytes()) {
+            Ok(v) => v,
+            Err(e) => {
+                if caps && e.code == -libc::ENODATA {
+                    self.set_caps_absent(ino.0, Some(asked));
+                }
+                reply.error(errno(&e));
+                return;
+            }
+        };
         if size == 0 {
             reply.size(v.len() as u32);
         } else if (size as usize) < v.len() {
@@ -860,6 +887,7 @@ impl Filesystem for PeregrineFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let n = tryr!(reply, self.node(ino));
+        self.set_caps_absent(ino.0, None);
         tryr!(reply, self.dfs.removexattr(&n, name.as_bytes()));
         if let Ok(n) = self.dfs.refresh(&n) {
             self.update(&n);

@@ -29,6 +29,7 @@ impl PeregrineFs {
             open: 0,
             unlinked: None,
             cache_stamp: None,
+            no_caps_since: None,
         });
         e.node = node.clone();
         e.lookups += 1;
