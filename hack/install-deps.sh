@@ -3,7 +3,8 @@
 # Idempotent: packages already present are skipped without touching the network.
 set -euo pipefail
 
-PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio fuse3 libfuse3-dev sqlite3 git rsync)
+# e2fsprogs: the vos tests mount an ext2 host (mkfs.ext2) that cannot reserve blocks.
+PKGS=(pkg-config protobuf-compiler liburing-dev libisal-dev fio fuse3 libfuse3-dev sqlite3 git rsync e2fsprogs)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -282,6 +282,9 @@ pub struct Storage {
     lease: std::sync::Arc<AggregationLease>,
     /// What opening repaired (a superblock copy rewritten), one line each.
     repairs: Vec<String>,
+    /// How the targets write their WAL: what the options asked for, unless
+    /// the host file system could not reserve its blocks.
+    wal_io: WalIo,
 }
 
 /// Until when the targets may aggregate on their own (a pool filling, an
@@ -328,6 +331,11 @@ impl Storage {
 
     pub fn targets(&self) -> u32 {
         self.sb.targets
+    }
+
+    /// How the targets write their WAL (see [`StorageOptions::wal_io`]).
+    pub fn wal_io(&self) -> WalIo {
+        self.wal_io
     }
 
     /// Queue one data-plane request on its target. The receiver gets exactly

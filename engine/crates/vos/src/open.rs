@@ -200,6 +200,7 @@ impl Storage {
             threads,
             lease,
             repairs,
+            wal_io: opts.wal_io,
         };
         for (t, r) in ready.into_iter().enumerate() {
             let res = r.recv().unwrap_or_else(|_| {
@@ -218,7 +219,7 @@ impl Storage {
             .map(|t| format!("{}+{}", storage.sb.data_offset(t), storage.sb.data_bytes))
             .collect::<Vec<_>>()
             .join(",");
-        tracing::info!(device = %name, targets = storage.sb.targets, data_regions = %data_regions, "storage open");
+        tracing::info!(device = %name, targets = storage.sb.targets, data_regions = %data_regions, wal_io = ?storage.wal_io, "storage open");
         Ok(storage)
     }
 }

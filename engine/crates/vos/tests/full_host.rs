@@ -10,39 +10,12 @@ mod common;
 
 use common::*;
 use peregrine_vos::*;
-use std::process::Command;
 
 const LATEST: u64 = u64::MAX;
 
-struct Tmpfs(std::path::PathBuf);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// A tmpfs of `mib` MiB mounted on a fresh directory, or None without root.
-fn small_host(mib: u64) -> Option<(tempfile::TempDir, Tmpfs)> {
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: mounting a small tmpfs needs root");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(ok.success(), "mount tmpfs");
-    let m = Tmpfs(dir.path().to_path_buf());
-    Some((dir, m))
-}
-
 #[test]
 fn opening_reserves_the_wal_or_fails_naming_it() {
-    let Some((dir, _m)) = small_host(24) else {
+    let Some(dir) = tmpfs_host(24) else {
         return;
     };
     // A 256 MiB device with one target has a WAL of 31 MiB: format writes
@@ -78,7 +51,7 @@ fn opening_reserves_the_wal_or_fails_naming_it() {
 
 #[test]
 fn a_failed_device_write_stops_updates_and_loses_nothing_acknowledged() {
-    let Some((dir, _m)) = small_host(64) else {
+    let Some(dir) = tmpfs_host(64) else {
         return;
     };
     // A sparse 256 MiB device on 64 MiB of host space, of which its WAL

@@ -5,6 +5,7 @@
 use peregrine_vos::*;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::process::Command;
 use uuid::Uuid;
 
 pub const MIB: u64 = 1 << 20;
@@ -41,6 +42,77 @@ pub fn env(mib: u64, targets: u32) -> Env {
     let opts = options(&dir.path().join("nvme0.img"), mib, targets);
     format(&opts, "test", 0, false).unwrap();
     Env { dir, opts }
+}
+
+/// A host file system mounted on a fresh directory for one test, and
+/// unmounted when dropped: what a device file's host can and cannot do.
+pub struct HostFs {
+    dir: tempfile::TempDir,
+    /// Where a loop-mounted image lives, dropped after the unmount.
+    _image: Option<tempfile::TempDir>,
+}
+
+impl HostFs {
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Mount `source` of file system `fstype` with `opts`; None without
+    /// root (mounting needs it), so that tests skip, saying so.
+    fn mount(
+        fstype: &str,
+        source: &Path,
+        opts: &str,
+        image: Option<tempfile::TempDir>,
+    ) -> Option<HostFs> {
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting a {fstype} host needs root");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", fstype, "-o", opts])
+            .arg(source)
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount a {fstype} host");
+        Some(HostFs { dir, _image: image })
+    }
+}
+
+impl Drop for HostFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// A tmpfs of `mib` MiB: a host that runs out of space.
+pub fn tmpfs_host(mib: u64) -> Option<HostFs> {
+    HostFs::mount("tmpfs", Path::new("tmpfs"), &format!("size={mib}m"), None)
+}
+
+/// An ext2 file system of `mib` MiB on a loop device: a host that cannot
+/// reserve blocks (its files have no extents, so fallocate answers
+/// EOPNOTSUPP).
+pub fn ext2_host(mib: u64) -> Option<HostFs> {
+    let image = tempfile::tempdir().unwrap();
+    let img = image.path().join("ext2.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(mib * MIB)
+        .unwrap();
+    let ok = Command::new("mkfs.ext2")
+        .args(["-q", "-F"])
+        .arg(&img)
+        .status()
+        .expect("mkfs.ext2 (e2fsprogs)");
+    assert!(ok.success(), "mkfs.ext2");
+    HostFs::mount("ext2", &img, "loop", Some(image))
 }
 
 /// Open the device and create a pool on it: the SCM budget per target is
