@@ -21,11 +21,13 @@
 #
 #   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 8] [--device-size 8GiB] [--sparse]
 #                  [--dir /var/tmp] [--items 1000] [--threads 4] [--procs 1] [--md-sizes 0,3901]
-#                  [--md-layout unique,shared] [--md-only] [--no-build] [--no-raw]
+#                  [--md-layout unique,shared] [--md-rounds 1] [--md-only] [--no-build] [--no-raw]
 #
 # mdtest runs --procs processes of --threads threads, --items files each per phase;
-# --md-only skips fio (the metadata table alone). The issue's metadata goal:
-#   bench/posix.sh --md-only --procs 2 --threads 1 --items 5000 --md-sizes 3901 --md-layout unique
+# --md-rounds times, the three paths one after the other in each round (the table shows
+# each cell's median and, over several rounds, its range: one run on this VM varies by
+# half). --md-only skips fio (the metadata table alone). The issue's metadata goal:
+#   bench/posix.sh --md-only --procs 2 --threads 1 --items 5000 --md-sizes 3901 --md-layout unique --md-rounds 5
 #
 # Needs fio, fuse3 (hack/install-deps.sh installs them), python3 (for the table), /dev/fuse,
 # and a filesystem with O_DIRECT for --dir (not tmpfs).
@@ -50,6 +52,7 @@ PROCS=1
 MD_SIZES=0,3901
 MD_LAYOUT=unique,shared
 MD_ONLY=0
+MD_ROUNDS=1
 RAW=1
 
 while (($#)); do
@@ -65,6 +68,7 @@ while (($#)); do
     --md-sizes) MD_SIZES=$2; shift 2 ;;
     --md-layout) MD_LAYOUT=$2; shift 2 ;;
     --md-only) MD_ONLY=1; shift ;;
+    --md-rounds) MD_ROUNDS=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --no-raw) RAW=0; shift ;;
     --sparse) DEVICE_WRITTEN=0; shift ;;
@@ -77,6 +81,7 @@ want_positive --rounds "$ROUNDS"
 want_positive --items "$ITEMS"
 want_positive --threads "$THREADS"
 want_positive --procs "$PROCS"
+want_positive --md-rounds "$MD_ROUNDS"
 ((MD_ONLY)) && RAW=0
 
 bench_build peregrine-engine peregrine-cli peregrine-bench peregrine-fuse peregrine-il \
@@ -315,24 +320,26 @@ run_md() {
     --sizes "$MD_SIZES" --layout "$MD_LAYOUT" --json-out "$WORK/$name.json" \
     >"$WORK/$name.out" 2>"$WORK/$name.err" || { cat "$WORK/$name.err" >&2; die "mdtest ($name) failed"; }
 }
-run_md mdtest "$MNT"
-if ((HAVE_IL)); then
-  run_md mdtest-il "$MNT" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
-  grep "peregrine-il.*path_creates=[1-9]" "$WORK/mdtest-il.err" | tail -n "$PROCS" ||
-    die "the library served no creates of mdtest: $(grep peregrine-il "$WORK/mdtest-il.err" | tail -n 3)"
-fi
 mkdir -p "$WORK/local-md"
-run_md mdtest-local "$WORK/local-md"
+for ((r = 1; r <= MD_ROUNDS; r++)); do
+  run_md "mdtest-r$r" "$MNT"
+  if ((HAVE_IL)); then
+    run_md "mdtest-il-r$r" "$MNT" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
+    grep "peregrine-il.*path_creates=[1-9]" "$WORK/mdtest-il-r$r.err" | tail -n "$PROCS" ||
+      die "the library served no creates of mdtest: $(grep peregrine-il "$WORK/mdtest-il-r$r.err" | tail -n 3)"
+  fi
+  run_md "mdtest-local-r$r" "$WORK/local-md"
+done
 LOCAL_FS=$(stat -f -c %T "$WORK/local-md")
 unmount
 engines_stop
 
 # ---- the table and the JSON ----
 mkdir -p "$RESULTS"
-python3 - "$WORK" "$RESULTS/posix.json" "$SIZE" "$SECS" "$ROUNDS" "$LOCAL_FS" "$MD_ONLY" <<'PY'
+python3 - "$WORK" "$RESULTS/posix.json" "$SIZE" "$SECS" "$ROUNDS" "$LOCAL_FS" "$MD_ONLY" "$MD_ROUNDS" <<'PY'
 import json, os, statistics, sys
-work, out, size, secs, rounds, local_fs, md_only = sys.argv[1:8]
-rounds = int(rounds)
+work, out, size, secs, rounds, local_fs, md_only, md_rounds = sys.argv[1:9]
+rounds, md_rounds = int(rounds), int(md_rounds)
 
 
 def load(name):
@@ -487,31 +494,47 @@ print("CPU s per round of seq write + read (median): " + ", ".join(
     for k in ["a", "b", "c"]))
 
 # mdtest: one row per phase and path (mount, mount through the library, local
-# directory), one column per (size, layout); the library's share of local.
-mds = {"mount": load("mdtest"), "mount + il": load("mdtest-il"), f"local {local_fs}": load("mdtest-local")}
-md = mds["mount"]
-if md:
+# directory), one column per (size, layout): the median over the rounds and, over
+# several, the range; the library's share of the local rate (of the medians).
+def load_rounds(name):
+    docs = [load(f"{name}-r{r}") for r in range(1, md_rounds + 1)]
+    return [d for d in docs if d]
+
+
+mds = {"mount": load_rounds("mdtest"), "mount + il": load_rounds("mdtest-il"),
+       f"local {local_fs}": load_rounds("mdtest-local")}
+if mds["mount"]:
+    md = mds["mount"][0]
     result["mdtest"] = {k: v for k, v in mds.items() if v}
     print(f"\nmdtest: {md.get('procs', 1)} processes x {md['threads']} threads x "
-          f"{md['items_per_thread']} files, ops/s; il/local = the library's share of the local rate")
+          f"{md['items_per_thread']} files, ops/s, median of {md_rounds} round(s)"
+          + (" [min-max]" if md_rounds > 1 else "")
+          + "; il/local = the library's share of the local rate")
     runs = []
     for x in md["results"]:
         k = (x["size"], x["layout"])
         if k not in runs:
             runs.append(k)
     names = [("empty" if s == 0 else f"{s}B") + " " + l for s, l in runs]
-    print(f"{'phase':<8} {'path':<14}" + "".join(f" {n:>14}" for n in names))
+    width = 24 if md_rounds > 1 else 14
+    print(f"{'phase':<8} {'path':<14}" + "".join(f" {n:>{width}}" for n in names))
+
+    def cell(xs):
+        m = statistics.median(xs)
+        return f"{m:.0f}" + (f" [{min(xs):.0f}-{max(xs):.0f}]" if len(xs) > 1 else "")
+
     for ph in ["create", "stat", "read", "delete"]:
-        vals = {}
-        for path, doc in mds.items():
-            if not doc:
+        medians = {}
+        for path, docs in mds.items():
+            if not docs:
                 continue
-            vals[path] = {(x["size"], x["layout"]): x["ops_per_sec"] for x in doc["results"]
-                          if x["phase"] == ph}
-            print(f"{ph:<8} {path:<14}" + "".join(f" {vals[path][k]:>14.0f}" for k in runs))
-        il, loc = vals.get("mount + il"), vals.get(f"local {local_fs}")
+            per = {k: [x["ops_per_sec"] for d in docs for x in d["results"]
+                       if x["phase"] == ph and (x["size"], x["layout"]) == k] for k in runs}
+            medians[path] = {k: statistics.median(v) for k, v in per.items()}
+            print(f"{ph:<8} {path:<14}" + "".join(f" {cell(per[k]):>{width}}" for k in runs))
+        il, loc = medians.get("mount + il"), medians.get(f"local {local_fs}")
         if il and loc:
-            print(f"{ph:<8} {'il/local':<14}" + "".join(f" {il[k] / loc[k]:>14.2f}" for k in runs))
+            print(f"{ph:<8} {'il/local':<14}" + "".join(f" {il[k] / loc[k]:>{width}.2f}" for k in runs))
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")
