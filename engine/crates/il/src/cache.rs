@@ -8,7 +8,9 @@
 //! attributes. An entry holds a copy of its object's attributes (a
 //! directory's times, a file's mode and mtime), so a change of the entry
 //! ([`entry_changed`]) also makes the cached entry stale until it is read
-//! again.
+//! again; but not for a walk through a directory or a removal, which use
+//! only what such a change leaves alone ([`dent_identity`]): creating many
+//! files in one directory does not look the directory up again each time.
 //! `PEREGRINE_IL_CACHE_MS=0` turns the cache off.
 
 use peregrine::ObjectId;
@@ -63,10 +65,24 @@ fn fresh(at: Instant) -> bool {
 
 /// The cached entry `name` of directory `parent` in mount `dev`.
 pub(crate) fn dent(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Node> {
+    cached_dent(dev, parent, name, true)
+}
+
+/// As [`dent`], also when its object's times or size changed here since it
+/// was cached ([`entry_changed`]): for a caller that needs only what such a
+/// change leaves alone (the object, its type, owner and mode), such as a
+/// walk through a directory this process just created a file in, or a
+/// removal, which checks the entry again in the store.
+pub(crate) fn dent_identity(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Node> {
+    cached_dent(dev, parent, name, false)
+}
+
+fn cached_dent(dev: u64, parent: ObjectId, name: &[u8], times: bool) -> Option<Node> {
     let g = DENTS.lock();
     let g = g.as_ref()?;
     let (d, n, at) = g.map.get(&(parent, name.to_vec()))?;
-    (*d == dev && fresh(*at) && !g.stale.contains(&n.oid())).then(|| n.clone())
+    let current = !times || !g.stale.contains(&n.oid());
+    (*d == dev && fresh(*at) && current).then(|| n.clone())
 }
 
 pub(crate) fn put_dent(dev: u64, n: &Node) {

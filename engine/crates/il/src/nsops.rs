@@ -27,7 +27,7 @@ use crate::cache;
 use crate::report::{meta_enabled, Busy, C};
 use crate::stat::{answer, ino_of};
 use crate::table::{guarded, FDS, MAPPED};
-use crate::walk::{locate, lookup, posix, w, walk_parent, Cred, Loc, W};
+use crate::walk::{locate, lookup, lookup_identity, posix, w, walk_parent, Cred, Loc, W};
 use libc::{c_char, c_int, c_uint};
 use peregrine::sync::Mutex;
 use peregrine::{Error, ObjectId};
@@ -262,7 +262,8 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
             return W::Fall;
         }
         let dir = at.dir();
-        let Some(n) = w!(lookup(&loc.ns, dir, name)) else {
+        // The store checks the entry again as it removes it.
+        let Some(n) = w!(lookup_identity(&loc.ns, dir, name)) else {
             return W::Err(libc::ENOENT);
         };
         if !may_remove(&cred, dir, Some(&n)) || loc.ns.read_only() || !born_here(&n) {

@@ -136,6 +136,20 @@ pub(crate) fn lookup(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
     if let Some(n) = cache::dent(ns.key(), dir.oid(), name) {
         return W::Ok(Some(n));
     }
+    lookup_in_store(ns, dir, name)
+}
+
+/// As [`lookup`], for a caller that uses only the node's identity, type,
+/// owner and mode ([`cache::dent_identity`]): a directory on the way, or
+/// a name about to be removed.
+pub(crate) fn lookup_identity(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
+    if let Some(n) = cache::dent_identity(ns.key(), dir.oid(), name) {
+        return W::Ok(Some(n));
+    }
+    lookup_in_store(ns, dir, name)
+}
+
+fn lookup_in_store(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
     match ns.dfs.lookup(dir, name) {
         Ok(n) => {
             cache::put_dent(ns.key(), &n);
@@ -289,7 +303,9 @@ fn step(ns: &Ns, chain: &mut Vec<Node>, c: &[u8], cred: &Cred) -> W<()> {
             if !cred.may(&dir.entry, 1) {
                 return W::Fall;
             }
-            match w!(lookup(ns, dir, c)) {
+            // Only the directory's identity and mode matter on the way:
+            // its times moving here (a create in it) needs no new lookup.
+            match w!(lookup_identity(ns, dir, c)) {
                 None => W::Err(libc::ENOENT),
                 Some(n) if n.is_dir() => {
                     chain.push(n);
@@ -302,12 +318,26 @@ fn step(ns: &Ns, chain: &mut Vec<Node>, c: &[u8], cred: &Cred) -> W<()> {
     }
 }
 
+/// The walk's last directory with its times and all as the cache has
+/// them (the walk took it whatever its times: [`lookup_identity`]); the
+/// kernel's if its name now names another object.
+fn current(ns: &Ns, at: &At) -> W<Node> {
+    let n = at.dir();
+    let [.., parent, _] = at.chain.as_slice() else {
+        return W::Ok(n.clone()); // the mount's root: root() is current
+    };
+    match w!(lookup(ns, parent, &n.name)) {
+        Some(x) if x.oid() == n.oid() => W::Ok(x),
+        _ => W::Fall,
+    }
+}
+
 /// Resolve a whole path to its node: (the walk, the node). A symlink at
 /// the end is the node itself when `follow` is false, else the kernel's.
 pub(crate) fn resolve(loc: &Loc, follow: bool, cred: &Cred) -> W<(At, Node)> {
     let at = w!(walk_parent(&loc.ns, &loc.comps, cred));
     let node = match &at.name {
-        None => at.dir().clone(),
+        None => w!(current(&loc.ns, &at)),
         Some(name) => match w!(lookup(&loc.ns, at.dir(), name)) {
             None => return W::Err(libc::ENOENT),
             Some(n) => n,
