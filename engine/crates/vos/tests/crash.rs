@@ -189,7 +189,6 @@ fn crash_after_kill_keeps_acknowledged_updates_on_a_host_that_cannot_reserve_blo
 /// in `host`, the storage opened with `wal` in the child and in the
 /// checks. Returns how the storage wrote its WAL.
 fn crash_rounds(host: &std::path::Path, wal: WalIo, rounds: u64) -> WalIo {
-    let dir = tempfile::tempdir().unwrap();
     let path = host.join("crash.img");
     let opts = StorageOptions {
         wal_io: wal,
@@ -213,7 +212,7 @@ fn crash_rounds(host: &std::path::Path, wal: WalIo, rounds: u64) -> WalIo {
             .env("VOS_CRASH_ROUND", round.to_string())
             .env("VOS_CRASH_WAL", wal_name(wal))
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.path().join("child.err")).unwrap())
+            .stderr(std::fs::File::create(host.join("child.err")).unwrap())
             .spawn()
             .unwrap();
         let out = child.stdout.take().unwrap();
@@ -229,7 +228,7 @@ fn crash_rounds(host: &std::path::Path, wal: WalIo, rounds: u64) -> WalIo {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
-                let err = std::fs::read_to_string(dir.path().join("child.err")).unwrap_or_default();
+                let err = std::fs::read_to_string(host.join("child.err")).unwrap_or_default();
                 panic!("round {round}: child never got READY: {lines:?}\n{err}");
             };
             let ready = l.ends_with("READY"); // the harness may prefix "test crash_child ... "
