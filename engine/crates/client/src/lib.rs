@@ -66,6 +66,7 @@ pub use mgmt::Mgmt;
 pub use object::{Object, ObjectAt};
 pub use peregrine_proto::{ObjectClass, ObjectId, EPOCH_LATEST};
 pub use pool::Pool;
+pub use read::{FetchedWithEnd, FETCH_WITH_END_MAX};
 pub use tls::Security;
 pub use transaction::{Expect, Transaction};
 pub use transport::{

@@ -204,6 +204,9 @@ pub(crate) struct Fetched {
     pub(crate) placed: bool,
     /// The newest epoch of the versions it was read from (0: none).
     pub(crate) epoch: u64,
+    /// ARRAY: the highest byte written + 1 as this fetch saw it; SINGLE:
+    /// the value's size.
+    pub(crate) size: u64,
 }
 
 /// An open object. Cheap to clone.
@@ -493,6 +496,17 @@ impl Object {
     /// Size of ARRAY `akey`: highest byte written + 1 (0 if absent).
     pub fn array_size(&self, dkey: &[u8], akey: &[u8]) -> Result<u64> {
         self.at(EPOCH_LATEST).array_size(dkey, akey)
+    }
+    /// [`ObjectAt::fetch_array_with_end`] at the latest epoch.
+    pub fn fetch_array_with_end(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<Option<crate::FetchedWithEnd>> {
+        self.at(EPOCH_LATEST)
+            .fetch_array_with_end(dkey, akey, offset, buf)
     }
     /// The last dkey whose `akey` has a non-zero size, and that size.
     pub fn last_sized(&self, akey: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {

@@ -3,11 +3,13 @@
 //! replica with fallback, or reconstructed for erasure-coded objects.
 
 use crate::error::{fmt_key, Error, Result};
+use crate::object::call_to;
 use crate::object::{
     check_keys, check_range, combine, par_map, size_akey, Fetched, Object, ObjectAt,
     EC_BATCH_STRIPES, EC_SIZE_PREFIX, LIST_BATCH, MAX_IO,
 };
 use crate::placement::{self, Group, PoolMap, ShardLoc};
+use crate::transport::Call;
 use peregrine_isal::crc32c;
 use peregrine_proto::data::{
     response::Body, FetchReq, Iod, LastQuery, ListReq, QuerySizeReq, QuerySizeResp, ValueKind,
@@ -15,6 +17,7 @@ use peregrine_proto::data::{
 use peregrine_proto::frame::Opcode;
 use peregrine_proto::oclass::EC_CELL_SIZE;
 use peregrine_proto::CSUM_ERRNO;
+use prost::Message;
 use std::collections::BTreeSet;
 
 /// The iod of `len` bytes of ARRAY `akey` at `offset`.
@@ -26,6 +29,24 @@ pub(crate) fn array_iod(akey: &[u8], offset: u64, len: u64) -> Iod {
         len,
         ..Default::default()
     }
+}
+
+/// The largest extent [`ObjectAt::fetch_array_with_end`] fetches: its
+/// reply carries every byte asked for, zeros past the end of the array,
+/// and past this size moving them costs more than the round trip saved.
+pub const FETCH_WITH_END_MAX: usize = 64 << 10;
+
+/// What [`ObjectAt::fetch_array_with_end`] found besides the extent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedWithEnd {
+    /// [`ObjectAt::last_sized`]: the last dkey whose akey has a non-zero
+    /// size, and that size.
+    pub last: Option<(Vec<u8>, u64)>,
+    /// The fetched dkey's array size as the fetch saw it (0: nothing
+    /// there). The two requests are answered apart: a write between them
+    /// can be in `last` and not in the extent, which only bytes below
+    /// `seen` surely hold.
+    pub seen: u64,
 }
 
 /// One shard's answer to a query of its last sized dkey.
@@ -283,6 +304,96 @@ impl ObjectAt<'_> {
         }
     }
 
+    /// [`ObjectAt::fetch_array_into`] of one extent of `dkey` (at most
+    /// [`FETCH_WITH_END_MAX`] bytes) and [`ObjectAt::last_sized`] of
+    /// `akey`, their requests sent together: a file's first read, which
+    /// must learn where the file ends, waits for one round trip instead of
+    /// two. `Ok(None)` when they could not be answered together (an
+    /// erasure-coded object, a larger extent, a shard the map refuses, any
+    /// failure, a shard whose scan stopped at its bound): the caller asks
+    /// one after the other, which handles all of these.
+    pub fn fetch_array_with_end(
+        &self,
+        dkey: &[u8],
+        akey: &[u8],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<Option<FetchedWithEnd>> {
+        check_keys(dkey, Some(akey))?;
+        check_range(offset, buf.len())?;
+        let o = self.obj;
+        if o.rs.is_some() || buf.len() > FETCH_WITH_END_MAX {
+            return Ok(None);
+        }
+        o.with_map_for_read(|map| {
+            let g = o.group(map, dkey)?;
+            let firsts: Vec<ShardLoc> = o
+                .layout(map)?
+                .iter()
+                .filter_map(|g| {
+                    o.read_order(map, g, &g.group.to_le_bytes())
+                        .first()
+                        .copied()
+                })
+                .collect();
+            let Some(&at) = o.read_order(map, &g, dkey).first() else {
+                return Ok(None);
+            };
+            let callable = |loc: &ShardLoc, op| o.check_callable(map, loc, op).is_ok();
+            if !callable(&at, Opcode::Fetch)
+                || !firsts.iter().all(|l| callable(l, Opcode::QuerySize))
+            {
+                return Ok(None);
+            }
+            let iod = array_iod(akey, offset, buf.len() as u64);
+            let fetch = o.fetch_req(map, &at, self.epoch, dkey, vec![iod]);
+            let fetch = fetch.encode_to_vec();
+            let queries: Vec<Vec<u8>> = firsts
+                .iter()
+                .map(|loc| self.last_req(map, loc, akey, Vec::new()).encode_to_vec())
+                .collect();
+            let fetch_call = call_to(map, &at, Opcode::Fetch, &fetch);
+            let query_calls: Vec<Call> = firsts
+                .iter()
+                .zip(&queries)
+                .map(|(loc, m)| call_to(map, loc, Opcode::QuerySize, m))
+                .collect();
+            let tr = o.cont.pool().client().transport();
+            let fetch_started = tr.start(&fetch_call);
+            let queries_started: Vec<_> = query_calls.iter().map(|c| tr.start(c)).collect();
+            let fetched = tr.finish(fetch_started, &fetch_call, Some(&mut *buf));
+            let answers: Vec<_> = queries_started
+                .into_iter()
+                .zip(&query_calls)
+                .map(|(s, c)| tr.finish(s, c, None))
+                .collect();
+            let fetched = o
+                .decoded(map, &at, fetched)
+                .and_then(|(body, reply)| o.fetched(map, &at, 1, body, reply, Some(&mut *buf)));
+            let Ok(Some(v)) = fetched.map(|mut v| v.pop()) else {
+                return Ok(None);
+            };
+            let seen = if v.status == 0 { v.size } else { 0 };
+            if o.extent_into(map, &at, akey, v, buf).is_err() {
+                return Ok(None);
+            }
+            let mut last: Option<(Vec<u8>, u64)> = None;
+            for (loc, answer) in firsts.iter().zip(answers) {
+                let answer = o.decoded(map, loc, answer).map(|(b, _)| b);
+                match self.last_answer(map, loc, answer) {
+                    Ok(LastStep::Found(d, s)) => {
+                        if last.as_ref().is_none_or(|(b, _)| d > *b) {
+                            last = Some((d, s));
+                        }
+                    }
+                    Ok(LastStep::Nothing) => {}
+                    Ok(LastStep::Below(_)) | Err(_) => return Ok(None),
+                }
+            }
+            Ok(Some(FetchedWithEnd { last, seen }))
+        })
+    }
+
     /// All dkeys, sorted and de-duplicated over the object's groups.
     pub fn list_dkeys(&self) -> Result<Vec<Vec<u8>>> {
         let o = self.obj;
@@ -467,6 +578,7 @@ impl Object {
                 data,
                 placed,
                 epoch: v.epoch,
+                size: v.size,
             });
         }
         Ok(fetched)

@@ -123,6 +123,14 @@ impl File {
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
         let mut size = self.cached_size();
         if off + buf.len() as u64 > size {
+            // A read from the end this handle knows (the last read of a
+            // read-to-EOF loop, a follower of a growing file) asks the
+            // size alone: most find nothing more to fetch.
+            if off < size || size == 0 {
+                if let Some(n) = self.read_learning_size(off, buf)? {
+                    return Ok(n);
+                }
+            }
             size = self.size()?;
         }
         if off >= size {
@@ -161,6 +169,41 @@ impl File {
             .collect::<Result<()>>()?;
         }
         Ok(n)
+    }
+
+    /// A read past the size this handle knows, within one chunk: the
+    /// chunk's extent and the file's end asked together (one round trip,
+    /// not [`File::size`] then the fetch). `None` if they were not
+    /// answered together, or if the fetch did not see as far as the end it
+    /// would return (a write landed between the two answers: its bytes
+    /// would read as zeros): the caller then reads knowing the size.
+    fn read_learning_size(&self, off: u64, buf: &mut [u8]) -> Result<Option<usize>> {
+        let (idx, within) = (off / self.chunk, off % self.chunk);
+        if buf.is_empty() || within + buf.len() as u64 > self.chunk {
+            return Ok(None);
+        }
+        let Some(got) = self
+            .obj
+            .fetch_array_with_end(&chunk_dkey(idx), DATA_AKEY, within, buf)?
+        else {
+            return Ok(None);
+        };
+        let size = match got.last {
+            None => 0,
+            Some((d, s)) => match chunk_index(&d) {
+                Some(last) => last * self.chunk + s,
+                None => return Ok(None),
+            },
+        };
+        self.cached.store(size, Ordering::Relaxed);
+        let end = size.min(off + buf.len() as u64);
+        if end <= off {
+            return Ok(Some(0));
+        }
+        if idx * self.chunk + got.seen < end {
+            return Ok(None);
+        }
+        Ok(Some((end - off) as usize))
     }
 
     /// Write `data` at `off`; returns bytes written (all of them).
