@@ -24,9 +24,16 @@ use peregrine::sync::Mutex;
 /// More entries than this: start over (a cache, not a copy of the namespace).
 const MAX_ENTRIES: usize = 65536;
 
+/// A directory's cached entries: name -> (mount, node, when cached).
+type DirDents = HashMap<Vec<u8>, (u64, Node, Instant)>;
+
 #[derive(Default)]
 struct Dents {
-    map: HashMap<(ObjectId, Vec<u8>), (u64, Node, Instant)>,
+    /// By parent directory first, so that a lookup borrows the name it is
+    /// asked.
+    map: HashMap<ObjectId, DirDents>,
+    /// Entries in `map`.
+    len: usize,
     /// Objects whose attributes changed here since their entry was cached.
     stale: HashSet<ObjectId>,
 }
@@ -80,7 +87,7 @@ pub(crate) fn dent_identity(dev: u64, parent: ObjectId, name: &[u8]) -> Option<N
 fn cached_dent(dev: u64, parent: ObjectId, name: &[u8], times: bool) -> Option<Node> {
     let g = DENTS.lock();
     let g = g.as_ref()?;
-    let (d, n, at) = g.map.get(&(parent, name.to_vec()))?;
+    let (d, n, at) = g.map.get(&parent)?.get(name)?;
     let current = !times || !g.stale.contains(&n.oid());
     (*d == dev && fresh(*at) && current).then(|| n.clone())
 }
@@ -91,17 +98,31 @@ pub(crate) fn put_dent(dev: u64, n: &Node) {
     }
     let mut g = DENTS.lock();
     let g = g.get_or_insert_with(Dents::default);
-    if g.map.len() >= MAX_ENTRIES {
+    if g.len >= MAX_ENTRIES {
         g.map.clear();
+        g.len = 0;
     }
     g.stale.remove(&n.oid());
-    g.map
-        .insert((n.parent, n.name.clone()), (dev, n.clone(), Instant::now()));
+    let dir = g.map.entry(n.parent).or_default();
+    if dir
+        .insert(n.name.clone(), (dev, n.clone(), Instant::now()))
+        .is_none()
+    {
+        g.len += 1;
+    }
 }
 
 pub(crate) fn drop_dent(parent: ObjectId, name: &[u8]) {
     if let Some(g) = DENTS.lock().as_mut() {
-        g.map.remove(&(parent, name.to_vec()));
+        let Some(dir) = g.map.get_mut(&parent) else {
+            return;
+        };
+        if dir.remove(name).is_some() {
+            g.len -= 1;
+        }
+        if dir.is_empty() {
+            g.map.remove(&parent);
+        }
     }
 }
 
@@ -139,6 +160,7 @@ pub(crate) fn entry_changed(oid: ObjectId) {
     if let Some(g) = DENTS.lock().as_mut() {
         if g.stale.len() >= MAX_ENTRIES {
             g.map.clear();
+            g.len = 0;
             g.stale.clear();
         }
         if !g.map.is_empty() {
@@ -152,6 +174,7 @@ pub(crate) fn entry_changed(oid: ObjectId) {
 pub(crate) fn clear() {
     if let Some(g) = DENTS.lock().as_mut() {
         g.map.clear();
+        g.len = 0;
         g.stale.clear();
     }
     if let Some(m) = ATTRS.lock().as_mut() {

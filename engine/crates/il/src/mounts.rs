@@ -221,20 +221,21 @@ impl Mounts {
     }
 }
 
-/// The Peregrine mount an absolute path leads to, and its components
-/// below the mount point; None if the path's mount (the longest mount
-/// point that is a prefix of it, the latest such mount) is not a
-/// Peregrine mount. Lexical: a path through a symlink into a mount is not
-/// recognised (the caller then uses the kernel path, which is right).
-pub(crate) fn mount_of(abs: &[u8]) -> Option<(Mnt, Vec<Vec<u8>>)> {
-    let path = comps(abs);
+/// The Peregrine mount an absolute path leads to, the path's components,
+/// and how many of them the mount point takes; None if the path's mount
+/// (the longest mount point that is a prefix of it, the latest such
+/// mount) is not a Peregrine mount. Lexical: a path through a symlink
+/// into a mount is not recognised (the caller then uses the kernel path,
+/// which is right).
+pub(crate) fn mount_of(abs: &[u8]) -> Option<(Mnt, Vec<Vec<u8>>, usize)> {
     let mut m = MOUNTS.lock();
     m.fresh();
     if m.peregrine.is_empty() {
         return None;
     }
+    let path = comps(abs);
     let (mnt, at) = pick(&m.points, &path)?;
-    Some((mnt, path[at..].to_vec()))
+    Some((mnt, path, at))
 }
 
 /// The Peregrine mount with device `dev`.

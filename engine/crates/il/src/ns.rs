@@ -114,8 +114,9 @@ pub(crate) fn by_dev(dev: (u32, u32)) -> Option<Arc<Ns>> {
     }
 }
 
-/// The namespace of mount `m` (None: serve it on the kernel path).
-pub(crate) fn get(m: &Mnt, mount_point: &[u8]) -> Option<Arc<Ns>> {
+/// The namespace of mount `m` (None: serve it on the kernel path);
+/// `mount_point` is asked only the first time.
+pub(crate) fn get(m: &Mnt, mount_point: impl FnOnce() -> Vec<u8>) -> Option<Arc<Ns>> {
     let mut t = NSS.lock();
     let i = match t.iter().position(|(d, _)| *d == m.dev) {
         Some(i) => i,
@@ -134,7 +135,7 @@ pub(crate) fn get(m: &Mnt, mount_point: &[u8]) -> Option<Arc<Ns>> {
             if *at > Instant::now() {
                 return None;
             }
-            match scan(mount_point) {
+            match scan(&mount_point()) {
                 Some(h) => h,
                 None => {
                     t[i].1 = Slot::Unknown(Instant::now() + SCAN_AGAIN);

@@ -7,10 +7,11 @@
 //! may still allow it) makes the caller use the kernel path: [`W::Fall`].
 
 use crate::cache;
-use crate::mounts::{comps, mount_of};
+use crate::mounts::mount_of;
 use crate::ns::{self, Ns};
 use libc::{c_char, c_int};
 use peregrine_dfs::{Entry, Node};
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 /// What a step of a path call came to.
@@ -97,18 +98,17 @@ pub(crate) unsafe fn locate(dirfd: c_int, path: *const c_char) -> Option<Loc> {
     } else {
         return None;
     };
-    let (mnt, rest) = mount_of(&abs)?;
+    let (mnt, mut comps, at) = mount_of(&abs)?;
     if let Some(uid) = mnt.only {
         if libc::geteuid() != uid {
             return None;
         }
     }
-    let all = comps(&abs);
-    let point = all[..all.len() - rest.len()].concat_path();
-    let ns = ns::get(&mnt, &point)?;
+    let ns = ns::get(&mnt, || comps[..at].concat_path())?;
+    comps.drain(..at);
     Some(Loc {
         ns,
-        comps: rest,
+        comps,
         slash: p.ends_with(b"/"),
     })
 }
@@ -188,37 +188,44 @@ fn root(ns: &Ns) -> W<Node> {
 /// fsgid, as the kernel uses), or the real ones (access(2)).
 pub(crate) struct Cred {
     uid: u32,
-    gid: u32,
+    /// Asked of the kernel when a check or a create first needs it: most
+    /// calls walk directories their caller owns (one system call less).
+    gid: OnceCell<u32>,
+    real: bool,
 }
 
 impl Cred {
     pub(crate) fn effective() -> Cred {
-        // SAFETY: id queries.
-        unsafe {
-            Cred {
-                uid: libc::geteuid(),
-                gid: libc::getegid(),
-            }
+        Cred {
+            // SAFETY: an id query.
+            uid: unsafe { libc::geteuid() },
+            gid: OnceCell::new(),
+            real: false,
         }
     }
     pub(crate) fn real() -> Cred {
-        // SAFETY: id queries.
-        unsafe {
-            Cred {
-                uid: libc::getuid(),
-                gid: libc::getgid(),
-            }
+        Cred {
+            // SAFETY: an id query.
+            uid: unsafe { libc::getuid() },
+            gid: OnceCell::new(),
+            real: true,
         }
     }
     pub(crate) fn uid(&self) -> u32 {
         self.uid
     }
     pub(crate) fn gid(&self) -> u32 {
-        self.gid
+        // SAFETY: id queries.
+        *self.gid.get_or_init(|| unsafe {
+            match self.real {
+                true => libc::getgid(),
+                false => libc::getegid(),
+            }
+        })
     }
 
     fn in_group(&self, g: u32) -> bool {
-        if g == self.gid {
+        if g == self.gid() {
             return true;
         }
         let mut v = [0 as libc::gid_t; 256];
