@@ -358,3 +358,50 @@ pub(crate) fn resolve(loc: &Loc, follow: bool, cred: &Cred) -> W<(At, Node)> {
     }
     W::Ok((at, node))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peregrine::ObjectId;
+
+    fn entry(uid: u32, gid: u32, mode: u32) -> Entry {
+        Entry {
+            mode: libc::S_IFDIR | mode,
+            uid,
+            gid,
+            atime: 0,
+            mtime: 0,
+            ctime: 0,
+            oid: ObjectId { hi: 1, lo: 2 },
+            chunk_size: 0,
+            size_hint: 0,
+            child_class: 0,
+            target: Vec::new(),
+            moving: None,
+            from: None,
+            rdev: 0,
+            linked: false,
+            subdirs_counted: false,
+        }
+    }
+
+    #[test]
+    fn credentials_check_owner_group_and_others_bits() {
+        // SAFETY: id queries.
+        let (euid, egid, gid) = unsafe { (libc::geteuid(), libc::getegid(), libc::getgid()) };
+        let c = Cred::effective();
+        assert_eq!((c.uid(), c.gid()), (euid, egid));
+        assert_eq!(Cred::real().gid(), gid);
+        let other = euid.wrapping_add(1);
+        let not_ours = (0..).find(|g| *g != egid && !c.in_group(*g)).unwrap();
+        // The owner's bits, whatever the group's and others' say.
+        assert!(Cred::effective().may(&entry(euid, not_ours, 0o500), 5));
+        assert!(!Cred::effective().may(&entry(euid, egid, 0o077), 1));
+        // Another owner: the group's bits when the group is ours (asked of
+        // the kernel only then), else the others'.
+        assert!(Cred::effective().may(&entry(other, egid, 0o070), 7));
+        assert!(!Cred::effective().may(&entry(other, egid, 0o707), 1));
+        assert!(Cred::effective().may(&entry(other, not_ours, 0o001), 1));
+        assert!(!Cred::effective().may(&entry(other, not_ours, 0o770), 1));
+    }
+}
