@@ -69,6 +69,22 @@ fn a_first_read_learns_the_size_with_its_extent() {
         assert_eq!(f.cached_size(), 200 << 10);
     }
 
+    // More than the first read's guess, across chunks: the rest is read
+    // knowing the size.
+    let mut large = vec![0u8; 100 << 10];
+    for off in [0, 3000, chunk - 100] {
+        let f = fs.open(&n).unwrap();
+        assert_eq!(f.read_at(off, &mut large).unwrap(), large.len(), "at {off}");
+        assert_eq!(&large[..], &big[off as usize..off as usize + large.len()]);
+    }
+    let f = fs.open(&n).unwrap();
+    let tail_off = (200 << 10) - 5000;
+    assert_eq!(f.read_at(tail_off, &mut large).unwrap(), 5000);
+    assert_eq!(&large[..5000], &big[tail_off as usize..]);
+    let f = fs.open(&file_with(&fs, b"small2", 0, &small)).unwrap();
+    assert_eq!(f.read_at(0, &mut large).unwrap(), 3901);
+    assert_eq!(&large[..3901], &small[..]);
+
     // A hole where the read is, data in a later chunk: the fetch saw no
     // bytes below the end, so the read asks again knowing the size.
     let tail = pattern(1000, 3);
