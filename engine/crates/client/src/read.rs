@@ -3,9 +3,8 @@
 //! replica with fallback, or reconstructed for erasure-coded objects.
 
 use crate::error::{fmt_key, Error, Result};
-use crate::object::call_to;
 use crate::object::{
-    check_keys, check_range, combine, par_map, size_akey, Fetched, Object, ObjectAt,
+    call_to, check_keys, check_range, combine, par_map, size_akey, Fetched, Object, ObjectAt,
     EC_BATCH_STRIPES, EC_SIZE_PREFIX, LIST_BATCH, MAX_IO,
 };
 use crate::placement::{self, Group, PoolMap, ShardLoc};
@@ -31,9 +30,9 @@ pub(crate) fn array_iod(akey: &[u8], offset: u64, len: u64) -> Iod {
     }
 }
 
-/// The largest extent [`ObjectAt::fetch_array_with_end`] fetches: its
-/// reply carries every byte asked for, zeros past the end of the array,
-/// and past this size moving them costs more than the round trip saved.
+/// The largest extent [`ObjectAt::fetch_array_with_end`] fetches. Its
+/// reply carries every byte asked for, zeros past the end of the array:
+/// a larger read is better asked after the end is known.
 pub const FETCH_WITH_END_MAX: usize = 64 << 10;
 
 /// What [`ObjectAt::fetch_array_with_end`] found besides the extent.
