@@ -48,6 +48,13 @@ pub struct FetchedWithEnd {
     pub seen: u64,
 }
 
+/// Keep in `best` the later dkey (in key order) of it and `d`, with its size.
+fn keep_later(best: &mut Option<(Vec<u8>, u64)>, d: Vec<u8>, s: u64) {
+    if best.as_ref().is_none_or(|(b, _)| d > *b) {
+        *best = Some((d, s));
+    }
+}
+
 /// One shard's answer to a query of its last sized dkey.
 enum LastStep {
     Found(Vec<u8>, u64),
@@ -191,11 +198,7 @@ impl ObjectAt<'_> {
             false => akey.to_vec(),
         };
         o.with_map_for_read(|map| {
-            let groups = o.layout(map)?;
-            let orders: Vec<Vec<ShardLoc>> = groups
-                .iter()
-                .map(|g| o.read_order(map, g, &g.group.to_le_bytes()))
-                .collect();
+            let orders = self.group_orders(map)?;
             let firsts: Vec<(ShardLoc, QuerySizeReq)> = orders
                 .iter()
                 .filter_map(|order| order.first())
@@ -221,13 +224,21 @@ impl ObjectAt<'_> {
                     })?,
                 };
                 if let Some((d, s)) = found {
-                    if best.as_ref().is_none_or(|(b, _)| d > *b) {
-                        best = Some((d, s));
-                    }
+                    keep_later(&mut best, d, s);
                 }
             }
             Ok(best)
         })
+    }
+
+    /// Each group's shards in the order a query of the group's last sized
+    /// dkey tries them.
+    fn group_orders(&self, map: &PoolMap) -> Result<Vec<Vec<ShardLoc>>> {
+        let o = self.obj;
+        Ok(o.layout(map)?
+            .iter()
+            .map(|g| o.read_order(map, g, &g.group.to_le_bytes()))
+            .collect())
     }
 
     fn last_req(
@@ -326,14 +337,10 @@ impl ObjectAt<'_> {
         }
         o.with_map_for_read(|map| {
             let g = o.group(map, dkey)?;
-            let firsts: Vec<ShardLoc> = o
-                .layout(map)?
+            let firsts: Vec<ShardLoc> = self
+                .group_orders(map)?
                 .iter()
-                .filter_map(|g| {
-                    o.read_order(map, g, &g.group.to_le_bytes())
-                        .first()
-                        .copied()
-                })
+                .filter_map(|order| order.first().copied())
                 .collect();
             let Some(&at) = o.read_order(map, &g, dkey).first() else {
                 return Ok(None);
@@ -380,11 +387,7 @@ impl ObjectAt<'_> {
             for (loc, answer) in firsts.iter().zip(answers) {
                 let answer = o.decoded(map, loc, answer).map(|(b, _)| b);
                 match self.last_answer(map, loc, answer) {
-                    Ok(LastStep::Found(d, s)) => {
-                        if last.as_ref().is_none_or(|(b, _)| d > *b) {
-                            last = Some((d, s));
-                        }
-                    }
+                    Ok(LastStep::Found(d, s)) => keep_later(&mut last, d, s),
                     Ok(LastStep::Nothing) => {}
                     Ok(LastStep::Below(_)) | Err(_) => return Ok(None),
                 }
