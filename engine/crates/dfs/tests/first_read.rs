@@ -140,3 +140,58 @@ fn a_first_read_racing_appends_returns_only_written_bytes() {
         }
     });
 }
+
+/// A replicated file written while one of its engines is down, then read
+/// by first reads (fresh handles, which ask the end with the bytes)
+/// during the outage and after the engine returned: every read is whole.
+#[test]
+fn first_reads_while_a_replica_is_down_and_after_it_returns() {
+    use peregrine_proto::mgmt::ContCreateReq;
+    let mut c = Cluster::start(ClusterSpec {
+        engines: 3,
+        targets: 1,
+        device_mib: 256,
+        scm_mib: 64,
+    });
+    c.format();
+    c.create_pool(384, "RP_3G1", "crc32c");
+    let mut mg = c.mgmt();
+    c.rt.block_on(mg.cont_create(ContCreateReq {
+        pool: "pool".into(),
+        label: "rp".into(),
+        oclass: "RP_3G1".into(),
+        dir_oclass: "RP_3G1".into(),
+        chunk_size: 64 << 10,
+        ..Default::default()
+    }))
+    .unwrap();
+    let fs = mount(&c, "rp", false);
+    let data = pattern(150 << 10, 5);
+    let n = file_with(&fs, b"f", 0, &data[..3901]);
+    let check = |fs: &Dfs, n: &Node, len: usize, when: &str| {
+        let mut buf = vec![0u8; 8192];
+        for off in [0usize, 3000, len - 100] {
+            let f = fs.open(n).unwrap();
+            let want = (len - off).min(buf.len());
+            assert_eq!(
+                f.read_at(off as u64, &mut buf).unwrap(),
+                want,
+                "{when}, at {off}"
+            );
+            assert_eq!(&buf[..want], &data[off..off + want], "{when}, at {off}");
+        }
+    };
+    c.engines[2].kill9();
+    // During the outage: the file grows into later chunks, and is read.
+    fs.open(&n).unwrap().write_at(3901, &data[3901..]).unwrap();
+    check(&fs, &n, data.len(), "during the outage");
+    c.restart(2);
+    check(&fs, &n, data.len(), "after the return");
+    let again = mount(&c, "rp", false);
+    check(
+        &again,
+        &again.lookup(&again.root(), b"f").unwrap(),
+        data.len(),
+        "a new mount",
+    );
+}
