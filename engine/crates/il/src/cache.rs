@@ -15,9 +15,10 @@
 
 use peregrine::ObjectId;
 use peregrine_dfs::{Node, Stat};
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use peregrine::sync::Mutex;
 
@@ -25,7 +26,7 @@ use peregrine::sync::Mutex;
 const MAX_ENTRIES: usize = 65536;
 
 /// A directory's cached entries: name -> (mount, node, when cached).
-type DirDents = HashMap<Vec<u8>, (u64, Node, Instant)>;
+type DirDents = HashMap<Vec<u8>, (u64, Arc<Node>, u64)>;
 
 #[derive(Default)]
 struct Dents {
@@ -37,7 +38,7 @@ struct Dents {
     /// Objects whose attributes changed here since their entry was cached.
     stale: HashSet<ObjectId>,
 }
-type Attrs = HashMap<ObjectId, (u64, Stat, Instant)>;
+type Attrs = HashMap<ObjectId, (u64, Stat, u64)>;
 
 static DENTS: Mutex<Option<Dents>> = Mutex::new(None);
 static ATTRS: Mutex<Option<Attrs>> = Mutex::new(None);
@@ -66,12 +67,49 @@ pub(crate) fn ttl() -> Duration {
     Duration::from_millis(t - 1)
 }
 
-fn fresh(at: Instant) -> bool {
-    at.elapsed() < ttl()
+/// CLOCK_MONOTONIC_COARSE in nanoseconds: read without the hardware
+/// counter (a stat asks the cache several times), at most a tick behind.
+fn coarse_now() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into our timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The coarse clock's tick in nanoseconds + 1 (0: not read yet).
+static TICK: AtomicU64 = AtomicU64::new(0);
+
+fn tick() -> u64 {
+    let mut t = TICK.load(Ordering::Relaxed);
+    if t == 0 {
+        let mut r = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_getres into our timespec.
+        let ok = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut r) } == 0;
+        // Unknown: a tick of 10 ms (HZ=100, the coarsest).
+        let ns = match ok {
+            true => r.tv_sec as u64 * 1_000_000_000 + r.tv_nsec as u64,
+            false => 10_000_000,
+        };
+        t = ns + 1;
+        TICK.store(t, Ordering::Relaxed);
+    }
+    t - 1
+}
+
+/// Cached at coarse time `at`, and certainly less than the TTL ago: each
+/// reading of the coarse clock may be up to a tick behind the true time.
+fn fresh(at: u64) -> bool {
+    coarse_now().saturating_sub(at) + tick() < ttl().as_nanos() as u64
 }
 
 /// The cached entry `name` of directory `parent` in mount `dev`.
-pub(crate) fn dent(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Node> {
+pub(crate) fn dent(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Arc<Node>> {
     cached_dent(dev, parent, name, true)
 }
 
@@ -80,11 +118,11 @@ pub(crate) fn dent(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Node> {
 /// change leaves alone (the object, its type, owner and mode), such as a
 /// walk through a directory this process just created a file in, or a
 /// removal, which checks the entry again in the store.
-pub(crate) fn dent_identity(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Node> {
+pub(crate) fn dent_identity(dev: u64, parent: ObjectId, name: &[u8]) -> Option<Arc<Node>> {
     cached_dent(dev, parent, name, false)
 }
 
-fn cached_dent(dev: u64, parent: ObjectId, name: &[u8], times: bool) -> Option<Node> {
+fn cached_dent(dev: u64, parent: ObjectId, name: &[u8], times: bool) -> Option<Arc<Node>> {
     let g = DENTS.lock();
     let g = g.as_ref()?;
     let (d, n, at) = g.map.get(&parent)?.get(name)?;
@@ -92,10 +130,11 @@ fn cached_dent(dev: u64, parent: ObjectId, name: &[u8], times: bool) -> Option<N
     (*d == dev && fresh(*at) && current).then(|| n.clone())
 }
 
-pub(crate) fn put_dent(dev: u64, n: &Node) {
+pub(crate) fn put_dent(dev: u64, n: impl Into<Arc<Node>>) {
     if ttl().is_zero() {
         return;
     }
+    let n = n.into();
     let mut g = DENTS.lock();
     let g = g.get_or_insert_with(Dents::default);
     if g.len >= MAX_ENTRIES {
@@ -104,10 +143,7 @@ pub(crate) fn put_dent(dev: u64, n: &Node) {
     }
     g.stale.remove(&n.oid());
     let dir = g.map.entry(n.parent).or_default();
-    if dir
-        .insert(n.name.clone(), (dev, n.clone(), Instant::now()))
-        .is_none()
-    {
+    if dir.insert(n.name.clone(), (dev, n, coarse_now())).is_none() {
         g.len += 1;
     }
 }
@@ -138,11 +174,11 @@ pub(crate) fn put_attr(dev: u64, st: &Stat) {
         return;
     }
     let mut g = ATTRS.lock();
-    let m = g.get_or_insert_with(HashMap::new);
+    let m = g.get_or_insert_with(HashMap::default);
     if m.len() >= MAX_ENTRIES {
         m.clear();
     }
-    m.insert(st.oid, (dev, st.clone(), Instant::now()));
+    m.insert(st.oid, (dev, st.clone(), coarse_now()));
 }
 
 /// Forget the attributes of `oid` (in any mount): its data changed here

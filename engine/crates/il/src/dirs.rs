@@ -15,7 +15,7 @@ use crate::ns::Ns;
 use crate::report::{count, meta_enabled, Busy, C};
 use crate::stat::ino_of;
 use crate::table::guarded;
-use crate::walk::{locate, resolve, Cred, W};
+use crate::walk::{locate, resolve, W};
 use libc::{c_char, c_int, c_long, dirent64, DIR};
 use peregrine::sync::Mutex;
 use peregrine_dfs::{DirHandle, Node};
@@ -78,11 +78,11 @@ unsafe fn adopt(d: *mut DIR, path: *const c_char) {
         let Some(loc) = locate(libc::AT_FDCWD, path) else {
             return;
         };
-        let W::Ok((_, node)) = resolve(&loc, true, &Cred::effective()) else {
+        let W::Ok((_, node)) = resolve(&loc, true, &loc.cred()) else {
             return;
         };
         let ns: &Ns = &loc.ns;
-        let ino = ino_of(node.oid(), ns.root_oid);
+        let ino = ino_of(node.oid(), ns.root.oid());
         let mut st: libc::stat = std::mem::zeroed();
         // A rename between the kernel's open and the walk: not this one.
         if crate::real::sys_fstat(libc::dirfd(d), &mut st) != 0 || st.st_ino != ino {
@@ -91,12 +91,12 @@ unsafe fn adopt(d: *mut DIR, path: *const c_char) {
         let parent = if ino == 1 {
             1
         } else {
-            ino_of(node.parent, ns.root_oid)
+            ino_of(node.parent, ns.root.oid())
         };
         let l = Listing {
             dev: ns.mnt.dev,
             dots: [ino, parent],
-            dir: node,
+            dir: std::sync::Arc::unwrap_or_clone(node),
             handle: None,
             ahead: Vec::new(),
             ahead_from: 0,
@@ -123,10 +123,10 @@ fn fill(l: &mut Listing, after: u64) -> Result<(), c_int> {
     l.ahead = batch
         .into_iter()
         .map(|(cookie, name, node)| {
-            crate::cache::put_dent(ns.key(), &node);
+            crate::cache::put_dent(ns.key(), node.clone());
             Dent {
                 off: cookie + DOTS,
-                ino: ino_of(node.oid(), ns.root_oid),
+                ino: ino_of(node.oid(), ns.root.oid()),
                 kind: dtype(node.entry.mode),
                 name,
             }

@@ -3,11 +3,19 @@
 //!
 //! The table is reread when the kernel says the mount table changed: an
 //! fd on /proc/self/mountinfo polls `POLLPRI` after every mount or unmount
-//! in the namespace (one `poll` with a zero timeout per path-based call).
+//! in the namespace. That poll waits in an io_uring of the process's own,
+//! so a path call sees whether it completed with a read of the ring's
+//! memory, no system call. Where io_uring is refused (a seccomp profile,
+//! `kernel.io_uring_disabled`), each path call polls with a zero timeout.
+//! The completion is posted before the process next returns from the
+//! kernel (task work), so a change another process made before it told
+//! this one (a pipe, a signal, a wait) is seen by the call after that.
 
 use crate::real::{r_close, r_open, r_read};
+use io_uring::{opcode, types, IoUring};
 use libc::{c_int, c_void};
 use peregrine::sync::Mutex;
+use std::ops::Range;
 
 /// One `fuse.peregrine` mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,8 +47,19 @@ pub(crate) struct Mounts {
     loaded: bool,
     /// Every mount point (for path-based calls), in mountinfo order.
     points: Vec<Point>,
-    /// The fd polled for changes (-1: none yet).
-    watch: c_int,
+    watch: Watch,
+}
+
+/// How the table learns of changes.
+enum Watch {
+    None,
+    /// The /proc/self/mountinfo fd polled (zero timeout) per path call.
+    Poll(c_int),
+    /// That fd's poll armed in `ring`; a completion means a change.
+    Ring {
+        fd: c_int,
+        ring: Box<IoUring>,
+    },
 }
 
 pub(crate) static MOUNTS: Mutex<Mounts> = Mutex::new(Mounts {
@@ -48,7 +67,7 @@ pub(crate) static MOUNTS: Mutex<Mounts> = Mutex::new(Mounts {
     other: Vec::new(),
     loaded: false,
     points: Vec::new(),
-    watch: -1,
+    watch: Watch::None,
 });
 
 /// /proc/self/mountinfo through the real open/read/close.
@@ -100,11 +119,61 @@ fn unescape(s: &[u8]) -> Vec<u8> {
 }
 
 /// The components of a path ("" and "/" have none).
-pub(crate) fn comps(p: &[u8]) -> Vec<Vec<u8>> {
+fn comps(p: &[u8]) -> Vec<Vec<u8>> {
     p.split(|&c| c == b'/')
         .filter(|c| !c.is_empty())
         .map(|c| c.to_vec())
         .collect()
+}
+
+/// An absolute path and where its components are in it: split once, with
+/// no copy of each (a path call is a few hundred nanoseconds).
+pub(crate) struct AbsPath {
+    bytes: Vec<u8>,
+    comps: Vec<Range<usize>>,
+}
+
+impl AbsPath {
+    pub(crate) fn new(bytes: Vec<u8>) -> AbsPath {
+        let mut comps = Vec::with_capacity(8);
+        let mut start = 0;
+        for (i, &c) in bytes.iter().chain(std::iter::once(&b'/')).enumerate() {
+            if c == b'/' {
+                if i > start {
+                    comps.push(start..i);
+                }
+                start = i + 1;
+            }
+        }
+        AbsPath { bytes, comps }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// How many components it has.
+    pub(crate) fn len(&self) -> usize {
+        self.comps.len()
+    }
+
+    /// Component `i`.
+    pub(crate) fn comp(&self, i: usize) -> &[u8] {
+        &self.bytes[self.comps[i].clone()]
+    }
+
+    /// The path of its first `n` components, `/` before each.
+    pub(crate) fn prefix(&self, n: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        for i in 0..n {
+            v.push(b'/');
+            v.extend_from_slice(self.comp(i));
+        }
+        if v.is_empty() {
+            v.push(b'/');
+        }
+        v
+    }
 }
 
 /// `user_id` of a FUSE mount's super options unless `allow_other`.
@@ -163,62 +232,133 @@ impl Mounts {
 
     /// Reread the table if the kernel reports a change (or on first use).
     fn fresh(&mut self) {
-        if self.watch < 0 {
-            // SAFETY: real open of a proc file, moved out of the way of
-            // the program's low descriptors.
-            unsafe {
-                let fd = r_open()(
-                    c"/proc/self/mountinfo".as_ptr(),
-                    libc::O_RDONLY | libc::O_CLOEXEC,
-                    0,
-                );
-                if fd >= 0 {
-                    let hi = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 800);
-                    if hi >= 0 {
-                        r_close()(fd);
-                        self.watch = hi;
-                    } else {
-                        self.watch = fd;
+        match &mut self.watch {
+            Watch::None => {
+                self.watch = watch();
+                self.reload();
+            }
+            Watch::Ring { fd, ring } => {
+                let cq = ring.completion();
+                if cq.is_empty() {
+                    return;
+                }
+                cq.for_each(drop);
+                // Armed again before the reread: a change during it is
+                // seen by the next call.
+                if arm(ring, *fd).is_err() {
+                    // Our ring's fd closed by the program (closefrom), its
+                    // number maybe reused: left alone, not closed.
+                    let fd = *fd;
+                    if let Watch::Ring { ring, .. } =
+                        std::mem::replace(&mut self.watch, Watch::Poll(fd))
+                    {
+                        std::mem::forget(ring);
                     }
-                    // Consume the initial "changed" state.
-                    let mut p = libc::pollfd {
-                        fd: self.watch,
-                        events: libc::POLLPRI,
-                        revents: 0,
-                    };
-                    libc::poll(&mut p, 1, 0);
+                }
+                self.reload();
+            }
+            Watch::Poll(fd) => {
+                let mut p = libc::pollfd {
+                    fd: *fd,
+                    events: libc::POLLPRI,
+                    revents: 0,
+                };
+                // SAFETY: poll of one pollfd with no wait.
+                let n = unsafe { libc::poll(&mut p, 1, 0) };
+                if n != 0 || !self.loaded {
+                    if p.revents & libc::POLLNVAL != 0 {
+                        // Closed by the program (closefrom): watch again.
+                        self.watch = Watch::None;
+                        return self.fresh();
+                    }
+                    self.reload();
                 }
             }
-            self.reload();
-            return;
-        }
-        let mut p = libc::pollfd {
-            fd: self.watch,
-            events: libc::POLLPRI,
-            revents: 0,
-        };
-        // SAFETY: poll of one pollfd with no wait.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
-        if n != 0 || !self.loaded {
-            if p.revents & libc::POLLNVAL != 0 {
-                // Closed by the program (closefrom): watch again.
-                self.watch = -1;
-                return self.fresh();
-            }
-            self.reload();
         }
     }
 
     /// After fork: the child shares the parent's watch descriptor, whose
-    /// change state is per open file; it gets its own.
+    /// change state is per open file, and the parent's ring; it gets its own.
     pub(crate) fn forget_watch(&mut self) {
-        if self.watch >= 0 {
-            // SAFETY: our own descriptor.
-            unsafe { r_close()(self.watch) };
+        match std::mem::replace(&mut self.watch, Watch::None) {
+            Watch::None => {}
+            // Dropping the ring unmaps the child's copy of it and closes
+            // the child's fd: the parent's is untouched.
+            Watch::Poll(fd) | Watch::Ring { fd, .. } => {
+                // SAFETY: our own descriptor.
+                unsafe { r_close()(fd) };
+            }
         }
-        self.watch = -1;
         self.loaded = false;
     }
+}
+
+/// `fd` moved out of the way of the program's low descriptors (which
+/// programs pick, or close in a range), close-on-exec.
+fn high(fd: c_int) -> c_int {
+    // SAFETY: fcntl and close of a descriptor of ours.
+    unsafe {
+        let hi = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 800);
+        if hi < 0 {
+            return fd;
+        }
+        r_close()(fd);
+        hi
+    }
+}
+
+/// A new watch of /proc/self/mountinfo, its current state taken as seen.
+fn watch() -> Watch {
+    // SAFETY: real open of a proc file; poll of it with no wait.
+    let fd = unsafe {
+        r_open()(
+            c"/proc/self/mountinfo".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Watch::None;
+    }
+    let fd = high(fd);
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    // SAFETY: as above.
+    unsafe { libc::poll(&mut p, 1, 0) };
+    match ring_for(fd) {
+        Some(ring) => Watch::Ring { fd, ring },
+        None => Watch::Poll(fd),
+    }
+}
+
+/// A two-entry io_uring (fd moved high) with `fd`'s POLLPRI armed in it.
+fn ring_for(fd: c_int) -> Option<Box<IoUring>> {
+    let ring = IoUring::new(2).ok()?;
+    let params = ring.params().clone();
+    let rfd = high(dup_of(&ring)?);
+    drop(ring);
+    // SAFETY: `rfd` is our own duplicate of that ring's fd, with its params.
+    let mut ring = Box::new(unsafe { IoUring::from_fd(rfd, params) }.ok()?);
+    arm(&mut ring, fd).ok()?;
+    Some(ring)
+}
+
+fn dup_of(ring: &IoUring) -> Option<c_int> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup of the ring's fd, which is open.
+    let d = unsafe { libc::fcntl(ring.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    (d >= 0).then_some(d)
+}
+
+/// Arm a one-shot poll of `fd` for POLLPRI (a mount table change).
+fn arm(ring: &mut IoUring, fd: c_int) -> std::io::Result<()> {
+    let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLPRI as u32).build();
+    // SAFETY: the entry refers to no memory of ours.
+    unsafe { ring.submission().push(&e) }.map_err(|_| std::io::Error::other("full"))?;
+    ring.submit().map(drop)
 }
 
 /// The Peregrine mount an absolute path leads to, the path's components,
@@ -227,15 +367,13 @@ impl Mounts {
 /// mount) is not a Peregrine mount. Lexical: a path through a symlink
 /// into a mount is not recognised (the caller then uses the kernel path,
 /// which is right).
-pub(crate) fn mount_of(abs: &[u8]) -> Option<(Mnt, Vec<Vec<u8>>, usize)> {
+pub(crate) fn mount_of(path: &AbsPath) -> Option<(Mnt, usize)> {
     let mut m = MOUNTS.lock();
     m.fresh();
     if m.peregrine.is_empty() {
         return None;
     }
-    let path = comps(abs);
-    let (mnt, at) = pick(&m.points, &path)?;
-    Some((mnt, path, at))
+    pick(&m.points, path)
 }
 
 /// The Peregrine mount with device `dev`.
@@ -251,11 +389,14 @@ pub(crate) fn by_dev(dev: (u32, u32)) -> Option<Mnt> {
 /// The mount of `path` (components): the longest mount point that is a
 /// prefix of it, the latest of equal ones (mounted on top); with the
 /// number of components the mount point takes, if it is a Peregrine mount.
-fn pick(points: &[Point], path: &[Vec<u8>]) -> Option<(Mnt, usize)> {
+fn pick(points: &[Point], path: &AbsPath) -> Option<(Mnt, usize)> {
     let mut best: Option<&Point> = None;
     for p in points {
         if p.comps.len() <= path.len()
-            && p.comps[..] == path[..p.comps.len()]
+            && p.comps
+                .iter()
+                .enumerate()
+                .all(|(i, c)| c[..] == *path.comp(i))
             && best.is_none_or(|b| p.comps.len() >= b.comps.len())
         {
             best = Some(p);
@@ -317,7 +458,7 @@ mod tests {
         );
         assert_eq!(only_user(b"rw,user_id=1000,group_id=1000"), Some(1000));
         assert_eq!(unescape(b"a\\134b\\011"), b"a\\b\t");
-        let at = |x: &[u8]| pick(&p, &comps(x)).map(|(m, n)| (m.dev, n));
+        let at = |x: &[u8]| pick(&p, &AbsPath::new(x.to_vec())).map(|(m, n)| (m.dev, n));
         assert_eq!(at(b"/mnt/a b/x/y"), Some(((0, 77), 2)));
         assert_eq!(at(b"/mnt/a b"), Some(((0, 77), 2)));
         // A tmpfs mounted inside the Peregrine mount shadows it.
@@ -325,5 +466,16 @@ mod tests {
         assert_eq!(at(b"/mnt/c/y"), None);
         assert_eq!(at(b"/etc"), None);
         assert_eq!(at(b"//mnt//d/"), Some(((0, 80), 2)));
+    }
+
+    #[test]
+    fn a_path_splits_into_its_components() {
+        let p = AbsPath::new(b"//mnt/a b//c/".to_vec());
+        let c: Vec<&[u8]> = (0..p.len()).map(|i| p.comp(i)).collect();
+        assert_eq!(c, [&b"mnt"[..], b"a b", b"c"]);
+        assert_eq!(p.prefix(2), b"/mnt/a b");
+        assert_eq!(p.prefix(0), b"/");
+        assert_eq!(AbsPath::new(b"/".to_vec()).len(), 0);
+        assert_eq!(AbsPath::new(b"/x".to_vec()).comp(0), b"x");
     }
 }

@@ -18,8 +18,7 @@ use crate::report::note_failure;
 use crate::table::{container, err_of};
 use libc::{c_int, c_void};
 use peregrine::sync::Mutex;
-use peregrine::ObjectId;
-use peregrine_dfs::Dfs;
+use peregrine_dfs::{Dfs, Node};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,8 +31,9 @@ pub(crate) struct Ns {
     pub(crate) mnt: Mnt,
     pub(crate) dfs: Dfs,
     pub(crate) h: Handle,
-    /// The container's root directory object (inode 1).
-    pub(crate) root_oid: ObjectId,
+    /// The container's root directory (inode 1); its parent and name key
+    /// its entry in the cache.
+    pub(crate) root: Node,
 }
 
 impl Ns {
@@ -164,7 +164,7 @@ fn mount(m: &Mnt, h: Handle) -> Result<Ns, String> {
         .map_err(|e| format!("metadata: mount of the container: {e} ({})", err_of(&e)))?;
     Ok(Ns {
         mnt: m.clone(),
-        root_oid: dfs.root().oid(),
+        root: dfs.root(),
         dfs,
         h,
     })

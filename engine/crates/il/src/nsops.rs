@@ -160,7 +160,7 @@ fn changed_err(e: &Error) -> c_int {
 fn open_here(loc: &Loc, n: &Node) -> bool {
     let oid = n.oid();
     let (a, b) = loc.ns.mnt.dev;
-    let key = (a, b, ino_of(oid, loc.ns.root_oid));
+    let key = (a, b, ino_of(oid, loc.ns.root.oid()));
     if FDS.read().iter().flatten().any(|s| s.h.oid == oid) {
         crate::place::convert_key(key);
         return true;
@@ -228,8 +228,8 @@ pub(crate) fn after_kernel_change(r: c_int) -> c_int {
 
 unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_int> {
     serve(&[(d, p)], C::Mkdirs, |l| {
-        let (loc, cred) = (&l[0], Cred::effective());
-        let at = w!(walk_parent(&loc.ns, &loc.comps, &cred));
+        let (loc, cred) = (&l[0], l[0].cred());
+        let at = w!(walk_parent(loc, &cred));
         let (Some(name), Some(mask)) = (&at.name, current_umask()) else {
             return W::Fall;
         };
@@ -240,7 +240,7 @@ unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_i
         let mode = mode & 0o1777 & !mask;
         match loc.ns.dfs.mkdir(dir, name, mode, cred.uid(), cred.gid()) {
             Ok(n) => {
-                cache::put_dent(loc.ns.key(), &n);
+                cache::put_dent(loc.ns.key(), n.clone());
                 cache::entry_changed(dir.oid());
                 born(&n);
                 W::Ok(())
@@ -253,8 +253,8 @@ unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_i
 unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> {
     let c = if dir_too { C::Rmdirs } else { C::Unlinks };
     serve(&[(d, p)], c, |l| {
-        let (loc, cred) = (&l[0], Cred::effective());
-        let at = w!(walk_parent(&loc.ns, &loc.comps, &cred));
+        let (loc, cred) = (&l[0], l[0].cred());
+        let at = w!(walk_parent(loc, &cred));
         let Some(name) = &at.name else {
             return W::Fall;
         };
@@ -305,13 +305,13 @@ unsafe fn rename_at(
         return None;
     }
     serve(&[(od, op), (nd, np)], C::Renames, |l| {
-        let (from, to, cred) = (&l[0], &l[1], Cred::effective());
+        let (from, to, cred) = (&l[0], &l[1], l[0].cred());
         if !Arc::ptr_eq(&from.ns, &to.ns) || from.slash || to.slash {
             return W::Fall;
         }
         let ns = &from.ns;
-        let a = w!(walk_parent(ns, &from.comps, &cred));
-        let b = w!(walk_parent(ns, &to.comps, &cred));
+        let a = w!(walk_parent(from, &cred));
+        let b = w!(walk_parent(to, &cred));
         let (Some(sname), Some(dname)) = (&a.name, &b.name) else {
             return W::Fall;
         };

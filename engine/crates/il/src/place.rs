@@ -32,7 +32,7 @@ use crate::real::{ioctl_raw, r_fcntl, r_lseek, set_errno};
 use crate::report::{count, meta_enabled, note_failure, Busy, C};
 use crate::stat::ino_of;
 use crate::table::{err_of, guarded, insert, Shared, FDS, MAPPED};
-use crate::walk::{locate, lookup, posix, w, walk_parent, Cred, W};
+use crate::walk::{locate, lookup, posix, w, walk_parent, W};
 use libc::{c_char, c_int};
 use peregrine::sync::Mutex;
 use peregrine_dfs::{now_ns, File, Node, Stat, DIR_TIME_TICK_NS};
@@ -112,9 +112,9 @@ pub(crate) unsafe fn open_at(
     guarded(None, || {
         let loc = locate(dirfd, path)?;
         let ns = loc.ns.clone();
-        let r = (|| -> W<(Node, bool)> {
-            let cred = Cred::effective();
-            let at = w!(walk_parent(&ns, &loc.comps, &cred));
+        let r = (|| -> W<(Arc<Node>, bool)> {
+            let cred = loc.cred();
+            let at = w!(walk_parent(&loc, &cred));
             let Some(name) = &at.name else {
                 return W::Fall;
             };
@@ -141,7 +141,7 @@ pub(crate) unsafe fn open_at(
                     // must reach it through an fd of the kernel's (the
                     // daemon's invalidation), which a tracked kernel open
                     // has.
-                    let key = (ns.mnt.dev.0, ns.mnt.dev.1, ino_of(n.oid(), ns.root_oid));
+                    let key = (ns.mnt.dev.0, ns.mnt.dev.1, ino_of(n.oid(), ns.root.oid()));
                     if acc != libc::O_RDONLY
                         || !n.entry.is_file()
                         || !cred.may(&n.entry, 4)
@@ -168,7 +168,8 @@ pub(crate) unsafe fn open_at(
                     let mode = mode & 0o7777 & !mask;
                     match ns.dfs.create(dir, name, mode, cred.uid(), cred.gid(), true) {
                         Ok((n, _)) => {
-                            cache::put_dent(ns.key(), &n);
+                            let n = Arc::new(n);
+                            cache::put_dent(ns.key(), n.clone());
                             cache::entry_changed(dir.oid());
                             born(&n);
                             W::Ok((n, true))
@@ -204,19 +205,8 @@ pub(crate) unsafe fn open_at(
         );
         // Also an open whose data the library serves, as tracked ones.
         count(C::Opens, 1);
-        let mut abs = Vec::new();
-        let p = std::ffi::CStr::from_ptr(path).to_bytes();
-        if p[0] != b'/' {
-            // locate() made the same path from the cwd.
-            let mut b = vec![0u8; 4096];
-            let n = libc::syscall(libc::SYS_getcwd, b.as_mut_ptr(), b.len());
-            if n > 0 {
-                abs.extend_from_slice(&b[..n as usize - 1]);
-            }
-            abs.push(b'/');
-        }
-        abs.extend_from_slice(p);
-        Some(make(&ns, node, created, abs, flags))
+        let abs = loc.abs().to_vec();
+        Some(make(&ns, Arc::unwrap_or_clone(node), created, abs, flags))
     })
 }
 
@@ -252,7 +242,7 @@ fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_i
     let acc = flags & libc::O_ACCMODE;
     let s = Shared {
         h,
-        key: (ns.mnt.dev.0, ns.mnt.dev.1, ino_of(oid, ns.root_oid)),
+        key: (ns.mnt.dev.0, ns.mnt.dev.1, ino_of(oid, ns.root.oid())),
         acc,
         append: AtomicBool::new(flags & libc::O_APPEND != 0),
         dirty: AtomicBool::new(false),

@@ -75,7 +75,7 @@ unsafe fn fill(g: &Got, out: &Out) {
 
 /// Fill `out` with `st` as the kernel shows it through mount `ns`.
 pub(crate) unsafe fn fill_parts(ns: &crate::ns::Ns, st: &Stat, mount_root: bool, out: &Out) {
-    let ino = ino_of(st.oid, ns.root_oid);
+    let ino = ino_of(st.oid, ns.root.oid());
     let (dmaj, dmin) = ns.mnt.dev;
     let (a, m, c) = (split_ns(st.atime), split_ns(st.mtime), split_ns(st.ctime));
     match *out {
@@ -146,7 +146,7 @@ pub(crate) unsafe fn stat_at(
     guarded(None, || {
         let loc = locate(dirfd, path)?;
         let r = (|| {
-            let cred = Cred::effective();
+            let cred = loc.cred();
             let (at, node) = w!(resolve(&loc, follow, &cred));
             let st = w!(attrs(&loc.ns, &node, force));
             let mount_root = at.name.is_none() && at.chain.len() == 1;
@@ -199,7 +199,7 @@ pub(crate) unsafe fn access_at(
         let r = (|| {
             // access(2) checks with the real ids, AT_EACCESS the effective.
             let cred = if flags & libc::AT_EACCESS != 0 {
-                Cred::effective()
+                loc.cred()
             } else {
                 Cred::real()
             };

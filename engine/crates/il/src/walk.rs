@@ -7,7 +7,7 @@
 //! may still allow it) makes the caller use the kernel path: [`W::Fall`].
 
 use crate::cache;
-use crate::mounts::mount_of;
+use crate::mounts::{mount_of, AbsPath};
 use crate::ns::{self, Ns};
 use libc::{c_char, c_int};
 use peregrine_dfs::{Entry, Node};
@@ -61,10 +61,14 @@ pub(crate) fn posix(code: c_int) -> bool {
 /// A path in a Peregrine mount the library serves.
 pub(crate) struct Loc {
     pub(crate) ns: Arc<Ns>,
-    /// Components below the mount point.
-    pub(crate) comps: Vec<Vec<u8>>,
+    /// The absolute path (lexical: no symlink on it resolved).
+    path: AbsPath,
+    /// Its first component below the mount point.
+    below: usize,
     /// The path ends with `/`.
     pub(crate) slash: bool,
+    /// The caller's effective uid, asked once per call.
+    euid: u32,
 }
 
 fn cwd() -> Option<Vec<u8>> {
@@ -98,41 +102,41 @@ pub(crate) unsafe fn locate(dirfd: c_int, path: *const c_char) -> Option<Loc> {
     } else {
         return None;
     };
-    let (mnt, mut comps, at) = mount_of(&abs)?;
-    if let Some(uid) = mnt.only {
-        if libc::geteuid() != uid {
-            return None;
-        }
+    let path = AbsPath::new(abs);
+    let (mnt, below) = mount_of(&path)?;
+    let euid = libc::geteuid();
+    if mnt.only.is_some_and(|uid| uid != euid) {
+        return None;
     }
-    let ns = ns::get(&mnt, || comps[..at].concat_path())?;
-    comps.drain(..at);
+    let ns = ns::get(&mnt, || path.prefix(below))?;
     Some(Loc {
         ns,
-        comps,
+        path,
+        below,
         slash: p.ends_with(b"/"),
+        euid,
     })
 }
 
-trait ConcatPath {
-    fn concat_path(&self) -> Vec<u8>;
-}
+impl Loc {
+    /// The absolute path (from the cwd if it was relative).
+    pub(crate) fn abs(&self) -> &[u8] {
+        self.path.bytes()
+    }
 
-impl ConcatPath for [Vec<u8>] {
-    fn concat_path(&self) -> Vec<u8> {
-        let mut v = Vec::new();
-        for c in self {
-            v.push(b'/');
-            v.extend_from_slice(c);
+    /// The caller's effective identity (fsuid and fsgid, as the kernel
+    /// checks permissions).
+    pub(crate) fn cred(&self) -> Cred {
+        Cred {
+            uid: self.euid,
+            gid: OnceCell::new(),
+            real: false,
         }
-        if v.is_empty() {
-            v.push(b'/');
-        }
-        v
     }
 }
 
 /// The entry `name` of directory `dir` (None: no such entry).
-pub(crate) fn lookup(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
+pub(crate) fn lookup(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Arc<Node>>> {
     if let Some(n) = cache::dent(ns.key(), dir.oid(), name) {
         return W::Ok(Some(n));
     }
@@ -142,17 +146,18 @@ pub(crate) fn lookup(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
 /// As [`lookup`], for a caller that uses only the node's identity, type,
 /// owner and mode ([`cache::dent_identity`]): a directory on the way, or
 /// a name about to be removed.
-pub(crate) fn lookup_identity(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
+pub(crate) fn lookup_identity(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Arc<Node>>> {
     if let Some(n) = cache::dent_identity(ns.key(), dir.oid(), name) {
         return W::Ok(Some(n));
     }
     lookup_in_store(ns, dir, name)
 }
 
-fn lookup_in_store(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
+fn lookup_in_store(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Arc<Node>>> {
     match ns.dfs.lookup(dir, name) {
         Ok(n) => {
-            cache::put_dent(ns.key(), &n);
+            let n = Arc::new(n);
+            cache::put_dent(ns.key(), n.clone());
             W::Ok(Some(n))
         }
         Err(e) if -e.code == libc::ENOENT => W::Ok(None),
@@ -163,13 +168,14 @@ fn lookup_in_store(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Node>> {
 
 /// The mount's root directory (the container's root, or the subdirectory
 /// a bind mount shows), as fresh as the cache allows.
-fn root(ns: &Ns) -> W<Node> {
-    let r = ns.dfs.root();
+fn root(ns: &Ns) -> W<Arc<Node>> {
+    let r = &ns.root;
     let mut n = match cache::dent(ns.key(), r.parent, &r.name) {
         Some(n) => n,
-        None => match ns.dfs.refresh(&r) {
+        None => match ns.dfs.refresh(r) {
             Ok(n) => {
-                cache::put_dent(ns.key(), &n);
+                let n = Arc::new(n);
+                cache::put_dent(ns.key(), n.clone());
                 n
             }
             Err(_) => return W::Fall,
@@ -195,14 +201,6 @@ pub(crate) struct Cred {
 }
 
 impl Cred {
-    pub(crate) fn effective() -> Cred {
-        Cred {
-            // SAFETY: an id query.
-            uid: unsafe { libc::geteuid() },
-            gid: OnceCell::new(),
-            real: false,
-        }
-    }
     pub(crate) fn real() -> Cred {
         Cred {
             // SAFETY: an id query.
@@ -253,7 +251,7 @@ impl Cred {
 pub(crate) struct At {
     /// The directories from the mount root to the last one walked into
     /// (the parent of `name`, or the node itself when `name` is None).
-    pub(crate) chain: Vec<Node>,
+    pub(crate) chain: Vec<Arc<Node>>,
     /// The last component when it is a name (not `.` or `..`).
     pub(crate) name: Option<Vec<u8>>,
 }
@@ -264,17 +262,20 @@ impl At {
     }
 }
 
-/// Walk every component but the last, checking search permission on each
-/// directory walked into; the last is named, not looked up.
-pub(crate) fn walk_parent(ns: &Ns, comps: &[Vec<u8>], cred: &Cred) -> W<At> {
-    let mut chain = vec![w!(root(ns))];
-    let Some((last, dirs)) = comps.split_last() else {
+/// Walk every component of `loc` but the last, checking search permission
+/// on each directory walked into; the last is named, not looked up.
+pub(crate) fn walk_parent(loc: &Loc, cred: &Cred) -> W<At> {
+    let (ns, path) = (&*loc.ns, &loc.path);
+    let mut chain = Vec::with_capacity(path.len() - loc.below + 1);
+    chain.push(w!(root(ns)));
+    if path.len() == loc.below {
         return W::Ok(At { chain, name: None });
-    };
-    for c in dirs {
-        w!(step(ns, &mut chain, c, cred));
     }
-    match last.as_slice() {
+    let last = path.len() - 1;
+    for i in loc.below..last {
+        w!(step(ns, &mut chain, path.comp(i), cred));
+    }
+    match path.comp(last) {
         b"." => W::Ok(At { chain, name: None }),
         b".." => {
             if chain.len() < 2 {
@@ -283,19 +284,19 @@ pub(crate) fn walk_parent(ns: &Ns, comps: &[Vec<u8>], cred: &Cred) -> W<At> {
             chain.pop();
             W::Ok(At { chain, name: None })
         }
-        _ => {
+        name => {
             if !cred.may(&chain.last().unwrap().entry, 1) {
                 return W::Fall;
             }
             W::Ok(At {
                 chain,
-                name: Some(last.clone()),
+                name: Some(name.to_vec()),
             })
         }
     }
 }
 
-fn step(ns: &Ns, chain: &mut Vec<Node>, c: &[u8], cred: &Cred) -> W<()> {
+fn step(ns: &Ns, chain: &mut Vec<Arc<Node>>, c: &[u8], cred: &Cred) -> W<()> {
     match c {
         b"." => W::Ok(()),
         b".." => {
@@ -328,10 +329,10 @@ fn step(ns: &Ns, chain: &mut Vec<Node>, c: &[u8], cred: &Cred) -> W<()> {
 /// The walk's last directory with its times and all as the cache has
 /// them (the walk took it whatever its times: [`lookup_identity`]); the
 /// kernel's if its name now names another object.
-fn current(ns: &Ns, at: &At) -> W<Node> {
+fn current(ns: &Ns, at: &At) -> W<Arc<Node>> {
     let n = at.dir();
     let [.., parent, _] = at.chain.as_slice() else {
-        return W::Ok(n.clone()); // the mount's root: root() is current
+        return W::Ok(at.chain[0].clone()); // the mount's root: root() is current
     };
     match w!(lookup(ns, parent, &n.name)) {
         Some(x) if x.oid() == n.oid() => W::Ok(x),
@@ -341,8 +342,8 @@ fn current(ns: &Ns, at: &At) -> W<Node> {
 
 /// Resolve a whole path to its node: (the walk, the node). A symlink at
 /// the end is the node itself when `follow` is false, else the kernel's.
-pub(crate) fn resolve(loc: &Loc, follow: bool, cred: &Cred) -> W<(At, Node)> {
-    let at = w!(walk_parent(&loc.ns, &loc.comps, cred));
+pub(crate) fn resolve(loc: &Loc, follow: bool, cred: &Cred) -> W<(At, Arc<Node>)> {
+    let at = w!(walk_parent(loc, cred));
     let node = match &at.name {
         None => w!(current(&loc.ns, &at)),
         Some(name) => match w!(lookup(&loc.ns, at.dir(), name)) {
@@ -363,6 +364,15 @@ pub(crate) fn resolve(loc: &Loc, follow: bool, cred: &Cred) -> W<(At, Node)> {
 mod tests {
     use super::*;
     use peregrine::ObjectId;
+
+    fn effective() -> Cred {
+        Cred {
+            // SAFETY: an id query.
+            uid: unsafe { libc::geteuid() },
+            gid: OnceCell::new(),
+            real: false,
+        }
+    }
 
     fn entry(uid: u32, gid: u32, mode: u32) -> Entry {
         Entry {
@@ -389,19 +399,19 @@ mod tests {
     fn credentials_check_owner_group_and_others_bits() {
         // SAFETY: id queries.
         let (euid, egid, gid) = unsafe { (libc::geteuid(), libc::getegid(), libc::getgid()) };
-        let c = Cred::effective();
+        let c = effective();
         assert_eq!((c.uid(), c.gid()), (euid, egid));
         assert_eq!(Cred::real().gid(), gid);
         let other = euid.wrapping_add(1);
         let not_ours = (0..).find(|g| *g != egid && !c.in_group(*g)).unwrap();
         // The owner's bits, whatever the group's and others' say.
-        assert!(Cred::effective().may(&entry(euid, not_ours, 0o500), 5));
-        assert!(!Cred::effective().may(&entry(euid, egid, 0o077), 1));
+        assert!(effective().may(&entry(euid, not_ours, 0o500), 5));
+        assert!(!effective().may(&entry(euid, egid, 0o077), 1));
         // Another owner: the group's bits when the group is ours (asked of
         // the kernel only then), else the others'.
-        assert!(Cred::effective().may(&entry(other, egid, 0o070), 7));
-        assert!(!Cred::effective().may(&entry(other, egid, 0o707), 1));
-        assert!(Cred::effective().may(&entry(other, not_ours, 0o001), 1));
-        assert!(!Cred::effective().may(&entry(other, not_ours, 0o770), 1));
+        assert!(effective().may(&entry(other, egid, 0o070), 7));
+        assert!(!effective().may(&entry(other, egid, 0o707), 1));
+        assert!(effective().may(&entry(other, not_ours, 0o001), 1));
+        assert!(!effective().may(&entry(other, not_ours, 0o770), 1));
     }
 }

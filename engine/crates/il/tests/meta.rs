@@ -313,6 +313,76 @@ wait("mkdir", lambda: os.path.isdir("d/new"))
     assert!(r.path_stats >= 200, "served through the library: {r:?}");
 }
 
+/// A mount over the Peregrine mount, and its removal, change what a path
+/// names at once: the library rereads the mount table on the next call
+/// after the kernel's change (its watch of /proc/self/mountinfo), not
+/// within a bound, so a process told of the change by another finds the
+/// new file system. A tmpfs over the mount hides its file; after the
+/// unmount the library serves the path again.
+#[test]
+fn a_mount_over_the_mount_is_seen_by_the_next_call() {
+    if !fuse_ok() || !have("python3") {
+        eprintln!("SKIP: needs /dev/fuse and python3");
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    sh(&m.dir, "echo peregrine > f");
+    let probe = c.dir.path().join("probe");
+    fs::create_dir_all(&probe).unwrap();
+    if std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "peregrine-probe"])
+        .arg(&probe)
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        eprintln!("SKIP: mounting a tmpfs needs root");
+        return;
+    }
+    sh(c.dir.path(), "umount probe");
+    let py = r#"
+import os, sys
+for k in range(100):
+    os.stat("mnt/f")
+print("ready"); sys.stdout.flush()
+for line in sys.stdin:
+    print(os.path.exists("mnt/f"), os.path.exists("mnt/tmpfs-only")); sys.stdout.flush()
+"#;
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("python3")
+        .args(["-c", py])
+        .current_dir(c.dir.path())
+        .env("LD_PRELOAD", il_so())
+        .env("PEREGRINE_IL_REPORT", "1")
+        .env_remove("PEREGRINE_IL_METADATA")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let mut ask = |change: &str| -> String {
+        sh(c.dir.path(), change);
+        stdin.write_all(b"go\n").unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    };
+    let over = ask("mount -t tmpfs peregrine-test mnt && touch mnt/tmpfs-only");
+    let back = ask("umount mnt");
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    let r = parse_report(&String::from_utf8_lossy(&o.stderr));
+    assert_eq!(over, "False True", "with a tmpfs over the mount");
+    assert_eq!(back, "True False", "after its unmount");
+    assert!(r.path_stats >= 100, "served through the library: {r:?}");
+}
+
 /// Opens the library serves (files it creates, read-only opens) behind
 /// placeholder descriptors: read, write, dup, fstat, statx and fstatat
 /// with AT_EMPTY_PATH, F_GETFL, O_APPEND, fork (the offset shared with the
