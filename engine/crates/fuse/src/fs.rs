@@ -14,9 +14,9 @@ mod list;
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use peregrine::{Error, ObjectId};
@@ -544,10 +544,17 @@ impl Filesystem for PeregrineFs {
         self.reply_entry(&n, reply);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let n = tryr!(reply, self.node(ino));
+        // A file opened for reading has nothing to record at close (FLUSH
+        // records a write's mtime; locks are the kernel's own, this daemon
+        // has no lock calls): its close(2) need not wait for a FLUSH.
+        let noflush = match flags.acc_mode() {
+            OpenAccMode::O_RDONLY => FopenFlags::FOPEN_NOFLUSH,
+            _ => FopenFlags::empty(),
+        };
         let mut r = Some(reply);
-        let opened = |fh, fl| r.take().unwrap().opened(FileHandle(fh), fl);
+        let opened = |fh, fl| r.take().unwrap().opened(FileHandle(fh), fl | noflush);
         if let Err(e) = self.open_file(&n, None, opened) {
             if let Some(reply) = r {
                 reply.error(errno(&e));

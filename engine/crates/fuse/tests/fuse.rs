@@ -295,6 +295,53 @@ fn engine_down_gives_eio_not_a_hang() {
     m.stop();
 }
 
+/// close(2) of a file opened for reading does not wait for the daemon
+/// (FOPEN_NOFLUSH: nothing to record), while the close of a written file
+/// still does (its FLUSH records the write's mtime). Seen with the daemon
+/// stopped (SIGSTOP): the first close returns, the second waits for SIGCONT.
+#[test]
+fn only_closes_of_written_files_wait_for_the_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let c = cluster(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut m = Mount::start(&c, "cont", &tmp.path().join("m"), &[]);
+    fs::write(m.p("r"), b"read me").unwrap();
+    let mut reader = fs::File::open(m.p("r")).unwrap();
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut s).unwrap();
+    assert_eq!(s, "read me");
+    let mut writer = fs::OpenOptions::new().write(true).open(m.p("r")).unwrap();
+    std::io::Write::write_all(&mut writer, b"READ").unwrap();
+    let pid = m.child.as_ref().unwrap().id() as libc::pid_t;
+    // SAFETY: signals to our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let close_in_thread = |f: fs::File| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(f);
+            let _ = tx.send(());
+        });
+        rx
+    };
+    let read_closed = close_in_thread(reader).recv_timeout(Duration::from_secs(10));
+    let write_closed = close_in_thread(writer);
+    let waited = write_closed
+        .recv_timeout(Duration::from_millis(500))
+        .is_err();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(
+        read_closed.is_ok(),
+        "close of a read-only file waited for the stopped daemon"
+    );
+    assert!(waited, "close of a written file did not wait for its FLUSH");
+    write_closed.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(fs::read(m.p("r")).unwrap(), b"READ me");
+    m.stop();
+}
+
 // ------------------------------------------------ mount(8), fstab, users
 
 /// Running `peregrine-fuse` daemons whose arguments name `dir`.
