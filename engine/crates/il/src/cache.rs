@@ -11,7 +11,10 @@
 //! again; but not for a walk through a directory or a removal, which use
 //! only what such a change leaves alone ([`dent_identity`]): creating many
 //! files in one directory does not look the directory up again each time.
-//! `PEREGRINE_IL_CACHE_MS=0` turns the cache off.
+//! `PEREGRINE_IL_CACHE_MS=0` turns the cache off. Ages are read on the
+//! coarse monotonic clock (one kernel tick, 1-10 ms, at most behind) and
+//! an entry counts as fresh only while its age plus a tick is under the
+//! TTL: a TTL of a tick or less caches nothing.
 
 use peregrine::ObjectId;
 use peregrine_dfs::{Node, Stat};
