@@ -3,16 +3,11 @@
 //!
 //! The table is reread when the kernel says the mount table changed: an
 //! fd on /proc/self/mountinfo polls `POLLPRI` after every mount or unmount
-//! in the namespace. That poll waits in an io_uring of the process's own,
-//! so a path call sees whether it completed with a read of the ring's
-//! memory, no system call. Where io_uring is refused (a seccomp profile,
-//! `kernel.io_uring_disabled`), each path call polls with a zero timeout.
-//! The completion is posted before the process next returns from the
-//! kernel (task work), so a change another process made before it told
-//! this one (a pipe, a signal, a wait) is seen by the call after that.
+//! in the namespace (one `poll` with a zero timeout per path-based call).
+//! (Not a poll armed once in an io_uring, read without a system call: a
+//! poll armed by a thread that has since exited never completes.)
 
 use crate::real::{r_close, r_open, r_read};
-use io_uring::{opcode, types, IoUring};
 use libc::{c_int, c_void};
 use peregrine::sync::Mutex;
 use std::ops::Range;
@@ -47,19 +42,8 @@ pub(crate) struct Mounts {
     loaded: bool,
     /// Every mount point (for path-based calls), in mountinfo order.
     points: Vec<Point>,
-    watch: Watch,
-}
-
-/// How the table learns of changes.
-enum Watch {
-    None,
-    /// The /proc/self/mountinfo fd polled (zero timeout) per path call.
-    Poll(c_int),
-    /// That fd's poll armed in `ring`; a completion means a change.
-    Ring {
-        fd: c_int,
-        ring: Box<IoUring>,
-    },
+    /// The fd polled for changes (-1: none yet).
+    watch: c_int,
 }
 
 pub(crate) static MOUNTS: Mutex<Mounts> = Mutex::new(Mounts {
@@ -67,7 +51,7 @@ pub(crate) static MOUNTS: Mutex<Mounts> = Mutex::new(Mounts {
     other: Vec::new(),
     loaded: false,
     points: Vec::new(),
-    watch: Watch::None,
+    watch: -1,
 });
 
 /// /proc/self/mountinfo through the real open/read/close.
@@ -232,133 +216,69 @@ impl Mounts {
 
     /// Reread the table if the kernel reports a change (or on first use).
     fn fresh(&mut self) {
-        match &mut self.watch {
-            Watch::None => {
-                self.watch = watch();
-                self.reload();
+        if self.watch < 0 {
+            self.watch = watch();
+            self.reload();
+            return;
+        }
+        let mut p = libc::pollfd {
+            fd: self.watch,
+            events: libc::POLLPRI,
+            revents: 0,
+        };
+        // SAFETY: poll of one pollfd with no wait.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n != 0 || !self.loaded {
+            if p.revents & libc::POLLNVAL != 0 {
+                // Closed by the program (closefrom): watch again.
+                self.watch = -1;
+                return self.fresh();
             }
-            Watch::Ring { fd, ring } => {
-                let cq = ring.completion();
-                if cq.is_empty() {
-                    return;
-                }
-                cq.for_each(drop);
-                // Armed again before the reread: a change during it is
-                // seen by the next call.
-                if arm(ring, *fd).is_err() {
-                    // Our ring's fd closed by the program (closefrom), its
-                    // number maybe reused: left alone, not closed.
-                    let fd = *fd;
-                    if let Watch::Ring { ring, .. } =
-                        std::mem::replace(&mut self.watch, Watch::Poll(fd))
-                    {
-                        std::mem::forget(ring);
-                    }
-                }
-                self.reload();
-            }
-            Watch::Poll(fd) => {
-                let mut p = libc::pollfd {
-                    fd: *fd,
-                    events: libc::POLLPRI,
-                    revents: 0,
-                };
-                // SAFETY: poll of one pollfd with no wait.
-                let n = unsafe { libc::poll(&mut p, 1, 0) };
-                if n != 0 || !self.loaded {
-                    if p.revents & libc::POLLNVAL != 0 {
-                        // Closed by the program (closefrom): watch again.
-                        self.watch = Watch::None;
-                        return self.fresh();
-                    }
-                    self.reload();
-                }
-            }
+            self.reload();
         }
     }
 
     /// After fork: the child shares the parent's watch descriptor, whose
-    /// change state is per open file, and the parent's ring; it gets its own.
+    /// change state is per open file; it gets its own.
     pub(crate) fn forget_watch(&mut self) {
-        match std::mem::replace(&mut self.watch, Watch::None) {
-            Watch::None => {}
-            // Dropping the ring unmaps the child's copy of it and closes
-            // the child's fd: the parent's is untouched.
-            Watch::Poll(fd) | Watch::Ring { fd, .. } => {
-                // SAFETY: our own descriptor.
-                unsafe { r_close()(fd) };
-            }
+        if self.watch >= 0 {
+            // SAFETY: our own descriptor.
+            unsafe { r_close()(self.watch) };
         }
+        self.watch = -1;
         self.loaded = false;
     }
 }
 
-/// `fd` moved out of the way of the program's low descriptors (which
-/// programs pick, or close in a range), close-on-exec.
-fn high(fd: c_int) -> c_int {
-    // SAFETY: fcntl and close of a descriptor of ours.
+/// A new watch of /proc/self/mountinfo (-1: none), moved out of the way of
+/// the program's low descriptors, its current state taken as seen.
+fn watch() -> c_int {
+    // SAFETY: real open of a proc file, fcntl and close of our own
+    // descriptors, poll of it with no wait.
     unsafe {
-        let hi = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 800);
-        if hi < 0 {
-            return fd;
-        }
-        r_close()(fd);
-        hi
-    }
-}
-
-/// A new watch of /proc/self/mountinfo, its current state taken as seen.
-fn watch() -> Watch {
-    // SAFETY: real open of a proc file; poll of it with no wait.
-    let fd = unsafe {
-        r_open()(
+        let fd = r_open()(
             c"/proc/self/mountinfo".as_ptr(),
             libc::O_RDONLY | libc::O_CLOEXEC,
             0,
-        )
-    };
-    if fd < 0 {
-        return Watch::None;
+        );
+        if fd < 0 {
+            return -1;
+        }
+        let hi = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 800);
+        let fd = if hi >= 0 {
+            r_close()(fd);
+            hi
+        } else {
+            fd
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLPRI,
+            revents: 0,
+        };
+        libc::poll(&mut p, 1, 0);
+        fd
     }
-    let fd = high(fd);
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLPRI,
-        revents: 0,
-    };
-    // SAFETY: as above.
-    unsafe { libc::poll(&mut p, 1, 0) };
-    match ring_for(fd) {
-        Some(ring) => Watch::Ring { fd, ring },
-        None => Watch::Poll(fd),
-    }
-}
-
-/// A two-entry io_uring (fd moved high) with `fd`'s POLLPRI armed in it.
-fn ring_for(fd: c_int) -> Option<Box<IoUring>> {
-    let ring = IoUring::new(2).ok()?;
-    let params = ring.params().clone();
-    let rfd = high(dup_of(&ring)?);
-    drop(ring);
-    // SAFETY: `rfd` is our own duplicate of that ring's fd, with its params.
-    let mut ring = Box::new(unsafe { IoUring::from_fd(rfd, params) }.ok()?);
-    arm(&mut ring, fd).ok()?;
-    Some(ring)
-}
-
-fn dup_of(ring: &IoUring) -> Option<c_int> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: dup of the ring's fd, which is open.
-    let d = unsafe { libc::fcntl(ring.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-    (d >= 0).then_some(d)
-}
-
-/// Arm a one-shot poll of `fd` for POLLPRI (a mount table change).
-fn arm(ring: &mut IoUring, fd: c_int) -> std::io::Result<()> {
-    let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLPRI as u32).build();
-    // SAFETY: the entry refers to no memory of ours.
-    unsafe { ring.submission().push(&e) }.map_err(|_| std::io::Error::other("full"))?;
-    ring.submit().map(drop)
 }
 
 /// The Peregrine mount an absolute path leads to, the path's components,
