@@ -147,24 +147,11 @@ fn a_first_read_racing_appends_returns_only_written_bytes() {
 #[test]
 fn first_reads_while_a_replica_is_down_and_after_it_returns() {
     use peregrine_proto::mgmt::ContCreateReq;
-    let mut c = Cluster::start(ClusterSpec {
-        engines: 3,
-        targets: 1,
-        device_mib: 256,
-        scm_mib: 64,
-    });
-    c.format();
-    c.create_pool(384, "RP_3G1", "crc32c");
-    let mut mg = c.mgmt();
-    c.rt.block_on(mg.cont_create(ContCreateReq {
-        pool: "pool".into(),
+    let mut c = Cluster::replicated(ContCreateReq {
         label: "rp".into(),
-        oclass: "RP_3G1".into(),
-        dir_oclass: "RP_3G1".into(),
         chunk_size: 64 << 10,
         ..Default::default()
-    }))
-    .unwrap();
+    });
     let fs = mount(&c, "rp", false);
     let data = pattern(150 << 10, 5);
     let n = file_with(&fs, b"f", 0, &data[..3901]);

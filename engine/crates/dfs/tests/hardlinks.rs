@@ -143,23 +143,10 @@ fn concurrent_links_keep_the_count() {
 #[test]
 fn links_made_during_an_engine_outage_hold_after_it_returns() {
     use peregrine_proto::mgmt::ContCreateReq;
-    let mut c = Cluster::start(ClusterSpec {
-        engines: 3,
-        targets: 1,
-        device_mib: 256,
-        scm_mib: 64,
-    });
-    c.format();
-    c.create_pool(384, "RP_3G1", "crc32c");
-    let mut mg = c.mgmt();
-    c.rt.block_on(mg.cont_create(ContCreateReq {
-        pool: "pool".into(),
+    let mut c = Cluster::replicated(ContCreateReq {
         label: "rp".into(),
-        oclass: "RP_3G1".into(),
-        dir_oclass: "RP_3G1".into(),
         ..Default::default()
-    }))
-    .unwrap();
+    });
     let a = mount(&c, "rp", false);
     let root = a.root();
     let (f, _) = a.create(&root, b"f", 0o644, 0, 0, true).unwrap();

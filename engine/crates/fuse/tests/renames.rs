@@ -172,24 +172,11 @@ fn renames_survive_killed_engines() {
     if !fuse_available() {
         return;
     }
-    let mut c = Cluster::start(ClusterSpec {
-        engines: 3,
-        targets: 1,
-        device_mib: 256,
-        scm_mib: 64,
-    });
-    c.format();
-    c.create_pool(384, "RP_3G1", "crc32c");
-    let mut mg = c.mgmt();
-    c.rt.block_on(mg.cont_create(ContCreateReq {
-        pool: "pool".into(),
+    let mut c = Cluster::replicated(ContCreateReq {
         label: "rp".into(),
-        oclass: "RP_3G1".into(),
-        dir_oclass: "RP_3G1".into(),
         checksum: "crc32c".into(),
         ..Default::default()
-    }))
-    .unwrap();
+    });
     let tmp = tempfile::tempdir().unwrap();
     let m = Mount::start(&c, "rp", &tmp.path().join("m"), &OPTS);
     populate(&m);

@@ -460,6 +460,29 @@ impl Cluster {
         c
     }
 
+    /// Three engines of one target, formatted, with pool `pool` (RP_3G1)
+    /// and the container `cont` names, its files and directories
+    /// replicated on all three: the cluster of the tests that kill one
+    /// engine of a replicated container and read after it returns.
+    pub fn replicated(cont: ContCreateReq) -> Cluster {
+        let spec = ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 256,
+            scm_mib: 64,
+        };
+        let c = Cluster::with_pool(spec, 384, "RP_3G1", "crc32c");
+        let mut m = c.mgmt();
+        c.rt.block_on(m.cont_create(ContCreateReq {
+            pool: "pool".into(),
+            oclass: "RP_3G1".into(),
+            dir_oclass: "RP_3G1".into(),
+            ..cont
+        }))
+        .unwrap_or_else(|e| panic!("cont create: {e}"));
+        c
+    }
+
     /// Pool `pool` of `pool_mib` and container `cont` on a formatted cluster.
     pub fn create_pool(&self, pool_mib: u64, oclass: &str, checksum: &str) {
         let mut m = self.mgmt();
