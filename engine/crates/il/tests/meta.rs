@@ -233,6 +233,55 @@ fn metadata_switch_off_keeps_data_interception() {
     );
 }
 
+/// A program run under the library that prints `ready`, then one line
+/// for each `go` it reads: what a running process sees as others change
+/// the namespace.
+struct Asked {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    stdin: Option<std::process::ChildStdin>,
+}
+
+impl Asked {
+    fn start(prog: &str, args: &[&str], dir: &Path) -> Asked {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(prog)
+            .args(args)
+            .current_dir(dir)
+            .env("LD_PRELOAD", il_so())
+            .env("PEREGRINE_IL_REPORT", "1")
+            .env_remove("PEREGRINE_IL_METADATA")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let stdin = child.stdin.take();
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n", "{prog}");
+        Asked { child, out, stdin }
+    }
+
+    /// Its answer to one `go`, trimmed.
+    fn ask(&mut self) -> String {
+        use std::io::{BufRead, Write};
+        self.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    /// End its input; its library's report.
+    fn finish(mut self) -> Report {
+        drop(self.stdin.take());
+        let o = self.child.wait_with_output().unwrap();
+        parse_report(&String::from_utf8_lossy(&o.stderr))
+    }
+}
+
 /// Another client's changes (a second mount of the container, another
 /// daemon) reach a process that cached the file within the bound: the
 /// library's TTL (the daemon's default attribute timeout), plus slack for
@@ -268,29 +317,10 @@ wait("unlink", lambda: size() == -1)
 sys.stdin.readline()
 wait("mkdir", lambda: os.path.isdir("d/new"))
 "#;
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::{Command, Stdio};
-    let mut child = Command::new("python3")
-        .args(["-c", py])
-        .current_dir(&m.dir)
-        .env("LD_PRELOAD", il_so())
-        .env("PEREGRINE_IL_REPORT", "1")
-        .env_remove("PEREGRINE_IL_METADATA")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut stdin = child.stdin.take().unwrap();
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
+    let mut p = Asked::start("python3", &["-c", py], &m.dir);
     let mut step = |change: &str| -> f64 {
         sh(&m2.dir, change);
-        stdin.write_all(b"go\n").unwrap();
-        line.clear();
-        out.read_line(&mut line).unwrap();
+        let line = p.ask();
         eprintln!("{change}: seen after {line}");
         let secs: f64 = line
             .split_whitespace()
@@ -307,9 +337,7 @@ wait("mkdir", lambda: os.path.isdir("d/new"))
     step("echo 1234567890 > f");
     step("rm f");
     step("mkdir d/new");
-    drop(stdin);
-    let o = child.wait_with_output().unwrap();
-    let r = parse_report(&String::from_utf8_lossy(&o.stderr));
+    let r = p.finish();
     assert!(r.path_stats >= 200, "served through the library: {r:?}");
 }
 
@@ -359,36 +387,14 @@ for line in sys.stdin:
         (c_prog.to_str().unwrap(), vec![]),
     ];
     for (prog, args) in programs {
-        use std::io::{BufRead, BufReader, Write};
-        use std::process::{Command, Stdio};
-        let mut child = Command::new(prog)
-            .args(&args)
-            .current_dir(c.dir.path())
-            .env("LD_PRELOAD", il_so())
-            .env("PEREGRINE_IL_REPORT", "1")
-            .env_remove("PEREGRINE_IL_METADATA")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut stdin = child.stdin.take().unwrap();
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n", "{prog}");
+        let mut p = Asked::start(prog, &args, c.dir.path());
         let mut ask = |change: &str| -> String {
             sh(c.dir.path(), change);
-            stdin.write_all(b"go\n").unwrap();
-            line.clear();
-            out.read_line(&mut line).unwrap();
-            line.trim().to_string()
+            p.ask()
         };
         let over = ask("mount -t tmpfs peregrine-test mnt && touch mnt/tmpfs-only");
         let back = ask("umount mnt");
-        drop(stdin);
-        let o = child.wait_with_output().unwrap();
-        let r = parse_report(&String::from_utf8_lossy(&o.stderr));
+        let r = p.finish();
         assert_eq!(over, "False True", "{prog}: with a tmpfs over the mount");
         assert_eq!(back, "True False", "{prog}: after its unmount");
         assert!(
