@@ -20,7 +20,7 @@ use peregrine::ObjectId;
 use peregrine_dfs::{Node, Stat};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use peregrine::sync::Mutex;
@@ -82,27 +82,21 @@ fn coarse_now() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// The coarse clock's tick in nanoseconds + 1 (0: not read yet).
-static TICK: AtomicU64 = AtomicU64::new(0);
-
+/// The coarse clock's tick in nanoseconds (a 10 ms tick, HZ=100, the
+/// coarsest, if the kernel does not say).
 fn tick() -> u64 {
-    let mut t = TICK.load(Ordering::Relaxed);
-    if t == 0 {
+    static TICK: OnceLock<u64> = OnceLock::new();
+    *TICK.get_or_init(|| {
         let mut r = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
         };
         // SAFETY: clock_getres into our timespec.
-        let ok = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut r) } == 0;
-        // Unknown: a tick of 10 ms (HZ=100, the coarsest).
-        let ns = match ok {
-            true => r.tv_sec as u64 * 1_000_000_000 + r.tv_nsec as u64,
-            false => 10_000_000,
-        };
-        t = ns + 1;
-        TICK.store(t, Ordering::Relaxed);
-    }
-    t - 1
+        match unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut r) } {
+            0 => r.tv_sec as u64 * 1_000_000_000 + r.tv_nsec as u64,
+            _ => 10_000_000,
+        }
+    })
 }
 
 /// Cached at coarse time `at`, and certainly less than the TTL ago: each
