@@ -290,8 +290,8 @@ impl Object {
     /// (within the class's fault tolerance). Should a later replica write
     /// fail, the error is returned but the arbiter keeps the value: a retry
     /// then sees `-EEXIST` (as DAOS, a failed conditional create may have
-    /// happened).
-    pub fn insert_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<()> {
+    /// happened). Returns the epoch the value was written at.
+    pub fn insert_single(&self, dkey: &[u8], akey: &[u8], value: &[u8]) -> Result<u64> {
         self.check_single(dkey, akey, value)?;
         let epoch = hlc::now();
         let iod = self.iod(akey, ValueKind::Single, 0, &[value]);
@@ -351,7 +351,8 @@ impl Object {
                 self.update_shard(map, loc, tx, epoch, dkey, vec![iod.clone()], &[value])
             })
         })
-        .map_err(|e| e.context(self.what(dkey)))
+        .map_err(|e| e.context(self.what(dkey)))?;
+        Ok(epoch)
     }
 
     /// Write `data` at byte `offset` of ARRAY value `akey` of `dkey`.

@@ -25,6 +25,11 @@ pub enum Expect {
     /// No version or punch newer than this epoch (the one
     /// [`Object::fetch_single_versioned`] reported); else `-EBUSY`.
     UnchangedSince(u64),
+    /// A visible value, the version written at exactly this epoch (the one
+    /// [`Object::insert_single`] returned); else `-EBUSY`, also when nothing
+    /// is there. An engine older than this condition refuses it
+    /// (`-EINVAL`) and stores nothing.
+    WrittenAt(u64),
 }
 
 enum Kind {
@@ -178,6 +183,7 @@ impl Transaction {
                         expect: Some(match k.expect {
                             Expect::Absent => condition::Expect::Absent(true),
                             Expect::UnchangedSince(e) => condition::Expect::UnchangedSince(e),
+                            Expect::WrittenAt(e) => condition::Expect::WrittenAt(e),
                         }),
                     })
                     .collect()

@@ -227,8 +227,9 @@ impl Dfs {
     }
 
     /// Write a new entry only if the name is free (conditional insert,
-    /// atomic across clients); `EEXIST` otherwise.
-    pub(crate) fn insert_entry(&self, parent: ObjectId, name: &[u8], e: &Entry) -> Result<()> {
+    /// atomic across clients); `EEXIST` otherwise. Returns the epoch of
+    /// the entry's version.
+    pub(crate) fn insert_entry(&self, parent: ObjectId, name: &[u8], e: &Entry) -> Result<u64> {
         self.obj(parent)?
             .insert_single(name, INODE, &e.encode())
             .map_err(|x| {
@@ -389,8 +390,24 @@ impl Dfs {
         gid: u32,
         excl: bool,
     ) -> Result<(Node, bool)> {
+        self.create_versioned(parent, name, mode, uid, gid, excl)
+            .map(|(n, made)| (n, made.is_some()))
+    }
+
+    /// [`Dfs::create`], with the epoch of the entry's version when this
+    /// call made the file (`None`: it opened an existing one), for
+    /// [`Dfs::unlink_written_at`].
+    pub fn create_versioned(
+        &self,
+        parent: &Node,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        excl: bool,
+    ) -> Result<(Node, Option<u64>)> {
         let r = self.create_locked(parent, name, mode, uid, gid, excl)?;
-        if r.1 {
+        if r.1.is_some() {
             self.touch_dir(parent);
         }
         Ok(r)
@@ -404,7 +421,7 @@ impl Dfs {
         uid: u32,
         gid: u32,
         excl: bool,
-    ) -> Result<(Node, bool)> {
+    ) -> Result<(Node, Option<u64>)> {
         Self::need_dir(parent)?;
         check_name(name)?;
         let _g = self.lock(&[(parent.oid(), name)]);
@@ -422,13 +439,13 @@ impl Dfs {
             let oid = self.alloc_oid(self.class_for(parent, false));
             let e = self.new_entry(parent, libc::S_IFREG | (mode & 0o7777), uid, gid, oid);
             match self.insert_entry(parent.oid(), name, &e) {
-                Ok(()) => {
+                Ok(epoch) => {
                     let n = Node {
                         parent: parent.oid(),
                         name: name.to_vec(),
                         entry: e,
                     };
-                    return Ok((n, true));
+                    return Ok((n, Some(epoch)));
                 }
                 Err(x) if x.code == -libc::EEXIST && !excl => {}
                 Err(x) => return Err(x),
@@ -451,7 +468,13 @@ impl Dfs {
     }
 
     /// What create(2) of an existing name opens.
-    fn existing(&self, parent: &Node, name: &[u8], e: Entry, excl: bool) -> Result<(Node, bool)> {
+    fn existing(
+        &self,
+        parent: &Node,
+        name: &[u8],
+        e: Entry,
+        excl: bool,
+    ) -> Result<(Node, Option<u64>)> {
         if excl {
             return Err(err(libc::EEXIST, format!("{:?} exists", show(name))));
         }
@@ -461,7 +484,7 @@ impl Dfs {
                 format!("{:?} is a directory", show(name)),
             ));
         }
-        Ok((self.resolve(parent.oid(), name, e)?, false))
+        Ok((self.resolve(parent.oid(), name, e)?, None))
     }
 
     fn add_new(&self, parent: &Node, name: &[u8], e: Entry) -> Result<Node> {
@@ -566,6 +589,55 @@ impl Dfs {
         match self.unlink_deferred(parent, name)? {
             Some(e) => self.release_object(&e),
             None => Ok(()),
+        }
+    }
+
+    /// [`Dfs::unlink`] of `n`, whose entry the caller wrote at `epoch`
+    /// ([`Dfs::create_versioned`]): if that version is still the name's
+    /// live one, it is removed in one round trip, without reading it
+    /// first. Otherwise (changed, replaced or removed since, or an engine
+    /// that does not know the condition) as `unlink`, which reads what is
+    /// there now.
+    pub fn unlink_written_at(&self, parent: &Node, n: &Node, epoch: u64) -> Result<()> {
+        match self.unlink_written_at_deferred(parent, n, epoch)? {
+            Some(e) => self.release_object(&e),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Dfs::unlink_written_at`] that leaves the data, as
+    /// [`Dfs::unlink_deferred`] does.
+    pub fn unlink_written_at_deferred(
+        &self,
+        parent: &Node,
+        n: &Node,
+        epoch: u64,
+    ) -> Result<Option<Entry>> {
+        let e = &n.entry;
+        let plain = e.is_file() && !e.linked && e.moving.is_none() && e.from.is_none();
+        if !plain || n.parent != parent.oid() {
+            return self.unlink_deferred(parent, &n.name);
+        }
+        check_name(&n.name)?;
+        self.check_rw()?;
+        let removed = {
+            let _g = self.lock(&[(parent.oid(), &n.name)]);
+            let o = self.obj(parent.oid())?;
+            let mut tx = self.container().transaction();
+            tx.punch_dkey(&o, &n.name)
+                .expect(&o, &n.name, INODE, Expect::WrittenAt(epoch));
+            tx.commit()
+        };
+        match removed {
+            Ok(()) => {
+                self.touch_dir(parent);
+                Ok(Some(e.clone()))
+            }
+            // Nothing was stored: the entry is no longer that version.
+            Err(x) if x.code == -libc::EBUSY || x.code == -libc::EINVAL => {
+                self.unlink_deferred(parent, &n.name)
+            }
+            Err(x) => Err(x),
         }
     }
 

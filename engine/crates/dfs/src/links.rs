@@ -117,7 +117,7 @@ impl Dfs {
             let mut mine = now_ns().to_le_bytes().to_vec();
             mine.extend_from_slice(&rand::random::<u64>().to_le_bytes());
             let held = match o.insert_single(COUNT_DKEY, SUBDIRS_LOCK, &mine) {
-                Ok(()) => None,
+                Ok(_) => None,
                 Err(e) if e.code == -libc::EEXIST => Some(()),
                 Err(e) => return Err(e),
             };

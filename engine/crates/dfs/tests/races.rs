@@ -135,3 +135,49 @@ fn concurrent_renames_of_one_entry_leave_one_name() {
         a.unlink(d, &named[0]).unwrap();
     }
 }
+
+/// A mount removing a file it created by the version its create wrote
+/// (`unlink_written_at`, no read of the entry first, as the interception
+/// library and the daemon do for their own files): removed, data and all,
+/// while nobody changed it. Renamed away by another mount, also once the
+/// engines have aggregated that rename's punch away, the remover gets
+/// ENOENT and the file lives on under its new name. Replaced by another
+/// mount, the name's new file is removed, as unlink(2) of the name would.
+#[test]
+fn unlinks_by_the_created_version_remove_only_what_the_name_holds() {
+    let c = cluster(2);
+    let (a, b) = (mount(&c, "cont", false), mount(&c, "cont", false));
+    let (ra, rb) = (a.root(), b.root());
+    let create = |name: &[u8], data: &[u8]| {
+        let (n, at) = a.create_versioned(&ra, name, 0o644, 0, 0, true).unwrap();
+        a.open(&n).unwrap().write_at(0, data).unwrap();
+        (n, at.expect("made by this create"))
+    };
+
+    let (n, at) = create(b"plain", b"data");
+    a.unlink_written_at(&ra, &n, at).unwrap();
+    a.settle_discards().unwrap();
+    assert_eq!(code(b.lookup(&rb, b"plain")), libc::ENOENT);
+    assert_eq!(b.open(&n).unwrap().size().unwrap(), 0, "its data punched");
+
+    for (name, kept, aggregate) in [("moved", "kept", false), ("moved2", "kept2", true)] {
+        let (n, at) = create(name.as_bytes(), b"keep me");
+        b.rename(&rb, name.as_bytes(), &rb, kept.as_bytes(), 0)
+            .unwrap();
+        if aggregate {
+            c.aggregate("pool");
+        }
+        assert_eq!(code(a.unlink_written_at(&ra, &n, at)), libc::ENOENT);
+        a.settle_discards().unwrap();
+        let k = b.lookup(&rb, kept.as_bytes()).unwrap();
+        assert_eq!(k.oid(), n.oid());
+        assert_eq!(read_all(&b, &k), b"keep me", "{kept}");
+    }
+
+    let (n, at) = create(b"replaced", b"mine");
+    b.unlink(&rb, b"replaced").unwrap();
+    let (theirs, _) = b.create(&rb, b"replaced", 0o644, 0, 0, true).unwrap();
+    b.open(&theirs).unwrap().write_at(0, b"theirs").unwrap();
+    a.unlink_written_at(&ra, &n, at).unwrap();
+    assert_eq!(code(b.lookup(&rb, b"replaced")), libc::ENOENT);
+}

@@ -203,6 +203,7 @@ fn conditions(
             let expect = match c.expect {
                 Some(Expect::Absent(_)) => vos::Expect::Absent,
                 Some(Expect::UnchangedSince(e)) => vos::Expect::UnchangedSince(e),
+                Some(Expect::WrittenAt(e)) => vos::Expect::WrittenAt(e),
                 None => {
                     return Err(Errno::inval(format!(
                         "{}: condition on akey {:?} expects nothing",

@@ -395,3 +395,59 @@ fn a_transaction_right_after_its_clients_own_update_commits() {
         busy[0]
     );
 }
+
+/// WrittenAt (an unlink of a file this client created, without reading
+/// its entry first) commits only while the version written at that epoch
+/// is the live one: not after another client's update, not after a punch,
+/// and not once aggregation has dropped the punch and what it hid, where
+/// UnchangedSince can no longer tell and would let a stale remover punch.
+#[test]
+fn written_at_holds_only_for_the_live_version_written_then() {
+    let c = cluster();
+    let (cont, other) = (c.container(), c.container());
+    let obj = object(&cont, 3);
+    let theirs = object(&other, 3);
+    let punch_if = |dkey: &[u8], expect: Expect| {
+        let mut tx = cont.transaction();
+        tx.punch_dkey(&obj, dkey).expect(&obj, dkey, AKEY, expect);
+        tx.commit()
+    };
+
+    // The version written: removed, on every replica.
+    let e1 = obj.insert_single(b"mine", AKEY, b"entry").unwrap();
+    let (_, read) = obj.fetch_single_versioned(b"mine", AKEY).unwrap().unwrap();
+    assert_eq!(read, e1, "the epoch the insert returned is the version's");
+    let err = punch_if(b"mine", Expect::WrittenAt(e1 - 1)).unwrap_err();
+    assert_eq!(err.code, -libc::EBUSY, "{err}");
+    assert!(
+        err.msg.contains(&format!("not at epoch {}", e1 - 1)),
+        "{err}"
+    );
+    punch_if(b"mine", Expect::WrittenAt(e1)).unwrap();
+    cont.pool().client().flush_commits();
+    assert_everywhere(&obj, b"mine", AKEY, None);
+    // Once removed, the same expectation fails: nothing punched again.
+    let err = punch_if(b"mine", Expect::WrittenAt(e1)).unwrap_err();
+    assert_eq!(err.code, -libc::EBUSY, "{err}");
+    assert!(err.msg.contains("punched at epoch"), "{err}");
+
+    // Replaced by another client: refused, theirs stays.
+    let e2 = obj.insert_single(b"replaced", AKEY, b"entry").unwrap();
+    theirs.update_single(b"replaced", AKEY, b"theirs").unwrap();
+    other.pool().client().flush_commits();
+    let err = punch_if(b"replaced", Expect::WrittenAt(e2)).unwrap_err();
+    assert_eq!(err.code, -libc::EBUSY, "{err}");
+    assert_everywhere(&obj, b"replaced", AKEY, Some(b"theirs"));
+
+    // Removed by another client, then aggregated on every engine: no
+    // version and no punch are left. UnchangedSince holds on nothing;
+    // WrittenAt does not.
+    let e3 = obj.insert_single(b"gone", AKEY, b"entry").unwrap();
+    theirs.punch_akeys(b"gone", &[AKEY]).unwrap();
+    other.pool().client().flush_commits();
+    c.aggregate("pool");
+    let err = punch_if(b"gone", Expect::WrittenAt(e3)).unwrap_err();
+    assert_eq!(err.code, -libc::EBUSY, "{err}");
+    assert!(err.msg.contains("no value"), "{err}");
+    punch_if(b"gone", Expect::UnchangedSince(e3)).unwrap();
+}

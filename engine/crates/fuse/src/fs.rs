@@ -10,6 +10,7 @@
 mod caps;
 mod handles;
 mod inodes;
+use inodes::Created;
 mod list;
 
 use fuser::{
@@ -93,6 +94,9 @@ pub struct PeregrineFs {
     opts: Options,
     inodes: Mutex<HashMap<u64, Ino>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Names this mount created, with the epoch of the entry's version it
+    /// wrote, while it knows of no rewrite (`inodes.rs`, [`Created`]).
+    created: Mutex<Created>,
     next_fh: AtomicU64,
     /// Set by main once the session exists (kernel cache invalidation).
     notifier: Arc<OnceLock<Notifier>>,
@@ -234,6 +238,7 @@ impl PeregrineFs {
             opts,
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
+            created: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             notifier: Arc::new(OnceLock::new()),
         }
@@ -398,6 +403,7 @@ impl Filesystem for PeregrineFs {
                 }
             }
         }
+        self.rewritten(&n);
         self.update(&n);
         reply.attr(&self.opts.attr_ttl, &self.attr(&st));
     }
@@ -458,8 +464,12 @@ impl Filesystem for PeregrineFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let p = tryr!(reply, self.node(parent));
+        let removed = match self.take_created(&p, name.as_bytes()) {
+            Some((n, epoch)) => self.dfs.unlink_written_at_deferred(&p, &n, epoch),
+            None => self.dfs.unlink_deferred(&p, name.as_bytes()),
+        };
         // The file's last name gone: its data goes once it is closed.
-        if let Some(e) = tryr!(reply, self.dfs.unlink_deferred(&p, name.as_bytes())) {
+        if let Some(e) = tryr!(reply, removed) {
             tryr!(reply, self.removed(e));
         }
         reply.ok();
@@ -511,6 +521,9 @@ impl Filesystem for PeregrineFs {
             self.dfs.rename_deferred(&sp, s, &dp, d, flags.bits())
         );
         // Keep the inode table's (parent, name) current.
+        for (dir, name) in [(&sp, s), (&dp, d)] {
+            self.created.lock().remove(&(dir.oid(), name.to_vec()));
+        }
         {
             let mut t = self.inodes.lock();
             let exchange = flags.bits() & peregrine_dfs::RENAME_EXCHANGE != 0;
@@ -540,6 +553,7 @@ impl Filesystem for PeregrineFs {
     ) {
         let n = tryr!(reply, self.node(ino));
         let p = tryr!(reply, self.node(newparent));
+        self.rewritten(&n);
         let n = tryr!(reply, self.dfs.link(&n, &p, newname.as_bytes()));
         self.reply_entry(&n, reply);
     }
@@ -575,19 +589,21 @@ impl Filesystem for PeregrineFs {
         let p = tryr!(reply, self.node(parent));
         let excl = flags & libc::O_EXCL != 0;
         let made = Instant::now();
-        let (n, created) = tryr!(
+        let (n, written_at) = tryr!(
             reply,
             self.dfs
-                .create(&p, name.as_bytes(), mode, req.uid(), req.gid(), excl)
+                .create_versioned(&p, name.as_bytes(), mode, req.uid(), req.gid(), excl)
         );
+        let created = written_at.is_some();
         // A file just made is empty: no size query of its new object.
         let st = match created {
             true => self.dfs.stat_of(&n.entry, 0),
             false => tryr!(reply, self.stat_node(&n)),
         };
         let ino = self.remember(&n);
-        if created {
+        if let Some(epoch) = written_at {
             self.set_caps_absent(ino, Some(made));
+            self.note_created(&n, epoch);
         }
         let attr = self.attr(&st);
         let ttl = self.opts.entry_ttl;
@@ -671,6 +687,7 @@ impl Filesystem for PeregrineFs {
                 if written.swap(false, Ordering::Relaxed) && !within_made_tick(*made_at) {
                     let node = self.inodes.lock().get(ino).map(|i| i.node.clone());
                     if let Some(n) = node {
+                        self.rewritten(&n);
                         if let Err(e) = self.dfs.touch_written(&n, file.cached_size()) {
                             // The data is written; only its stamp is not
                             // (full pool, engine down): RELEASE tries again.
@@ -842,6 +859,7 @@ impl Filesystem for PeregrineFs {
         let n = tryr!(reply, self.node(ino));
         self.set_caps_absent(ino.0, None);
         tryr!(reply, self.dfs.setxattr(&n, name.as_bytes(), value, flags));
+        self.rewritten(&n);
         if let Ok(n) = self.dfs.refresh(&n) {
             self.update(&n);
         }
@@ -896,6 +914,7 @@ impl Filesystem for PeregrineFs {
         let n = tryr!(reply, self.node(ino));
         self.set_caps_absent(ino.0, None);
         tryr!(reply, self.dfs.removexattr(&n, name.as_bytes()));
+        self.rewritten(&n);
         if let Ok(n) = self.dfs.refresh(&n) {
             self.update(&n);
         }

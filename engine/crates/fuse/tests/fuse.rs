@@ -227,6 +227,33 @@ fn two_daemons_share_a_file() {
     b.stop();
 }
 
+/// A daemon removes the files it created without reading their entries
+/// first (it knows the version its create wrote): the one nobody touched
+/// is removed; the one another daemon renamed away meanwhile, while this
+/// kernel still holds its name, is not there (ENOENT), and the renamed
+/// file keeps its bytes.
+#[test]
+fn removals_through_a_daemon_leave_what_another_daemon_moved() {
+    if !fuse_available() {
+        return;
+    }
+    let c = cluster(2);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Mount::start(&c, "cont", &tmp.path().join("a"), &[]);
+    let mut b = Mount::start(&c, "cont", &tmp.path().join("b"), &[]);
+    fs::write(a.p("mine"), b"mine").unwrap();
+    fs::write(a.p("moved"), b"keep me").unwrap();
+    fs::rename(b.p("moved"), b.p("kept")).unwrap();
+    fs::remove_file(a.p("mine")).unwrap();
+    assert_eq!(errno_of(fs::remove_file(a.p("moved"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::metadata(b.p("mine"))), libc::ENOENT);
+    for m in [&a, &b] {
+        assert_eq!(fs::read(m.p("kept")).unwrap(), b"keep me");
+    }
+    a.stop();
+    b.stop();
+}
+
 #[test]
 fn stale_mount_and_helper_form() {
     if !fuse_available() {

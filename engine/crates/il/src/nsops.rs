@@ -36,22 +36,49 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-/// Names (directory object, name) -> object this process made through
-/// the library and the kernel has not been asked about since by this
-/// process. Bounded: when full it starts over (those names then go to the
-/// kernel path, which is always right).
-type Names = HashMap<(ObjectId, Vec<u8>), ObjectId>;
+/// Names (directory object, name) this process made through the library
+/// and the kernel has not been asked about since by this process.
+/// Bounded: when full it starts over (those names then go to the kernel
+/// path, which is always right).
+type Names = HashMap<(ObjectId, Vec<u8>), Made>;
 static BORN: Mutex<Option<Names>> = Mutex::new(None);
 const BORN_MAX: usize = 1 << 16;
 
-/// `n` was made through the library by this process.
-pub(crate) fn born(n: &Node) {
+/// What this process knows of a name it made.
+#[derive(Clone, Copy)]
+struct Made {
+    oid: ObjectId,
+    /// The epoch of the entry's version its create wrote, while nothing
+    /// here is known to have rewritten the entry: its unlink then skips
+    /// reading the entry ([`peregrine_dfs::Dfs::unlink_written_at`]).
+    written_at: Option<u64>,
+}
+
+/// `n` was made through the library by this process; `written_at`: the
+/// epoch of the entry's version it wrote, if it knows it.
+pub(crate) fn born(n: &Node, written_at: Option<u64>) {
     let mut g = BORN.lock();
     let m = g.get_or_insert_with(HashMap::new);
     if m.len() >= BORN_MAX {
         m.clear();
     }
-    m.insert((n.parent, n.name.clone()), n.oid());
+    let made = Made {
+        oid: n.oid(),
+        written_at,
+    };
+    m.insert((n.parent, n.name.clone()), made);
+}
+
+/// This process rewrote the entry of `n` (its size and times): the
+/// version its create wrote is gone.
+pub(crate) fn rewritten(n: &Node) {
+    if let Some(m) = BORN
+        .lock()
+        .as_mut()
+        .and_then(|m| m.get_mut(&(n.parent, n.name.clone())))
+    {
+        m.written_at = None;
+    }
 }
 
 /// Objects this process opened on the kernel path: the kernel knows
@@ -74,14 +101,15 @@ pub(crate) fn kernel_knows(oid: ObjectId) {
 }
 
 /// Was `n` made here (and is it still that object), and not opened on
-/// the kernel path since?
-fn born_here(n: &Node) -> bool {
+/// the kernel path since? What is known of it, if so.
+fn born_here(n: &Node) -> Option<Made> {
     let made = BORN
         .lock()
         .as_ref()
-        .and_then(|m| m.get(&(n.parent, n.name.clone())))
-        .is_some_and(|o| *o == n.oid());
-    made && !SEEN.lock().as_ref().is_some_and(|s| s.contains(&n.oid()))
+        .and_then(|m| m.get(&(n.parent, n.name.clone())).copied())
+        .filter(|m| m.oid == n.oid())?;
+    let seen = SEEN.lock().as_ref().is_some_and(|s| s.contains(&n.oid()));
+    (!seen).then_some(made)
 }
 
 /// The kernel may know `n` from now on (opened on the kernel path).
@@ -242,7 +270,7 @@ unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_i
             Ok(n) => {
                 cache::put_dent(loc.ns.key(), n.clone());
                 cache::entry_changed(dir.oid());
-                born(&n);
+                born(&n, None);
                 W::Ok(())
             }
             Err(e) => W::Err(changed_err(&e)),
@@ -266,9 +294,12 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
         let Some(n) = w!(lookup_identity(&loc.ns, dir, name)) else {
             return W::Err(libc::ENOENT);
         };
-        if !may_remove(&cred, dir, Some(&n)) || loc.ns.read_only() || !born_here(&n) {
+        if !may_remove(&cred, dir, Some(&n)) || loc.ns.read_only() {
             return W::Fall;
         }
+        let Some(made) = born_here(&n) else {
+            return W::Fall;
+        };
         let r = if dir_too {
             if !n.is_dir() {
                 return W::Err(libc::ENOTDIR);
@@ -281,7 +312,10 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
             if open_here(loc, &n) {
                 return W::Fall;
             }
-            loc.ns.dfs.unlink(dir, name)
+            match made.written_at {
+                Some(epoch) => loc.ns.dfs.unlink_written_at(dir, &n, epoch),
+                None => loc.ns.dfs.unlink(dir, name),
+            }
         };
         cache::drop_dent(dir.oid(), name);
         cache::entry_changed(dir.oid());
@@ -320,7 +354,7 @@ unsafe fn rename_at(
             return W::Err(libc::ENOENT);
         };
         let dst = w!(lookup(ns, dp, dname));
-        if dst.is_some() || !born_here(&src) {
+        if dst.is_some() || born_here(&src).is_none() {
             // Replacing (or exchanging) a name the kernel may hold, or
             // moving one it may hold: the kernel's (see the module docs).
             return W::Fall;
@@ -347,11 +381,12 @@ unsafe fn rename_at(
         let r = ns.dfs.rename(sp, sname, dp, dname, flags);
         unborn(sp.oid(), sname);
         if r.is_ok() {
-            born(&Node {
+            let moved = Node {
                 parent: dp.oid(),
                 name: dname.clone(),
                 entry: src.entry.clone(),
-            });
+            };
+            born(&moved, None);
         }
         cache::drop_dent(sp.oid(), sname);
         cache::drop_dent(dp.oid(), dname);

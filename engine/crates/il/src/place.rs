@@ -27,7 +27,7 @@
 
 use crate::cache;
 use crate::handle::{Handle, IOC_INVALIDATE};
-use crate::nsops::{born, current_umask, unborn};
+use crate::nsops::{born, current_umask, rewritten, unborn};
 use crate::real::{ioctl_raw, r_fcntl, r_lseek, set_errno};
 use crate::report::{count, meta_enabled, note_failure, Busy, C};
 use crate::stat::ino_of;
@@ -166,12 +166,15 @@ pub(crate) unsafe fn open_at(
                         return W::Fall;
                     }
                     let mode = mode & 0o7777 & !mask;
-                    match ns.dfs.create(dir, name, mode, cred.uid(), cred.gid(), true) {
-                        Ok((n, _)) => {
+                    let made =
+                        ns.dfs
+                            .create_versioned(dir, name, mode, cred.uid(), cred.gid(), true);
+                    match made {
+                        Ok((n, written_at)) => {
                             let n = Arc::new(n);
                             cache::put_dent(ns.key(), n.clone());
                             cache::entry_changed(dir.oid());
-                            born(&n);
+                            born(&n, written_at);
                             W::Ok((n, true))
                         }
                         // There already (not looked up), or made by someone
@@ -347,6 +350,7 @@ pub(crate) fn record(s: &Shared, p: &Placeholder) {
         };
         e.ctime = e.mtime;
         cache::entry_changed(p.node.oid());
+        rewritten(&p.node);
     }
     cache::put_attr(ns.key(), &ns.dfs.stat_of(&e, size));
 }

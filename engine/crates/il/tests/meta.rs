@@ -341,6 +341,45 @@ wait("mkdir", lambda: os.path.isdir("d/new"))
     assert!(r.path_stats >= 200, "served through the library: {r:?}");
 }
 
+/// A process removes files it made through the library (an unlink that
+/// trusts the version its create wrote, without reading the entry): the
+/// one nobody touched is removed; the one another client renamed away
+/// meanwhile is not there (ENOENT), and the renamed file keeps its bytes.
+#[test]
+fn removals_of_own_files_leave_what_another_client_moved() {
+    if !fuse_ok() || !have("python3") {
+        eprintln!("SKIP: needs /dev/fuse and python3");
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let m2 = Mount::start(&c, &c.dir.path().join("mnt2"));
+    let py = r#"
+import os, sys
+# The first create goes through the kernel (it tells the library the mount).
+for name in ("first", "mine", "moved"):
+    with open(name, "x") as f:
+        f.write("bytes of " + name)
+print("ready"); sys.stdout.flush()
+sys.stdin.readline()
+for name in ("mine", "moved"):
+    try:
+        os.unlink(name); print(name, "removed", end=" ")
+    except FileNotFoundError:
+        print(name, "ENOENT", end=" ")
+print(); sys.stdout.flush()
+"#;
+    let mut p = Asked::start("python3", &["-c", py], &m.dir);
+    sh(&m2.dir, "mv moved kept");
+    assert_eq!(p.ask(), "mine removed moved ENOENT");
+    let r = p.finish();
+    assert!(
+        r.path_creates >= 2 && r.unlinks >= 2,
+        "served by the library: {r:?}"
+    );
+    assert_eq!(sh(&m2.dir, "ls; cat kept"), "first\nkept\nbytes of moved");
+}
+
 /// A mount over the Peregrine mount, and its removal, change what a path
 /// names at once: the library rereads the mount table on the next call
 /// after the kernel's change (its watch of /proc/self/mountinfo), not

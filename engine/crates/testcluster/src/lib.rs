@@ -411,6 +411,27 @@ impl Cluster {
         self.mgmt_as(&self.security())
     }
 
+    /// Aggregate pool `pool` up to now on every engine (as each does on
+    /// its own when idle or short of space): versions under a newer one,
+    /// and punches with what they hid, are dropped.
+    pub fn aggregate(&self, pool: &str) {
+        let q = PoolQueryReq { id: pool.into() };
+        let uuid = self
+            .rt
+            .block_on(self.mgmt().pool_query(q))
+            .unwrap_or_else(|e| panic!("pool query of {pool}: {e}"))
+            .into_inner()
+            .uuid;
+        for rank in 0..self.engines.len() {
+            let req = AggregateReq {
+                pool_uuid: uuid.clone(),
+            };
+            self.rt
+                .block_on(self.engine(rank).aggregate(req))
+                .unwrap_or_else(|e| panic!("aggregation of {pool} on rank {rank}: {e}"));
+        }
+    }
+
     pub fn logs(&self) -> String {
         self.engines
             .iter()

@@ -102,6 +102,12 @@ fn check_one<'a>(
             ))),
             _ => Ok(()),
         },
+        Expect::WrittenAt(at) if newest == Some(at) && newest > floor => Ok(()),
+        Expect::WrittenAt(at) => Err(busy(match (newest, floor) {
+            (Some(e), _) if e != at => format!("written at epoch {e}, not at epoch {at}"),
+            (Some(_), Some(p)) => format!("punched at epoch {p} after its write at epoch {at}"),
+            _ => format!("no value (expected the one written at epoch {at})"),
+        })),
         Expect::Absent => Ok(()),
     }
 }

@@ -1,12 +1,47 @@
 //! The inode table: an inode number for an object, the node behind a
-//! number, and inodes that are open here although their name is gone.
+//! number, inodes that are open here although their name is gone, and
+//! the names this mount created.
 
 use super::{ino_of, stale, Ino, PeregrineFs};
 use fuser::INodeNo;
 use peregrine::{Error, ObjectId};
 use peregrine_dfs::{now_ns, Entry, File, Node, SetAttr, Stat};
+use std::collections::HashMap;
+
+/// (directory, name) -> (inode, epoch of the entry's version this mount's
+/// create wrote), while the mount knows of no rewrite of that entry: an
+/// unlink of the name then removes it without reading it first
+/// ([`peregrine_dfs::Dfs::unlink_written_at`]). The store checks the
+/// version as it removes, so an entry changed by another client, or by a
+/// path missed here, only costs the read after all. Bounded: when full
+/// it starts over.
+pub(super) type Created = HashMap<(ObjectId, Vec<u8>), (u64, u64)>;
+const CREATED_MAX: usize = 1 << 16;
 
 impl PeregrineFs {
+    pub(super) fn note_created(&self, n: &Node, epoch: u64) {
+        let ino = self.ino(n.oid());
+        let mut m = self.created.lock();
+        if m.len() >= CREATED_MAX {
+            m.clear();
+        }
+        m.insert((n.parent, n.name.clone()), (ino, epoch));
+    }
+
+    /// The node this mount created as `name` in `parent`, with its entry's
+    /// epoch, if still known (and forgotten: the name is being removed).
+    pub(super) fn take_created(&self, parent: &Node, name: &[u8]) -> Option<(Node, u64)> {
+        let key = (parent.oid(), name.to_vec());
+        let (ino, epoch) = self.created.lock().remove(&key)?;
+        let n = self.inodes.lock().get(&ino).map(|i| i.node.clone())?;
+        (n.parent == key.0 && n.name == key.1).then_some((n, epoch))
+    }
+
+    /// The entry of `n` is being rewritten (or its name moved).
+    pub(super) fn rewritten(&self, n: &Node) {
+        self.created.lock().remove(&(n.parent, n.name.clone()));
+    }
+
     pub(super) fn ino(&self, oid: ObjectId) -> u64 {
         ino_of(oid, self.dfs.root().oid())
     }

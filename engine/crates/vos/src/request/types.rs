@@ -99,6 +99,9 @@ pub enum Expect {
     Absent,
     /// No version and no punch newer than this epoch; else `-EBUSY`.
     UnchangedSince(u64),
+    /// A visible value, the version written at exactly this epoch; else
+    /// `-EBUSY` (also when nothing is there, whatever aggregation dropped).
+    WrittenAt(u64),
 }
 
 /// A condition an update or punch needs on an akey of its dkey.
