@@ -293,7 +293,7 @@ pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
     if let Some((_b, s)) = tracked(fd) {
         return guarded(-1, || do_truncate(fd, &s, len));
     }
-    crate::nsops::after_kernel_change(r_ftruncate()(fd, len))
+    crate::nsops::after_kernel_change_on(fd, r_ftruncate()(fd, len))
 }
 
 #[no_mangle]
@@ -301,7 +301,7 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off_t) -> c_int {
     if let Some((_b, s)) = tracked(fd) {
         return guarded(-1, || do_truncate(fd, &s, len));
     }
-    crate::nsops::after_kernel_change(r_ftruncate64()(fd, len))
+    crate::nsops::after_kernel_change_on(fd, r_ftruncate64()(fd, len))
 }
 
 unsafe fn fstat_any(fd: c_int, st: *mut libc::stat) -> c_int {

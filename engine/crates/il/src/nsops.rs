@@ -254,6 +254,18 @@ pub(crate) fn after_kernel_change(r: c_int) -> c_int {
     r
 }
 
+/// After a change on the kernel path through descriptor `fd`: as
+/// [`after_kernel_change`] if `fd` is in a Peregrine mount. Any other
+/// file's change (a program's temporary file, the client's own
+/// shared-memory segments, which it sizes with ftruncate) leaves the
+/// cache alone.
+pub(crate) fn after_kernel_change_on(fd: c_int, r: c_int) -> c_int {
+    if r == 0 && crate::track::in_peregrine_mount(fd) {
+        cache::clear();
+    }
+    r
+}
+
 unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_int> {
     serve(&[(d, p)], C::Mkdirs, |l| {
         let (loc, cred) = (&l[0], l[0].cred());
@@ -510,7 +522,7 @@ macro_rules! fd_clears_cache {
                     }
                 }
             }
-            after_kernel_change(crate::real::$real()($fd $(, $a)*))
+            after_kernel_change_on($fd, crate::real::$real()($fd $(, $a)*))
         }
     };
 }

@@ -24,6 +24,23 @@ pub(crate) fn maybe_track(fd: c_int) {
     let _ = catch_unwind(|| track(fd));
 }
 
+/// Is `fd` open on anything in a Peregrine mount (a file, a directory)?
+pub(crate) fn in_peregrine_mount(fd: c_int) -> bool {
+    // SAFETY: as in `peregrine_file`.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: as in `peregrine_file`.
+    let r = unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            0,
+            &mut sx,
+        )
+    };
+    r == 0 && is_peregrine_dev((sx.stx_dev_major, sx.stx_dev_minor))
+}
+
 /// `fd`'s file if it is a regular file of a Peregrine mount (statx from
 /// the kernel's cache: no round trip to the daemon).
 pub(crate) fn peregrine_file(fd: c_int) -> Option<Key> {

@@ -167,10 +167,18 @@ fn lookup_in_store(ns: &Ns, dir: &Node, name: &[u8]) -> W<Option<Arc<Node>>> {
 }
 
 /// The mount's root directory (the container's root, or the subdirectory
-/// a bind mount shows), as fresh as the cache allows.
-fn root(ns: &Ns) -> W<Arc<Node>> {
+/// a bind mount shows). `current`: with its times as fresh as the cache
+/// allows (a stat of the root); else as a walk through it needs it, its
+/// identity and mode, which a create in the root (moving its times) leaves
+/// alone, as [`lookup_identity`] for the directories below.
+fn root(ns: &Ns, current: bool) -> W<Arc<Node>> {
     let r = &ns.root;
-    let mut n = match cache::dent(ns.key(), r.parent, &r.name) {
+    let below = &ns.mnt.root;
+    let cached = match current && below.is_empty() {
+        true => cache::dent(ns.key(), r.parent, &r.name),
+        false => cache::dent_identity(ns.key(), r.parent, &r.name),
+    };
+    let mut n = match cached {
         Some(n) => n,
         None => match ns.dfs.refresh(r) {
             Ok(n) => {
@@ -181,8 +189,12 @@ fn root(ns: &Ns) -> W<Arc<Node>> {
             Err(_) => return W::Fall,
         },
     };
-    for c in &ns.mnt.root {
-        n = match w!(lookup(ns, &n, c)) {
+    for (i, c) in below.iter().enumerate() {
+        let found = match current && i + 1 == below.len() {
+            true => lookup(ns, &n, c),
+            false => lookup_identity(ns, &n, c),
+        };
+        n = match w!(found) {
             Some(x) if x.is_dir() => x,
             _ => return W::Fall,
         };
@@ -267,7 +279,7 @@ impl At {
 pub(crate) fn walk_parent(loc: &Loc, cred: &Cred) -> W<At> {
     let (ns, path) = (&*loc.ns, &loc.path);
     let mut chain = Vec::with_capacity(path.len() - loc.below + 1);
-    chain.push(w!(root(ns)));
+    chain.push(w!(root(ns, false)));
     if path.len() == loc.below {
         return W::Ok(At { chain, name: None });
     }
@@ -332,7 +344,7 @@ fn step(ns: &Ns, chain: &mut Vec<Arc<Node>>, c: &[u8], cred: &Cred) -> W<()> {
 fn current(ns: &Ns, at: &At) -> W<Arc<Node>> {
     let n = at.dir();
     let [.., parent, _] = at.chain.as_slice() else {
-        return W::Ok(at.chain[0].clone()); // the mount's root: root() is current
+        return root(ns, true);
     };
     match w!(lookup(ns, parent, &n.name)) {
         Some(x) if x.oid() == n.oid() => W::Ok(x),
