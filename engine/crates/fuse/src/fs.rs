@@ -10,7 +10,6 @@
 mod caps;
 mod handles;
 mod inodes;
-use inodes::Created;
 mod list;
 
 use fuser::{
@@ -19,6 +18,7 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use inodes::Created;
 use parking_lot::Mutex;
 use peregrine::{Error, ObjectId};
 use peregrine_dfs::{now_ns, Dfs, DirHandle, Entry, File, Node, SetAttr, Stat, DIR_TIME_TICK_NS};
@@ -521,8 +521,10 @@ impl Filesystem for PeregrineFs {
             self.dfs.rename_deferred(&sp, s, &dp, d, flags.bits())
         );
         // Keep the inode table's (parent, name) current.
-        for (dir, name) in [(&sp, s), (&dp, d)] {
-            self.created.lock().remove(&(dir.oid(), name.to_vec()));
+        {
+            let mut c = self.created.lock();
+            c.remove(&(sp.oid(), s.to_vec()));
+            c.remove(&(dp.oid(), d.to_vec()));
         }
         {
             let mut t = self.inodes.lock();

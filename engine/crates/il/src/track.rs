@@ -24,26 +24,9 @@ pub(crate) fn maybe_track(fd: c_int) {
     let _ = catch_unwind(|| track(fd));
 }
 
-/// Is `fd` open on anything in a Peregrine mount (a file, a directory)?
-pub(crate) fn in_peregrine_mount(fd: c_int) -> bool {
-    // SAFETY: as in `peregrine_file`.
-    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: as in `peregrine_file`.
-    let r = unsafe {
-        libc::statx(
-            fd,
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            0,
-            &mut sx,
-        )
-    };
-    r == 0 && is_peregrine_dev((sx.stx_dev_major, sx.stx_dev_minor))
-}
-
-/// `fd`'s file if it is a regular file of a Peregrine mount (statx from
-/// the kernel's cache: no round trip to the daemon).
-pub(crate) fn peregrine_file(fd: c_int) -> Option<Key> {
+/// statx of `fd` itself, from the kernel's cache (no round trip to the
+/// daemon); the device is always filled in, the rest as `mask` asks.
+fn statx_fd(fd: c_int, mask: u32) -> Option<libc::statx> {
     // SAFETY: statx is plain integers, for which all zeroes is valid.
     let mut sx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is the caller's descriptor, the empty path with AT_EMPTY_PATH
@@ -53,11 +36,22 @@ pub(crate) fn peregrine_file(fd: c_int) -> Option<Key> {
             fd,
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE | libc::STATX_INO,
+            mask,
             &mut sx,
         )
     };
-    if r != 0 || (sx.stx_mode as u32 & libc::S_IFMT) != libc::S_IFREG {
+    (r == 0).then_some(sx)
+}
+
+/// Is `fd` open on anything in a Peregrine mount (a file, a directory)?
+pub(crate) fn in_peregrine_mount(fd: c_int) -> bool {
+    statx_fd(fd, 0).is_some_and(|sx| is_peregrine_dev((sx.stx_dev_major, sx.stx_dev_minor)))
+}
+
+/// `fd`'s file if it is a regular file of a Peregrine mount.
+pub(crate) fn peregrine_file(fd: c_int) -> Option<Key> {
+    let sx = statx_fd(fd, libc::STATX_TYPE | libc::STATX_INO)?;
+    if (sx.stx_mode as u32 & libc::S_IFMT) != libc::S_IFREG {
         return None;
     }
     let dev = (sx.stx_dev_major, sx.stx_dev_minor);
