@@ -181,3 +181,42 @@ fn unlinks_by_the_created_version_remove_only_what_the_name_holds() {
     a.unlink_written_at(&ra, &n, at).unwrap();
     assert_eq!(code(b.lookup(&rb, b"replaced")), libc::ENOENT);
 }
+
+/// Unlinks by the created version while an engine of a replicated
+/// container is down (the removal reaches the replicas that are up), the
+/// engine then back: through a new mount the removed names stay removed
+/// and the others read as written, whichever replica answers.
+#[test]
+fn unlinks_by_the_created_version_during_an_engine_outage_hold_after_it_returns() {
+    let mut c = Cluster::replicated(ContCreateReq {
+        label: "rp".into(),
+        ..Default::default()
+    });
+    let a = mount(&c, "rp", false);
+    let root = a.root();
+    let mut made = Vec::new();
+    for i in 0..6u8 {
+        let name = [b'f', b'0' + i];
+        let (n, at) = a.create_versioned(&root, &name, 0o644, 0, 0, true).unwrap();
+        a.open(&n).unwrap().write_at(0, &[i + 1; 5000]).unwrap();
+        made.push((n, at.expect("made by this create")));
+    }
+    c.engines[2].kill9();
+    for (n, at) in made.iter().step_by(2) {
+        a.unlink_written_at(&root, n, *at).unwrap();
+    }
+    a.settle_discards().unwrap();
+    c.restart(2);
+    let b = mount(&c, "rp", false);
+    assert_eq!(
+        names(&b, &b.root()),
+        vec![b"f1".to_vec(), b"f3".to_vec(), b"f5".to_vec()]
+    );
+    for (n, _) in made.iter().skip(1).step_by(2) {
+        let got = read_all(&b, &b.lookup(&b.root(), &n.name).unwrap());
+        assert_eq!(got, vec![n.name[1] - b'0' + 1; 5000]);
+    }
+    for (n, _) in made.iter().step_by(2) {
+        assert_eq!(code(b.lookup(&b.root(), &n.name)), libc::ENOENT);
+    }
+}

@@ -282,19 +282,29 @@ impl Asked {
     }
 }
 
+/// One cluster mounted twice (a second mount stands for another client:
+/// another daemon, another node); None (skipped) without /dev/fuse or
+/// python3. The cluster goes last, after its mounts.
+fn two_mounts() -> Option<(Cluster, Mount, Mount)> {
+    if !fuse_ok() || !have("python3") {
+        eprintln!("SKIP: needs /dev/fuse and python3");
+        return None;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let m2 = Mount::start(&c, &c.dir.path().join("mnt2"));
+    Some((c, m, m2))
+}
+
 /// Another client's changes (a second mount of the container, another
 /// daemon) reach a process that cached the file within the bound: the
 /// library's TTL (the daemon's default attribute timeout), plus slack for
 /// a loaded machine.
 #[test]
 fn other_clients_changes_are_seen_within_the_bound() {
-    if !fuse_ok() || !have("python3") {
-        eprintln!("SKIP: needs /dev/fuse and python3");
+    let Some((_c, m, m2)) = two_mounts() else {
         return;
-    }
-    let c = cluster();
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
-    let m2 = Mount::start(&c, &c.dir.path().join("mnt2"));
+    };
     sh(&m.dir, "echo 1234 > f && mkdir d");
     let py = r#"
 import os, sys, time
@@ -347,13 +357,9 @@ wait("mkdir", lambda: os.path.isdir("d/new"))
 /// meanwhile is not there (ENOENT), and the renamed file keeps its bytes.
 #[test]
 fn removals_of_own_files_leave_what_another_client_moved() {
-    if !fuse_ok() || !have("python3") {
-        eprintln!("SKIP: needs /dev/fuse and python3");
+    let Some((_c, m, m2)) = two_mounts() else {
         return;
-    }
-    let c = cluster();
-    let m = Mount::start(&c, &c.dir.path().join("mnt"));
-    let m2 = Mount::start(&c, &c.dir.path().join("mnt2"));
+    };
     let py = r#"
 import os, sys
 # The first create goes through the kernel (it tells the library the mount).

@@ -111,12 +111,9 @@ fn phase(op: usize, path: &Path, data: &[u8], buf: &mut Vec<u8>) -> Result<()> {
             // both). The stat phase checked the sizes; the bytes are checked.
             buf.clear();
             buf.resize(data.len(), 0);
-            let n = fs::File::open(path)
-                .and_then(|mut f| read_full(&mut f, buf))
-                .with_context(|| format!("read {}", path.display()))?;
-            if n != data.len() {
-                bail!("{}: read {n} bytes, want {}", path.display(), data.len());
-            }
+            fs::File::open(path)
+                .and_then(|mut f| f.read_exact(buf))
+                .with_context(|| format!("read {} bytes of {}", data.len(), path.display()))?;
             if buf[..] != data[..] {
                 bail!("{}: read bytes differ from those written", path.display());
             }
@@ -124,22 +121,6 @@ fn phase(op: usize, path: &Path, data: &[u8], buf: &mut Vec<u8>) -> Result<()> {
         _ => fs::remove_file(path).with_context(|| format!("unlink {}", path.display()))?,
     }
     Ok(())
-}
-
-/// Fill `buf` with reads of what is left (one read when the file system
-/// answers it whole, as for these sizes); stops early at the end of the
-/// file. The bytes read.
-fn read_full(f: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Wall-clock nanoseconds (comparable between the worker processes).
