@@ -29,6 +29,7 @@ fn dup_to(old: c_int, new: c_int) {
     if let Some(s) = lookup(old) {
         if insert(new, s) {
             count(C::Dups, 1);
+            crate::place::keep_off_std(new);
         }
     }
 }

@@ -90,6 +90,8 @@ extern "C" fn il_init() {
             REPORT_FD.store(fd, Ordering::Relaxed);
             libc::atexit(report);
         }
+        // Last registered, first run: before the report and the commits.
+        libc::atexit(crate::stray::at_exit);
     }
 }
 

@@ -6,11 +6,11 @@ use crate::io::{
     slice, slice_mut,
 };
 use crate::real::{
-    r_creat, r_creat64, r_fdatasync, r_fopen, r_fopen64, r_fsync, r_ftruncate, r_ftruncate64,
-    r_lseek, r_lseek64, r_open, r_open64, r_open64_2, r_open_2, r_openat, r_openat64, r_openat64_2,
-    r_openat_2, r_pread, r_pread64, r_pread64_chk, r_pread_chk, r_preadv, r_preadv2, r_preadv64,
-    r_preadv64v2, r_pwrite, r_pwrite64, r_pwritev, r_pwritev2, r_pwritev64, r_pwritev64v2, r_read,
-    r_read_chk, r_readv, r_write, r_writev, sys_fstat,
+    r_creat, r_creat64, r_fdatasync, r_fdopen, r_fopen, r_fopen64, r_fsync, r_ftruncate,
+    r_ftruncate64, r_lseek, r_lseek64, r_open, r_open64, r_open64_2, r_open_2, r_openat,
+    r_openat64, r_openat64_2, r_openat_2, r_pread, r_pread64, r_pread64_chk, r_pread_chk, r_preadv,
+    r_preadv2, r_preadv64, r_preadv64v2, r_pwrite, r_pwrite64, r_pwritev, r_pwritev2, r_pwritev64,
+    r_pwritev64v2, r_read, r_read_chk, r_readv, r_write, r_writev, sys_fstat,
 };
 use crate::report::enabled;
 use crate::table::{guarded, tracked};
@@ -88,6 +88,21 @@ pub unsafe extern "C" fn fopen(p: *const c_char, m: *const c_char) -> *mut FILE 
 #[no_mangle]
 pub unsafe extern "C" fn fopen64(p: *const c_char, m: *const c_char) -> *mut FILE {
     after_fopen(r_fopen64()(p, m), m)
+}
+
+/// A stream on a placeholder would read and write the memfd with glibc's
+/// internal calls (stray.rs): the placeholder becomes the real file first.
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, m: *const c_char) -> *mut FILE {
+    if let Some((_b, s)) = tracked(fd) {
+        if crate::place::of(&s).is_some() {
+            if let Err(e) = guarded(Err(libc::EIO), || crate::place::to_kernel(fd)) {
+                crate::real::set_errno(e);
+                return std::ptr::null_mut();
+            }
+        }
+    }
+    r_fdopen()(fd, m)
 }
 
 #[no_mangle]

@@ -111,12 +111,20 @@
 //!   mtime it was made with, as Linux's coarse file times would). Reads
 //!   and fstat of a placeholder ask the store for the size, as for tracked
 //!   descriptors (the cache's bound is for path calls): processes sharing
-//!   a file through the library see each other's writes at once. Not
-//!   covered: exec through execl, execlp and execle and glibc's internal
-//!   spawns (variadic, or inside glibc) without a fork before them: a
-//!   placeholder inherited that way is an empty memfd in the new program;
-//!   `/proc/self/fd/N` of a placeholder names the memfd; calls on a
-//!   placeholder the library does not intercept see the memfd.
+//!   a file through the library see each other's writes at once.
+//!   Writes that reach the memfd around the interposers (glibc's stdio
+//!   flushing a stream with its internal write, dprintf, raw system
+//!   calls) are moved into the file before the library serves it again,
+//!   at close and at exit (`stray.rs`); placeholders never sit on
+//!   descriptors 0-2 (stdin, stdout and stderr are glibc's streams) or
+//!   under `fdopen`, and an open while one of 0-2 is closed goes to the
+//!   kernel, which returns that number. Not covered: exec through execl,
+//!   execlp and execle and glibc's internal spawns (variadic, or inside
+//!   glibc) without a fork before them: a placeholder inherited that way
+//!   is an empty memfd in the new program; `/proc/self/fd/N` of a
+//!   placeholder names the memfd; reads around the interposers see the
+//!   empty memfd, and zeros written around them over bytes the library
+//!   wrote are not seen (`stray.rs`).
 //!   vfork is a fork (convert.rs explains why), so that shells that
 //!   redirect in the parent and vfork (dash) hand the real file over.
 //! * Removals (unlink, rmdir, the source of a rename) are served only for
@@ -287,6 +295,7 @@ mod probe;
 mod report;
 mod stat;
 mod stdio;
+mod stray;
 mod table;
 mod track;
 mod walk;

@@ -516,7 +516,7 @@ macro_rules! fd_clears_cache {
         pub unsafe extern "C" fn $name($fd: c_int $(, $a: $t)*) -> c_int {
             if crate::table::NTRACKED.load(Ordering::Relaxed) != 0 {
                 if let Some(_b) = Busy::enter() {
-                    if let Err(e) = guarded(Err(libc::EIO), || crate::place::to_kernel($fd)) {
+                    if let Err(e) = guarded(Err(libc::EIO), || crate::track::before_kernel_change_on($fd)) {
                         crate::real::set_errno(e);
                         return -1;
                     }
@@ -534,7 +534,19 @@ fd_clears_cache!(fchown, r_fchown, (fd: c_int, u: libc::uid_t, g: libc::gid_t));
 clears_cache!(fchownat, r_fchownat, (d: c_int, p: *const c_char, u: libc::uid_t, g: libc::gid_t, f: c_int));
 clears_cache!(truncate, r_truncate, (p: *const c_char, l: libc::off_t));
 clears_cache!(truncate64, r_truncate64, (p: *const c_char, l: libc::off_t));
-clears_cache!(utimensat, r_utimensat, (d: c_int, p: *const c_char, t: *const libc::timespec, f: c_int));
+/// utimensat with no path is futimens of descriptor `d`.
+#[no_mangle]
+pub unsafe extern "C" fn utimensat(
+    d: c_int,
+    p: *const c_char,
+    t: *const libc::timespec,
+    f: c_int,
+) -> c_int {
+    if p.is_null() {
+        return futimens(d, t);
+    }
+    after_kernel_change(crate::real::r_utimensat()(d, p, t, f))
+}
 fd_clears_cache!(futimens, r_futimens, (fd: c_int, t: *const libc::timespec));
 clears_cache!(utimes, r_utimes, (p: *const c_char, t: *const libc::timeval));
 clears_cache!(utime, r_utime, (p: *const c_char, t: *const libc::utimbuf));

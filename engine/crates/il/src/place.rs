@@ -90,6 +90,15 @@ fn changed_err(e: &peregrine::Error) -> c_int {
     }
 }
 
+/// Is descriptor 0, 1 or 2 closed? Then an open must return it, as the
+/// kernel's lowest free descriptor (`close(1); open(...)` redirects
+/// stdout), and the kernel opens it: the library's own work (its
+/// connections) could take the number first.
+fn std_fd_free() -> bool {
+    // SAFETY: F_GETFD has no argument; raw system calls.
+    (0..=2).any(|fd| unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFD) } < 0)
+}
+
 /// open of `path` relative to `dirfd`: None to use the kernel path, else
 /// the call's return value (a placeholder, or -1 with errno).
 pub(crate) unsafe fn open_at(
@@ -105,6 +114,7 @@ pub(crate) unsafe fn open_at(
         || (flags & libc::O_TRUNC != 0 && acc == libc::O_RDONLY)
         // Read-write opens go to the kernel, created or not (below).
         || acc == libc::O_RDWR
+        || std_fd_free()
     {
         return None;
     }
@@ -269,6 +279,7 @@ fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_i
         cache::put_attr(ns.key(), &st);
     }
     if insert(fd, Arc::new(s)) {
+        keep_off_std(fd);
         return fd;
     }
     // Mapped meanwhile by another thread: the file is the kernel's now.
@@ -368,6 +379,23 @@ pub(crate) fn f_getfl(p: &Placeholder, s: &Shared) -> c_int {
     fl | libc::O_LARGEFILE
 }
 
+/// A placeholder on descriptor 0, 1 or 2 becomes the real file: glibc's
+/// stdin, stdout and stderr streams use those descriptors with calls no
+/// interposer sees (a shell's builtin `echo > f`, printf after `close(1)`
+/// and an open), which would read or write the memfd (stray.rs).
+pub(crate) fn keep_off_std(fd: c_int) {
+    if fd > 2 {
+        return;
+    }
+    if let Some(s) = crate::table::lookup(fd) {
+        if let Err(e) = convert(&s) {
+            note_failure(format!(
+                "placeholder on descriptor {fd} to kernel: errno {e}"
+            ));
+        }
+    }
+}
+
 /// Convert the placeholder behind `fd` (if it is one) into the real file
 /// opened through the mount: every descriptor number sharing it then
 /// refers to the kernel's open file, at the same offset, with its own
@@ -396,6 +424,7 @@ fn convert(s: &Arc<Shared>) -> Result<(), c_int> {
     let Some(&first) = fds.first() else {
         return Ok(());
     };
+    crate::stray::adopt_locked(first, s);
     record(s, p);
     let flags = (p.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC))
         | libc::O_CLOEXEC
@@ -454,8 +483,13 @@ fn convert(s: &Arc<Shared>) -> Result<(), c_int> {
         let off = r_lseek()(first, 0, libc::SEEK_CUR);
         r_lseek()(k, off.max(0), libc::SEEK_SET);
         // The kernel may hold attributes or pages of the file from before
-        // the library's writes.
-        ioctl_raw(k, IOC_INVALIDATE, std::ptr::null_mut());
+        // the library's writes. Only files made by their open are written
+        // through placeholders; the daemon records an mtime as it
+        // invalidates, which a file only read must keep (cp -a converts
+        // its source to read the xattrs).
+        if p.created {
+            ioctl_raw(k, IOC_INVALIDATE, std::ptr::null_mut());
+        }
         for &n in &fds {
             let cloexec = r_fcntl()(n, libc::F_GETFD, 0) & libc::FD_CLOEXEC != 0;
             libc::syscall(

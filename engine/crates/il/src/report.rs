@@ -128,6 +128,8 @@ pub(crate) enum C {
     Readdirs,
     /// Path calls into a Peregrine mount handed to the kernel.
     PathFallbacks,
+    /// Bytes written to placeholders around the library (stray.rs).
+    StrayBytes,
     N,
 }
 
@@ -161,7 +163,7 @@ pub(crate) extern "C" fn report() {
         "peregrine-il[{}]: intercepted opens={} reads={} writes={} bytes_read={} bytes_written={} \
          seeks={} stats={} syncs={} truncates={} dups={} closes={} stdio={} invalidates={} \
          fallbacks={} mmaps={} path_stats={} path_access={} mkdirs={} unlinks={} rmdirs={} \
-         renames={} path_opens={} path_creates={} readdirs={} path_fallbacks={}{first_failure}\n",
+         renames={} path_opens={} path_creates={} readdirs={} path_fallbacks={} stray_bytes={}{first_failure}\n",
         std::process::id(),
         c[C::Opens as usize],
         c[C::Reads as usize],
@@ -188,6 +190,7 @@ pub(crate) extern "C" fn report() {
         c[C::PathCreates as usize],
         c[C::Readdirs as usize],
         c[C::PathFallbacks as usize],
+        c[C::StrayBytes as usize],
     );
     let fd = match REPORT_FD.load(Ordering::Relaxed) {
         -1 => 2,

@@ -193,6 +193,9 @@ pub(crate) fn tracked(fd: c_int) -> Option<(Busy, Arc<Shared>)> {
     }
     let b = Busy::enter()?;
     let s = lookup(fd)?;
+    if s.ph.is_some() {
+        crate::stray::adopt(fd, &s);
+    }
     Some((b, s))
 }
 

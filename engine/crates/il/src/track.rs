@@ -111,9 +111,23 @@ fn track(fd: c_int) {
 }
 
 /// Make the kernel's view right after writes behind its back.
+/// Before the kernel changes the attributes of `fd`'s file (fchmod,
+/// fchown, futimens): a placeholder becomes the real file, and writes
+/// through the library are reported to the daemon now. Reported at close
+/// instead, they would make the daemon record the close's time as the
+/// mtime over one set here (tar sets it after writing, then closes).
+pub(crate) fn before_kernel_change_on(fd: c_int) -> Result<(), c_int> {
+    crate::place::to_kernel(fd)?;
+    if let Some(s) = crate::table::lookup(fd) {
+        invalidate(fd, &s);
+    }
+    Ok(())
+}
+
 pub(crate) fn invalidate(fd: c_int, s: &Shared) {
     if let Some(p) = crate::place::of(s) {
         // No kernel file behind it: record size and mtime in the entry.
+        crate::stray::adopt(fd, s);
         return crate::place::record(s, p);
     }
     if s.dirty.swap(false, Ordering::AcqRel) {
