@@ -516,7 +516,8 @@ macro_rules! fd_clears_cache {
         pub unsafe extern "C" fn $name($fd: c_int $(, $a: $t)*) -> c_int {
             if crate::table::NTRACKED.load(Ordering::Relaxed) != 0 {
                 if let Some(_b) = Busy::enter() {
-                    if let Err(e) = guarded(Err(libc::EIO), || crate::track::before_kernel_change_on($fd)) {
+                    let r = guarded(Err(libc::EIO), || crate::track::before_kernel_change_on($fd));
+                    if let Err(e) = r {
                         crate::real::set_errno(e);
                         return -1;
                     }
@@ -534,7 +535,8 @@ fd_clears_cache!(fchown, r_fchown, (fd: c_int, u: libc::uid_t, g: libc::gid_t));
 clears_cache!(fchownat, r_fchownat, (d: c_int, p: *const c_char, u: libc::uid_t, g: libc::gid_t, f: c_int));
 clears_cache!(truncate, r_truncate, (p: *const c_char, l: libc::off_t));
 clears_cache!(truncate64, r_truncate64, (p: *const c_char, l: libc::off_t));
-/// utimensat with no path is futimens of descriptor `d`.
+/// utimensat with no path (or an empty one and AT_EMPTY_PATH) is futimens
+/// of descriptor `d`.
 #[no_mangle]
 pub unsafe extern "C" fn utimensat(
     d: c_int,
@@ -542,7 +544,7 @@ pub unsafe extern "C" fn utimensat(
     t: *const libc::timespec,
     f: c_int,
 ) -> c_int {
-    if p.is_null() {
+    if p.is_null() || (f & libc::AT_EMPTY_PATH != 0 && *p == 0) {
         return futimens(d, t);
     }
     after_kernel_change(crate::real::r_utimensat()(d, p, t, f))

@@ -110,7 +110,6 @@ fn track(fd: c_int) {
     }
 }
 
-/// Make the kernel's view right after writes behind its back.
 /// Before the kernel changes the attributes of `fd`'s file (fchmod,
 /// fchown, futimens): a placeholder becomes the real file, and writes
 /// through the library are reported to the daemon now. Reported at close
@@ -124,6 +123,7 @@ pub(crate) fn before_kernel_change_on(fd: c_int) -> Result<(), c_int> {
     Ok(())
 }
 
+/// Make the kernel's view right after writes behind its back.
 pub(crate) fn invalidate(fd: c_int, s: &Shared) {
     if let Some(p) = crate::place::of(s) {
         // No kernel file behind it: record size and mtime in the entry.
