@@ -37,6 +37,7 @@ pub mod dtx;
 mod ec_read;
 mod ec_write;
 pub mod error;
+mod fds;
 pub mod handoff;
 pub mod hlc;
 pub mod mgmt;

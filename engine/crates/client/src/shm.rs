@@ -179,6 +179,7 @@ pub fn connect(
     target: u32,
 ) -> Result<ShmConn> {
     let sock = UnixStream::connect(path).map_err(|e| io_err(&format!("connect {path}"), &e))?;
+    let sock = crate::fds::socket_above_stdio(sock);
     let mut hello = Hello::standard(cfg.region_len, target);
     // The engine tries to read this nonce from our memory (see `ACK_CMA`).
     let nonce = Box::new(
@@ -224,6 +225,7 @@ pub fn connect(
             v.len()
         ))
     })?;
+    let wake = crate::fds::above_stdio(wake);
     wire::check_memfd(page.as_raw_fd(), wire::TARGET_PAGE_LEN).map_err(proto_err)?;
     let target_page = Mapping::map_read_only(page.as_raw_fd(), wire::TARGET_PAGE_LEN)
         .map_err(|e| io_err("map the target's page", &e))?;

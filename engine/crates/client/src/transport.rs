@@ -483,11 +483,13 @@ impl TcpTransport {
         for sa in addrs {
             match TcpStream::connect_timeout(&sa, self.cfg.connect_timeout) {
                 Ok(stream) => {
+                    let stream = crate::fds::socket_above_stdio(stream);
                     let setup = || -> std::io::Result<Conn> {
                         stream.set_nodelay(true)?;
                         stream.set_read_timeout(Some(self.cfg.io_timeout))?;
                         stream.set_write_timeout(Some(self.cfg.io_timeout))?;
-                        let reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
+                        let clone = crate::fds::socket_above_stdio(stream.try_clone()?);
+                        let reader = BufReader::with_capacity(64 << 10, clone);
                         Ok(Conn { stream, reader })
                     };
                     return setup().map_err(|e| Error::from_io(&e));

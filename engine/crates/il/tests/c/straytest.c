@@ -4,12 +4,17 @@
 #include <stdio.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/stat.h>
 int main(int argc, char **argv) {
     char p[4096];
-    /* close(1) then open: the file lands on 1; printf flushed at exit. */
+    /* close(1), a stat the library serves (its first call: it connects
+     * to the engines), then open: the file lands on 1, not the library's
+     * connections; printf reaches it. */
     snprintf(p, sizeof p, "%s/c1", argv[1]);
     int saved = dup(1);
     close(1);
+    struct stat st;
+    if (stat(argv[1], &st) != 0) return 9;
     int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (fd != 1) {
         dprintf(saved, "open after close(1) gave %d\n", fd);
