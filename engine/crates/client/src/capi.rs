@@ -612,22 +612,21 @@ impl PrgEq {
         let mut workers = Vec::new();
         for i in 0..EQ_WORKERS {
             let (rx, sh) = (rx.clone(), shared.clone());
-            let h = std::thread::Builder::new()
-                .name(format!("prg-eq-{i}"))
-                .spawn(move || loop {
-                    let job = rx.lock().recv();
-                    let Ok((tag, job)) = job else { return };
-                    let rc = catch_unwind(AssertUnwindSafe(job)).unwrap_or(-libc::EIO);
-                    sh.done.lock().push_back((tag, rc));
-                    *sh.inflight.lock() -= 1;
-                    sh.cv.notify_all();
-                })
-                .map_err(|e| {
-                    Error::new(
-                        -libc::EAGAIN,
-                        format!("cannot start event queue worker: {e}"),
-                    )
-                })?;
+            let b = std::thread::Builder::new().name(format!("prg-eq-{i}"));
+            let h = crate::signals::spawn_quiet(b, move || loop {
+                let job = rx.lock().recv();
+                let Ok((tag, job)) = job else { return };
+                let rc = catch_unwind(AssertUnwindSafe(job)).unwrap_or(-libc::EIO);
+                sh.done.lock().push_back((tag, rc));
+                *sh.inflight.lock() -= 1;
+                sh.cv.notify_all();
+            })
+            .map_err(|e| {
+                Error::new(
+                    -libc::EAGAIN,
+                    format!("cannot start event queue worker: {e}"),
+                )
+            })?;
             workers.push(h);
         }
         Ok(PrgEq {

@@ -196,9 +196,10 @@ impl Committer {
     pub(crate) fn start(transport: Arc<dyn Transport>) -> Committer {
         let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
         let q = queue.clone();
-        let thread = std::thread::Builder::new()
-            .name("peregrine-commit".into())
-            .spawn(move || send_loop(&q, transport.as_ref()))
+        let thread = crate::signals::spawn_quiet(
+            std::thread::Builder::new().name("peregrine-commit".into()),
+            move || send_loop(&q, transport.as_ref()),
+        )
             .map_err(|e| tracing::warn!("no commit thread ({e}): engines settle transactions themselves, reads wait seconds"))
             .ok();
         Committer { queue, thread }

@@ -47,6 +47,7 @@ pub mod pool;
 mod read;
 pub mod reintegrate;
 pub mod shm;
+pub mod signals;
 pub mod sync;
 /// Test-only: an in-process fake engine cluster, out of the shipped library
 /// (feature `testkit`, which the crate's own tests enable).

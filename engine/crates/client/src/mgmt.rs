@@ -135,12 +135,19 @@ impl Mgmt {
         let connector = security.connector().map_err(|e| {
             Error::inval(format!("management service {addr}: control-plane TLS: {e}"))
         })?;
+        // Its threads take no signals (signals.rs): those made now inherit
+        // the mask; those made later (blocking tasks) set it first thing.
+        let old = crate::signals::block_all();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("prg-mgmt")
+            .on_thread_start(|| {
+                crate::signals::block_all();
+            })
             .enable_all()
-            .build()
-            .map_err(|e| Error::io(format!("cannot start the management runtime: {e}")))?;
+            .build();
+        crate::signals::restore(&old);
+        let rt = rt.map_err(|e| Error::io(format!("cannot start the management runtime: {e}")))?;
         let url = if addr.contains("://") {
             addr.to_string()
         } else {

@@ -97,10 +97,11 @@ fn submit(job: Job) {
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
         .is_ok();
     if !claimed
-        && std::thread::Builder::new()
-            .name("peregrine-io".into())
-            .spawn(move || worker(p))
-            .is_err()
+        && crate::signals::spawn_quiet(
+            std::thread::Builder::new().name("peregrine-io".into()),
+            move || worker(p),
+        )
+        .is_err()
     {
         job();
         return;

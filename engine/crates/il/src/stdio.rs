@@ -28,6 +28,15 @@ unsafe fn stream(f: *mut FILE) -> Option<(Busy, c_int, Arc<Shared>)> {
     let b = Busy::enter()?;
     let fd = libc::fileno(f);
     let s = lookup(fd)?;
+    if s.append.load(Ordering::Relaxed) {
+        // An append stream stays on the kernel path: glibc writes what
+        // it buffers (fputs, putc, fprintf...) with its internal write,
+        // and the kernel appends that at the size it knows, which writes
+        // through the library would leave behind (mawk's `print >>`
+        // overwrote its own first bytes).
+        crate::cache::drop_attr(s.h.oid);
+        return None;
+    }
     Some((b, fd, s))
 }
 

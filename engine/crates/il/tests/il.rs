@@ -404,6 +404,7 @@ fn unreachable_engines_fall_back_and_the_report_says_why() {
 /// and an open, a stream of `fdopen` left for exit to flush; so does
 /// dprintf (tests/c/straytest.c). Before, those bytes went to the memfd
 /// standing for a file the library made, and the files came out empty.
+/// An append stream stays on the kernel path (awk's `print >>`).
 /// Times too: tar sets the mtimes it archived after writing (futimens),
 /// and cp -a leaves its source's mtime alone while it reads its xattrs.
 #[test]
@@ -424,6 +425,14 @@ fn writes_around_the_library_reach_the_file() {
     assert!(r.path_creates >= 1, "the library made the files: {r:?}");
     assert_eq!(sh(&m.dir, "cat b1"), "one\ntwo\nthree\n");
     assert_eq!(sh(&m.dir, "cat n1 n2 n3"), "n 1\nn 2\nn 3\n");
+    // awk appends with fwrite (the library) and putc (glibc's buffer, then
+    // the kernel, which appended at the size it knew: its first bytes
+    // were overwritten).
+    il_sh(
+        &m.dir,
+        r#"awk 'BEGIN { print "end" >> "aw"; print "two" >> "aw" }'"#,
+    );
+    assert_eq!(sh(&m.dir, "cat aw"), "end\ntwo\n");
 
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/straytest.c");
     let bin = tmp.join("straytest");
