@@ -20,10 +20,6 @@
 # cluster with its state, loop devices and emulated NVMe files (hack/cluster.sh down --purge).
 # Environment: PROFILE (release), DEMO_TIMEOUT (seconds to wait for each step, 600).
 set -euo pipefail
-# Standard output carries one line, the KUBECONFIG path (hack/e2e.sh reads it): whatever the
-# steps print goes to standard error. (A CI run's e2e stage once read more than the path there
-# and fell back to localhost:8080.)
-exec 3>&1 1>&2
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -176,4 +172,4 @@ k wait --for=jsonpath='{.status.conditions[?(@.status=="True")].type}' job/pereg
 [[ "$(k get job/peregrine-train -o jsonpath='{.status.succeeded}')" == 1 ]] || train_failed "did not complete"
 k logs job/peregrine-train -c peregrine-il-check-0 >&2
 log "done in $((SECONDS - T0)) s; the cluster stays up: KUBECONFIG=$KUBECONFIG ($KUBECTL); bash hack/cluster.sh down stops it"
-echo "$KUBECONFIG" >&3
+echo "$KUBECONFIG"

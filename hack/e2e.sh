@@ -22,7 +22,9 @@ export PROFILE="${PROFILE:-debug}"
 T0=$SECONDS
 log() { printf '[e2e %4ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
 
-KUBECONFIG="$(bash hack/demo.sh)"
+# The path is demo.sh's last line of output (a step may print more: a CI run once took all of
+# it for the path, and kubectl fell back to localhost:8080).
+KUBECONFIG="$(bash hack/demo.sh | tail -n 1)"
 export KUBECONFIG
 # The last suite uninstalls the release and wants no volume of the driver left (it would be
 # stranded): the demo's workload and volume go first; its ServerSet and Pool are the suites' store.
