@@ -39,7 +39,9 @@ fn memfd_size(fd: c_int) -> i64 {
 
 /// Move stray bytes of placeholder `fd` into its file (takes its I/O lock).
 pub(crate) fn adopt(fd: c_int, s: &Shared) {
-    if of(s).is_some() && memfd_size(fd) > 0 {
+    // A read-only descriptor of a real file takes no writes: nothing to
+    // move (and a read costs no fstat).
+    if s.acc != libc::O_RDONLY && of(s).is_some() && memfd_size(fd) > 0 {
         let _g = s.io.lock();
         adopt_locked(fd, s);
     }
