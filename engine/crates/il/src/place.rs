@@ -95,8 +95,16 @@ fn changed_err(e: &peregrine::Error) -> c_int {
 /// stdout), and the kernel opens it: the library's own work (its
 /// connections) could take the number first.
 fn std_fd_free() -> bool {
-    // SAFETY: F_GETFD has no argument; raw system calls.
-    (0..=2).any(|fd| unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFD) } < 0)
+    // One poll for the three (every served open asks): a closed
+    // descriptor answers POLLNVAL, whatever the events asked.
+    let mut p = [0, 1, 2].map(|fd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    // SAFETY: a live array of three pollfd; timeout 0; raw system call.
+    let r = unsafe { libc::syscall(libc::SYS_poll, p.as_mut_ptr(), 3, 0) };
+    r > 0 && p.iter().any(|x| x.revents & libc::POLLNVAL != 0)
 }
 
 /// open of `path` relative to `dirfd`: None to use the kernel path, else
@@ -553,6 +561,18 @@ pub(crate) fn note_pid() {
     PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
 }
 
+/// The descriptors of `fds` (the table) that are live placeholders.
+pub(crate) fn live_placeholders(fds: &[Option<Arc<Shared>>]) -> Vec<(c_int, Arc<Shared>)> {
+    fds.iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            e.as_ref()
+                .filter(|s| of(s).is_some())
+                .map(|s| (i as c_int, s.clone()))
+        })
+        .collect()
+}
+
 /// Before fork, exec or a spawn: convert every live placeholder (`all`),
 /// or those an exec keeps (not close-on-exec). Not in the child of a
 /// vfork (or of a clone without fork handlers), which shares the parent's
@@ -567,16 +587,7 @@ pub(crate) fn convert_all(all: bool) {
         return;
     }
     let Some(_b) = Busy::enter() else { return };
-    let live: Vec<(c_int, Arc<Shared>)> = FDS
-        .read()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| {
-            e.as_ref()
-                .filter(|s| of(s).is_some())
-                .map(|s| (i as c_int, s.clone()))
-        })
-        .collect();
+    let live = live_placeholders(&FDS.read());
     for (fd, s) in live {
         // SAFETY: F_GETFD has no argument.
         let keep = unsafe { r_fcntl()(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0;

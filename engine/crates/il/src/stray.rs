@@ -14,7 +14,7 @@
 //! 0, 1 and 2, whose streams glibc made, nor under a stream of `fdopen`
 //! (both become the real file first: `place::keep_off_std`, `fdopen`).
 
-use crate::place::{of, record};
+use crate::place::{live_placeholders, of, record};
 use crate::report::{count, note_failure, Busy, C};
 use crate::table::{lookup, Shared, FDS};
 use libc::c_int;
@@ -164,15 +164,7 @@ pub(crate) extern "C" fn at_exit() {
     let Some(_b) = Busy::enter() else { return };
     // Another thread may hold the table while the process exits: skip then.
     let Some(t) = FDS.try_read() else { return };
-    let live: Vec<(c_int, Arc<Shared>)> = t
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| {
-            e.as_ref()
-                .filter(|s| of(s).is_some())
-                .map(|s| (i as c_int, s.clone()))
-        })
-        .collect();
+    let live = live_placeholders(&t);
     drop(t);
     for (fd, s) in live {
         if lookup(fd).is_some_and(|x| Arc::ptr_eq(&x, &s)) {

@@ -434,19 +434,7 @@ fn writes_around_the_library_reach_the_file() {
     );
     assert_eq!(sh(&m.dir, "cat aw"), "end\ntwo\n");
 
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/straytest.c");
-    let bin = tmp.join("straytest");
-    let cc = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("cc");
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let bin = cc("straytest", &tmp);
     fs::create_dir(m.p("s")).unwrap();
     let (_, r) = il_sh(&tmp, &format!("{} {mnt}/s", bin.display()));
     assert!(r.path_creates >= 3 && r.stray_bytes > 0, "{r:?}");
