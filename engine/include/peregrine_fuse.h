@@ -74,4 +74,26 @@ struct peregrine_fuse_cont {
 
 #define PEREGRINE_IOC_GET_CONT _IOWR('P', 3, struct peregrine_fuse_cont)
 
+/*
+ * After changing directories behind the kernel's back (creating, removing or
+ * renaming entries in them through the client library), name them here, on
+ * any open descriptor of the mount (a file or a directory, its root for
+ * one): the daemon forgets the attributes it keeps of each and drops the
+ * kernel's cached attributes of their inodes, so stat through the mount (any
+ * process) sees the new link count and times. EINVAL: count past
+ * PEREGRINE_FUSE_DIRS_MAX or reserved not 0.
+ */
+#define PEREGRINE_FUSE_DIRS_MAX 255
+
+struct peregrine_fuse_dirs {
+	uint32_t count;    /* directories in oid[] */
+	uint32_t reserved; /* 0 */
+	struct {
+		uint64_t hi;
+		uint64_t lo;
+	} oid[PEREGRINE_FUSE_DIRS_MAX];
+};                         /* 4088 bytes */
+
+#define PEREGRINE_IOC_INVALIDATE_DIRS _IOW('P', 4, struct peregrine_fuse_dirs)
+
 #endif /* PEREGRINE_FUSE_H */

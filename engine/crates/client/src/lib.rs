@@ -32,6 +32,7 @@ pub mod client;
 pub mod clone;
 pub mod container;
 pub mod credential;
+pub mod dirs_changed;
 mod discard;
 pub mod dtx;
 mod ec_read;

@@ -169,6 +169,12 @@ impl Dfs {
         self.inner.dir_stats.changed(dir, Change::Unknown);
     }
 
+    /// Another client (the interception library in a process on this
+    /// node) changed `dir`: what is kept of it is read again.
+    pub fn dir_changed_elsewhere(&self, dir: ObjectId) {
+        self.inner.dir_stats.changed(dir, Change::Unknown);
+    }
+
     /// A change that may move or remove directories (rename, rmdir).
     pub(crate) fn dirs_moved(&self) {
         self.inner.dir_stats.clear();

@@ -944,6 +944,18 @@ impl Filesystem for PeregrineFs {
             reply.ioctl(0, &[]);
             return;
         }
+        if cmd == peregrine::dirs_changed::IOC_INVALIDATE_DIRS {
+            // On any open file or directory of the mount.
+            let Some(dirs) = peregrine::dirs_changed::decode(_in_data) else {
+                reply.error(Errno::from_i32(libc::EINVAL));
+                return;
+            };
+            for dir in dirs {
+                tryr!(reply, self.dir_changed_elsewhere(dir));
+            }
+            reply.ioctl(0, &[]);
+            return;
+        }
         if cmd == peregrine::handoff::IOC_GET_CONT {
             // The interception library's control-port-free open (ctl.rs).
             match crate::ctl::get_cont(&self.dfs, _in_data, out_size) {

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use peregrine::dirs_changed;
 use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
@@ -89,6 +90,41 @@ fn invalidate_ioctl_refreshes_kernel_caches() {
     f.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"bbbb");
     drop(f);
+
+    // PEREGRINE_IOC_INVALIDATE_DIRS: a directory changed behind the
+    // kernel's back (another client's mkdir in the root) shows its new link
+    // count once named, on a descriptor of the directory itself.
+    let nlink = |p: &Path| std::os::unix::fs::MetadataExt::nlink(&fs::metadata(p).unwrap());
+    let before = nlink(&dir);
+    let dfs = peregrine_dfs::Dfs::mount(cont, false, false).unwrap();
+    dfs.mkdir(&dfs.root(), b"elsewhere", 0o755, 0, 0).unwrap();
+    assert_eq!(nlink(&dir), before, "the kernel's attributes last 60 s");
+    let root = fs::File::open(&dir).unwrap();
+    let call = |b: &mut [u8; dirs_changed::DIRS_SIZE]| {
+        // SAFETY: the ioctl reads DIRS_SIZE bytes from `b`, alive for the call.
+        let r = unsafe {
+            libc::ioctl(
+                root.as_raw_fd(),
+                dirs_changed::IOC_INVALIDATE_DIRS as _,
+                b.as_mut_ptr(),
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error().raw_os_error())
+        }
+    };
+    let mut b = [0u8; dirs_changed::DIRS_SIZE];
+    dirs_changed::encode(&[dfs.root().oid()], &mut b);
+    // A bad structure is refused and changes nothing.
+    let mut bad = b;
+    bad[..4].copy_from_slice(&(dirs_changed::DIRS_MAX as u32 + 1).to_ne_bytes());
+    assert_eq!(call(&mut bad), Err(Some(libc::EINVAL)));
+    assert_eq!(nlink(&dir), before);
+    call(&mut b).unwrap();
+    assert_eq!(nlink(&dir), before + 1);
+    drop(root);
 
     // SAFETY: kill on the pid of our own child, not yet reaped (so not reused).
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -175,30 +175,35 @@ real!(
 #[no_mangle]
 pub unsafe extern "C" fn execve(p: *const c_char, a: Argv, e: Argv) -> c_int {
     convert_all(false);
+    crate::dirs_changed::flush();
     r_execve()(p, a, e)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execv(p: *const c_char, a: Argv) -> c_int {
     convert_all(false);
+    crate::dirs_changed::flush();
     r_execv()(p, a)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(p: *const c_char, a: Argv) -> c_int {
     convert_all(false);
+    crate::dirs_changed::flush();
     r_execvp()(p, a)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(p: *const c_char, a: Argv, e: Argv) -> c_int {
     convert_all(false);
+    crate::dirs_changed::flush();
     r_execvpe()(p, a, e)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, a: Argv, e: Argv) -> c_int {
     convert_all(false);
+    crate::dirs_changed::flush();
     r_fexecve()(fd, a, e)
 }
 
@@ -214,6 +219,7 @@ pub unsafe extern "C" fn posix_spawn(
     e: Argv,
 ) -> c_int {
     convert_all(true);
+    crate::dirs_changed::flush();
     r_posix_spawn()(pid, p, fa, at, a, e)
 }
 
@@ -227,18 +233,21 @@ pub unsafe extern "C" fn posix_spawnp(
     e: Argv,
 ) -> c_int {
     convert_all(true);
+    crate::dirs_changed::flush();
     r_posix_spawnp()(pid, p, fa, at, a, e)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn system(c: *const c_char) -> c_int {
     convert_all(true);
+    crate::dirs_changed::flush();
     r_system()(c)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn popen(c: *const c_char, m: *const c_char) -> *mut FILE {
     convert_all(true);
+    crate::dirs_changed::flush();
     r_popen()(c, m)
 }
 

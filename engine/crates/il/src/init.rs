@@ -26,6 +26,8 @@ extern "C" fn fork_prepare() {
     // share the kernel's open file (and its offset) even if the child
     // execs (a conversion in the child would give it a file of its own).
     crate::place::convert_all(true);
+    // The child (and what it execs) sees this process's directory changes.
+    crate::dirs_changed::flush();
     // Hold the tables across fork so the child gets them consistent.
     FDS.hold_across_fork();
     CONTS.hold_across_fork();
@@ -35,6 +37,7 @@ extern "C" fn fork_prepare() {
     crate::cache::hold_across_fork();
     crate::nsops::hold_across_fork();
     crate::dirs::hold_across_fork();
+    crate::dirs_changed::hold_across_fork();
 }
 
 extern "C" fn fork_parent() {
@@ -85,6 +88,7 @@ extern "C" fn il_init() {
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
         libc::atexit(flush_commits);
+        libc::atexit(crate::dirs_changed::at_exit);
         if env_on(b"PEREGRINE_IL_REPORT\0") {
             let fd = r_fcntl()(2, libc::F_DUPFD_CLOEXEC, 900);
             REPORT_FD.store(fd, Ordering::Relaxed);

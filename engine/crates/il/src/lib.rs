@@ -81,7 +81,12 @@
 //!   timeouts, the same bound as a change made by another client: a
 //!   directory's attributes (mtime, link count) for `--attr-timeout`, and
 //!   for `--dentry-timeout` an entry the kernel still holds for a name
-//!   another client removed and the library made again. Removals are kept
+//!   another client removed and the library made again. The directories
+//!   this process changed are made fresh in the kernel before it forks,
+//!   execs, spawns or exits (`exit` and `_exit`; `dirs_changed.rs`), so the
+//!   programs it starts and those that run after it (a shell's next
+//!   command) see their new attributes at once; the bound is left for
+//!   processes that run beside it. Removals are kept
 //!   to names the kernel cannot hold (below), because a stale entry left
 //!   by a removal would make a kernel-path open of the name open the
 //!   removed file. (Closing this needs the daemon: `notify_inval_entry`
@@ -216,7 +221,7 @@
 //!   could not be reached, the line ends with the first reason
 //!   (`first_failure="..."`).
 //!   Processes leaving with `_exit` (fio's job processes without
-//!   `--thread`) print nothing.
+//!   `--thread`, dash) print nothing.
 //! * Variadic `open`/`openat`/`fcntl`: stable Rust cannot define C-variadic
 //!   functions; they are defined with a fixed trailing `mode: c_uint` (or
 //!   `arg: c_ulong`). On x86-64 (System V) variadic and fixed arguments are
@@ -241,7 +246,8 @@
 //! * Path calls: `ns.rs` (a mount's [`peregrine_dfs::Dfs`]), `cache.rs`,
 //!   `walk.rs` (locating and walking paths, permissions), `stat.rs` (stat
 //!   and access), `nsops.rs` (mkdir, unlink, rmdir, rename, umask, and
-//!   the calls that drop the cache).
+//!   the calls that drop the cache), `dirs_changed.rs` (the directories
+//!   changed, named to the daemon before fork, exec and exit; `_exit`).
 //! * `init.rs`: the constructor, fork handlers and exit flush.
 //!
 //! # Not handled (kernel path, documented)
@@ -281,6 +287,7 @@ mod real;
 mod cache;
 mod convert;
 mod dirs;
+mod dirs_changed;
 mod fd;
 mod handle;
 mod init;

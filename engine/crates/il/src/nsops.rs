@@ -24,6 +24,7 @@
 //! removed on the kernel path.
 
 use crate::cache;
+use crate::dirs_changed;
 use crate::report::{meta_enabled, Busy, C};
 use crate::stat::{answer, ino_of};
 use crate::table::{guarded, FDS, MAPPED};
@@ -278,7 +279,9 @@ unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_i
             return W::Fall;
         }
         let mode = mode & 0o1777 & !mask;
-        match loc.ns.dfs.mkdir(dir, name, mode, cred.uid(), cred.gid()) {
+        let made = loc.ns.dfs.mkdir(dir, name, mode, cred.uid(), cred.gid());
+        dirs_changed::changed(loc, &[dir.oid()]);
+        match made {
             Ok(n) => {
                 cache::put_dent(loc.ns.key(), n.clone());
                 cache::entry_changed(dir.oid());
@@ -329,6 +332,7 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
                 None => loc.ns.dfs.unlink(dir, name),
             }
         };
+        dirs_changed::changed(loc, &[dir.oid()]);
         cache::drop_dent(dir.oid(), name);
         cache::entry_changed(dir.oid());
         cache::entry_changed(n.oid());
@@ -391,6 +395,10 @@ unsafe fn rename_at(
             return W::Err(libc::EINVAL);
         }
         let r = ns.dfs.rename(sp, sname, dp, dname, flags);
+        // A directory moved to another parent has a new `..`.
+        let moved_dir = (src.is_dir() && sp.oid() != dp.oid()).then(|| src.oid());
+        let dirs: Vec<ObjectId> = [sp.oid(), dp.oid()].into_iter().chain(moved_dir).collect();
+        dirs_changed::changed(from, &dirs);
         unborn(sp.oid(), sname);
         if r.is_ok() {
             let moved = Node {

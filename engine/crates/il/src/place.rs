@@ -187,6 +187,7 @@ pub(crate) unsafe fn open_at(
                     let made =
                         ns.dfs
                             .create_versioned(dir, name, mode, cred.uid(), cred.gid(), true);
+                    crate::dirs_changed::changed(&loc, &[dir.oid()]);
                     match made {
                         Ok((n, written_at)) => {
                             let n = Arc::new(n);

@@ -124,6 +124,11 @@ impl Loc {
         self.path.bytes()
     }
 
+    /// The mount point the path is under.
+    pub(crate) fn mount_point(&self) -> Vec<u8> {
+        self.path.prefix(self.below)
+    }
+
     /// The caller's effective identity (fsuid and fsgid, as the kernel
     /// checks permissions).
     pub(crate) fn cred(&self) -> Cred {

@@ -463,8 +463,61 @@ fn writes_around_the_library_reach_the_file() {
     assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
 }
 
-fn small_mount() -> (Cluster, Mount) {
-    let c = Cluster::with_pool(
+/// A program that runs after changes made under the library (a shell's
+/// next command) sees the directories changed through the kernel at once,
+/// not after the attribute timeout: the library names them to the daemon
+/// before fork, exec and exit (`dirs_changed.rs`).
+#[test]
+fn the_next_program_sees_the_directories_changed_under_the_library() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: /dev/fuse is absent; the interception tests need a FUSE mount");
+        return;
+    }
+    let c = small_cluster();
+    // Kernel attributes kept for a minute: without the library's word the
+    // kernel would answer its old link count for the whole test.
+    let m = Mount::start_with(&c, &c.dir.path().join("mnt"), &["--attr-timeout", "60"]);
+    // A file for the library to learn the container from (ns.rs).
+    fs::write(m.p("seed"), b"seed").unwrap();
+    fs::create_dir(m.p("d")).unwrap();
+    assert_eq!(sh(&m.dir, "stat -c %h d").trim(), "2");
+    let (_, r) = il_sh(&m.dir, "mkdir d/y");
+    assert_eq!(r.mkdirs, 1, "the library made d/y: {r:?}");
+    assert_eq!(sh(&m.dir, "stat -c %h d").trim(), "3");
+    // A file made in a directory the kernel holds moves its mtime. bash
+    // leaves through exit, dash (sh) through _exit, which skips exit's
+    // handlers (and so the report: only bash's says what it served).
+    for (shell, name) in [("bash", "f"), ("sh", "g")] {
+        let before = sh(&m.dir, "stat -c %y d/y");
+        let (_, r) = il_sh(
+            &m.dir,
+            &format!("{shell} -c 'sleep 0.01; echo in > d/y/{name}'"),
+        );
+        if shell == "bash" {
+            assert!(r.path_creates >= 1, "the library made d/y/f: {r:?}");
+        }
+        let lib = il_sh(&m.dir, "stat -c %y d/y").0;
+        assert_ne!(lib, before, "{shell}: the create moved d/y's mtime");
+        assert_eq!(sh(&m.dir, "stat -c %y d/y"), lib, "{shell}");
+    }
+
+    // mkdir -p opens each directory it made on the kernel path before it
+    // makes the next one through the library; the shell then writes a file
+    // with a builtin (no fork, no report), and tar compares each directory's
+    // attributes before and after reading it: "file changed as we read
+    // it" and exit 1 while the kernel held the old ones.
+    let (out, r) = il_sh(
+        &m.dir,
+        "mkdir -p t/x && echo in > t/x/f && tar czf t.tgz t; echo rc=$?",
+    );
+    assert!(r.mkdirs >= 2, "{r:?}");
+    assert_eq!(out.trim(), "rc=0");
+    assert_eq!(sh(&m.dir, "tar xzOf t.tgz t/x/f"), "in\n");
+    assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+}
+
+fn small_cluster() -> Cluster {
+    Cluster::with_pool(
         ClusterSpec {
             engines: 1,
             targets: 1,
@@ -474,7 +527,11 @@ fn small_mount() -> (Cluster, Mount) {
         128,
         "SX",
         "crc32c",
-    );
+    )
+}
+
+fn small_mount() -> (Cluster, Mount) {
+    let c = small_cluster();
     let m = Mount::start(&c, &c.dir.path().join("mnt"));
     (c, m)
 }

@@ -1,12 +1,13 @@
 //! Open file handles: the handle table, what an open tells the kernel to
-//! cache, and the ioctls on an open file (its handle bytes, invalidation).
+//! cache, and the ioctls on an open file (its handle bytes, invalidation)
+//! or directory (directories another process changed).
 
 use super::{
     DataCache, Handle, PeregrineFs, HANDLE_FLAG_RDONLY, HANDLE_MGMT_MAX, HANDLE_SIZE,
     HANDLE_VERSION,
 };
 use fuser::{FileHandle, FopenFlags, INodeNo};
-use peregrine::Error;
+use peregrine::{Error, ObjectId};
 use peregrine_dfs::{File, Node};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -97,14 +98,16 @@ impl PeregrineFs {
         b
     }
 
-    /// `PEREGRINE_IOC_INVALIDATE`: size from the store into the entry (with
-    /// a new mtime), then drop the kernel's attributes and pages.
-    pub(super) fn invalidate(&self, ino: u64, file: &File) -> Result<(), Error> {
-        let size = file.size()?;
-        let node = self.inodes.lock().get(&ino).map(|i| i.node.clone());
-        if let Some(n) = node {
-            self.dfs.touch_written(&n, size)?;
-        }
+    /// `PEREGRINE_IOC_INVALIDATE_DIRS`: another process changed `dir`
+    /// through the store (entries, times, link count): forget what this
+    /// mount keeps of its attributes, then drop the kernel's.
+    pub(super) fn dir_changed_elsewhere(&self, dir: ObjectId) -> Result<(), Error> {
+        self.dfs.dir_changed_elsewhere(dir);
+        self.drop_kernel_inode(self.ino(dir))
+    }
+
+    /// Drop the kernel's cached attributes and pages of inode `ino`.
+    fn drop_kernel_inode(&self, ino: u64) -> Result<(), Error> {
         if let Some(nt) = self.notifier.get() {
             // offset 0, len 0: every page; attributes always.
             if let Err(e) = nt.inval_inode(INodeNo(ino), 0, 0) {
@@ -115,5 +118,16 @@ impl PeregrineFs {
             }
         }
         Ok(())
+    }
+
+    /// `PEREGRINE_IOC_INVALIDATE`: size from the store into the entry (with
+    /// a new mtime), then drop the kernel's attributes and pages.
+    pub(super) fn invalidate(&self, ino: u64, file: &File) -> Result<(), Error> {
+        let size = file.size()?;
+        let node = self.inodes.lock().get(&ino).map(|i| i.node.clone());
+        if let Some(n) = node {
+            self.dfs.touch_written(&n, size)?;
+        }
+        self.drop_kernel_inode(ino)
     }
 }

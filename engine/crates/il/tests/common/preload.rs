@@ -72,6 +72,11 @@ pub struct Mount {
 
 impl Mount {
     pub fn start(c: &Cluster, dir: &Path) -> Mount {
+        Mount::start_with(c, dir, &[])
+    }
+
+    /// [`Mount::start`] with more daemon arguments.
+    pub fn start_with(c: &Cluster, dir: &Path, args: &[&str]) -> Mount {
         fs::create_dir_all(dir).unwrap();
         let log = fs::File::create(dir.with_extension("log")).unwrap();
         // Default caching (attributes 1 s, page cache kept for 1 s): the
@@ -82,6 +87,7 @@ impl Mount {
             .arg("--mountpoint")
             .arg(dir)
             .arg("--foreground")
+            .args(args)
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
