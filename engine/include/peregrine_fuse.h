@@ -7,7 +7,9 @@
  *   struct peregrine_fuse_handle h;
  *   if (ioctl(fd, PEREGRINE_IOC_GET_HANDLE, &h) == 0) { ... }
  *
- * ENOTTY: not a Peregrine file (or a directory). Fields are in host byte
+ * On a directory the handle names the directory's object, with
+ * PEREGRINE_FUSE_HANDLE_DIR set and chunk_size 0 (the container is what it
+ * is for). ENOTTY: not a Peregrine file or directory. Fields are in host byte
  * order. File layout (peregrine-dfs, layout version 1): byte o of the file
  * is in dkey = chunk index o / chunk_size as 8 bytes big-endian, akey "d",
  * array offset o % chunk_size. The file size is the highest chunk dkey
@@ -25,6 +27,7 @@
 #define PEREGRINE_FUSE_MGMT_MAX 128
 /* flags */
 #define PEREGRINE_FUSE_HANDLE_RDONLY 0x1u /* the mount is read-only */
+#define PEREGRINE_FUSE_HANDLE_DIR 0x2u    /* a directory's handle */
 
 struct peregrine_fuse_handle {
 	uint32_t version;    /* PEREGRINE_FUSE_HANDLE_VERSION */

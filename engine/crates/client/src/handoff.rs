@@ -13,7 +13,12 @@
 //!  8 u32 total        out: bytes of the whole description
 //! 12 u32 len          out: bytes of it in data
 //! 16 u64 generation   out: a hash of the whole description; a caller that
-//!                     sees it change between pieces starts again
+//!                     sees it change between pieces starts again.
+//!                     in (offset 0): the generation of a description the
+//!                     caller found stale, or 0; a daemon that keeps the
+//!                     last description a short while (one per process
+//!                     start otherwise costs a management round trip)
+//!                     fetches afresh when it keeps that one
 //! 24 u8  data[CONT_CHUNK]
 //! ```
 //!
@@ -102,17 +107,18 @@ pub fn probe(cont: &crate::Container) -> Result<()> {
         .map_err(|e| e.context(format!("rank {} ({})", t.rank, t.addr)))
 }
 
-/// The request of the piece at `offset`.
-pub fn request(offset: u32) -> Vec<u8> {
+/// The request of the piece at `offset`; `stale`: the generation of a
+/// description the caller found stale (0: none).
+pub fn request(offset: u32, stale: u64) -> Vec<u8> {
     let mut b = vec![0u8; CONT_SIZE];
     b[0..4].copy_from_slice(&CONT_VERSION.to_ne_bytes());
     b[4..8].copy_from_slice(&offset.to_ne_bytes());
+    b[16..24].copy_from_slice(&stale.to_ne_bytes());
     b
 }
 
-/// The daemon's side: the reply to request `req` about `description`
-/// (None: a request of another version or past the end).
-pub fn reply(req: &[u8], description: &[u8]) -> Option<Vec<u8>> {
+/// The daemon's side: what request `req` asks for (None: another version).
+pub fn asked(req: &[u8]) -> Option<Asked> {
     let u32_at = |o: usize| {
         req.get(o..o + 4)
             .map(|x| u32::from_ne_bytes(x.try_into().unwrap()))
@@ -120,7 +126,25 @@ pub fn reply(req: &[u8], description: &[u8]) -> Option<Vec<u8>> {
     if u32_at(0)? != CONT_VERSION {
         return None;
     }
-    let off = u32_at(4)? as usize;
+    let stale = u64::from_ne_bytes(req.get(16..24)?.try_into().unwrap());
+    Some(Asked {
+        offset: u32_at(4)?,
+        stale,
+    })
+}
+
+/// A request, as the daemon reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asked {
+    pub offset: u32,
+    /// The generation the caller found stale (0: none).
+    pub stale: u64,
+}
+
+/// The daemon's side: the reply to request `req` about `description`
+/// (None: a request of another version or past the end).
+pub fn reply(req: &[u8], description: &[u8]) -> Option<Vec<u8>> {
+    let off = asked(req)?.offset as usize;
     if off > description.len() {
         return None;
     }
@@ -136,14 +160,15 @@ pub fn reply(req: &[u8], description: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// The caller's side: the whole description, asking `ask(request)` for
-/// each piece (an ioctl), starting again if it changed meanwhile.
-pub fn fetch(mut ask: impl FnMut(&mut [u8]) -> Result<()>) -> Result<Vec<u8>> {
+/// each piece (an ioctl), starting again if it changed meanwhile;
+/// `stale`: the generation of the one the caller found stale (0: none).
+pub fn fetch(stale: u64, mut ask: impl FnMut(&mut [u8]) -> Result<()>) -> Result<Vec<u8>> {
     let bad = |what: &str| Error::new(-libc::EPROTO, format!("container description: {what}"));
     'again: for _ in 0..8 {
         let mut out = Vec::new();
         let mut gen = None;
         loop {
-            let mut b = request(out.len() as u32);
+            let mut b = request(out.len() as u32, stale);
             ask(&mut b)?;
             let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap()) as usize;
             let (total, len) = (u32_at(8), u32_at(12));
@@ -192,7 +217,7 @@ mod tests {
         let d = encode(&map, &info);
         assert!(d.len() > 2 * CONT_CHUNK);
         let mut calls = 0;
-        let got = fetch(|b| {
+        let got = fetch(0, |b| {
             calls += 1;
             b.copy_from_slice(&reply(b, &d).unwrap());
             Ok(())
@@ -200,7 +225,14 @@ mod tests {
         .unwrap();
         assert_eq!(calls, d.len().div_ceil(CONT_CHUNK));
         assert_eq!(decode(&got).unwrap(), (map, info));
-        assert!(reply(&request(d.len() as u32 + 1), &d).is_none());
+        assert!(reply(&request(d.len() as u32 + 1, 0), &d).is_none());
+        assert_eq!(
+            asked(&request(5, 9)),
+            Some(Asked {
+                offset: 5,
+                stale: 9
+            })
+        );
         assert_eq!(IOC_GET_CONT, 0xfe98_5003);
     }
 }

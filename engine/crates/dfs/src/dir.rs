@@ -1,25 +1,20 @@
-//! Directory listing: [`DirHandle`] (the names, snapshot at opendir) and
-//! readdir.
+//! Directory listing: [`DirHandle`] (the names, snapshot at the first
+//! read) and readdir.
 
 use crate::{Dfs, Entry, Node, Stat, COUNT_DKEY, READDIR_PARALLEL};
 use peregrine::{par_map, ObjectId, Result};
+use std::sync::OnceLock;
 
-/// A snapshot of a directory's names taken at open: cookies are positions
-/// in it (1-based; 0 = start), so they stay valid while entries are added
-/// or removed (added ones are not shown, removed ones are skipped).
+/// A snapshot of a directory's names taken at the first read: cookies are
+/// positions in it (1-based; 0 = start), so they stay valid while entries
+/// are added or removed (added ones are not shown, removed ones are
+/// skipped). Not at open: a directory is opened far more often than it is
+/// listed (fchdir, fstat, `openat` relative to it, the interception
+/// library's ioctls), and listing a large one costs a query of every shard.
 #[derive(Debug)]
 pub struct DirHandle {
     pub dir: ObjectId,
-    names: Vec<Vec<u8>>,
-}
-
-impl DirHandle {
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
+    names: OnceLock<Vec<Vec<u8>>>,
 }
 
 /// One entry returned by [`Dfs::readdir`].
@@ -37,16 +32,24 @@ impl Dfs {
         Self::need_dir(node)?;
         Ok(DirHandle {
             dir: node.oid(),
-            names: {
-                let mut names = self.obj(node.oid())?.list_dkeys()?;
-                names.retain(|k| k != COUNT_DKEY);
-                names
-            },
+            names: OnceLock::new(),
         })
     }
 
+    /// The names of `h`, listed at its first read.
+    fn names<'h>(&self, h: &'h DirHandle) -> Result<&'h [Vec<u8>]> {
+        if let Some(n) = h.names.get() {
+            return Ok(n);
+        }
+        let mut names = self.obj(h.dir)?.list_dkeys()?;
+        names.retain(|k| k != COUNT_DKEY);
+        // Two first reads at once: one listing is kept, both read it.
+        let _ = h.names.set(names);
+        Ok(h.names.get().expect("set just now"))
+    }
+
     /// Up to `max` entries after `cookie` (0 = from the start); entries
-    /// removed since opendir are skipped. Entries are fetched in parallel;
+    /// removed since the first read are skipped. Entries are fetched in parallel;
     /// a hard link shows its inode record's attributes.
     pub fn readdir(&self, h: &DirHandle, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
         Ok(self
@@ -96,15 +99,16 @@ impl Dfs {
         cookie: u64,
         max: usize,
     ) -> Result<Vec<(u64, Vec<u8>, Node)>> {
-        let start = (cookie as usize).min(h.names.len());
-        let end = start.saturating_add(max).min(h.names.len());
+        let names = self.names(h)?;
+        let start = (cookie as usize).min(names.len());
+        let end = start.saturating_add(max).min(names.len());
         let idx: Vec<usize> = (start..end).collect();
-        let fetched = par_chunks(&idx, |&i| self.fetch_entry(h.dir, &h.names[i]));
+        let fetched = par_chunks(&idx, |&i| self.fetch_entry(h.dir, &names[i]));
         let mut out = Vec::with_capacity(idx.len());
         for (i, r) in idx.into_iter().zip(fetched) {
             if let Some(entry) = r? {
-                let node = self.resolve(h.dir, &h.names[i], entry)?;
-                out.push((i as u64 + 1, h.names[i].clone(), node));
+                let node = self.resolve(h.dir, &names[i], entry)?;
+                out.push((i as u64 + 1, names[i].clone(), node));
             }
         }
         Ok(out)

@@ -36,6 +36,8 @@ pub const HANDLE_SIZE: usize = 208;
 pub const HANDLE_MGMT_MAX: usize = 128;
 pub const HANDLE_VERSION: u32 = 1;
 pub const HANDLE_FLAG_RDONLY: u32 = 1;
+/// The handle is of a directory (its object; no chunk size).
+pub const HANDLE_FLAG_DIR: u32 = 2;
 /// `_IOR('P', 1, struct peregrine_fuse_handle)`.
 pub const PEREGRINE_IOC_GET_HANDLE: u32 =
     (2u32 << 30) | ((HANDLE_SIZE as u32) << 16) | ((b'P' as u32) << 8) | 1;
@@ -97,6 +99,8 @@ pub struct PeregrineFs {
     /// Names this mount created, with the epoch of the entry's version it
     /// wrote, while it knows of no rewrite (`inodes.rs`, [`Created`]).
     created: Mutex<Created>,
+    /// `PEREGRINE_IOC_GET_CONT`'s last answer (ctl.rs).
+    descriptions: crate::ctl::Descriptions,
     next_fh: AtomicU64,
     /// Set by main once the session exists (kernel cache invalidation).
     notifier: Arc<OnceLock<Notifier>>,
@@ -239,6 +243,7 @@ impl PeregrineFs {
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
             created: Mutex::new(HashMap::new()),
+            descriptions: Default::default(),
             next_fh: AtomicU64::new(1),
             notifier: Arc::new(OnceLock::new()),
         }
@@ -958,7 +963,7 @@ impl Filesystem for PeregrineFs {
         }
         if cmd == peregrine::handoff::IOC_GET_CONT {
             // The interception library's control-port-free open (ctl.rs).
-            match crate::ctl::get_cont(&self.dfs, _in_data, out_size) {
+            match self.descriptions.get_cont(&self.dfs, _in_data, out_size) {
                 Ok(b) => reply.ioctl(0, &b),
                 Err(e) => reply.error(Errno::from_i32(e)),
             }
@@ -969,15 +974,20 @@ impl Filesystem for PeregrineFs {
             return;
         }
         let h = tryr!(reply, self.handle(fh));
-        let Handle::File { file, .. } = &*h else {
-            reply.error(Errno::from_i32(libc::ENOTTY));
-            return;
-        };
         if (out_size as usize) < HANDLE_SIZE {
             reply.error(Errno::from_i32(libc::EINVAL));
             return;
         }
-        reply.ioctl(0, &self.handle_bytes(file));
+        let b = match &*h {
+            Handle::File { file, .. } => self.handle_bytes(file.oid(), file.chunk_size(), 0),
+            // The interception library learns the container from the
+            // mount's root, without a file to find first.
+            Handle::Dir(_) => {
+                let n = tryr!(reply, self.node(_ino));
+                self.handle_bytes(n.oid(), 0, HANDLE_FLAG_DIR)
+            }
+        };
+        reply.ioctl(0, &b);
     }
 
     fn fallocate(

@@ -103,11 +103,20 @@ fn handle_ioctl_and_real_programs() {
     let mut head = [0u8; 7];
     f2.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"direct!");
-    // A directory answers ENOTTY; an unknown command too.
+    // A directory answers with its own object, flagged as a directory's,
+    // in the same container; an unknown command answers ENOTTY.
     let d = fs::File::open(m.p("d1")).unwrap();
+    let file_cont = h.cont;
     assert_eq!(
         // SAFETY: as above: `h` is a live Handle of the size the command names.
         unsafe { libc::ioctl(d.as_raw_fd(), cmd as _, &mut h as *mut Handle) },
+        0
+    );
+    assert_eq!((h.flags & 2, h.chunk_size, h.cont), (2, 0, file_cont));
+    let unknown = cmd + 0x10; // another command number, same size
+    assert_eq!(
+        // SAFETY: as above.
+        unsafe { libc::ioctl(d.as_raw_fd(), unknown as _, &mut h as *mut Handle) },
         -1
     );
     assert_eq!(

@@ -100,6 +100,24 @@ fn invalidate_ioctl_refreshes_kernel_caches() {
     dfs.mkdir(&dfs.root(), b"elsewhere", 0o755, 0, 0).unwrap();
     assert_eq!(nlink(&dir), before, "the kernel's attributes last 60 s");
     let root = fs::File::open(&dir).unwrap();
+    // The root's own handle: its object, flagged as a directory's (the
+    // interception library learns the container from it).
+    let mut h = [0u8; 208];
+    // SAFETY: IOC_GET_HANDLE writes 208 bytes, the length of the live local `h`.
+    let r = unsafe { libc::ioctl(root.as_raw_fd(), IOC_GET_HANDLE as _, h.as_mut_ptr()) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let u64_at = |o: usize| u64::from_ne_bytes(h[o..o + 8].try_into().unwrap());
+    assert_eq!(
+        u32::from_ne_bytes(h[4..8].try_into().unwrap()) & 2,
+        2,
+        "PEREGRINE_FUSE_HANDLE_DIR"
+    );
+    assert_eq!(&h[24..40], dfs.container().uuid().as_bytes());
+    let root_oid = dfs.root().oid();
+    assert_eq!(
+        (u64_at(40), u64_at(48), u64_at(56)),
+        (root_oid.hi, root_oid.lo, 0)
+    );
     let call = |b: &mut [u8; dirs_changed::DIRS_SIZE]| {
         // SAFETY: the ioctl reads DIRS_SIZE bytes from `b`, alive for the call.
         let r = unsafe {

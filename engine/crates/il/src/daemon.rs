@@ -13,6 +13,7 @@ use libc::{c_int, c_ulong, c_void};
 use peregrine::handoff;
 use peregrine::sync::Mutex;
 use peregrine::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 type ContKey = ([u8; 16], [u8; 16]);
 
@@ -22,9 +23,10 @@ static PRIMED: Mutex<Vec<(ContKey, Vec<u8>)>> = Mutex::new(Vec::new());
 /// Most descriptors tried for one refresh.
 const TRIES: usize = 4;
 
-/// The whole description, through `fd`.
-fn fetch(fd: c_int) -> Result<Vec<u8>> {
-    handoff::fetch(|b| {
+/// The whole description, through `fd`; `stale`: the generation of the
+/// one found stale (0: none).
+fn fetch(fd: c_int, stale: u64) -> Result<Vec<u8>> {
+    handoff::fetch(stale, |b| {
         // SAFETY: the ioctl reads and writes CONT_SIZE bytes of b.
         let r = unsafe {
             ioctl_raw(
@@ -50,7 +52,7 @@ pub(crate) fn prime(fd: c_int, h: &Handle, open: bool) {
     if open {
         return;
     }
-    if let Ok(d) = fetch(fd) {
+    if let Ok(d) = fetch(fd, 0) {
         let mut p = PRIMED.lock();
         p.retain(|(k, _)| *k != (h.pool, h.cont));
         p.push(((h.pool, h.cont), d));
@@ -60,18 +62,28 @@ pub(crate) fn prime(fd: c_int, h: &Handle, open: bool) {
 /// The management calls of one container, answered by the daemon.
 pub(crate) struct DaemonSource {
     key: ContKey,
+    /// The generation of the description last taken: a later call is a
+    /// refresh, which the daemon must answer afresh, not from what it keeps.
+    taken: AtomicU64,
 }
 
 impl DaemonSource {
     pub(crate) fn new(h: &Handle) -> DaemonSource {
         DaemonSource {
             key: (h.pool, h.cont),
+            taken: AtomicU64::new(0),
         }
     }
 
     /// The description: the primed one at open (`take`: the last call of
     /// the open), else a fresh one through a tracked descriptor.
     fn description(&self, take: bool) -> Result<Vec<u8>> {
+        let d = self.description_from_daemon(take)?;
+        self.taken.store(handoff::generation(&d), Ordering::Relaxed);
+        Ok(d)
+    }
+
+    fn description_from_daemon(&self, take: bool) -> Result<Vec<u8>> {
         {
             let mut p = PRIMED.lock();
             if let Some(i) = p.iter().position(|(k, _)| *k == self.key) {
@@ -101,8 +113,9 @@ impl DaemonSource {
             -libc::ENOTCONN,
             "no open file of the container to ask the FUSE daemon through".to_string(),
         );
+        let stale = self.taken.load(Ordering::Relaxed);
         for fd in fds {
-            match fetch(fd) {
+            match fetch(fd, stale) {
                 Ok(d) => return Ok(d),
                 Err(e) => last = e,
             }

@@ -58,11 +58,13 @@
 //!   what the mode bits deny goes to the kernel, which may still allow it
 //!   (capabilities), so the library never grants or denies differently.
 //!   Mounts without `allow_other` serve only their owner.
-//! * The container: the daemon hands it out only for an open regular
-//!   file, so the library learns a mount's container from the first
-//!   regular file the process opens there through the kernel, or by
-//!   opening one it finds in the mount's first directories (`ns.rs`); an
-//!   empty mount is served on the kernel path until a file exists.
+//! * The container: the daemon hands it out for an open file or
+//!   directory of the mount, so the library learns a mount's container
+//!   from the first regular file the process opens there through the
+//!   kernel, or from the mount's root directory (`ns.rs`; with an older
+//!   daemon, which answers on regular files only, from one it finds in
+//!   the mount's first directories: an empty mount is then served on the
+//!   kernel path until a file exists).
 //! * The cache (`cache.rs`): directory entries and attributes (sizes
 //!   included), each kept for at most `PEREGRINE_IL_CACHE_MS` (default
 //!   1000 ms, the daemon's default `--attr-timeout`/`--dentry-timeout`;

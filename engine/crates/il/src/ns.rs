@@ -2,14 +2,16 @@
 //! a [`Dfs`] over the mount's container, made on first use.
 //!
 //! The daemon hands out the container (pool, container, management
-//! address) only through `PEREGRINE_IOC_GET_HANDLE` on an open *regular
-//! file* (include/peregrine_fuse.h). So the library learns a mount's
-//! container from the first regular file of it that the process opens on
-//! the kernel path (track.rs calls [`learn`]), or, on the first path call
-//! into a mount it does not know, by opening a regular file it finds in
-//! the mount's first directories (at most [`SCAN_DIRS`] directories,
-//! [`SCAN_ENTRIES`] entries, once a second per mount). Until then calls
-//! into that mount go to the kernel.
+//! address) through `PEREGRINE_IOC_GET_HANDLE` on an open file or
+//! directory of the mount (include/peregrine_fuse.h). So the library
+//! learns a mount's container from the first regular file of it that the
+//! process opens on the kernel path (track.rs calls [`learn`]), or, on the
+//! first path call into a mount it does not know, from the mount's root
+//! directory. A daemon that answers only on regular files (older ones)
+//! is served by opening a regular file found in the mount's first
+//! directories (at most [`SCAN_DIRS`] directories, [`SCAN_ENTRIES`]
+//! entries, once a second per mount); until one exists, calls into that
+//! mount go to the kernel.
 
 use crate::handle::{Handle, HANDLE_SIZE, IOC_GET_HANDLE};
 use crate::mounts::Mnt;
@@ -174,6 +176,11 @@ fn mount(m: &Mnt, h: Handle) -> Result<Ns, String> {
 /// its first directories (raw system calls: the program's interposers are
 /// not involved).
 fn scan(mount_point: &[u8]) -> Option<Handle> {
+    // The root's own handle, from a daemon that answers on directories:
+    // no listing, no file to find.
+    if let Some(h) = handle_of(mount_point, libc::O_DIRECTORY) {
+        return Some(h);
+    }
     let mut dirs: Vec<Vec<u8>> = vec![mount_point.to_vec()];
     let (mut seen, mut done) = (0usize, 0usize);
     while let Some(d) = (done < dirs.len()).then(|| dirs[done].clone()) {
@@ -212,7 +219,7 @@ fn scan(mount_point: &[u8]) -> Option<Handle> {
                 if kind == libc::DT_DIR {
                     dirs.push(p);
                 } else if kind == libc::DT_REG {
-                    if let Some(h) = handle_of(&p) {
+                    if let Some(h) = handle_of(&p, 0) {
                         // SAFETY: our own descriptor.
                         unsafe { libc::syscall(libc::SYS_close, fd) };
                         return Some(h);
@@ -241,8 +248,8 @@ pub(crate) fn sys_open(p: &[u8], flags: c_int) -> c_int {
     }
 }
 
-fn handle_of(p: &[u8]) -> Option<Handle> {
-    let fd = sys_open(p, libc::O_RDONLY);
+fn handle_of(p: &[u8], flags: c_int) -> Option<Handle> {
+    let fd = sys_open(p, libc::O_RDONLY | flags);
     if fd < 0 {
         return None;
     }

@@ -434,6 +434,10 @@ fn convert(s: &Arc<Shared>) -> Result<(), c_int> {
         return Ok(());
     };
     crate::stray::adopt_locked(first, s);
+    // Anything written through it (or moved in just now)? A shell's
+    // redirection converts before the first write: nothing for the kernel
+    // to drop then.
+    let written = s.dirty.load(Ordering::Acquire) || s.file().is_ok_and(|f| f.cached_size() > 0);
     record(s, p);
     let flags = (p.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC))
         | libc::O_CLOEXEC
@@ -496,7 +500,7 @@ fn convert(s: &Arc<Shared>) -> Result<(), c_int> {
         // through placeholders; the daemon records an mtime as it
         // invalidates, which a file only read must keep (cp -a converts
         // its source to read the xattrs).
-        if p.created {
+        if p.created && written {
             ioctl_raw(k, IOC_INVALIDATE, std::ptr::null_mut());
         }
         for &n in &fds {

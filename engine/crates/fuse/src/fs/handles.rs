@@ -73,21 +73,24 @@ impl PeregrineFs {
         Ok(())
     }
 
-    pub(super) fn handle_bytes(&self, file: &File) -> Vec<u8> {
+    /// `struct peregrine_fuse_handle` for object `oid` (a file's, with its
+    /// chunk size, or a directory's with `HANDLE_FLAG_DIR`).
+    pub(super) fn handle_bytes(&self, oid: ObjectId, chunk_size: u64, kind: u32) -> Vec<u8> {
         let cont = self.dfs.container();
         let mut b = Vec::with_capacity(HANDLE_SIZE);
         b.extend_from_slice(&HANDLE_VERSION.to_ne_bytes());
-        let flags = if self.opts.read_only {
-            HANDLE_FLAG_RDONLY
-        } else {
-            0
-        };
+        let flags = kind
+            | if self.opts.read_only {
+                HANDLE_FLAG_RDONLY
+            } else {
+                0
+            };
         b.extend_from_slice(&flags.to_ne_bytes());
         b.extend_from_slice(cont.pool().uuid().as_bytes());
         b.extend_from_slice(cont.uuid().as_bytes());
-        b.extend_from_slice(&file.oid().hi.to_ne_bytes());
-        b.extend_from_slice(&file.oid().lo.to_ne_bytes());
-        b.extend_from_slice(&file.chunk_size().to_ne_bytes());
+        b.extend_from_slice(&oid.hi.to_ne_bytes());
+        b.extend_from_slice(&oid.lo.to_ne_bytes());
+        b.extend_from_slice(&chunk_size.to_ne_bytes());
         b.extend_from_slice(&[0u8; 16]);
         let mut m = [0u8; HANDLE_MGMT_MAX];
         let a = self.opts.mgmt.as_bytes();
