@@ -172,38 +172,41 @@ real!(
     unsafe extern "C" fn(*const c_char, *const c_char) -> *mut FILE
 );
 
+/// Before fork, exec or a spawn: placeholders become the real files (all,
+/// or those an exec keeps), and the directories this process changed are
+/// made fresh in the kernel for the program that runs next.
+pub(crate) fn hand_over(all: bool) {
+    convert_all(all);
+    crate::dirs_changed::flush();
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execve(p: *const c_char, a: Argv, e: Argv) -> c_int {
-    convert_all(false);
-    crate::dirs_changed::flush();
+    hand_over(false);
     r_execve()(p, a, e)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execv(p: *const c_char, a: Argv) -> c_int {
-    convert_all(false);
-    crate::dirs_changed::flush();
+    hand_over(false);
     r_execv()(p, a)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(p: *const c_char, a: Argv) -> c_int {
-    convert_all(false);
-    crate::dirs_changed::flush();
+    hand_over(false);
     r_execvp()(p, a)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(p: *const c_char, a: Argv, e: Argv) -> c_int {
-    convert_all(false);
-    crate::dirs_changed::flush();
+    hand_over(false);
     r_execvpe()(p, a, e)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, a: Argv, e: Argv) -> c_int {
-    convert_all(false);
-    crate::dirs_changed::flush();
+    hand_over(false);
     r_fexecve()(fd, a, e)
 }
 
@@ -218,8 +221,7 @@ pub unsafe extern "C" fn posix_spawn(
     a: Argv,
     e: Argv,
 ) -> c_int {
-    convert_all(true);
-    crate::dirs_changed::flush();
+    hand_over(true);
     r_posix_spawn()(pid, p, fa, at, a, e)
 }
 
@@ -232,22 +234,19 @@ pub unsafe extern "C" fn posix_spawnp(
     a: Argv,
     e: Argv,
 ) -> c_int {
-    convert_all(true);
-    crate::dirs_changed::flush();
+    hand_over(true);
     r_posix_spawnp()(pid, p, fa, at, a, e)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn system(c: *const c_char) -> c_int {
-    convert_all(true);
-    crate::dirs_changed::flush();
+    hand_over(true);
     r_system()(c)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn popen(c: *const c_char, m: *const c_char) -> *mut FILE {
-    convert_all(true);
-    crate::dirs_changed::flush();
+    hand_over(true);
     r_popen()(c, m)
 }
 

@@ -25,9 +25,7 @@ extern "C" fn fork_prepare() {
     // Placeholders become the real files first: parent and child then
     // share the kernel's open file (and its offset) even if the child
     // execs (a conversion in the child would give it a file of its own).
-    crate::place::convert_all(true);
-    // The child (and what it execs) sees this process's directory changes.
-    crate::dirs_changed::flush();
+    crate::convert::hand_over(true);
     // Hold the tables across fork so the child gets them consistent.
     FDS.hold_across_fork();
     CONTS.hold_across_fork();
