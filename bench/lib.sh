@@ -105,6 +105,39 @@ bench_cleanup() {
   exit "$rc"
 }
 
+FUSE="$BIN/peregrine-fuse"
+MNT=
+FUSE_PID=""
+
+# bench_mount POOL CONT: peregrine-fuse mounts the container on $WORK/mnt (MNT), its log in
+# $WORK/fuse.log; bench_unmount stops it (a script's bench_before_stop calls it, so that the
+# mount goes before the engines stop).
+bench_mount() {
+  MNT="$WORK/mnt"
+  mkdir -p "$MNT"
+  "$FUSE" --pool "$1" --cont "$2" --mountpoint "$MNT" --foreground >"$WORK/fuse.log" 2>&1 &
+  FUSE_PID=$!
+  wait_until 30 "the peregrine-fuse mount" bench_mounted || die "mount failed: $(cat "$WORK/fuse.log")"
+}
+
+bench_mounted() { grep -q " $MNT fuse.peregrine " /proc/mounts; }
+
+bench_unmount() {
+  if [[ -n $FUSE_PID ]]; then
+    kill -TERM "$FUSE_PID" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+      kill -0 "$FUSE_PID" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$FUSE_PID" 2>/dev/null || true
+    wait "$FUSE_PID" 2>/dev/null || true
+    FUSE_PID=""
+  fi
+  if [[ -n $MNT ]] && bench_mounted; then
+    umount -l "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
+  fi
+}
+
 export PEREGRINE_MGMT=127.0.0.1:10001
 # shellcheck source=hack/engines.sh
 source "$ROOT/hack/engines.sh"

@@ -36,7 +36,6 @@ set -euo pipefail
 BENCH_NAME=posix-bench
 # shellcheck source=bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-FUSE="$BIN/peregrine-fuse"
 MDTEST="$BIN/peregrine-mdtest"
 IL="$BIN/libperegrine_il.so"
 
@@ -96,29 +95,12 @@ QUARTER=$((SIZE_BYTES / 4))
 
 # ---- work directory, and the mount removed before the engine stops ----
 bench_workdir peregrine-posix
-MNT="$WORK/mnt"
-FUSE_PID=""
-unmount() {
-  if [[ -n $FUSE_PID ]]; then
-    kill -TERM "$FUSE_PID" 2>/dev/null || true
-    for _ in $(seq 1 100); do
-      kill -0 "$FUSE_PID" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$FUSE_PID" 2>/dev/null || true
-    wait "$FUSE_PID" 2>/dev/null || true
-    FUSE_PID=""
-  fi
-  if grep -q " $MNT fuse.peregrine " /proc/mounts; then
-    umount -l "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
-  fi
-}
 bench_before_stop() {
   if (($1 != 0)) && [[ -s $WORK/fuse.log ]]; then
     echo "--- $WORK/fuse.log" >&2
     tail -n 15 "$WORK/fuse.log" >&2
   fi
-  unmount
+  bench_unmount
 }
 
 # ---- engine, pool, container, mount ----
@@ -127,11 +109,7 @@ engines_start 1 "$DEVICE_SIZE" "$TARGETS" 1GiB
 engines_up 1 || die "engine did not come up"
 "$PEREGRINE" pool create posix --scm-size $((256 * 1024 * 1024)) --nvme-size $((DEVICE_BYTES / 2)) >/dev/null
 "$PEREGRINE" cont create posix fs --type POSIX --oclass SX --checksum crc32c >/dev/null
-mkdir -p "$MNT"
-"$FUSE" --pool posix --cont fs --mountpoint "$MNT" --foreground >"$WORK/fuse.log" 2>&1 &
-FUSE_PID=$!
-is_mounted() { grep -q " $MNT fuse.peregrine " /proc/mounts; }
-wait_until 30 "the peregrine-fuse mount" is_mounted || die "mount failed: $(cat "$WORK/fuse.log")"
+bench_mount posix fs
 echo "==> pool posix, container fs (POSIX, oclass SX, crc32c) mounted on $MNT"
 # Offset+bytes of each target's data blocks in the device file, from the engine's log (for (c'')).
 DATA_REGIONS=$(grep -o 'data_regions=[0-9+,]*' "$WORK/engine0.log" | tail -n 1 | cut -d= -f2)
@@ -331,7 +309,7 @@ for ((r = 1; r <= MD_ROUNDS; r++)); do
   run_md "mdtest-local-r$r" "$WORK/local-md"
 done
 LOCAL_FS=$(stat -f -c %T "$WORK/local-md")
-unmount
+bench_unmount
 engines_stop
 
 # ---- the table and the JSON ----
