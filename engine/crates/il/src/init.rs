@@ -15,7 +15,7 @@ extern "C" fn flush_commits() {
     crate::ns::settle_discards();
     // Another thread may hold the table while the process exits: skip then.
     if let Some(conts) = CONTS.try_lock() {
-        for (_, c) in conts.iter() {
+        for (_, c, _) in conts.iter() {
             c.pool().client().flush_commits();
         }
     }

@@ -161,9 +161,11 @@ pub(crate) fn get(m: &Mnt, mount_point: impl FnOnce() -> Vec<u8>) -> Option<Arc<
 }
 
 fn mount(m: &Mnt, h: Handle) -> Result<Ns, String> {
-    let cont = container(&h).map_err(|e| format!("metadata: container: errno {e}"))?;
+    // Dfs::mount reads the superblock: the data plane is tried there.
+    let cont = container(&h, false).map_err(|e| format!("metadata: container: errno {e}"))?;
     let dfs = Dfs::mount(cont, false, h.read_only)
         .map_err(|e| format!("metadata: mount of the container: {e} ({})", err_of(&e)))?;
+    crate::table::reached(&h);
     Ok(Ns {
         mnt: m.clone(),
         root: dfs.root(),

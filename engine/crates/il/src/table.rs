@@ -62,7 +62,7 @@ impl Shared {
         if let Some(f) = self.file.lock().as_ref() {
             return Ok(f.clone());
         }
-        let cont = container(&self.h)?;
+        let cont = container(&self.h, true)?;
         let f = Arc::new(
             File::new(&cont, self.h.oid, self.h.chunk, self.h.read_only).map_err(|e| err_of(&e))?,
         );
@@ -83,7 +83,9 @@ pub(crate) type Key = (u32, u32, u64);
 pub(crate) static MAPPED: Mutex<BTreeSet<Key>> = Mutex::new(BTreeSet::new());
 
 type ContKey = (String, [u8; 16], [u8; 16]);
-pub(crate) static CONTS: Mutex<Vec<(ContKey, peregrine::Container)>> = Mutex::new(Vec::new());
+/// Open containers, each with whether this process is known to reach its
+/// engines ([`container`]'s probe).
+pub(crate) static CONTS: Mutex<Vec<(ContKey, peregrine::Container, bool)>> = Mutex::new(Vec::new());
 
 pub(crate) fn err_of(e: &peregrine::Error) -> c_int {
     if e.code < 0 {
@@ -100,7 +102,7 @@ fn uuid_str(b: &[u8; 16]) -> String {
 /// Whether `h`'s container is open in this process.
 pub(crate) fn is_open(h: &Handle) -> bool {
     let key = (h.mgmt.clone(), h.pool, h.cont);
-    CONTS.lock().iter().any(|(k, _)| *k == key)
+    CONTS.lock().iter().any(|(k, _, _)| *k == key)
 }
 
 /// The shared-memory settings of this process's containers: the defaults
@@ -114,36 +116,60 @@ fn shm_config() -> peregrine::shm::ShmConfig {
 
 /// `h`'s container, opened through the FUSE daemon (`daemon.rs`): never
 /// through the control port, which takes only certificate holders.
-pub(crate) fn container(h: &Handle) -> Result<peregrine::Container, c_int> {
+/// `probe`: make sure this process reaches the engines (`handoff::probe`,
+/// a ping) before the container is used, for a caller whose next step
+/// would fail rather than fall back. A namespace's mount needs none (it
+/// reads the superblock at once, and tells [`reached`] when that worked):
+/// a ping would cost a connection to a target the process may never use.
+pub(crate) fn container(h: &Handle, probe: bool) -> Result<peregrine::Container, c_int> {
     let key = (h.mgmt.clone(), h.pool, h.cont);
     let mut t = CONTS.lock();
-    if let Some((_, c)) = t.iter().find(|(k, _)| *k == key) {
-        return Ok(c.clone());
-    }
-    let c = (|| {
-        let client = peregrine::Client::connect_via_with_shm(
-            &h.mgmt,
-            Arc::new(daemon::DaemonSource::new(h)),
-            peregrine::TransportKind::from_env()?,
-            shm_config(),
-        );
-        let pool = client.pool_connect(&uuid_str(&h.pool))?;
-        let cont = pool.cont_open(&uuid_str(&h.cont))?;
-        peregrine::handoff::probe(&cont)?;
-        Ok(cont)
-    })()
-    .map_err(|e| {
-        let m = format!("container via {}: {e}", h.mgmt);
-        if env_on(b"PEREGRINE_IL_DEBUG\0") {
-            let line = format!("peregrine-il: {m}\n");
-            // SAFETY: raw write of an owned buffer.
-            unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
+    let found = t.iter().position(|(k, _, _)| *k == key);
+    let i = match found {
+        Some(i) => i,
+        None => {
+            let c = (|| {
+                let client = peregrine::Client::connect_via_with_shm(
+                    &h.mgmt,
+                    Arc::new(daemon::DaemonSource::new(h)),
+                    peregrine::TransportKind::from_env()?,
+                    shm_config(),
+                );
+                let pool = client.pool_connect(&uuid_str(&h.pool))?;
+                pool.cont_open(&uuid_str(&h.cont))
+            })()
+            .map_err(|e| failed(h, &e))?;
+            t.push((key, c, false));
+            t.len() - 1
         }
-        note_failure(m);
-        err_of(&e)
-    })?;
-    t.push((key, c.clone()));
-    Ok(c)
+    };
+    let (_, c, reached) = &mut t[i];
+    if probe && !*reached {
+        peregrine::handoff::probe(c).map_err(|e| failed(h, &e))?;
+        *reached = true;
+    }
+    Ok(c.clone())
+}
+
+/// `h`'s container reached the engines (its namespace's mount read from
+/// them): no probe for it.
+pub(crate) fn reached(h: &Handle) {
+    let key = (h.mgmt.clone(), h.pool, h.cont);
+    if let Some((_, _, r)) = CONTS.lock().iter_mut().find(|(k, _, _)| *k == key) {
+        *r = true;
+    }
+}
+
+/// Say why `h`'s container cannot be used (the report's first failure).
+fn failed(h: &Handle, e: &peregrine::Error) -> c_int {
+    let m = format!("container via {}: {e}", h.mgmt);
+    if env_on(b"PEREGRINE_IL_DEBUG\0") {
+        let line = format!("peregrine-il: {m}\n");
+        // SAFETY: raw write of an owned buffer.
+        unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
+    }
+    note_failure(m);
+    err_of(e)
 }
 
 pub(crate) fn lookup(fd: c_int) -> Option<Arc<Shared>> {
