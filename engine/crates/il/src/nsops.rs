@@ -211,6 +211,16 @@ fn may_remove(cred: &Cred, dir: &Node, child: Option<&Node>) -> bool {
     }
 }
 
+/// A served change (that happened or may have) touched directories `dirs`
+/// of `loc`'s mount: this process reads their entries again, and the
+/// kernel learns of them before the next program runs (`dirs_changed.rs`).
+pub(crate) fn dirs_touched(loc: &Loc, dirs: &[ObjectId]) {
+    for d in dirs {
+        cache::entry_changed(*d);
+    }
+    dirs_changed::changed(loc, dirs);
+}
+
 /// Run a served change: None (kernel path) unless the library is on and
 /// the path is in a mount it serves.
 unsafe fn serve(
@@ -280,11 +290,10 @@ unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_i
         }
         let mode = mode & 0o1777 & !mask;
         let made = loc.ns.dfs.mkdir(dir, name, mode, cred.uid(), cred.gid());
-        dirs_changed::changed(loc, &[dir.oid()]);
+        dirs_touched(loc, &[dir.oid()]);
         match made {
             Ok(n) => {
                 cache::put_dent(loc.ns.key(), n.clone());
-                cache::entry_changed(dir.oid());
                 born(&n, None);
                 W::Ok(())
             }
@@ -332,9 +341,8 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
                 None => loc.ns.dfs.unlink(dir, name),
             }
         };
-        dirs_changed::changed(loc, &[dir.oid()]);
+        dirs_touched(loc, &[dir.oid()]);
         cache::drop_dent(dir.oid(), name);
-        cache::entry_changed(dir.oid());
         cache::entry_changed(n.oid());
         unborn(dir.oid(), name);
         match r {
@@ -398,7 +406,7 @@ unsafe fn rename_at(
         // A directory moved to another parent has a new `..`.
         let moved_dir = (src.is_dir() && sp.oid() != dp.oid()).then(|| src.oid());
         let dirs: Vec<ObjectId> = [sp.oid(), dp.oid()].into_iter().chain(moved_dir).collect();
-        dirs_changed::changed(from, &dirs);
+        dirs_touched(from, &dirs);
         unborn(sp.oid(), sname);
         if r.is_ok() {
             let moved = Node {
@@ -410,9 +418,7 @@ unsafe fn rename_at(
         }
         cache::drop_dent(sp.oid(), sname);
         cache::drop_dent(dp.oid(), dname);
-        for o in [sp.oid(), dp.oid(), src.oid()] {
-            cache::entry_changed(o);
-        }
+        cache::entry_changed(src.oid());
         match r {
             Ok(()) => W::Ok(()),
             Err(e) => W::Err(changed_err(&e)),

@@ -187,12 +187,11 @@ pub(crate) unsafe fn open_at(
                     let made =
                         ns.dfs
                             .create_versioned(dir, name, mode, cred.uid(), cred.gid(), true);
-                    crate::dirs_changed::changed(&loc, &[dir.oid()]);
+                    crate::nsops::dirs_touched(&loc, &[dir.oid()]);
                     match made {
                         Ok((n, written_at)) => {
                             let n = Arc::new(n);
                             cache::put_dent(ns.key(), n.clone());
-                            cache::entry_changed(dir.oid());
                             born(&n, written_at);
                             W::Ok((n, true))
                         }
