@@ -108,34 +108,71 @@ bench_cleanup() {
 FUSE="$BIN/peregrine-fuse"
 MNT=
 FUSE_PID=""
+MOUNTS=()
+FUSE_PIDS=()
+# How the daemons take the kernel's requests (`peregrine-fuse --io-uring`): FUSE over io_uring
+# where this kernel has it (the daemon turns its parameter on), else /dev/fuse; a script's
+# --io-uring option overrides it.
+if [[ -e /sys/module/fuse/parameters/enable_uring ]]; then IO_URING=on; else IO_URING=off; fi
 
-# bench_mount POOL CONT: peregrine-fuse mounts the container on $WORK/mnt (MNT), its log in
-# $WORK/fuse.log; bench_unmount stops it (a script's bench_before_stop calls it, so that the
+# want_io_uring VALUE: on, off or auto, for IO_URING.
+want_io_uring() {
+  case $1 in
+    on | off | auto) IO_URING=$1 ;;
+    *) die "--io-uring wants on, off or auto, got $1" ;;
+  esac
+}
+
+# bench_fuse POOL CONT DIR [FLAG...]: a peregrine-fuse daemon mounts the container on DIR, its log
+# in DIR.log, with --io-uring $IO_URING unless the flags say otherwise; its pid in BENCH_FUSE_PID.
+# bench_unmount stops every daemon started so.
+bench_fuse() {
+  local pool=$1 cont=$2 dir=$3
+  shift 3
+  mkdir -p "$dir"
+  local io=(--io-uring "$IO_URING")
+  [[ " $* " == *" --io-uring "* ]] && io=()
+  "$FUSE" --pool "$pool" --cont "$cont" --mountpoint "$dir" --foreground "${io[@]}" "$@" \
+    >"$dir.log" 2>&1 &
+  BENCH_FUSE_PID=$!
+  FUSE_PIDS+=("$BENCH_FUSE_PID")
+  MOUNTS+=("$dir")
+  wait_until 30 "the peregrine-fuse mount on $dir" bench_mounted "$dir" ||
+    die "mount failed: $(cat "$dir.log")"
+}
+
+# bench_mount POOL CONT [FLAG...]: bench_fuse on $WORK/mnt (MNT, FUSE_PID; its log
+# $WORK/mnt.log); bench_unmount stops it (a script's bench_before_stop calls it, so that the
 # mount goes before the engines stop).
 bench_mount() {
   MNT="$WORK/mnt"
-  mkdir -p "$MNT"
-  "$FUSE" --pool "$1" --cont "$2" --mountpoint "$MNT" --foreground >"$WORK/fuse.log" 2>&1 &
-  FUSE_PID=$!
-  wait_until 30 "the peregrine-fuse mount" bench_mounted || die "mount failed: $(cat "$WORK/fuse.log")"
+  bench_fuse "$1" "$2" "$MNT" "${@:3}"
+  FUSE_PID=$BENCH_FUSE_PID
 }
 
-bench_mounted() { grep -q " $MNT fuse.peregrine " /proc/mounts; }
+bench_mounted() { grep -q " ${1:-$MNT} fuse.peregrine " /proc/mounts; }
 
 bench_unmount() {
-  if [[ -n $FUSE_PID ]]; then
-    kill -TERM "$FUSE_PID" 2>/dev/null || true
+  local pid dir
+  for pid in "${FUSE_PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${FUSE_PIDS[@]}"; do
     for _ in $(seq 1 100); do
-      kill -0 "$FUSE_PID" 2>/dev/null || break
+      kill -0 "$pid" 2>/dev/null || break
       sleep 0.1
     done
-    kill -KILL "$FUSE_PID" 2>/dev/null || true
-    wait "$FUSE_PID" 2>/dev/null || true
-    FUSE_PID=""
-  fi
-  if [[ -n $MNT ]] && bench_mounted; then
-    umount -l "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
-  fi
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  FUSE_PIDS=()
+  FUSE_PID=""
+  for dir in "${MOUNTS[@]}"; do
+    if bench_mounted "$dir"; then
+      umount -l "$dir" 2>/dev/null || fusermount3 -uz "$dir" 2>/dev/null || true
+    fi
+  done
+  MOUNTS=()
 }
 
 export PEREGRINE_MGMT=127.0.0.1:10001

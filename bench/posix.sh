@@ -22,6 +22,12 @@
 #   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 8] [--device-size 8GiB] [--sparse]
 #                  [--dir /var/tmp] [--items 1000] [--threads 4] [--procs 1] [--md-sizes 0,3901]
 #                  [--md-layout unique,shared] [--md-rounds 1] [--md-only] [--no-build] [--no-raw]
+#                  [--io-uring on|off|auto]
+#
+# The mount takes the kernel's requests over FUSE over io_uring where the kernel has it (the
+# daemon turns fuse.enable_uring on; --io-uring off: /dev/fuse). mdtest also runs on a second
+# mount of the same container over /dev/fuse ("mount /dev/fuse"), so that the table compares
+# the two transports in one run.
 #
 # mdtest runs --procs processes of --threads threads, --items files each per phase;
 # --md-rounds times, the three paths one after the other in each round (the table shows
@@ -71,6 +77,7 @@ while (($#)); do
     --no-build) BUILD=0; shift ;;
     --no-raw) RAW=0; shift ;;
     --sparse) DEVICE_WRITTEN=0; shift ;;
+    --io-uring) want_io_uring "$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown option $1" ;;
   esac
@@ -96,9 +103,9 @@ QUARTER=$((SIZE_BYTES / 4))
 # ---- work directory, and the mount removed before the engine stops ----
 bench_workdir peregrine-posix
 bench_before_stop() {
-  if (($1 != 0)) && [[ -s $WORK/fuse.log ]]; then
-    echo "--- $WORK/fuse.log" >&2
-    tail -n 15 "$WORK/fuse.log" >&2
+  if (($1 != 0)) && [[ -s $WORK/mnt.log ]]; then
+    echo "--- $WORK/mnt.log" >&2
+    tail -n 15 "$WORK/mnt.log" >&2
   fi
   bench_unmount
 }
@@ -299,8 +306,15 @@ run_md() {
     >"$WORK/$name.out" 2>"$WORK/$name.err" || { cat "$WORK/$name.err" >&2; die "mdtest ($name) failed"; }
 }
 mkdir -p "$WORK/local-md"
+DEV_MNT=
+if [[ $IO_URING != off ]]; then
+  DEV_MNT="$WORK/mnt-dev"
+  bench_fuse posix fs "$DEV_MNT" --io-uring off
+fi
+echo "==> mount: $(grep -q 'FUSE over io_uring' "$MNT.log" && echo 'FUSE over io_uring' || echo /dev/fuse)${DEV_MNT:+; $DEV_MNT: /dev/fuse}"
 for ((r = 1; r <= MD_ROUNDS; r++)); do
   run_md "mdtest-r$r" "$MNT"
+  if [[ -n $DEV_MNT ]]; then run_md "mdtest-dev-r$r" "$DEV_MNT"; fi
   if ((HAVE_IL)); then
     run_md "mdtest-il-r$r" "$MNT" LD_PRELOAD="$IL" PEREGRINE_IL_REPORT=1
     grep "peregrine-il.*path_creates=[1-9]" "$WORK/mdtest-il-r$r.err" | tail -n "$PROCS" ||
@@ -479,8 +493,8 @@ def load_rounds(name):
     return [d for d in docs if d]
 
 
-mds = {"mount": load_rounds("mdtest"), "mount + il": load_rounds("mdtest-il"),
-       f"local {local_fs}": load_rounds("mdtest-local")}
+mds = {"mount": load_rounds("mdtest"), "mount /dev/fuse": load_rounds("mdtest-dev"),
+       "mount + il": load_rounds("mdtest-il"), f"local {local_fs}": load_rounds("mdtest-local")}
 if mds["mount"]:
     md = mds["mount"][0]
     result["mdtest"] = {k: v for k, v in mds.items() if v}
@@ -495,7 +509,7 @@ if mds["mount"]:
             runs.append(k)
     names = [("empty" if s == 0 else f"{s}B") + " " + l for s, l in runs]
     width = 24 if md_rounds > 1 else 14
-    print(f"{'phase':<8} {'path':<14}" + "".join(f" {n:>{width}}" for n in names))
+    print(f"{'phase':<8} {'path':<16}" + "".join(f" {n:>{width}}" for n in names))
 
     def cell(xs):
         m = statistics.median(xs)
@@ -509,10 +523,10 @@ if mds["mount"]:
             per = {k: [x["ops_per_sec"] for d in docs for x in d["results"]
                        if x["phase"] == ph and (x["size"], x["layout"]) == k] for k in runs}
             medians[path] = {k: statistics.median(v) for k, v in per.items()}
-            print(f"{ph:<8} {path:<14}" + "".join(f" {cell(per[k]):>{width}}" for k in runs))
+            print(f"{ph:<8} {path:<16}" + "".join(f" {cell(per[k]):>{width}}" for k in runs))
         il, loc = medians.get("mount + il"), medians.get(f"local {local_fs}")
         if il and loc:
-            print(f"{ph:<8} {'il/local':<14}" + "".join(f" {il[k] / loc[k]:>{width}.2f}" for k in runs))
+            print(f"{ph:<8} {'il/local':<16}" + "".join(f" {il[k] / loc[k]:>{width}.2f}" for k in runs))
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")

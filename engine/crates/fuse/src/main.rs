@@ -62,6 +62,11 @@ struct Args {
     /// 4 to 16).
     #[arg(long)]
     threads: Option<usize>,
+    /// FUSE over io_uring: `auto` (when the kernel offers it:
+    /// /sys/module/fuse/parameters/enable_uring), `on` (turn that parameter on,
+    /// as root, and fail without it) or `off`.
+    #[arg(long, value_name = "auto|on|off")]
+    io_uring: Option<String>,
     /// Attribute cache timeout in seconds (or 500ms, 2s, ...).
     #[arg(long)]
     attr_timeout: Option<String>,
@@ -99,6 +104,33 @@ struct Args {
     positional: Vec<String>,
 }
 
+/// How the daemon takes requests from the kernel (`--io-uring`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IoUring {
+    /// FUSE over io_uring if the kernel offers it, else /dev/fuse.
+    Auto,
+    /// FUSE over io_uring, its kernel parameter turned on if need be; no mount without it.
+    On,
+    /// /dev/fuse only.
+    Off,
+}
+
+/// The fuse module's switch for FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// `--io-uring on`: the kernel parameter on (it is the machine's, for every FUSE mount; off
+/// by default in the kernels that have it).
+fn enable_uring() -> Result<(), String> {
+    match std::fs::read_to_string(ENABLE_URING) {
+        Ok(v) if v.trim() == "Y" => Ok(()),
+        Ok(_) => std::fs::write(ENABLE_URING, "Y")
+            .map_err(|e| format!("--io-uring on: turning on {ENABLE_URING}: {e}")),
+        Err(e) => Err(format!(
+            "--io-uring on: {ENABLE_URING}: {e} (FUSE over io_uring needs Linux 6.14+ built with CONFIG_FUSE_IO_URING)"
+        )),
+    }
+}
+
 struct Cfg {
     mgmt: String,
     security: peregrine::Security,
@@ -106,6 +138,7 @@ struct Cfg {
     cont: String,
     mountpoint: PathBuf,
     threads: usize,
+    io_uring: IoUring,
     attr: Duration,
     dentry: Duration,
     data_cache: DataCache,
@@ -160,6 +193,7 @@ fn config(a: Args) -> Result<Cfg, String> {
     let mut pool = a.pool;
     let mut cont = a.cont;
     let mut threads = a.threads;
+    let mut io_uring = a.io_uring;
     let mut attr = a.attr_timeout;
     let mut dentry = a.dentry_timeout;
     let mut cache = a.data_cache;
@@ -174,6 +208,7 @@ fn config(a: Args) -> Result<Cfg, String> {
             "cont" | "container" => cont = Some(v.into()),
             "mgmt" => mgmt = Some(v.into()),
             "threads" => threads = Some(v.parse().map_err(|_| format!("-o threads={v}"))?),
+            "io_uring" | "io-uring" => io_uring = Some(v.into()),
             "attr_timeout" | "attr-timeout" => attr = Some(v.into()),
             "dentry_timeout" | "dentry-timeout" => dentry = Some(v.into()),
             "data_cache" | "data-cache" => cache = Some(v.into()),
@@ -217,6 +252,12 @@ fn config(a: Args) -> Result<Cfg, String> {
         cont: cont.ok_or("no container (--cont or -o cont=)")?,
         mountpoint: mountpoint.ok_or("no mount point (--mountpoint or positional)")?,
         threads: threads.unwrap_or_else(default_threads).clamp(1, 256),
+        io_uring: match io_uring.as_deref().unwrap_or("auto") {
+            "auto" => IoUring::Auto,
+            "on" => IoUring::On,
+            "off" => IoUring::Off,
+            v => return Err(format!("--io-uring {v}: expected auto, on or off")),
+        },
         attr: parse_duration(attr.as_deref().unwrap_or("1"))?,
         dentry: parse_duration(dentry.as_deref().unwrap_or("1"))?,
         data_cache: parse_cache(cache.as_deref().unwrap_or("1s"))?,
@@ -378,7 +419,26 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// fuser's warnings and errors (its `log` records) on the daemon's standard error, where the
+/// rest of its messages go: a refused FUSE over io_uring, a request it could not parse.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!("peregrine-fuse: {}: {}", r.target(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
 fn main() {
+    if log::set_logger(&StderrLog).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     let cfg = match config(Args::parse()) {
         Ok(c) => c,
         Err(e) => {
@@ -443,6 +503,16 @@ fn main() {
     let notifier = fs.notifier_slot();
     let mut fcfg = Config::default();
     fcfg.n_threads = Some(cfg.threads);
+    if cfg.io_uring == IoUring::On {
+        if let Err(e) = enable_uring() {
+            fail(&mut ready, e);
+        }
+    }
+    if cfg.io_uring != IoUring::Off {
+        // The kernel makes a queue per CPU; --threads spread over them.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        fcfg.io_uring = Some(cfg.threads.div_ceil(cpus));
+    }
     let session = if is_root() {
         let fd = mount_root(&mp, cfg.read_only)
             .unwrap_or_else(|e| fail(&mut ready, format!("mount {}: {e}", mp.display())));
@@ -466,12 +536,24 @@ fn main() {
         fail(&mut ready, format!("FUSE session on {}: {e}", mp.display()))
     });
     let _ = notifier.set(session.notifier());
+    if cfg.io_uring == IoUring::On && !session.io_uring() {
+        unmount(&mp);
+        fail(
+            &mut ready,
+            format!("--io-uring on: the kernel did not offer FUSE over io_uring ({ENABLE_URING})"),
+        );
+    }
     eprintln!(
-        "peregrine-fuse: mounted {}/{} on {} ({} threads)",
+        "peregrine-fuse: mounted {}/{} on {} ({} threads{})",
         cfg.pool,
         cfg.cont,
         mp.display(),
-        cfg.threads
+        cfg.threads,
+        if session.io_uring() {
+            ", FUSE over io_uring"
+        } else {
+            ""
+        }
     );
     if let Some(mut w) = ready.take() {
         let _ = writeln!(w, "OK");

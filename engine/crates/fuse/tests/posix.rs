@@ -3,11 +3,13 @@
 //! then with `LD_PRELOAD=libperegrine_il.so PEREGRINE_IL_REPORT=1`. Both runs
 //! must pass, print the same transcript (every check's observation), and
 //! leave identical trees; the library's report must show that the data
-//! calls of the second run were intercepted.
+//! calls of the second run were intercepted. And twice more on the kernel
+//! path, the daemon taking its requests over FUSE over io_uring and over
+//! /dev/fuse: the same transcript and trees again.
 
 mod common;
 
-use common::mount::{fuse_available, FuseMount};
+use common::mount::{fuse_available, io_uring_available, FuseMount};
 use common::*;
 use peregrine_proto::mgmt::{ContCreateReq, PoolCreateReq};
 use std::collections::BTreeMap;
@@ -284,22 +286,30 @@ fn posix_suite_with_and_without_the_interception_library() {
     );
     assert_eq!(r["fallbacks"], 0, "{r:?}");
 
-    // Same observations, line for line.
-    let (a, b): (Vec<&str>, Vec<&str>) =
-        (plain.stdout.lines().collect(), il.stdout.lines().collect());
+    assert_same_runs(&plain, &il, &rw.p("plain"), &rw.p("il"));
+
+    for m in [&mut rw, &mut ro, &mut full_plain, &mut full_il] {
+        m.stop();
+        assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+    }
+    eprintln!("total {:?}", t0.elapsed());
+}
+
+/// Two runs of the suite saw the same: their observations line for line, and
+/// the trees they left, read back through the kernel by this process.
+fn assert_same_runs(a: &Run, b: &Run, tree_a: &Path, tree_b: &Path) {
+    let (la, lb): (Vec<&str>, Vec<&str>) = (a.stdout.lines().collect(), b.stdout.lines().collect());
     assert!(
-        a.len() > 300,
+        la.len() > 300,
         "only {} checks ran:\n{}",
-        a.len(),
-        plain.stdout
+        la.len(),
+        a.stdout
     );
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+    for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
         assert_eq!(x, y, "transcripts differ at line {}", i + 1);
     }
-    assert_eq!(a.len(), b.len(), "transcripts differ in length");
-
-    // Same trees, read back through the kernel by this process.
-    let (ta, tb) = (describe(&rw.p("plain")), describe(&rw.p("il")));
+    assert_eq!(la.len(), lb.len(), "transcripts differ in length");
+    let (ta, tb) = (describe(tree_a), describe(tree_b));
     assert!(ta.len() > 900, "{} entries", ta.len());
     for (k, v) in &ta {
         assert_eq!(Some(v), tb.get(k), "{k} differs between the runs");
@@ -309,10 +319,72 @@ fn posix_suite_with_and_without_the_interception_library() {
         extra.truncate(10);
         extra
     });
+}
 
-    for m in [&mut rw, &mut ro, &mut full_plain, &mut full_il] {
-        m.stop();
-        assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
+#[test]
+fn posix_suite_over_fuse_io_uring_and_over_dev_fuse() {
+    if !fuse_available() {
+        return;
     }
-    eprintln!("total {:?}", t0.elapsed());
+    if !io_uring_available() {
+        eprintln!("SKIP: this kernel has no FUSE over io_uring (fuse.enable_uring)");
+        return;
+    }
+    let c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 1,
+            targets: 2,
+            device_mib: 1024,
+            scm_mib: 256,
+        },
+        256,
+        "SX",
+        "crc32c",
+    );
+    add_pool(&c, "full-ring", 32);
+    add_pool(&c, "full-dev", 32);
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |n: &str| tmp.path().join(n);
+    let on = ["--io-uring", "on"];
+    let off = ["--io-uring", "off"];
+    let mut mounts = [
+        FuseMount::start(&c, "cont", &t("ring"), &on),
+        FuseMount::start(
+            &c,
+            "cont",
+            &t("ring-ro"),
+            &["--read-only", "--io-uring", "on"],
+        ),
+        FuseMount::start_on(&c, "full-ring", "cont", &t("ring-full"), &on),
+        FuseMount::start(&c, "cont", &t("dev"), &off),
+        FuseMount::start(
+            &c,
+            "cont",
+            &t("dev-ro"),
+            &["--read-only", "--io-uring", "off"],
+        ),
+        FuseMount::start_on(&c, "full-dev", "cont", &t("dev-full"), &off),
+    ];
+    for (i, m) in mounts.iter().enumerate() {
+        assert_eq!(
+            m.log().contains("FUSE over io_uring"),
+            i < 3,
+            "transport of mount {i}: {}",
+            m.log()
+        );
+    }
+    let [ring, ring_ro, ring_full, dev, dev_ro, dev_full] = &mounts;
+    fs::create_dir(ring.p("ring")).unwrap();
+    fs::create_dir(ring.p("dev")).unwrap();
+    let a = run_suite(&ring.p("ring"), &ring_ro.p("ring"), &ring_full.dir, None);
+    let b = run_suite(&dev.p("dev"), &dev_ro.p("dev"), &dev_full.dir, None);
+    assert_same_runs(&a, &b, &ring.p("ring"), &ring.p("dev"));
+    for m in &mut mounts {
+        m.stop();
+        let log = m.log();
+        assert!(
+            !log.contains("panicked") && !log.contains("refused"),
+            "daemon log: {log}"
+        );
+    }
 }

@@ -20,6 +20,12 @@ pub fn fuse_available() -> bool {
     true
 }
 
+/// Whether this kernel has FUSE over io_uring (Linux 6.14+ with CONFIG_FUSE_IO_URING):
+/// its module parameter exists.
+pub fn io_uring_available() -> bool {
+    Path::new("/sys/module/fuse/parameters/enable_uring").exists()
+}
+
 pub fn is_mounted(dir: &Path) -> bool {
     let d = dir.to_str().unwrap();
     fs::read_to_string("/proc/mounts")
@@ -35,7 +41,10 @@ pub struct FuseMount {
 
 impl FuseMount {
     /// Mount container `cont` of pool `pool` on `dir` (created if needed),
-    /// foreground daemon, extra daemon flags in `extra`.
+    /// foreground daemon, extra daemon flags in `extra`. The daemon takes its
+    /// requests over FUSE over io_uring (`--io-uring on`, which turns the
+    /// kernel's parameter on) unless `extra` says otherwise; where the kernel
+    /// has no such parameter, over /dev/fuse.
     pub fn start(c: &Cluster, cont: &str, dir: &Path, extra: &[&str]) -> FuseMount {
         FuseMount::start_on(c, "pool", cont, dir, extra)
     }
@@ -50,6 +59,12 @@ impl FuseMount {
             .arg("--mountpoint")
             .arg(dir)
             .arg("--foreground")
+            .args(
+                (!extra.contains(&"--io-uring") && io_uring_available())
+                    .then_some(["--io-uring", "on"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))

@@ -80,13 +80,18 @@ impl Mount {
         fs::create_dir_all(dir).unwrap();
         let log = fs::File::create(dir.with_extension("log")).unwrap();
         // Default caching (attributes 1 s, page cache kept for 1 s): the
-        // library must invalidate it after writing behind the kernel.
+        // library must invalidate it after writing behind the kernel. Requests
+        // over FUSE over io_uring where the kernel has it, as the daemon takes
+        // them by default once its parameter is on.
+        let uring = Path::new("/sys/module/fuse/parameters/enable_uring").exists()
+            && !args.contains(&"--io-uring");
         let child = Command::new(artifact("peregrine-fuse", "peregrine-fuse"))
             .args(["--mgmt", &c.mgmt_addr(), "--pool", "pool", "--cont", "cont"])
             .args(c.tls_args())
             .arg("--mountpoint")
             .arg(dir)
             .arg("--foreground")
+            .args(uring.then_some(["--io-uring", "on"]).into_iter().flatten())
             .args(args)
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
