@@ -275,12 +275,19 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// A mount left by a killed daemon answers ENOTCONN: detach it.
+/// What a mount whose daemon is gone answers: ENOTCONN, or ECONNABORTED for
+/// a request caught by the connection's abort (over FUSE over io_uring the
+/// abort comes after the dead daemon's rings are torn down, asynchronously).
+fn is_stale(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED))
+}
+
+/// A mount left by a killed daemon (see [`is_stale`]): detach it.
 fn clean_stale(mp: &Path) {
     if let Err(e) = std::fs::metadata(mp) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
+        if is_stale(&e) {
             eprintln!(
-                "peregrine-fuse: {} is a stale FUSE mount (ENOTCONN); unmounting it lazily",
+                "peregrine-fuse: {} is a stale FUSE mount ({e}); unmounting it lazily",
                 mp.display()
             );
             let ok = std::process::Command::new("fusermount3")
@@ -462,7 +469,7 @@ fn main() {
     let sigs = block_signals();
     let mp = match cfg.mountpoint.canonicalize() {
         Ok(p) => p,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        Err(e) if is_stale(&e) => {
             clean_stale(&cfg.mountpoint);
             cfg.mountpoint
                 .canonicalize()
@@ -509,9 +516,7 @@ fn main() {
         }
     }
     if cfg.io_uring != IoUring::Off {
-        // The kernel makes a queue per CPU; --threads spread over them.
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        fcfg.io_uring = Some(cfg.threads.div_ceil(cpus));
+        fcfg.io_uring = Some(cfg.threads);
     }
     let session = if is_root() {
         let fd = mount_root(&mp, cfg.read_only)

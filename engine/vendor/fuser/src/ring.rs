@@ -63,8 +63,8 @@ const PAYLOAD_AT: usize = HEADERS_SZ + SCRATCH_SZ;
 pub(crate) struct RingParams {
     /// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
     pub(crate) payload: usize,
-    /// Threads (each with its own io_uring and one entry) per queue.
-    pub(crate) threads_per_queue: usize,
+    /// Threads (each with its own io_uring and one entry) to spread over the queues.
+    pub(crate) threads: usize,
 }
 
 /// The state of an entry, between the kernel and the file system.
@@ -419,8 +419,10 @@ pub(crate) fn start<FS: Filesystem>(
 ) -> io::Result<bool> {
     let queues = possible_cpus()?;
     let dev = ch.as_fd_raw();
+    // Every queue needs an entry before the kernel uses any.
+    let per_queue = params.threads.div_ceil(queues).max(1);
     for qid in 0..queues {
-        for i in 0..params.threads_per_queue.max(1) {
+        for i in 0..per_queue {
             let ring = Arc::new(Ring::new(dev, qid as u16, &params)?);
             let el = make_loop(format!("fuser-ring-{qid}-{i}"), ch.clone());
             let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<()>>(1);

@@ -450,15 +450,12 @@ impl<FS: Filesystem> Session<FS> {
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
-            if let Some(threads_per_queue) = self.config.io_uring {
+            if let Some(threads) = self.config.io_uring {
                 if config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
                     // The kernel's max_payload_sz for its ring entries.
                     let pages = usize::from(config.max_pages()) * page_size::get();
                     let payload = 8192.max(config.max_write as usize).max(pages);
-                    self.ring = Some(crate::ring::RingParams {
-                        payload,
-                        threads_per_queue,
-                    });
+                    self.ring = Some(crate::ring::RingParams { payload, threads });
                 } else {
                     info!("FUSE over io_uring: not offered by the kernel (enable_uring)");
                 }

@@ -18,8 +18,9 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
-    /// FUSE over io_uring when the kernel offers it (`ring.rs`): the number of threads per
-    /// queue (one queue per CPU). `None`: requests come through `/dev/fuse` only.
+    /// FUSE over io_uring when the kernel offers it (`ring.rs`): the threads to spread over
+    /// its queues (one queue per possible CPU; at least one thread each). `None`: requests
+    /// come through `/dev/fuse` only.
     pub io_uring: Option<usize>,
 }
 
