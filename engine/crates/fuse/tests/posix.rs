@@ -213,13 +213,9 @@ fn xattrs(p: &Path) -> String {
     s
 }
 
-#[test]
-fn posix_suite_with_and_without_the_interception_library() {
-    if !fuse_available() {
-        return;
-    }
-    let so = il_so();
-    let t0 = Instant::now();
+/// One engine with the suite's container, and a small pool per run named in
+/// `full` (for ENOSPC).
+fn suite_cluster(full: [&str; 2]) -> Cluster {
     let c = Cluster::with_pool(
         ClusterSpec {
             engines: 1,
@@ -231,9 +227,20 @@ fn posix_suite_with_and_without_the_interception_library() {
         "SX",
         "crc32c",
     );
-    // A small pool per run, for ENOSPC.
-    add_pool(&c, "full-plain", 32);
-    add_pool(&c, "full-il", 32);
+    for label in full {
+        add_pool(&c, label, 32);
+    }
+    c
+}
+
+#[test]
+fn posix_suite_with_and_without_the_interception_library() {
+    if !fuse_available() {
+        return;
+    }
+    let so = il_so();
+    let t0 = Instant::now();
+    let c = suite_cluster(["full-plain", "full-il"]);
     let tmp = tempfile::tempdir().unwrap();
     let mut rw = FuseMount::start(&c, "cont", &tmp.path().join("rw"), &[]);
     let mut ro = FuseMount::start(&c, "cont", &tmp.path().join("ro"), &["--read-only"]);
@@ -330,19 +337,7 @@ fn posix_suite_over_fuse_io_uring_and_over_dev_fuse() {
         eprintln!("SKIP: this kernel has no FUSE over io_uring (fuse.enable_uring)");
         return;
     }
-    let c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 1,
-            targets: 2,
-            device_mib: 1024,
-            scm_mib: 256,
-        },
-        256,
-        "SX",
-        "crc32c",
-    );
-    add_pool(&c, "full-ring", 32);
-    add_pool(&c, "full-dev", 32);
+    let c = suite_cluster(["full-ring", "full-dev"]);
     let tmp = tempfile::tempdir().unwrap();
     let t = |n: &str| tmp.path().join(n);
     let on = ["--io-uring", "on"];
