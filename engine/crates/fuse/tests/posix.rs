@@ -340,26 +340,29 @@ fn posix_suite_over_fuse_io_uring_and_over_dev_fuse() {
     let c = suite_cluster(["full-ring", "full-dev"]);
     let tmp = tempfile::tempdir().unwrap();
     let t = |n: &str| tmp.path().join(n);
-    let on = ["--io-uring", "on"];
-    let off = ["--io-uring", "off"];
-    let mut mounts = [
-        FuseMount::start(&c, "cont", &t("ring"), &on),
-        FuseMount::start(
-            &c,
-            "cont",
-            &t("ring-ro"),
-            &["--read-only", "--io-uring", "on"],
-        ),
-        FuseMount::start_on(&c, "full-ring", "cont", &t("ring-full"), &on),
-        FuseMount::start(&c, "cont", &t("dev"), &off),
-        FuseMount::start(
-            &c,
-            "cont",
-            &t("dev-ro"),
-            &["--read-only", "--io-uring", "off"],
-        ),
-        FuseMount::start_on(&c, "full-dev", "cont", &t("dev-full"), &off),
-    ];
+    // rw, ro and a full pool's mount for each transport: io_uring, then /dev/fuse.
+    let mut mounts: Vec<FuseMount> = [("ring", "on"), ("dev", "off")]
+        .into_iter()
+        .flat_map(|(name, io)| {
+            let flag = ["--io-uring", io];
+            [
+                FuseMount::start(&c, "cont", &t(name), &flag),
+                FuseMount::start(
+                    &c,
+                    "cont",
+                    &t(&format!("{name}-ro")),
+                    &[&flag[..], &["--read-only"]].concat(),
+                ),
+                FuseMount::start_on(
+                    &c,
+                    &format!("full-{name}"),
+                    "cont",
+                    &t(&format!("{name}-full")),
+                    &flag,
+                ),
+            ]
+        })
+        .collect();
     for (i, m) in mounts.iter().enumerate() {
         assert_eq!(
             m.log().contains("FUSE over io_uring"),
@@ -368,7 +371,9 @@ fn posix_suite_over_fuse_io_uring_and_over_dev_fuse() {
             m.log()
         );
     }
-    let [ring, ring_ro, ring_full, dev, dev_ro, dev_full] = &mounts;
+    let [ring, ring_ro, ring_full, dev, dev_ro, dev_full] = &mounts[..] else {
+        unreachable!("six mounts")
+    };
     fs::create_dir(ring.p("ring")).unwrap();
     fs::create_dir(ring.p("dev")).unwrap();
     let a = run_suite(&ring.p("ring"), &ring_ro.p("ring"), &ring_full.dir, None);

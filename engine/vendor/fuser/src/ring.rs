@@ -261,18 +261,17 @@ pub(crate) struct RingReply {
 impl RingReply {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
         let e = &self.ring.entries[self.slot];
-        let parts = data;
         let mut held = e.held.lock();
         match &mut *held {
             Held::Dispatching(staged @ None) => {
                 if e.request_payload.load(std::sync::atomic::Ordering::Relaxed) == 0 {
                     // SAFETY: the request has no payload, so the reply's payload does not
                     // overlap its bytes, nor does the out header (in_out, not the scratch).
-                    let n = unsafe { e.write_reply(&parts)? };
+                    let n = unsafe { e.write_reply(data)? };
                     *staged = Some(Staged::InBuffer(n));
                 } else {
-                    let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-                    for p in parts {
+                    let mut bytes = Vec::with_capacity(data.iter().map(|p| p.len()).sum());
+                    for p in data {
                         bytes.extend_from_slice(p);
                     }
                     *staged = Some(Staged::Copy(bytes));
@@ -281,7 +280,7 @@ impl RingReply {
             }
             Held::AwaitingReply => {
                 // SAFETY: the dispatch is over: nobody borrows the request's bytes.
-                unsafe { e.write_reply(&parts)? };
+                unsafe { e.write_reply(data)? };
                 *held = Held::Kernel;
                 drop(held);
                 self.ring.commit(self.slot, true)
@@ -418,7 +417,7 @@ pub(crate) fn start<FS: Filesystem>(
     threads: &mut Vec<JoinHandle<io::Result<()>>>,
 ) -> io::Result<bool> {
     let queues = possible_cpus()?;
-    let dev = ch.as_fd_raw();
+    let dev = std::os::fd::AsFd::as_fd(ch).as_raw_fd();
     // Every queue needs an entry before the kernel uses any.
     let per_queue = params.threads.div_ceil(queues).max(1);
     for qid in 0..queues {
@@ -460,14 +459,16 @@ fn serve<FS: Filesystem>(
     }
     // A refused registration completes at once, with the error; a request already
     // waiting may complete one too (res 0), and is served below.
-    let mut done = completions(&ring);
+    // Reused: a wake-up allocates nothing.
+    let mut done = Vec::new();
+    completions(&ring, &mut done);
     if let Some((_, res)) = done.iter().find(|(_, res)| *res < 0) {
         let _ = started.send(Err(io::Error::from_raw_os_error(-res)));
         return Ok(());
     }
     let _ = started.send(Ok(()));
     loop {
-        for (slot, res) in done {
+        for &(slot, res) in &done {
             if res < 0 {
                 let e = io::Error::from_raw_os_error(-res);
                 return match -res {
@@ -492,14 +493,16 @@ fn serve<FS: Filesystem>(
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
             Err(e) => return Err(e),
         }
-        done = completions(&ring);
+        completions(&ring, &mut done);
     }
 }
 
-fn completions(ring: &Ring) -> Vec<(usize, i32)> {
+/// The ring's completions, into `done` (emptied first).
+fn completions(ring: &Ring, done: &mut Vec<(usize, i32)>) {
+    done.clear();
     // SAFETY: only the ring's own thread takes its completions.
     let cq = unsafe { ring.uring.completion_shared() };
-    cq.map(|c| (c.user_data() as usize, c.result())).collect()
+    done.extend(cq.map(|c| (c.user_data() as usize, c.result())));
 }
 
 fn clone_err(e: &io::Error) -> io::Error {
@@ -563,11 +566,4 @@ fn reply_errno(ring: &Arc<Ring>, slot: usize, unique: u64, errno: i32) -> io::Re
         slot,
     }
     .send(&[IoSlice::new(&h)])
-}
-
-impl Channel {
-    pub(crate) fn as_fd_raw(&self) -> RawFd {
-        use std::os::fd::AsFd;
-        self.as_fd().as_raw_fd()
-    }
 }
