@@ -713,7 +713,7 @@ func (ns *NodeServer) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGet
 	}
 	fs, err := statfsWithin(p, statfsTimeout)
 	switch {
-	case errors.Is(err, syscall.ENOTCONN), errors.Is(err, syscall.ECONNABORTED):
+	case errors.Is(err, syscall.ENOTCONN), errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.ECANCELED):
 		abnormal = append(abnormal, fmt.Sprintf("%s: %v (the FUSE daemon is gone)", p, errors.Unwrap(err)))
 	case err != nil:
 		abnormal = append(abnormal, err.Error())

@@ -348,11 +348,12 @@ func TestNodeStagePublish(t *testing.T) {
 	ntNoMountsLeft(t, e)
 }
 
-// deadMountErr: what a mount whose daemon is gone answers: ENOTCONN, or ECONNABORTED for a
-// request the connection's abort catches (over FUSE over io_uring the abort waits for the dead
-// daemon's rings to be torn down).
+// deadMountErr: what a mount whose daemon is gone answers: ENOTCONN. Over FUSE over io_uring,
+// until the dead daemon's rings are torn down, ECONNABORTED (a request the connection's abort
+// catches) or ECANCELED (one handed to a dead ring entry).
 func deadMountErr(err error) bool {
-	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.ECANCELED)
 }
 
 // A daemon killed with SIGKILL: stats report the volume abnormal, unpublish and unstage still
@@ -370,7 +371,7 @@ func TestNodeDeadMount(t *testing.T) {
 	}
 	ntKill9(t, ntDaemon(t, ns, id))
 	if _, err := os.ReadFile(filepath.Join(target, "f")); !deadMountErr(err) {
-		t.Fatalf("read from a dead mount: %v, want ENOTCONN or ECONNABORTED", err)
+		t.Fatalf("read from a dead mount: %v, want ENOTCONN, ECONNABORTED or ECANCELED", err)
 	}
 	for _, p := range []string{target, staging} {
 		st := ntStats(t, ns, id, p)
@@ -479,7 +480,7 @@ func TestNodeRestartRemount(t *testing.T) {
 	old := ntDaemon(t, ns, id)
 	ntKill9(t, old)
 	if _, err := os.ReadFile(filepath.Join(target, "data")); !deadMountErr(err) {
-		t.Fatalf("read from a dead mount: %v, want ENOTCONN or ECONNABORTED", err)
+		t.Fatalf("read from a dead mount: %v, want ENOTCONN, ECONNABORTED or ECANCELED", err)
 	}
 	// The pod of the second target went away meanwhile.
 	if err := syscall.Unmount(gone, syscall.MNT_DETACH); err != nil {

@@ -275,11 +275,16 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// What a mount whose daemon is gone answers: ENOTCONN, or ECONNABORTED for
-/// a request caught by the connection's abort (over FUSE over io_uring the
-/// abort comes after the dead daemon's rings are torn down, asynchronously).
+/// What a mount whose daemon is gone answers: ENOTCONN once the connection is
+/// aborted. Over FUSE over io_uring the abort comes only after the dead
+/// daemon's rings are torn down, asynchronously, and until then a request
+/// ends with ECONNABORTED (caught by the abort) or ECANCELED (handed to a ring
+/// entry whose task is dead: the kernel's `fuse_uring_send_in_task`).
 fn is_stale(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED)
+    )
 }
 
 /// A mount left by a killed daemon (see [`is_stale`]): detach it.
