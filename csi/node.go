@@ -64,6 +64,9 @@ type NodeConfig struct {
 	// with --insecure. Neither: the daemons' own default (tests of the node service alone).
 	TLSDir, FuseTLSDir string
 	Insecure           bool
+	// FuseIoUring is how the daemons of volumes that do not choose (ioUring) take the kernel's
+	// requests; empty: auto (fuse_io_uring.go).
+	FuseIoUring IoUringMode
 }
 
 // NodeServer implements the CSI node service. It embeds csi.UnsafeNodeServer (a nil
@@ -97,6 +100,11 @@ func NewNodeServer(cfg NodeConfig) (*NodeServer, error) {
 	}
 	if cfg.MaxVolumes < 0 {
 		return nil, fmt.Errorf("csi node: max volumes %d < 0", cfg.MaxVolumes)
+	}
+	if cfg.FuseIoUring == "" {
+		cfg.FuseIoUring = IoUringAuto
+	} else if _, good := parseIoUring(string(cfg.FuseIoUring)); !good {
+		return nil, fmt.Errorf("csi node: FUSE over io_uring %q: want auto, on or off", cfg.FuseIoUring)
 	}
 	if cfg.FuseBin == "" {
 		p, err := exec.LookPath("peregrine-fuse")
@@ -255,12 +263,12 @@ func checkDuration(v string) (string, bool) {
 
 const (
 	durationHelp = "a duration: seconds (1, 0.5) or a number with ms, s, m or h (500ms, 2s, 1m)"
-	flagsHelp    = "ro, rw, threads=N, attr-timeout=DURATION, dentry-timeout=DURATION, data-cache=on|off|DURATION"
+	flagsHelp    = "ro, rw, threads=N, attr-timeout=DURATION, dentry-timeout=DURATION, data-cache=on|off|DURATION, io-uring=auto|on|off"
 )
 
-// set applies one option, from the volume context (src "volume context", keys threads,
-// attrTimeout, dentryTimeout, dataCache, readOnly) or a mount flag (the same keys in any case,
-// with - or _, plus ro and rw without a value). known is false for a key that is no option.
+// set applies one option, from the volume context (src "volume context", the keys of
+// mountParams) or a mount flag (the same keys in any case, with - or _, plus ro and rw without a
+// value). known is false for a key that is no option.
 func (o *mountOpts) set(src, key, val string, hasValue bool) (known bool, err error) {
 	val = strings.TrimSpace(val)
 	bad := func(want string) error {
@@ -293,6 +301,12 @@ func (o *mountOpts) set(src, key, val string, hasValue bool) (known bool, err er
 		} else {
 			o.DentryTimeout = d
 		}
+	case norm == "iouring" && hasValue:
+		m, good := parseIoUring(val)
+		if !good {
+			return true, bad("auto, on or off")
+		}
+		o.IoUring = m
 	case norm == "datacache" && hasValue:
 		switch l := strings.ToLower(val); l {
 		case "on", "true", "yes":
@@ -317,7 +331,7 @@ func (o *mountOpts) set(src, key, val string, hasValue bool) (known bool, err er
 // precedence. A reader-only access mode mounts read-only whatever the rest says.
 func parseMountOpts(id VolumeID, c *csipb.VolumeCapability, vctx map[string]string) (mountOpts, error) {
 	o := mountOpts{Pool: id.Pool, Cont: id.Cont}
-	for _, k := range []string{"threads", "attrTimeout", "dentryTimeout", "dataCache", "readOnly"} {
+	for _, k := range mountParams {
 		if v, ok := vctx[k]; ok {
 			if _, err := o.set("volume context", k, v, true); err != nil {
 				return o, err

@@ -97,6 +97,8 @@ type mountOpts struct {
 	DentryTimeout string `json:"dentryTimeout,omitempty"`
 	DataCache     string `json:"dataCache,omitempty"`
 	ReadOnly      bool   `json:"readOnly,omitempty"`
+	// IoUring: the volume's choice; empty: the node's (NodeConfig.FuseIoUring).
+	IoUring IoUringMode `json:"ioUring,omitempty"`
 }
 
 func (o mountOpts) args(mgmt, mountpoint string) []string {
@@ -119,6 +121,9 @@ func (o mountOpts) args(mgmt, mountpoint string) []string {
 	}
 	if o.ReadOnly {
 		a = append(a, "--read-only")
+	}
+	if o.IoUring != "" {
+		a = append(a, "--io-uring", string(o.IoUring))
 	}
 	return append(a, "--foreground")
 }
@@ -457,7 +462,14 @@ func (ns *NodeServer) startDaemon(ctx context.Context, st *volState) (*daemon, e
 		logStart = fi.Size()
 	}
 	fmt.Fprintf(logf, "--- %s: starting peregrine-fuse for volume %s on %s\n", time.Now().Format(time.RFC3339), st.VolumeID, st.StagingPath)
-	args := append(ns.securityArgs(), st.Opts.args(ns.cfg.MgmtAddr, st.StagingPath)...)
+	opts := st.Opts
+	if opts.IoUring == "" {
+		opts.IoUring = ns.cfg.FuseIoUring
+	}
+	if opts.IoUring == IoUringAuto {
+		allowFuseIoUring()
+	}
+	args := append(ns.securityArgs(), opts.args(ns.cfg.MgmtAddr, st.StagingPath)...)
 	cmd := exec.Command(ns.cfg.FuseBin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = "/"

@@ -228,6 +228,16 @@ func TestNodeStagePublish(t *testing.T) {
 		t.Fatal("staging path is not mounted")
 	}
 	pid := ntDaemon(t, ns, id).pid
+	// The node's default transport, auto: FUSE over io_uring where the kernel has it, its switch
+	// turned on by the plugin.
+	wantTransport := "/dev/fuse)"
+	if _, err := os.Stat(fuseIoUringSwitch); err == nil {
+		wantTransport = "FUSE over io_uring)"
+		if b, err := os.ReadFile(fuseIoUringSwitch); err != nil || strings.TrimSpace(string(b)) != "Y" {
+			t.Fatalf("%s after an auto stage: %q, %v", fuseIoUringSwitch, b, err)
+		}
+	}
+	ntTransport(t, ns, id, "--io-uring auto", wantTransport)
 	ntStage(t, ns, id, staging, ntRW, nil) // idempotent
 	if got := ntDaemon(t, ns, id).pid; got != pid {
 		t.Fatalf("restaging started another daemon (%d, was %d)", got, pid)
@@ -319,13 +329,14 @@ func TestNodeStagePublish(t *testing.T) {
 	const id2 = "p/c"
 	staging2 := e.path("staging", "c2")
 	ntStage(t, ns, id2, staging2, ntCap(csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY),
-		map[string]string{"threads": "2", "attrTimeout": "500ms", "dentryTimeout": "2", "dataCache": "off", "csi.storage.k8s.io/pod.name": "x"})
+		map[string]string{"threads": "2", "attrTimeout": "500ms", "dentryTimeout": "2", "dataCache": "off", "ioUring": "off", "csi.storage.k8s.io/pod.name": "x"})
 	args := strings.Join(ns.getVolume(id2).st.Args, " ")
 	for _, want := range []string{"--read-only", "--threads 2", "--attr-timeout 500ms", "--dentry-timeout 2", "--data-cache off", "--foreground"} {
 		if !strings.Contains(args, want) {
 			t.Fatalf("daemon args %q lack %q", args, want)
 		}
 	}
+	ntTransport(t, ns, id2, "--io-uring off", "/dev/fuse)")
 	if err := os.WriteFile(filepath.Join(staging2, "x"), data, 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("write to a read-only stage: %v, want EROFS", err)
 	}
@@ -346,6 +357,35 @@ func TestNodeStagePublish(t *testing.T) {
 		t.Logf("%s: %v", bad, err)
 	}
 	ntNoMountsLeft(t, e)
+}
+
+// ntTransport: the volume's daemon got arg and its log says it mounted over transport.
+func ntTransport(t *testing.T, ns *NodeServer, id, arg, transport string) {
+	t.Helper()
+	if args := strings.Join(ns.getVolume(id).st.Args, " "); !strings.Contains(args, arg) {
+		t.Fatalf("daemon args %q lack %q", args, arg)
+	}
+	// The last start's line: the daemon logs it once the kernel's INIT is answered, which may
+	// come after the mount that the stage waited for.
+	var b []byte
+	mounted := ""
+	for deadline := time.Now().Add(10 * time.Second); mounted == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var err error
+		if b, err = os.ReadFile(ns.logPath(id)); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			switch {
+			case strings.Contains(l, ": starting peregrine-fuse for volume "): // the plugin's line per start
+				mounted = ""
+			case strings.Contains(l, "peregrine-fuse: mounted "):
+				mounted = l
+			}
+		}
+	}
+	if !strings.HasSuffix(mounted, transport) {
+		t.Fatalf("the daemon's last mount line %q does not end in %q; log:\n%s", mounted, transport, b)
+	}
 }
 
 // deadMountErr: what a mount whose daemon is gone answers: ENOTCONN. Over FUSE over io_uring,
@@ -695,6 +735,10 @@ func TestNodeValidation(t *testing.T) {
 	if _, err := NewNodeServer(NodeConfig{StateDir: t.TempDir(), FuseBin: sh}); err == nil {
 		t.Fatal("NewNodeServer without a node ID")
 	}
+	if _, err := NewNodeServer(NodeConfig{NodeID: "n1", StateDir: t.TempDir(), FuseBin: sh, FuseIoUring: "sometimes"}); err == nil ||
+		!strings.Contains(err.Error(), "want auto, on or off") {
+		t.Fatalf("NewNodeServer with FUSE over io_uring %q: %v", "sometimes", err)
+	}
 	ns, err := NewNodeServer(NodeConfig{NodeID: "n1", FuseBin: sh, StateDir: t.TempDir(), MaxVolumes: 7,
 		Topology: map[string]string{"topology.kubernetes.io/zone": "z1"}})
 	if err != nil {
@@ -721,7 +765,7 @@ func TestNodeValidation(t *testing.T) {
 	ntCode(t, stage("p/c", staging, ext4, nil), codes.InvalidArgument, "ext4")
 	ntCode(t, stage("p/c", staging, ntCap(csipb.VolumeCapability_AccessMode_UNKNOWN), nil), codes.InvalidArgument)
 	ntCode(t, stage("not-a-volume", staging, ntRW, nil), codes.NotFound)
-	for key, val := range map[string]string{"threads": "0", "attrTimeout": "soon", "dentryTimeout": "-1", "dataCache": "maybe", "readOnly": "perhaps"} {
+	for key, val := range map[string]string{"threads": "0", "attrTimeout": "soon", "dentryTimeout": "-1", "dataCache": "maybe", "readOnly": "perhaps", "ioUring": "sometimes"} {
 		ntCode(t, stage("p/c", staging, ntRW, map[string]string{key: val}), codes.InvalidArgument, key, val, "want")
 	}
 	ntCode(t, stage("p/c", staging, ntRW, map[string]string{"threads": "300"}), codes.InvalidArgument, "1 to 256")
@@ -729,9 +773,9 @@ func TestNodeValidation(t *testing.T) {
 	for _, flag := range []string{"bogus", "threads=x", "attr-timeout=1d", "ro=1", "noexec"} {
 		ntCode(t, stage("p/c", staging, ntCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, flag), nil), codes.InvalidArgument)
 	}
-	o, err := parseMountOpts(VolumeID{"p", "c"}, ntCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "threads=8,attr_timeout=2s", "data-cache=ON", "ro"),
-		map[string]string{"threads": "2", "dentryTimeout": ".5", "pool": "ignored"})
-	if err != nil || o != (mountOpts{Pool: "p", Cont: "c", Threads: 8, AttrTimeout: "2s", DentryTimeout: ".5", DataCache: "on", ReadOnly: true}) {
+	o, err := parseMountOpts(VolumeID{"p", "c"}, ntCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "threads=8,attr_timeout=2s", "data-cache=ON", "ro", "io_uring=OFF"),
+		map[string]string{"threads": "2", "dentryTimeout": ".5", "pool": "ignored", "ioUring": "on"})
+	if err != nil || o != (mountOpts{Pool: "p", Cont: "c", Threads: 8, AttrTimeout: "2s", DentryTimeout: ".5", DataCache: "on", ReadOnly: true, IoUring: IoUringOff}) {
 		t.Fatalf("options: %+v, %v", o, err)
 	}
 

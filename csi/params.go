@@ -31,7 +31,7 @@ const sidecarPrefix = "csi.storage.k8s.io/"
 var ObjectClasses = []string{"S1", "S2", "S4", "SX", "RP_2G1", "RP_3G1", "RP_2GX", "EC_2P1G1", "EC_4P2G1", "EC_2P1GX"}
 
 // mountParams are volume attributes the node service reads; the controller accepts and keeps them.
-var mountParams = []string{"threads", "attrTimeout", "dentryTimeout", "dataCache", "readOnly"}
+var mountParams = []string{"threads", "attrTimeout", "dentryTimeout", "dataCache", "readOnly", "ioUring"}
 
 // VolumeParams are a StorageClass's parameters, checked.
 type VolumeParams struct {

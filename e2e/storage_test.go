@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -70,6 +72,41 @@ func runPodSpec(pod *corev1.Pod) string {
 	logs := podLogs(name)
 	Expect(pod.Status.Phase).To(Equal(corev1.PodSucceeded), "pod %s failed:\n%s", name, logs)
 	return logs
+}
+
+// expectFuseTransport: on the node (this machine's mounts hold the kubelet's Peregrine
+// mounts, as on the offline cluster), the FUSE daemons started since `since` say in their logs,
+// in the node plugin's state directory (E2E_CSI_STATE_DIR, the chart's csi.stateDir), that they
+// mounted over the transport the chart's default (csi.node.fuseIoUring: auto) picks: FUSE over
+// io_uring where this kernel has it, else /dev/fuse. Elsewhere (kind: the node is a container)
+// there is nothing to read here.
+func expectFuseTransport(since time.Time) {
+	if len(peregrineMounts(strings.TrimSuffix(envOr("E2E_KUBELET_DIR", "/var/lib/kubelet"), "/"))) == 0 {
+		return
+	}
+	want := "/dev/fuse)"
+	if _, err := os.Stat("/sys/module/fuse/parameters/enable_uring"); err == nil {
+		want = "FUSE over io_uring)"
+	}
+	logs, err := filepath.Glob(filepath.Join(envOr("E2E_CSI_STATE_DIR", "/var/lib/peregrine/csi"), "logs", "*.log"))
+	Expect(err).NotTo(HaveOccurred())
+	var mounted []string
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err != nil || fi.ModTime().Before(since) {
+			continue
+		}
+		b, err := os.ReadFile(l)
+		Expect(err).NotTo(HaveOccurred())
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "peregrine-fuse: mounted ") {
+				mounted = append(mounted, line)
+			}
+		}
+	}
+	Expect(mounted).NotTo(BeEmpty(), "no daemon log says it mounted: %v", logs)
+	for _, line := range mounted {
+		Expect(line).To(HaveSuffix(want))
+	}
 }
 
 func podLogs(name string) string {
@@ -177,6 +214,7 @@ var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
 	})
 
 	It("mounts an RWX PVC into a writer pod and a reader pod: 1 GiB written, its checksum verified", func() {
+		start := time.Now()
 		sc := &storagek8s.StorageClass{
 			ObjectMeta:           metav1.ObjectMeta{Name: "peregrine-e2e"},
 			Provisioner:          "csi.peregrine.dev",
@@ -207,6 +245,7 @@ df -k /data`)
 		Expect(logs).To(ContainSubstring("blob: OK"))
 		// df shows the PVC's size (2 GiB, the container's quota).
 		Expect(logs).To(MatchRegexp(`\s2097152\s`))
+		expectFuseTransport(start)
 	})
 
 	It("preloads the interception library into an annotated pod, which reads the same data", func() {

@@ -39,18 +39,19 @@ func main() {
 		healthAddr  = flag.String("health-addr", "", "serve GET /healthz (liveness: the driver's own prerequisites, not the store) on this address (e.g. :9808; empty: none)")
 		tlsDir      = flag.String("tls-dir", os.Getenv("PEREGRINE_TLS_DIR"), "directory with ca.crt, tls.crt and tls.key (the operator's certificate Secret, mounted) for mutual TLS with the engines (env PEREGRINE_TLS_DIR)")
 		fuseTLSDir  = flag.String("fuse-tls-dir", "", "node: the FUSE daemons' certificate directory (role client; default: --tls-dir)")
+		fuseIoUring = flag.String("fuse-io-uring", "auto", "node: how the FUSE daemons of volumes that do not choose (ioUring) take the kernel's requests: auto (FUSE over io_uring where the kernel has it, its switch turned on), on (only; mounts fail without it) or off (/dev/fuse)")
 		insecureCP  = flag.Bool("insecure-control-plane", os.Getenv("PEREGRINE_INSECURE") == "1", "talk to the engines without TLS (a ServerSet with spec.insecureControlPlane; logged as a warning; env PEREGRINE_INSECURE=1)")
 	)
 	flag.Parse()
 	if err := run(*mode, *endpoint, *mgmt, *defaultPool, *nodeID, *stateDir, *fuseBin, *fuseCgroup, *maxVolumes,
-		*topology, *regSocket, *kubeletPath, *healthAddr, *tlsDir, *fuseTLSDir, *insecureCP); err != nil {
+		*topology, *regSocket, *kubeletPath, *healthAddr, *tlsDir, *fuseTLSDir, *fuseIoUring, *insecureCP); err != nil {
 		slog.Error("peregrine-csi", "error", err)
 		os.Exit(1)
 	}
 }
 
 func run(modeName, endpoint, mgmt, defaultPool, nodeID, stateDir, fuseBin, fuseCgroup string, maxVolumes int64,
-	topology, regSocket, kubeletPath, healthAddr, tlsDir, fuseTLSDir string, insecureCP bool) error {
+	topology, regSocket, kubeletPath, healthAddr, tlsDir, fuseTLSDir, fuseIoUring string, insecureCP bool) error {
 	mode, err := csi.ParseMode(modeName)
 	if err != nil {
 		return err
@@ -69,7 +70,7 @@ func run(modeName, endpoint, mgmt, defaultPool, nodeID, stateDir, fuseBin, fuseC
 	d, err := csi.NewDriver(csi.Config{
 		Mode: mode, Version: version, Endpoint: endpoint, MgmtAddr: mgmt, DefaultPool: defaultPool, TLSDir: tlsDir, FuseTLSDir: fuseTLSDir, Insecure: insecureCP,
 		Node: csi.NodeConfig{NodeID: nodeID, StateDir: stateDir, FuseBin: fuseBin, FuseCgroup: fuseCgroup,
-			MaxVolumes: maxVolumes, Topology: topo},
+			MaxVolumes: maxVolumes, Topology: topo, FuseIoUring: csi.IoUringMode(fuseIoUring)},
 	})
 	if err != nil {
 		return err

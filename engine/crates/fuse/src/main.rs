@@ -554,15 +554,15 @@ fn main() {
         );
     }
     eprintln!(
-        "peregrine-fuse: mounted {}/{} on {} ({} threads{})",
+        "peregrine-fuse: mounted {}/{} on {} ({} threads, {})",
         cfg.pool,
         cfg.cont,
         mp.display(),
         cfg.threads,
         if session.io_uring() {
-            ", FUSE over io_uring"
+            "FUSE over io_uring"
         } else {
-            ""
+            "/dev/fuse"
         }
     );
     if let Some(mut w) = ready.take() {
