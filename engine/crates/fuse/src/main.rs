@@ -550,7 +550,7 @@ fn main() {
         unmount(&mp);
         fail(
             &mut ready,
-            format!("--io-uring on: the kernel did not offer FUSE over io_uring ({ENABLE_URING})"),
+            format!("--io-uring on: FUSE over io_uring is not available (the kernel did not offer it, {ENABLE_URING}, or io_uring_setup is refused: see the warning above)"),
         );
     }
     eprintln!(

@@ -294,9 +294,7 @@ impl RingReply {
 
 impl Ring {
     fn new(dev: RawFd, qid: u16, params: &RingParams) -> io::Result<Ring> {
-        let uring = IoUring::<Entry128, cqueue::Entry>::builder()
-            .setup_coop_taskrun()
-            .build(4)?;
+        let uring = Ring::setup()?;
         Ok(Ring {
             uring,
             sq: Mutex::new(()),
@@ -304,6 +302,12 @@ impl Ring {
             qid,
             entries: vec![Entry::new(params.payload)],
         })
+    }
+
+    fn setup() -> io::Result<IoUring<Entry128, cqueue::Entry>> {
+        IoUring::<Entry128, cqueue::Entry>::builder()
+            .setup_coop_taskrun()
+            .build(4)
     }
 
     fn command(&self, op: u32, slot: usize, commit_id: u64) -> Entry128 {
@@ -407,9 +411,16 @@ fn pin_to(cpu: usize) {
     }
 }
 
+/// Whether this process may make the rings: a seccomp profile (containers' default ones) or
+/// `kernel.io_uring_disabled` refuses `io_uring_setup`, and INIT must then not ask the kernel for
+/// FUSE over io_uring.
+pub(crate) fn usable() -> io::Result<()> {
+    Ring::setup().map(drop)
+}
+
 /// Registers every queue's entries and starts their threads. Ok(false) when the kernel
-/// refused a registration: its ring then never becomes ready and every request keeps
-/// coming through `/dev/fuse` (the threads that did start wait for the unmount).
+/// refused a registration: its ring then never becomes ready, and the kernel holds every
+/// request until it is (the caller ends the session).
 pub(crate) fn start<FS: Filesystem>(
     ch: &Channel,
     params: RingParams,

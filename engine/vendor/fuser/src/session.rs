@@ -270,11 +270,19 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
             };
+            // Once INIT negotiated it, the kernel holds every new request until each queue has
+            // an entry (fuse_block_alloc): a session whose rings cannot start would hang its
+            // callers, so it ends instead, and the mount with it (INIT checked that this
+            // process may make rings: `ring::usable`).
             match crate::ring::start(&ch, params, make_loop, &mut threads) {
                 // Left on /dev/fuse: FORGET, INTERRUPT, and requests before the rings.
                 Ok(true) => n_threads = 1,
-                Ok(false) => {}
-                Err(e) => warn!("FUSE over io_uring: {e}; serving /dev/fuse only"),
+                Ok(false) => {
+                    return Err(io::Error::other(
+                        "FUSE over io_uring: the kernel refused a ring registration",
+                    ))
+                }
+                Err(e) => return Err(io::Error::other(format!("FUSE over io_uring: {e}"))),
             }
         }
 
@@ -451,13 +459,15 @@ impl<FS: Filesystem> Session<FS> {
             self.proto_version = Some(v);
 
             if let Some(threads) = self.config.io_uring {
-                if config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
+                if !config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                    info!("FUSE over io_uring: not offered by the kernel (enable_uring)");
+                } else if let Err(e) = crate::ring::usable() {
+                    warn!("FUSE over io_uring: io_uring_setup: {e}; serving /dev/fuse");
+                } else if config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
                     // The kernel's max_payload_sz for its ring entries.
                     let pages = usize::from(config.max_pages()) * page_size::get();
                     let payload = 8192.max(config.max_write as usize).max(pages);
                     self.ring = Some(crate::ring::RingParams { payload, threads });
-                } else {
-                    info!("FUSE over io_uring: not offered by the kernel (enable_uring)");
                 }
             }
 

@@ -51,10 +51,20 @@ impl FuseMount {
 
     /// As [`FuseMount::start`], for a container of pool `pool`.
     pub fn start_on(c: &Cluster, pool: &str, cont: &str, dir: &Path, extra: &[&str]) -> FuseMount {
+        let child = FuseMount::command(c, pool, cont, dir, extra)
+            .spawn()
+            .unwrap();
+        FuseMount::wait_mounted(dir, child)
+    }
+
+    /// The daemon's command line for [`FuseMount::start_on`], its output
+    /// to the mount's log (`dir` created): for a test that changes how it
+    /// runs, then spawns it and gives it to [`FuseMount::wait_mounted`].
+    pub fn command(c: &Cluster, pool: &str, cont: &str, dir: &Path, extra: &[&str]) -> Command {
         fs::create_dir_all(dir).unwrap();
         let log = fs::File::create(dir.with_extension("log")).unwrap();
-        let child = Command::new(FUSE_BIN)
-            .args(["--mgmt", &c.mgmt_addr(), "--pool", pool, "--cont", cont])
+        let mut cmd = Command::new(FUSE_BIN);
+        cmd.args(["--mgmt", &c.mgmt_addr(), "--pool", pool, "--cont", cont])
             .args(c.tls_args())
             .arg("--mountpoint")
             .arg(dir)
@@ -67,9 +77,13 @@ impl FuseMount {
             )
             .args(extra)
             .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::from(log));
+        cmd
+    }
+
+    /// Waits until the daemon `child` (of [`FuseMount::command`]) has
+    /// mounted `dir`; panics with its log if it exits first.
+    pub fn wait_mounted(dir: &Path, child: Child) -> FuseMount {
         let mut m = FuseMount {
             dir: dir.canonicalize().unwrap(),
             child: Some(child),
