@@ -88,25 +88,29 @@ func expectFuseTransport(since time.Time) {
 	if _, err := os.Stat("/sys/module/fuse/parameters/enable_uring"); err == nil {
 		want = "FUSE over io_uring)"
 	}
-	logs, err := filepath.Glob(filepath.Join(envOr("E2E_CSI_STATE_DIR", "/var/lib/peregrine/csi"), "logs", "*.log"))
-	Expect(err).NotTo(HaveOccurred())
-	var mounted []string
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err != nil || fi.ModTime().Before(since) {
-			continue
-		}
-		b, err := os.ReadFile(l)
-		Expect(err).NotTo(HaveOccurred())
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, "peregrine-fuse: mounted ") {
-				mounted = append(mounted, line)
+	dir := filepath.Join(envOr("E2E_CSI_STATE_DIR", "/var/lib/peregrine/csi"), "logs")
+	// The daemon logs the line once the kernel's INIT is answered, just after the mount.
+	Eventually(func(g Gomega) {
+		logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+		g.Expect(err).NotTo(HaveOccurred())
+		var mounted []string
+		for _, l := range logs {
+			if fi, err := os.Stat(l); err != nil || fi.ModTime().Before(since) {
+				continue
+			}
+			b, err := os.ReadFile(l)
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, "peregrine-fuse: mounted ") {
+					mounted = append(mounted, line)
+				}
 			}
 		}
-	}
-	Expect(mounted).NotTo(BeEmpty(), "no daemon log says it mounted: %v", logs)
-	for _, line := range mounted {
-		Expect(line).To(HaveSuffix(want))
-	}
+		g.Expect(mounted).NotTo(BeEmpty(), "no daemon log in %s says it mounted", dir)
+		for _, line := range mounted {
+			g.Expect(line).To(HaveSuffix(want))
+		}
+	}, 10*time.Second).Should(Succeed())
 }
 
 func podLogs(name string) string {
@@ -214,7 +218,6 @@ var _ = Describe("Peregrine on Kubernetes", Ordered, func() {
 	})
 
 	It("mounts an RWX PVC into a writer pod and a reader pod: 1 GiB written, its checksum verified", func() {
-		start := time.Now()
 		sc := &storagek8s.StorageClass{
 			ObjectMeta:           metav1.ObjectMeta{Name: "peregrine-e2e"},
 			Provisioner:          "csi.peregrine.dev",
@@ -245,7 +248,6 @@ df -k /data`)
 		Expect(logs).To(ContainSubstring("blob: OK"))
 		// df shows the PVC's size (2 GiB, the container's quota).
 		Expect(logs).To(MatchRegexp(`\s2097152\s`))
-		expectFuseTransport(start)
 	})
 
 	It("preloads the interception library into an annotated pod, which reads the same data", func() {
@@ -281,12 +283,15 @@ i=0; while :; do i=$((i+1)); echo "$i" >> /data/steady/log; tail -n 1 /data/stea
 			},
 		}
 		deletePodAndWait(pod.Name)
+		start := time.Now()
 		Expect(k8s.Create(ctx, pod)).To(Succeed())
 		DeferCleanup(func() { _ = k8s.Delete(context.Background(), pod) })
 		Eventually(func(g Gomega) corev1.PodPhase {
 			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
 			return pod.Status.Phase
 		}).Should(Equal(corev1.PodRunning))
+		// Its volume's daemon mounted over the transport the chart's default picks.
+		expectFuseTransport(start)
 
 		// Delete the node plugin's pod; the DaemonSet makes another.
 		plugins := &corev1.PodList{}
