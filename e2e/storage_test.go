@@ -110,6 +110,7 @@ func expectFuseTransport(since time.Time) {
 		for _, line := range mounted {
 			g.Expect(line).To(HaveSuffix(want))
 		}
+		GinkgoWriter.Printf("FUSE daemons: %s\n", strings.Join(mounted, "; "))
 	}, 10*time.Second).Should(Succeed())
 }
 

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::mount::{fuse_available, io_uring_available, FuseMount};
+use common::mount::{fuse_available, fuse_io_uring_available, FuseMount};
 use common::*;
 use peregrine_proto::mgmt::{ContCreateReq, PoolCreateReq};
 use std::collections::BTreeMap;
@@ -330,11 +330,7 @@ fn assert_same_runs(a: &Run, b: &Run, tree_a: &Path, tree_b: &Path) {
 
 #[test]
 fn posix_suite_over_fuse_io_uring_and_over_dev_fuse() {
-    if !fuse_available() {
-        return;
-    }
-    if !io_uring_available() {
-        eprintln!("SKIP: this kernel has no FUSE over io_uring (fuse.enable_uring)");
+    if !fuse_io_uring_available() {
         return;
     }
     let c = suite_cluster(["full-ring", "full-dev"]);

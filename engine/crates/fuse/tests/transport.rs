@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::mount::{fuse_available, io_uring_available, is_mounted, FuseMount};
+use common::mount::{fuse_io_uring_available, is_mounted, FuseMount};
 use common::*;
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -69,11 +69,7 @@ fn denied_command(c: &Cluster, dir: &std::path::Path, io_uring: &str) -> std::pr
 
 #[test]
 fn io_uring_refused_by_seccomp_auto_serves_dev_fuse_and_on_refuses() {
-    if !fuse_available() {
-        return;
-    }
-    if !io_uring_available() {
-        eprintln!("SKIP: this kernel has no FUSE over io_uring (fuse.enable_uring)");
+    if !fuse_io_uring_available() {
         return;
     }
     // The parameter on (as `--io-uring on` leaves it): the kernel offers it.

@@ -26,6 +26,18 @@ pub fn io_uring_available() -> bool {
     Path::new("/sys/module/fuse/parameters/enable_uring").exists()
 }
 
+/// False (and a printed reason) where the kernel offers no FUSE over io_uring.
+pub fn fuse_io_uring_available() -> bool {
+    if !fuse_available() {
+        return false;
+    }
+    if !io_uring_available() {
+        eprintln!("SKIP: this kernel has no FUSE over io_uring (fuse.enable_uring)");
+        return false;
+    }
+    true
+}
+
 pub fn is_mounted(dir: &Path) -> bool {
     let d = dir.to_str().unwrap();
     fs::read_to_string("/proc/mounts")
