@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"syscall"
 )
 
 // IoUringMode is how a volume's FUSE daemon takes the kernel's requests (peregrine-fuse
@@ -54,4 +55,12 @@ func allowFuseIoUring() {
 		}
 	}
 	slog.Warn("csi node: FUSE over io_uring stays off; the daemons serve /dev/fuse", "switch", fuseIoUringSwitch, "error", err)
+}
+
+// daemonGone: what a mount whose daemon is gone answers: ENOTCONN. Over FUSE over io_uring,
+// until the dead daemon's rings are torn down, ECONNABORTED (a request the connection's abort
+// catches) or ECANCELED (one handed to a dead ring entry: the kernel's fuse_uring_send_in_task).
+func daemonGone(err error) bool {
+	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.ECANCELED)
 }

@@ -103,7 +103,9 @@ func NewNodeServer(cfg NodeConfig) (*NodeServer, error) {
 	}
 	if cfg.FuseIoUring == "" {
 		cfg.FuseIoUring = IoUringAuto
-	} else if _, good := parseIoUring(string(cfg.FuseIoUring)); !good {
+	} else if m, good := parseIoUring(string(cfg.FuseIoUring)); good {
+		cfg.FuseIoUring = m // "AUTO" is auto: the daemon takes only the lower case
+	} else {
 		return nil, fmt.Errorf("csi node: FUSE over io_uring %q: want auto, on or off", cfg.FuseIoUring)
 	}
 	if cfg.FuseBin == "" {
@@ -727,7 +729,7 @@ func (ns *NodeServer) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGet
 	}
 	fs, err := statfsWithin(p, statfsTimeout)
 	switch {
-	case errors.Is(err, syscall.ENOTCONN), errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.ECANCELED):
+	case daemonGone(err):
 		abnormal = append(abnormal, fmt.Sprintf("%s: %v (the FUSE daemon is gone)", p, errors.Unwrap(err)))
 	case err != nil:
 		abnormal = append(abnormal, err.Error())

@@ -388,14 +388,6 @@ func ntTransport(t *testing.T, ns *NodeServer, id, arg, transport string) {
 	}
 }
 
-// deadMountErr: what a mount whose daemon is gone answers: ENOTCONN. Over FUSE over io_uring,
-// until the dead daemon's rings are torn down, ECONNABORTED (a request the connection's abort
-// catches) or ECANCELED (one handed to a dead ring entry).
-func deadMountErr(err error) bool {
-	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) ||
-		errors.Is(err, syscall.ECANCELED)
-}
-
 // A daemon killed with SIGKILL: stats report the volume abnormal, unpublish and unstage still
 // succeed and leave no mount behind.
 func TestNodeDeadMount(t *testing.T) {
@@ -410,7 +402,7 @@ func TestNodeDeadMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	ntKill9(t, ntDaemon(t, ns, id))
-	if _, err := os.ReadFile(filepath.Join(target, "f")); !deadMountErr(err) {
+	if _, err := os.ReadFile(filepath.Join(target, "f")); !daemonGone(err) {
 		t.Fatalf("read from a dead mount: %v, want ENOTCONN, ECONNABORTED or ECANCELED", err)
 	}
 	for _, p := range []string{target, staging} {
@@ -519,7 +511,7 @@ func TestNodeRestartRemount(t *testing.T) {
 	}
 	old := ntDaemon(t, ns, id)
 	ntKill9(t, old)
-	if _, err := os.ReadFile(filepath.Join(target, "data")); !deadMountErr(err) {
+	if _, err := os.ReadFile(filepath.Join(target, "data")); !daemonGone(err) {
 		t.Fatalf("read from a dead mount: %v, want ENOTCONN, ECONNABORTED or ECANCELED", err)
 	}
 	// The pod of the second target went away meanwhile.
@@ -738,6 +730,11 @@ func TestNodeValidation(t *testing.T) {
 	if _, err := NewNodeServer(NodeConfig{NodeID: "n1", StateDir: t.TempDir(), FuseBin: sh, FuseIoUring: "sometimes"}); err == nil ||
 		!strings.Contains(err.Error(), "want auto, on or off") {
 		t.Fatalf("NewNodeServer with FUSE over io_uring %q: %v", "sometimes", err)
+	}
+	if ns, err := NewNodeServer(NodeConfig{NodeID: "n1", StateDir: t.TempDir(), FuseBin: sh, FuseIoUring: "OFF"}); err != nil || ns.cfg.FuseIoUring != IoUringOff {
+		t.Fatalf("NewNodeServer with FUSE over io_uring %q: %v", "OFF", err)
+	} else {
+		ns.Close()
 	}
 	ns, err := NewNodeServer(NodeConfig{NodeID: "n1", FuseBin: sh, StateDir: t.TempDir(), MaxVolumes: 7,
 		Topology: map[string]string{"topology.kubernetes.io/zone": "z1"}})

@@ -418,15 +418,15 @@ pub(crate) fn usable() -> io::Result<()> {
     Ring::setup().map(drop)
 }
 
-/// Registers every queue's entries and starts their threads. Ok(false) when the kernel
-/// refused a registration: its ring then never becomes ready, and the kernel holds every
-/// request until it is (the caller ends the session).
+/// Registers every queue's entries and starts their threads. An error (a refused
+/// registration among them) leaves the ring never ready, and the kernel holds every request
+/// until it is: the caller ends the session.
 pub(crate) fn start<FS: Filesystem>(
     ch: &Channel,
     params: RingParams,
     make_loop: impl Fn(String, Channel) -> SessionEventLoop<FS>,
     threads: &mut Vec<JoinHandle<io::Result<()>>>,
-) -> io::Result<bool> {
+) -> io::Result<()> {
     let queues = possible_cpus()?;
     let dev = std::os::fd::AsFd::as_fd(ch).as_raw_fd();
     // Every queue needs an entry before the kernel uses any.
@@ -443,8 +443,10 @@ pub(crate) fn start<FS: Filesystem>(
                 Ok(Ok(())) => threads.push(t),
                 Ok(Err(e)) => {
                     let _ = t.join();
-                    warn!("FUSE over io_uring: queue {qid}: registration refused: {e}");
-                    return Ok(false);
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("queue {qid}: registration refused: {e}"),
+                    ));
                 }
                 Err(_) => {
                     let _ = t.join();
@@ -453,7 +455,7 @@ pub(crate) fn start<FS: Filesystem>(
             }
         }
     }
-    Ok(true)
+    Ok(())
 }
 
 fn serve<FS: Filesystem>(

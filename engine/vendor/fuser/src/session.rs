@@ -274,16 +274,11 @@ impl<FS: Filesystem> Session<FS> {
             // an entry (fuse_block_alloc): a session whose rings cannot start would hang its
             // callers, so it ends instead, and the mount with it (INIT checked that this
             // process may make rings: `ring::usable`).
-            match crate::ring::start(&ch, params, make_loop, &mut threads) {
-                // Left on /dev/fuse: FORGET, INTERRUPT, and requests before the rings.
-                Ok(true) => n_threads = 1,
-                Ok(false) => {
-                    return Err(io::Error::other(
-                        "FUSE over io_uring: the kernel refused a ring registration",
-                    ))
-                }
-                Err(e) => return Err(io::Error::other(format!("FUSE over io_uring: {e}"))),
+            if let Err(e) = crate::ring::start(&ch, params, make_loop, &mut threads) {
+                return Err(io::Error::new(e.kind(), format!("FUSE over io_uring: {e}")));
             }
+            // Left on /dev/fuse: FORGET, INTERRUPT, and requests before the rings.
+            n_threads = 1;
         }
 
         if !cfg!(target_os = "linux") && n_threads != 1 {
