@@ -72,7 +72,7 @@ pub(crate) fn ttl() -> Duration {
 
 /// CLOCK_MONOTONIC_COARSE in nanoseconds: read without the hardware
 /// counter (a stat asks the cache several times), at most a tick behind.
-fn coarse_now() -> u64 {
+pub(crate) fn coarse_now() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -101,7 +101,7 @@ fn tick() -> u64 {
 
 /// Cached at coarse time `at`, and certainly less than the TTL ago: each
 /// reading of the coarse clock may be up to a tick behind the true time.
-fn fresh(at: u64) -> bool {
+pub(crate) fn fresh(at: u64) -> bool {
     coarse_now().saturating_sub(at) + tick() < ttl().as_nanos() as u64
 }
 
@@ -180,7 +180,13 @@ pub(crate) fn put_attr(dev: u64, st: &Stat) {
 
 /// Forget the attributes of `oid` (in any mount): its data changed here
 /// (a write: its entry, which the store changes only at close, stays).
-pub(crate) fn drop_attr(oid: ObjectId) {
+/// Its cached bytes go too ([`crate::data_cache::changed`]).
+pub(crate) fn drop_attr(oid: ObjectId) -> crate::data_cache::Change {
+    forget_attr(oid);
+    crate::data_cache::changed(oid)
+}
+
+fn forget_attr(oid: ObjectId) {
     if let Some(m) = ATTRS.lock().as_mut() {
         m.remove(&oid);
     }
@@ -189,7 +195,7 @@ pub(crate) fn drop_attr(oid: ObjectId) {
 /// Forget the attributes of `oid` and its entry's copy of them: its entry
 /// changed (a directory's times, a file's mtime recorded at close).
 pub(crate) fn entry_changed(oid: ObjectId) {
-    drop_attr(oid);
+    forget_attr(oid);
     if let Some(g) = DENTS.lock().as_mut() {
         if g.stale.len() >= MAX_ENTRIES {
             g.map.clear();
@@ -213,10 +219,12 @@ pub(crate) fn clear() {
     if let Some(m) = ATTRS.lock().as_mut() {
         m.clear();
     }
+    crate::data_cache::clear();
 }
 
 /// fork: hold both caches across it (prepare), release them after.
 pub(crate) fn hold_across_fork() {
     DENTS.hold_across_fork();
     ATTRS.hold_across_fork();
+    crate::data_cache::hold_across_fork();
 }

@@ -174,10 +174,14 @@ real!(
 
 /// Before fork, exec or a spawn: placeholders become the real files (all,
 /// or those an exec keeps), and the directories this process changed are
-/// made fresh in the kernel for the program that runs next.
+/// made fresh in the kernel for the program that runs next. The bytes
+/// this process wrote are no longer served from memory: the program it
+/// starts may change them, and the process read them back once it ends
+/// (a test harness, a build step).
 pub(crate) fn hand_over(all: bool) {
     convert_all(all);
     crate::dirs_changed::flush();
+    crate::data_cache::clear();
 }
 
 #[no_mangle]

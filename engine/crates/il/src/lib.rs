@@ -118,7 +118,15 @@
 //!   mtime it was made with, as Linux's coarse file times would). Reads
 //!   and fstat of a placeholder ask the store for the size, as for tracked
 //!   descriptors (the cache's bound is for path calls): processes sharing
-//!   a file through the library see each other's writes at once.
+//!   a file through the library see each other's writes at once. The one
+//!   exception: a small file (up to 64 KiB) this process created and wrote
+//!   through a placeholder is read back from its memory within
+//!   `PEREGRINE_IL_CACHE_MS` of its close, as a local file from the page
+//!   cache (`data_cache.rs`; `PEREGRINE_IL_DATA_CACHE_MB`, default 16, 0
+//!   off). Its own later changes (writes and truncates through the library,
+//!   any kernel-path write, mmap, a spawned program) drop what is kept at
+//!   once; another process's rewrite of such a file is read within the
+//!   path cache's bound.
 //!   Writes that reach the memfd around the interposers (glibc's stdio
 //!   flushing a stream with its internal write, dprintf, raw system
 //!   calls) are moved into the file before the library serves it again,
@@ -288,6 +296,7 @@ mod real;
 
 mod cache;
 mod convert;
+mod data_cache;
 mod dirs;
 mod dirs_changed;
 mod fd;

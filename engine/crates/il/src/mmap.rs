@@ -34,6 +34,8 @@ fn before_map(fd: c_int) {
         },
     };
     count(C::Mmaps, 1);
+    // Written through the mapping from now on, behind the library.
+    crate::data_cache::clear();
     // Its placeholders become the real file first: retired below, they
     // must still be descriptors of the file.
     crate::place::convert_key(key);

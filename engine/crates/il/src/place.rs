@@ -26,6 +26,7 @@
 //! intercepted at all sees the memfd (documented in the crate docs).
 
 use crate::cache;
+use crate::data_cache::{Change, Image};
 use crate::handle::{Handle, IOC_INVALIDATE};
 use crate::nsops::{born, current_umask, rewritten, unborn};
 use crate::real::{ioctl_raw, r_fcntl, r_lseek, set_errno};
@@ -53,11 +54,33 @@ pub(crate) struct Placeholder {
     pub(crate) created: bool,
     /// Converted: an ordinary tracked descriptor now.
     pub(crate) converted: AtomicBool,
+    /// The bytes written through it, while they are all the file holds
+    /// (made by this open, small, no one else's change: data_cache.rs).
+    image: Mutex<Option<Image>>,
 }
 
 impl Placeholder {
     pub(crate) fn live(&self) -> bool {
         !self.converted.load(Ordering::Acquire)
+    }
+
+    /// The file's bytes, if this process wrote them lately (data_cache.rs).
+    pub(crate) fn cached_bytes(&self) -> Option<Arc<[u8]>> {
+        let dev = ((self.dev.0 as u64) << 32) | self.dev.1 as u64;
+        crate::data_cache::get(dev, self.node.oid())
+    }
+
+    /// A write through this placeholder of `data` (`None`: it failed) at
+    /// `off`, between the changes `before` and `after`.
+    pub(crate) fn wrote(&self, before: Change, after: Change, off: u64, data: Option<&[u8]>) {
+        let mut g = self.image.lock();
+        let kept = match (g.as_mut(), data) {
+            (Some(img), Some(d)) => img.wrote(before, after, off, d),
+            _ => false,
+        };
+        if !kept {
+            *g = None;
+        }
     }
 }
 
@@ -278,6 +301,7 @@ fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_i
             flags,
             created,
             converted: AtomicBool::new(false),
+            image: Mutex::new(if created { Image::new_file() } else { None }),
         })),
     };
     if created {
@@ -308,7 +332,10 @@ fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_i
 /// opened or last recorded here.
 pub(crate) fn stat_of(s: &Shared, p: &Placeholder) -> Result<Stat, c_int> {
     let ns = crate::ns::by_dev(p.dev).ok_or(libc::EIO)?;
-    let size = s.file().and_then(|f| f.size().map_err(|e| err_of(&e)))?;
+    let size = match crate::data_cache::get(ns.key(), p.node.oid()) {
+        Some(b) => b.len() as u64,
+        None => s.file().and_then(|f| f.size().map_err(|e| err_of(&e)))?,
+    };
     let mut e = p.node.entry.clone();
     if let Some(st) = cache::attr(ns.key(), p.node.oid()) {
         (e.mtime, e.ctime) = (st.mtime, st.ctime);
@@ -355,6 +382,9 @@ pub(crate) fn record(s: &Shared, p: &Placeholder) {
     // Only files made by their open are written through placeholders:
     // their size is what this handle produced (writes, truncates).
     let size = f.cached_size();
+    if let Some(img) = p.image.lock().as_ref().filter(|i| i.len() == size) {
+        img.keep(ns.key(), p.node.oid());
+    }
     let recent = p.created && now_ns() - p.node.entry.mtime < DIR_TIME_TICK_NS;
     let mut e = p.node.entry.clone();
     if !recent {

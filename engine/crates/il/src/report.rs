@@ -130,6 +130,8 @@ pub(crate) enum C {
     PathFallbacks,
     /// Bytes written to placeholders around the library (stray.rs).
     StrayBytes,
+    /// Reads answered from this process's own writes (data_cache.rs).
+    CachedReads,
     N,
 }
 
@@ -163,7 +165,7 @@ pub(crate) extern "C" fn report() {
         "peregrine-il[{}]: intercepted opens={} reads={} writes={} bytes_read={} bytes_written={} \
          seeks={} stats={} syncs={} truncates={} dups={} closes={} stdio={} invalidates={} \
          fallbacks={} mmaps={} path_stats={} path_access={} mkdirs={} unlinks={} rmdirs={} \
-         renames={} path_opens={} path_creates={} readdirs={} path_fallbacks={} stray_bytes={}{first_failure}\n",
+         renames={} path_opens={} path_creates={} readdirs={} path_fallbacks={} stray_bytes={} cached_reads={}{first_failure}\n",
         std::process::id(),
         c[C::Opens as usize],
         c[C::Reads as usize],
@@ -191,6 +193,7 @@ pub(crate) extern "C" fn report() {
         c[C::Readdirs as usize],
         c[C::PathFallbacks as usize],
         c[C::StrayBytes as usize],
+        c[C::CachedReads as usize],
     );
     let fd = match REPORT_FD.load(Ordering::Relaxed) {
         -1 => 2,

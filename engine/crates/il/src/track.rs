@@ -62,27 +62,37 @@ fn track(fd: c_int) {
     let Some(key) = peregrine_file(fd) else {
         return;
     };
-    if MAPPED.lock().contains(&key) {
-        // Mapped in this process: the kernel path, which the mapping
-        // shares pages with.
-        return;
-    }
     // SAFETY: real fcntl on the fd just opened.
     let fl = unsafe { r_fcntl()(fd, libc::F_GETFL, 0) };
     if fl < 0 || fl & libc::O_PATH != 0 {
         return;
+    }
+    if !track_file(fd, key, fl) && fl & libc::O_ACCMODE != libc::O_RDONLY {
+        // Its writes stay on the kernel path, unseen by the bytes this
+        // process keeps of the files it wrote (data_cache.rs).
+        crate::data_cache::clear();
+    }
+}
+
+/// Track `fd`, open on file `key` with flags `fl`: false if it stays on
+/// the kernel path.
+fn track_file(fd: c_int, key: Key, fl: c_int) -> bool {
+    if MAPPED.lock().contains(&key) {
+        // Mapped in this process: the kernel path, which the mapping
+        // shares pages with.
+        return false;
     }
     let mut b = [0u8; HANDLE_SIZE];
     // SAFETY: the ioctl writes HANDLE_SIZE bytes into b.
     if unsafe { ioctl_raw(fd, IOC_GET_HANDLE, b.as_mut_ptr() as *mut c_void) } != 0 {
         note_failure(format!("handle ioctl: {}", std::io::Error::last_os_error()));
         count(C::Fallbacks, 1);
-        return;
+        return false;
     }
     let Some(h) = Handle::parse(&b) else {
         note_failure("handle ioctl: a handle of an unknown version".into());
         count(C::Fallbacks, 1);
-        return;
+        return false;
     };
     crate::table::daemon::prime(fd, &h, crate::table::is_open(&h));
     crate::ns::learn((key.0, key.1), &h);
@@ -103,11 +113,13 @@ fn track(fd: c_int) {
     // Connect now: a failure leaves the fd on the kernel path.
     if s.file().is_err() {
         count(C::Fallbacks, 1);
-        return;
+        return false;
     }
-    if insert(fd, Arc::new(s)) {
+    let tracked = insert(fd, Arc::new(s));
+    if tracked {
         count(C::Opens, 1);
     }
+    tracked
 }
 
 /// Before the kernel changes the attributes of `fd`'s file (fchmod,

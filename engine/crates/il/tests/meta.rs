@@ -351,6 +351,102 @@ wait("mkdir", lambda: os.path.isdir("d/new"))
     assert!(r.path_stats >= 200, "served through the library: {r:?}");
 }
 
+/// Files a process wrote through the library read back from its memory
+/// (data_cache.rs) and as written; with a TTL long enough that a missed
+/// drop would show, its own later changes are seen at once: a write
+/// through another descriptor, a truncate by path, a child's rewrite (a
+/// spawn drops what is kept). Files past 64 KiB are not kept, and
+/// PEREGRINE_IL_DATA_CACHE_MB=0 keeps nothing: the same bytes, fetched.
+#[test]
+fn own_writes_read_back_from_memory_and_own_changes_are_seen_at_once() {
+    if !fuse_ok() || !have("python3") {
+        eprintln!("SKIP: needs /dev/fuse and python3");
+        return;
+    }
+    let c = cluster();
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let script = c.dir.path().join("own.py");
+    fs::write(&script, OWN_WRITES_PY).unwrap();
+    // Each run in a directory of its own: the kernel may still hold the
+    // names a run before removed (the daemon's entry timeout).
+    let mut runs = 0;
+    let mut run = |args: &str, env: &[(&str, &str)]| {
+        runs += 1;
+        let cmd = format!("python3 {} {args} run{runs}", script.display());
+        let (out, r) = il_sh_env(&m.dir, &cmd, env);
+        assert_eq!(out, "ok\n", "{cmd}");
+        r
+    };
+    let long = ("PEREGRINE_IL_CACHE_MS", "60000");
+    let r = run("small", &[long]);
+    // Each read of a kept file: its bytes, then the end of file.
+    assert!(r.cached_reads >= 8, "{r:?}");
+    assert!(r.path_creates >= 4, "created through the library: {r:?}");
+    let r = run("big", &[long]);
+    assert_eq!(r.cached_reads, 0, "a file past 64 KiB is not kept: {r:?}");
+    let r = run("small", &[long, ("PEREGRINE_IL_DATA_CACHE_MB", "0")]);
+    assert_eq!(r.cached_reads, 0, "{r:?}");
+}
+
+const OWN_WRITES_PY: &str = r#"
+import os, sys
+os.mkdir(sys.argv[2]); os.chdir(sys.argv[2])
+W = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+def put(name, data):
+    fd = os.open(name, W, 0o644); os.write(fd, data); os.close(fd)
+def check(name, want):
+    with open(name, "rb") as f: got = f.read()
+    assert got == want, (name, len(got), got[:16], len(want), want[:16])
+if sys.argv[1] == "big":
+    put("big", b"z" * 70000); check("big", b"z" * 70000)
+else:
+    x = b"x" * 3901
+    put("a", x); check("a", x); check("a", x)
+    fd = os.open("a", os.O_RDWR); os.pwrite(fd, b"yy", 10); os.close(fd)
+    check("a", x[:10] + b"yy" + x[12:])
+    put("b", b"hello world"); check("b", b"hello world")
+    os.truncate("b", 5); check("b", b"hello")
+    fd = os.open("c", W, 0o644); os.pwrite(fd, b"end", 100); os.write(fd, b"st"); os.close(fd)
+    check("c", b"st" + bytes(98) + b"end")
+    put("d", b"mine"); check("d", b"mine")
+    assert os.system("printf theirs > d") == 0
+    check("d", b"theirs")
+print("ok")
+"#;
+
+/// Another client's rewrite of a file this process wrote (and keeps the
+/// bytes of) is read within the bound, as the path cache's changes are.
+#[test]
+fn another_clients_rewrite_of_own_file_is_read_within_the_bound() {
+    let Some((_c, m, m2)) = two_mounts() else {
+        return;
+    };
+    let py = r#"
+import os, sys, time
+def get():
+    with open("e", "rb") as f: return f.read()
+fd = os.open("e", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+os.write(fd, b"before"); os.close(fd)
+assert get() == b"before"
+print("ready"); sys.stdout.flush()
+sys.stdin.readline()
+t0 = time.monotonic()
+while get() != b"changed":
+    if time.monotonic() - t0 > 10: break
+print("%.3f" % (time.monotonic() - t0)); sys.stdout.flush()
+"#;
+    let mut p = Asked::start("python3", &["-c", py], &m.dir);
+    sh(&m2.dir, "printf changed > e");
+    let line = p.ask();
+    let secs: f64 = line.parse().unwrap_or(99.0);
+    assert!(
+        secs <= TTL.as_secs_f64() + 0.5,
+        "seen after {line} (bound {TTL:?})"
+    );
+    let r = p.finish();
+    assert!(r.cached_reads >= 1, "kept before the change: {r:?}");
+}
+
 /// A process removes files it made through the library (an unlink that
 /// trusts the version its create wrote, without reading the entry): the
 /// one nobody touched is removed; the one another client renamed away

@@ -162,6 +162,8 @@ pub struct Report {
     /// Directory entries listed by the library.
     pub readdirs: u64,
     pub path_fallbacks: u64,
+    /// Reads answered from the process's own writes (no round trip).
+    pub cached_reads: u64,
     /// The first process's `first_failure` (quoted as the library prints it).
     pub first_failure: Option<String>,
 }
@@ -199,6 +201,7 @@ pub fn parse_report(stderr: &str) -> Report {
                 "path_creates" => r.path_creates += v,
                 "readdirs" => r.readdirs += v,
                 "path_fallbacks" => r.path_fallbacks += v,
+                "cached_reads" => r.cached_reads += v,
                 _ => {}
             }
         }
