@@ -64,6 +64,29 @@ impl Files {
             self.bytes -= b.len();
         }
     }
+
+    /// Drop the oldest file (true), if any is left.
+    fn drop_oldest(&mut self) -> bool {
+        let Some((old, at)) = self.order.pop_front() else {
+            return false;
+        };
+        if self.map.get(&old).is_some_and(|e| e.2 == at) {
+            self.remove(old);
+        }
+        true
+    }
+
+    /// Drop the files past their TTL: a process that wrote many small
+    /// files once does not hold their bytes for the rest of its life.
+    fn drop_expired(&mut self) {
+        while self
+            .order
+            .front()
+            .is_some_and(|&(_, at)| !crate::cache::fresh(at))
+        {
+            self.drop_oldest();
+        }
+    }
 }
 
 static FILES: Mutex<Option<Files>> = Mutex::new(None);
@@ -127,9 +150,16 @@ pub(crate) fn changed(oid: ObjectId) -> Change {
 
 /// The cached bytes of file `oid` in mount `dev`, while fresh.
 pub(crate) fn get(dev: u64, oid: ObjectId) -> Option<Arc<[u8]>> {
-    let g = FILES.lock();
-    let (d, b, at) = g.as_ref()?.map.get(&oid)?;
-    (*d == dev && crate::cache::fresh(*at)).then(|| b.clone())
+    let mut g = FILES.lock();
+    let f = g.as_mut()?;
+    match f.map.get(&oid) {
+        Some((d, b, at)) if crate::cache::fresh(*at) => (*d == dev).then(|| b.clone()),
+        Some(_) => {
+            f.drop_expired();
+            None
+        }
+        None => None,
+    }
 }
 
 /// Forget every file's bytes (the path cache's [`crate::cache::clear`]).
@@ -201,14 +231,8 @@ impl Image {
             return;
         }
         f.remove(oid);
-        while f.bytes + self.bytes.len() > max {
-            let Some((old, at)) = f.order.pop_front() else {
-                break;
-            };
-            if f.map.get(&old).is_some_and(|e| e.2 == at) {
-                f.remove(old);
-            }
-        }
+        f.drop_expired();
+        while f.bytes + self.bytes.len() > max && f.drop_oldest() {}
         let at = crate::cache::coarse_now();
         f.bytes += self.bytes.len();
         f.map.insert(oid, (dev, self.bytes.as_slice().into(), at));
@@ -235,7 +259,7 @@ mod tests {
 
     #[test]
     fn own_writes_are_kept_and_a_foreign_change_keeps_them_out() {
-        let _s = SERIAL.lock().unwrap();
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let f = oid(1);
         let mut img = Image::new_file().unwrap();
         let (b, a) = (changed(f), changed(f));
@@ -258,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_change_during_a_write_keeps_the_image_out() {
-        let _s = SERIAL.lock().unwrap();
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let f = oid(2);
         let mut img = Image::new_file().unwrap();
         let b = changed(f);
@@ -268,8 +292,40 @@ mod tests {
     }
 
     #[test]
+    fn budget_and_ttl_bound_what_is_kept() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        clear();
+        // A budget of two files (as PEREGRINE_IL_DATA_CACHE_MB would set it).
+        BUDGET.store(2 * MAX_FILE as u64 + 1, Ordering::Relaxed);
+        for n in 0..3 {
+            let f = oid(100 + n);
+            let mut img = Image::new_file().unwrap();
+            let (b, a) = (changed(f), changed(f));
+            assert!(img.wrote(b, a, 0, &vec![n as u8; MAX_FILE]));
+            img.keep(1, f);
+        }
+        BUDGET.store(0, Ordering::Relaxed);
+        let bytes = FILES.lock().as_ref().unwrap().bytes;
+        assert_eq!(bytes, 2 * MAX_FILE);
+        assert!(get(1, oid(100)).is_none(), "the oldest goes first");
+        assert_eq!(get(1, oid(102)).unwrap()[0], 2);
+        // Past the TTL: not served, and dropped from memory.
+        let at = crate::cache::coarse_now() - crate::cache::ttl().as_nanos() as u64 - 1;
+        for e in FILES.lock().as_mut().unwrap().map.values_mut() {
+            e.2 = at;
+        }
+        for o in FILES.lock().as_mut().unwrap().order.iter_mut() {
+            o.1 = at;
+        }
+        assert!(get(1, oid(102)).is_none());
+        let f = FILES.lock();
+        let f = f.as_ref().unwrap();
+        assert!(f.map.is_empty() && f.bytes == 0, "{}", f.bytes);
+    }
+
+    #[test]
     fn large_files_are_not_kept() {
-        let _s = SERIAL.lock().unwrap();
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let f = oid(3);
         let mut img = Image::new_file().unwrap();
         let (b, a) = (changed(f), changed(f));
@@ -283,7 +339,7 @@ mod tests {
 
     #[test]
     fn clear_forgets_and_keeps_out_what_was_known_before() {
-        let _s = SERIAL.lock().unwrap();
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let f = oid(4);
         let mut img = Image::new_file().unwrap();
         let (b, a) = (changed(f), changed(f));
