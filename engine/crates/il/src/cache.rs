@@ -52,18 +52,7 @@ static TTL: AtomicU64 = AtomicU64::new(0);
 pub(crate) fn ttl() -> Duration {
     let mut t = TTL.load(Ordering::Relaxed);
     if t == 0 {
-        // SAFETY: getenv with a NUL-terminated name; read at once.
-        let ms = unsafe {
-            let p = libc::getenv(c"PEREGRINE_IL_CACHE_MS".as_ptr());
-            if p.is_null() {
-                None
-            } else {
-                std::ffi::CStr::from_ptr(p)
-                    .to_str()
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u64>().ok())
-            }
-        };
+        let ms = crate::report::env_u64(c"PEREGRINE_IL_CACHE_MS");
         t = ms.unwrap_or(1000).min(3_600_000) + 1;
         TTL.store(t, Ordering::Relaxed);
     }

@@ -94,18 +94,7 @@ static FILES: Mutex<Option<Files>> = Mutex::new(None);
 fn budget() -> usize {
     let mut b = BUDGET.load(Ordering::Relaxed);
     if b == 0 {
-        // SAFETY: getenv with a NUL-terminated name; read at once.
-        let mb = unsafe {
-            let p = libc::getenv(c"PEREGRINE_IL_DATA_CACHE_MB".as_ptr());
-            if p.is_null() {
-                None
-            } else {
-                std::ffi::CStr::from_ptr(p)
-                    .to_str()
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u64>().ok())
-            }
-        };
+        let mb = crate::report::env_u64(c"PEREGRINE_IL_DATA_CACHE_MB");
         b = (mb.unwrap_or(16).min(1 << 20) << 20) + 1;
         BUDGET.store(b, Ordering::Relaxed);
     }

@@ -23,6 +23,22 @@ pub(crate) fn env_on(name: &[u8]) -> bool {
     }
 }
 
+/// A number in the environment (getenv: no allocation, safe before the
+/// program's own init), if set and valid.
+pub(crate) fn env_u64(name: &std::ffi::CStr) -> Option<u64> {
+    // SAFETY: getenv with a NUL-terminated name; the result is read at once.
+    unsafe {
+        let p = libc::getenv(name.as_ptr());
+        if p.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr(p)
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    }
+}
+
 #[inline]
 pub(crate) fn enabled() -> bool {
     match MODE.load(Ordering::Relaxed) {
