@@ -215,27 +215,33 @@ impl Mounts {
     }
 
     /// Reread the table if the kernel reports a change (or on first use).
-    fn fresh(&mut self) {
+    /// The same poll looks at descriptors 0-2 too: true if one of them is
+    /// closed (a served open must then leave the call to the kernel,
+    /// place.rs), one system call for both questions.
+    fn fresh(&mut self) -> bool {
         if self.watch < 0 {
             self.watch = watch();
             self.reload();
-            return;
         }
-        let mut p = libc::pollfd {
-            fd: self.watch,
-            events: libc::POLLPRI,
+        let mut p = [self.watch, 0, 1, 2].map(|fd| libc::pollfd {
+            fd,
+            events: 0,
             revents: 0,
-        };
-        // SAFETY: poll of one pollfd with no wait.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
-        if n != 0 || !self.loaded {
-            if p.revents & libc::POLLNVAL != 0 {
+        });
+        p[0].events = libc::POLLPRI;
+        // SAFETY: poll of our four pollfds with no wait.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), 4, 0) };
+        // A closed descriptor answers POLLNVAL, whatever was asked.
+        let std_free = n > 0 && p[1..].iter().any(|x| x.revents & libc::POLLNVAL != 0);
+        if p[0].revents != 0 || !self.loaded {
+            if p[0].revents & libc::POLLNVAL != 0 {
                 // Closed by the program (closefrom): watch again.
                 self.watch = -1;
                 return self.fresh();
             }
             self.reload();
         }
+        std_free
     }
 
     /// After fork: the child shares the parent's watch descriptor, whose
@@ -286,14 +292,15 @@ fn watch() -> c_int {
 /// (the longest mount point that is a prefix of it, the latest such
 /// mount) is not a Peregrine mount. Lexical: a path through a symlink
 /// into a mount is not recognised (the caller then uses the kernel path,
-/// which is right).
-pub(crate) fn mount_of(path: &AbsPath) -> Option<(Mnt, usize)> {
+/// which is right). Also whether one of descriptors 0-2 is closed
+/// ([`Mounts::fresh`]).
+pub(crate) fn mount_of(path: &AbsPath) -> Option<(Mnt, usize, bool)> {
     let mut m = MOUNTS.lock();
-    m.fresh();
+    let std_free = m.fresh();
     if m.peregrine.is_empty() {
         return None;
     }
-    pick(&m.points, path)
+    pick(&m.points, path).map(|(mnt, below)| (mnt, below, std_free))
 }
 
 /// The Peregrine mount with device `dev`.

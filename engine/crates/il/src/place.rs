@@ -33,7 +33,7 @@ use crate::real::{ioctl_raw, r_fcntl, r_lseek, set_errno};
 use crate::report::{count, meta_enabled, note_failure, Busy, C};
 use crate::stat::ino_of;
 use crate::table::{err_of, guarded, insert, Shared, FDS, MAPPED};
-use crate::walk::{locate, lookup, posix, w, walk_parent, W};
+use crate::walk::{locate_open, lookup, posix, w, walk_parent, W};
 use libc::{c_char, c_int};
 use peregrine::sync::Mutex;
 use peregrine_dfs::{now_ns, File, Node, Stat, DIR_TIME_TICK_NS};
@@ -113,23 +113,6 @@ fn changed_err(e: &peregrine::Error) -> c_int {
     }
 }
 
-/// Is descriptor 0, 1 or 2 closed? Then an open must return it, as the
-/// kernel's lowest free descriptor (`close(1); open(...)` redirects
-/// stdout), and the kernel opens it: the library's own work (its
-/// connections) could take the number first.
-fn std_fd_free() -> bool {
-    // One poll for the three (every served open asks): a closed
-    // descriptor answers POLLNVAL, whatever the events asked.
-    let mut p = [0, 1, 2].map(|fd| libc::pollfd {
-        fd,
-        events: 0,
-        revents: 0,
-    });
-    // SAFETY: a live array of three pollfd; timeout 0; raw system call.
-    let r = unsafe { libc::syscall(libc::SYS_poll, p.as_mut_ptr(), 3, 0) };
-    r > 0 && p.iter().any(|x| x.revents & libc::POLLNVAL != 0)
-}
-
 /// open of `path` relative to `dirfd`: None to use the kernel path, else
 /// the call's return value (a placeholder, or -1 with errno).
 pub(crate) unsafe fn open_at(
@@ -145,13 +128,12 @@ pub(crate) unsafe fn open_at(
         || (flags & libc::O_TRUNC != 0 && acc == libc::O_RDONLY)
         // Read-write opens go to the kernel, created or not (below).
         || acc == libc::O_RDWR
-        || std_fd_free()
     {
         return None;
     }
     let _b = Busy::enter()?;
     guarded(None, || {
-        let loc = locate(dirfd, path)?;
+        let loc = locate_open(dirfd, path)?;
         let ns = loc.ns.clone();
         let r = (|| -> W<(Arc<Node>, bool)> {
             let cred = loc.cred();

@@ -85,6 +85,19 @@ fn cwd() -> Option<Vec<u8>> {
 /// Where `path` (relative to `dirfd`) lies, if in a Peregrine mount the
 /// library can serve.
 pub(crate) unsafe fn locate(dirfd: c_int, path: *const c_char) -> Option<Loc> {
+    locate_any(dirfd, path, false)
+}
+
+/// [`locate`] for an open: None also if descriptor 0, 1 or 2 is closed.
+/// An open must then return that descriptor, as the kernel's lowest free
+/// one (`close(1); open(...)` redirects stdout), and the kernel opens it;
+/// asked before the library's own work (connecting to the container)
+/// could take the number first.
+pub(crate) unsafe fn locate_open(dirfd: c_int, path: *const c_char) -> Option<Loc> {
+    locate_any(dirfd, path, true)
+}
+
+unsafe fn locate_any(dirfd: c_int, path: *const c_char, open: bool) -> Option<Loc> {
     if path.is_null() {
         return None;
     }
@@ -103,7 +116,10 @@ pub(crate) unsafe fn locate(dirfd: c_int, path: *const c_char) -> Option<Loc> {
         return None;
     };
     let path = AbsPath::new(abs);
-    let (mnt, below) = mount_of(&path)?;
+    let (mnt, below, std_free) = mount_of(&path)?;
+    if open && std_free {
+        return None;
+    }
     let euid = libc::geteuid();
     if mnt.only.is_some_and(|uid| uid != euid) {
         return None;
