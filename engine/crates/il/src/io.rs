@@ -21,6 +21,23 @@ pub(crate) fn klseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
     unsafe { r_lseek()(fd, off, whence) }
 }
 
+/// The kernel offset of `fd` for a write of `len` bytes there, and
+/// whether it was moved past them already: one `lseek` (moving it on
+/// answers where it was) where asking and then setting took two. A write
+/// does all it was asked or fails: the caller moves the offset back if it
+/// failed, or on if it was not moved (past the largest offset). None, with
+/// errno, if the offset cannot be read. The caller holds the description's
+/// `io` lock.
+fn offset_for_write(fd: c_int, len: usize) -> Option<(i64, bool)> {
+    match klseek(fd, len as off_t, libc::SEEK_CUR) {
+        e if e >= 0 => Some((e - len as i64, true)),
+        _ => match klseek(fd, 0, libc::SEEK_CUR) {
+            o if o >= 0 => Some((o, false)),
+            _ => None,
+        },
+    }
+}
+
 /// Read into `buf` at `pos` (or at and advancing the kernel offset).
 pub(crate) fn do_read(fd: c_int, s: &Shared, buf: &mut [u8], pos: Option<i64>) -> ssize_t {
     if s.acc == libc::O_WRONLY {
@@ -115,19 +132,28 @@ pub(crate) fn do_write(fd: c_int, s: &Shared, data: &[u8], pos: Option<i64>) -> 
             }
             (p, file.write_at(p as u64, data))
         }
+        None if !append => {
+            let _g = s.io.lock();
+            let Some((off, moved)) = offset_for_write(fd, data.len()) else {
+                return -1;
+            };
+            let r = file.write_at(off as u64, data);
+            match (&r, moved) {
+                (Ok(n), false) => {
+                    klseek(fd, off + *n as i64, libc::SEEK_SET);
+                }
+                (Err(_), true) => {
+                    klseek(fd, off, libc::SEEK_SET);
+                }
+                _ => {}
+            }
+            (off, r)
+        }
         _ => {
             let _g = s.io.lock();
-            let off = if append {
-                match file.size() {
-                    Ok(sz) => sz as i64,
-                    Err(e) => return fail(err_of(&e)),
-                }
-            } else {
-                let o = klseek(fd, 0, libc::SEEK_CUR);
-                if o < 0 {
-                    return -1;
-                }
-                o
+            let off = match file.size() {
+                Ok(sz) => sz as i64,
+                Err(e) => return fail(err_of(&e)),
             };
             let r = file.write_at(off as u64, data);
             if let Ok(n) = r {
