@@ -527,6 +527,21 @@ if mds["mount"]:
         il, loc = medians.get("mount + il"), medians.get(f"local {local_fs}")
         if il and loc:
             print(f"{ph:<8} {'il/local':<16}" + "".join(f" {il[k] / loc[k]:>{width}.2f}" for k in runs))
+    # How many of the library's reads its own writes answered (data_cache.rs), from
+    # the report lines of its runs: the read row is a page-cache-like rate then.
+    counts = {"reads": 0, "cached_reads": 0}
+    for r in range(1, md_rounds + 1):
+        p = os.path.join(work, f"mdtest-il-r{r}.err")
+        for line in open(p) if os.path.exists(p) else []:
+            if line.startswith("peregrine-il["):
+                for kv in line.split():
+                    k, _, v = kv.partition("=")
+                    if k in counts and v.isdigit():
+                        counts[k] += int(v)
+    if counts["reads"]:
+        result["mdtest_il_reads"] = counts
+        print(f"library: {counts['cached_reads']} of {counts['reads']} reads answered from the "
+              "process's own writes (PEREGRINE_IL_DATA_CACHE_MB=0 turns that off)")
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")
