@@ -20,8 +20,23 @@ fn pre(fd: c_int) -> Result<(), c_int> {
     guarded(Err(libc::EIO), || to_kernel(fd))
 }
 
+/// After a call that changed the bytes of `fd`'s file on the kernel path
+/// (fallocate, splice into it): what this process keeps of them and of
+/// its attributes is stale (data_cache.rs). An untracked descriptor's
+/// file was dropped when it was opened (track.rs).
+fn changed_on_kernel_path(fd: c_int) {
+    if NTRACKED.load(Ordering::Relaxed) == 0 || !enabled() {
+        return;
+    }
+    if let Some(s) = crate::table::lookup(fd) {
+        crate::cache::drop_attr(s.h.oid);
+    }
+}
+
+/// A call on a descriptor that needs a placeholder's real file;
+/// `@changes`: one that changes the file's bytes when it returns 0.
 macro_rules! converts {
-    ($name:ident, $real:ident, $ret:ty, $fail:expr, $sym:literal,
+    (@inner $changes:expr, $name:ident, $real:ident, $ret:ty, $fail:expr, $sym:literal,
      ($fd:ident : c_int $(, $a:ident : $t:ty)*)) => {
         real!($real, $sym, unsafe extern "C" fn(c_int $(, $t)*) -> $ret);
         #[no_mangle]
@@ -30,9 +45,15 @@ macro_rules! converts {
                 set_errno(e);
                 return $fail;
             }
-            $real()($fd $(, $a)*)
+            let r = $real()($fd $(, $a)*);
+            if $changes && r == 0 {
+                changed_on_kernel_path($fd);
+            }
+            r
         }
     };
+    (@changes $($rest:tt)*) => { converts!(@inner true, $($rest)*); };
+    ($($rest:tt)*) => { converts!(@inner false, $($rest)*); };
 }
 
 converts!(flock, r_flock, c_int, -1, "flock", (fd: c_int, op: c_int));
@@ -43,8 +64,8 @@ converts!(fstatfs, r_fstatfs, c_int, -1, "fstatfs", (fd: c_int, b: *mut libc::st
 converts!(fstatfs64, r_fstatfs64, c_int, -1, "fstatfs64", (fd: c_int, b: *mut libc::statfs));
 converts!(fstatvfs, r_fstatvfs, c_int, -1, "fstatvfs", (fd: c_int, b: *mut libc::statvfs));
 converts!(fstatvfs64, r_fstatvfs64, c_int, -1, "fstatvfs64", (fd: c_int, b: *mut libc::statvfs));
-converts!(fallocate, r_fallocate, c_int, -1, "fallocate", (fd: c_int, m: c_int, o: off_t, l: off_t));
-converts!(fallocate64, r_fallocate64, c_int, -1, "fallocate64", (fd: c_int, m: c_int, o: off_t, l: off_t));
+converts!(@changes fallocate, r_fallocate, c_int, -1, "fallocate", (fd: c_int, m: c_int, o: off_t, l: off_t));
+converts!(@changes fallocate64, r_fallocate64, c_int, -1, "fallocate64", (fd: c_int, m: c_int, o: off_t, l: off_t));
 converts!(fgetxattr, r_fgetxattr, ssize_t, -1, "fgetxattr",
     (fd: c_int, n: *const c_char, v: *mut c_void, z: size_t));
 converts!(fsetxattr, r_fsetxattr, c_int, -1, "fsetxattr",
@@ -71,7 +92,7 @@ real!(
 pub unsafe extern "C" fn posix_fallocate(fd: c_int, o: off_t, l: off_t) -> c_int {
     match pre(fd) {
         Err(e) => e,
-        Ok(()) => r_posix_fallocate()(fd, o, l),
+        Ok(()) => changing(fd, r_posix_fallocate()(fd, o, l)),
     }
 }
 
@@ -79,8 +100,16 @@ pub unsafe extern "C" fn posix_fallocate(fd: c_int, o: off_t, l: off_t) -> c_int
 pub unsafe extern "C" fn posix_fallocate64(fd: c_int, o: off_t, l: off_t) -> c_int {
     match pre(fd) {
         Err(e) => e,
-        Ok(()) => r_posix_fallocate64()(fd, o, l),
+        Ok(()) => changing(fd, r_posix_fallocate64()(fd, o, l)),
     }
+}
+
+/// `r`, the result of a posix_fallocate of `fd` (0: done).
+fn changing(fd: c_int, r: c_int) -> c_int {
+    if r == 0 {
+        changed_on_kernel_path(fd);
+    }
+    r
 }
 
 type SpliceFn = unsafe extern "C" fn(
@@ -111,7 +140,11 @@ pub unsafe extern "C" fn splice(
         set_errno(e);
         return -1;
     }
-    r_splice()(i, oi, o, oo, n, f)
+    let r = r_splice()(i, oi, o, oo, n, f);
+    if r > 0 {
+        changed_on_kernel_path(o);
+    }
+    r
 }
 
 #[no_mangle]
