@@ -124,8 +124,8 @@
 //!   `PEREGRINE_IL_CACHE_MS` of its close, as a local file from the page
 //!   cache (`data_cache.rs`; `PEREGRINE_IL_DATA_CACHE_MB`, default 16, 0
 //!   off). Its own later changes (writes and truncates through the library,
-//!   any kernel-path write, mmap, a spawned program) drop what is kept at
-//!   once; another process's rewrite of such a file is read within the
+//!   any kernel-path write, fallocate, splice, mmap, a spawned program)
+//!   drop what is kept at once; another process's rewrite of such a file is read within the
 //!   path cache's bound.
 //!   Writes that reach the memfd around the interposers (glibc's stdio
 //!   flushing a stream with its internal write, dprintf, raw system
