@@ -30,8 +30,9 @@ use std::sync::Arc;
 pub(crate) const MAX_FILE: usize = 64 << 10;
 
 /// Changes remembered by file before starting over (past that, every
-/// file counts as changed at the start-over).
-const MAX_CHANGES: usize = 65536;
+/// file counts as changed at the start-over: the files being written then
+/// are not kept, one in this many). A few hundred KiB at most.
+const MAX_CHANGES: usize = 4096;
 
 /// The stamp the next change takes (0 is the start-over before any).
 static STAMP: AtomicU64 = AtomicU64::new(1);
