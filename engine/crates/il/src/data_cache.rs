@@ -22,7 +22,7 @@ use peregrine::sync::Mutex;
 use peregrine::ObjectId;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Files larger than this are not kept: the cache is for the many small
@@ -36,6 +36,11 @@ const MAX_CHANGES: usize = 4096;
 
 /// The stamp the next change takes (0 is the start-over before any).
 static STAMP: AtomicU64 = AtomicU64::new(1);
+
+/// Files kept plus images alive: while 0, a change has nothing to drop and
+/// nothing to keep out (an image made later knows the file as of then),
+/// and a write takes no lock here.
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
 
 /// `PEREGRINE_IL_DATA_CACHE_MB` in bytes + 1 (0: not read yet).
 static BUDGET: AtomicU64 = AtomicU64::new(0);
@@ -63,6 +68,7 @@ impl Files {
     fn remove(&mut self, oid: ObjectId) {
         if let Some((_, b, _)) = self.map.remove(&oid) {
             self.bytes -= b.len();
+            IN_USE.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -124,6 +130,9 @@ pub(crate) struct Change {
 /// keep out any bytes of it known before now. A writer calls this before
 /// its write reaches the store and again after.
 pub(crate) fn changed(oid: ObjectId) -> Change {
+    if IN_USE.load(Ordering::SeqCst) == 0 {
+        return Change { stamp: 0, prev: 0 };
+    }
     let mut g = FILES.lock();
     let f = g.get_or_insert_with(Files::default);
     let stamp = STAMP.fetch_add(1, Ordering::SeqCst);
@@ -155,6 +164,7 @@ pub(crate) fn get(dev: u64, oid: ObjectId) -> Option<Arc<[u8]>> {
 /// Forget every file's bytes (the path cache's [`crate::cache::clear`]).
 pub(crate) fn clear() {
     if let Some(f) = FILES.lock().as_mut() {
+        IN_USE.fetch_sub(f.map.len(), Ordering::SeqCst);
         f.map.clear();
         f.order.clear();
         f.bytes = 0;
@@ -180,9 +190,12 @@ pub(crate) struct Image {
 impl Image {
     /// A file made empty just now; `None` if the cache is off.
     pub(crate) fn new_file() -> Option<Image> {
-        enabled().then(|| Image {
-            bytes: Vec::new(),
-            as_of: now_stamp(),
+        enabled().then(|| {
+            IN_USE.fetch_add(1, Ordering::SeqCst);
+            Image {
+                bytes: Vec::new(),
+                as_of: now_stamp(),
+            }
         })
     }
 
@@ -225,6 +238,7 @@ impl Image {
         while f.bytes + self.bytes.len() > max && f.drop_oldest() {}
         let at = crate::cache::coarse_now();
         f.bytes += self.bytes.len();
+        IN_USE.fetch_add(1, Ordering::SeqCst);
         f.map.insert(oid, (dev, self.bytes.as_slice().into(), at));
         f.order.push_back((oid, at));
         // `order` holds stale entries too: keep it to a bound of its own.
@@ -233,6 +247,12 @@ impl Image {
             f.order
                 .retain(|(o, at)| map.get(o).is_some_and(|e| e.2 == *at));
         }
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        IN_USE.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -337,5 +357,9 @@ mod tests {
         clear();
         img.keep(1, f);
         assert!(get(1, f).is_none());
+        // Nothing kept and no image: a write's change takes no lock.
+        drop(img);
+        assert_eq!(IN_USE.load(Ordering::SeqCst), 0);
+        assert_eq!(changed(f).stamp, 0);
     }
 }
