@@ -28,6 +28,11 @@ const SCAN_DIRS: usize = 8;
 const SCAN_ENTRIES: usize = 512;
 const SCAN_AGAIN: Duration = Duration::from_secs(1);
 
+/// A mount's dev as one number (the caches' keys).
+pub(crate) fn dev_key(dev: (u32, u32)) -> u64 {
+    ((dev.0 as u64) << 32) | dev.1 as u64
+}
+
 /// A Peregrine mount served by the library.
 pub(crate) struct Ns {
     pub(crate) mnt: Mnt,
@@ -41,7 +46,7 @@ pub(crate) struct Ns {
 impl Ns {
     /// The mount's dev as one number (cache keys).
     pub(crate) fn key(&self) -> u64 {
-        ((self.mnt.dev.0 as u64) << 32) | self.mnt.dev.1 as u64
+        dev_key(self.mnt.dev)
     }
     pub(crate) fn read_only(&self) -> bool {
         self.h.read_only

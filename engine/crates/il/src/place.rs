@@ -66,8 +66,7 @@ impl Placeholder {
 
     /// The file's bytes, if this process wrote them lately (data_cache.rs).
     pub(crate) fn cached_bytes(&self) -> Option<Arc<[u8]>> {
-        let dev = ((self.dev.0 as u64) << 32) | self.dev.1 as u64;
-        crate::data_cache::get(dev, self.node.oid())
+        crate::data_cache::get(crate::ns::dev_key(self.dev), self.node.oid())
     }
 
     /// A write through this placeholder of `data` (`None`: it failed) at
