@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    crate::place::fd_taken(fd);
     if NTRACKED.load(Ordering::Relaxed) != 0 && enabled() {
         if let Some(_b) = Busy::enter() {
             guarded((), || forget_fd(fd));
@@ -47,6 +48,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 }
 
 unsafe fn dup2_any(old: c_int, new: c_int, real: impl FnOnce() -> c_int) -> c_int {
+    crate::place::fd_taken(new);
     let active = NTRACKED.load(Ordering::Relaxed) != 0 && enabled() && old != new;
     let b = if active { Busy::enter() } else { None };
     if b.is_some() && lookup(new).is_some() && (lookup(old).is_some() || sys_fcntl_ok(old)) {
@@ -84,6 +86,14 @@ unsafe fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, real: FcntlFn) -> c_int
         Some((_b, s)) => match crate::place::of(&s) {
             Some(p) => match cmd {
                 libc::F_GETFL => Some(Ok(crate::place::f_getfl(p, &s))),
+                // The shared memfd's flags are every read-only
+                // placeholder's (place.rs): only O_APPEND means anything
+                // to the library, which keeps it.
+                libc::F_SETFL if crate::place::own_offset(&s).is_some() => {
+                    s.append
+                        .store(arg as c_int & libc::O_APPEND != 0, Ordering::Relaxed);
+                    Some(Ok(0))
+                }
                 libc::F_DUPFD
                 | libc::F_DUPFD_CLOEXEC
                 | libc::F_GETFD

@@ -21,6 +21,26 @@ pub(crate) fn klseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
     unsafe { r_lseek()(fd, off, whence) }
 }
 
+/// The file offset of tracked `fd`: the kernel's, or a read-only
+/// placeholder's own (place.rs). The caller holds `s.io`.
+fn offset(fd: c_int, s: &Shared) -> off_t {
+    match crate::place::own_offset(s) {
+        Some(o) => o.load(Ordering::Relaxed),
+        None => klseek(fd, 0, libc::SEEK_CUR),
+    }
+}
+
+/// Move [`offset`] to `to` (>= 0). The caller holds `s.io`.
+fn set_offset(fd: c_int, s: &Shared, to: off_t) -> off_t {
+    match crate::place::own_offset(s) {
+        Some(o) => {
+            o.store(to, Ordering::Relaxed);
+            to
+        }
+        None => klseek(fd, to, libc::SEEK_SET),
+    }
+}
+
 /// The kernel offset of `fd` for a write of `len` bytes there, and
 /// whether it was moved past them already: one `lseek` (moving it on
 /// answers where it was) where asking and then setting took two. A write
@@ -59,7 +79,7 @@ pub(crate) fn do_read(fd: c_int, s: &Shared, buf: &mut [u8], pos: Option<i64>) -
         },
         None => {
             let _g = s.io.lock();
-            let off = klseek(fd, 0, libc::SEEK_CUR);
+            let off = offset(fd, s);
             if off < 0 {
                 return -1;
             }
@@ -68,7 +88,7 @@ pub(crate) fn do_read(fd: c_int, s: &Shared, buf: &mut [u8], pos: Option<i64>) -
                 Err(e) => return fail(err_of(&e)),
             };
             if n > 0 {
-                klseek(fd, off + n as i64, libc::SEEK_SET);
+                set_offset(fd, s, off + n as i64);
             }
             n
         }
@@ -92,13 +112,13 @@ fn read_cached(fd: c_int, s: &Shared, b: &[u8], buf: &mut [u8], pos: Option<i64>
         Some(p) => copy(p),
         None => {
             let _g = s.io.lock();
-            let off = klseek(fd, 0, libc::SEEK_CUR);
+            let off = offset(fd, s);
             if off < 0 {
                 return -1;
             }
             let n = copy(off);
             if n > 0 {
-                klseek(fd, off + n as i64, libc::SEEK_SET);
+                set_offset(fd, s, off + n as i64);
             }
             n
         }
@@ -268,6 +288,27 @@ pub(crate) unsafe fn slice_mut<'a>(p: *mut c_void, n: usize) -> &'a mut [u8] {
 
 pub(crate) fn do_lseek(fd: c_int, s: &Shared, off: i64, whence: c_int) -> off_t {
     count(C::Seeks, 1);
+    if crate::place::own_offset(s).is_some() {
+        let _g = s.io.lock();
+        // Converted meanwhile (another thread): the kernel's offset then.
+        if let Some(o) = crate::place::own_offset(s) {
+            let to = match whence {
+                libc::SEEK_SET => off,
+                libc::SEEK_CUR => match o.load(Ordering::Relaxed).checked_add(off) {
+                    Some(to) => to,
+                    None => return fail(libc::EOVERFLOW) as off_t,
+                },
+                _ => -1,
+            };
+            if to >= 0 {
+                o.store(to, Ordering::Relaxed);
+                return to;
+            }
+            if matches!(whence, libc::SEEK_SET | libc::SEEK_CUR) {
+                return fail(libc::EINVAL) as off_t;
+            }
+        }
+    }
     match whence {
         libc::SEEK_SET | libc::SEEK_CUR => klseek(fd, off, whence),
         libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE => {
@@ -287,8 +328,9 @@ pub(crate) fn do_lseek(fd: c_int, s: &Shared, off: i64, whence: c_int) -> off_t 
             if to < 0 {
                 return fail(libc::EINVAL) as off_t;
             }
-            klseek(fd, to, libc::SEEK_SET)
+            set_offset(fd, s, to)
         }
+        _ if crate::place::own_offset(s).is_some() => fail(libc::EINVAL) as off_t,
         _ => klseek(fd, off, whence),
     }
 }

@@ -101,8 +101,10 @@
 //!   O_WRONLY; read-write creates go to the kernel, see place.rs) or of
 //!   an existing regular file read-only are served with no
 //!   kernel or daemon round trip; the descriptor is a *placeholder*, a
-//!   memfd the library serves wholly (the kernel keeps its offset, so
-//!   dup and stdio share it as usual; fstat, statx and fstatat with
+//!   memfd the library serves wholly (a created file's has its own,
+//!   whose offset the kernel keeps; a file opened for reading gets a dup
+//!   of one shared, sealed, read-only memfd, whose offset the library
+//!   keeps for it and its dups; fstat, statx and fstatat with
 //!   AT_EMPTY_PATH and F_GETFL answer for the file). It becomes the real
 //!   file (opened through the mount by its path, at the same offset, on
 //!   the same descriptor numbers) before fork (all: parent and child then
@@ -182,7 +184,9 @@
 //!   So dup'ed fds share it, a forked child and its parent share it (as
 //!   POSIX wants), a program exec'ed with an inherited fd continues where
 //!   the library left off, and glibc's stdio (`ftell`, buffered `fgets`)
-//!   agrees with intercepted calls.
+//!   agrees with intercepted calls. (Read-only placeholders keep their
+//!   own, see place.rs: they become the real file, at that offset, before
+//!   a fork, an exec or a stream could share it.)
 //! * Coherence: writes mark the file dirty; on close, fsync, fstat and
 //!   ftruncate of a dirty file the library sends
 //!   `ioctl(PEREGRINE_IOC_INVALIDATE)` (added to peregrine-fuse for this):

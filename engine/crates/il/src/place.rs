@@ -10,11 +10,19 @@
 //! The program gets a real descriptor number: a *placeholder*, an
 //! anonymous memory file (`memfd_create`) that the library tracks like
 //! any other descriptor and serves wholly (reads, writes, seeks, fstat,
-//! statx, close...). It is a memfd because the kernel then keeps the file
-//! offset in the open file description, as for a real file: dup'ed
-//! descriptors, a forked child and glibc's stdio share it, and `lseek`
-//! works with no help (see "the kernel's offset is the offset" in the
-//! crate docs).
+//! statx, close...). A file created for writing gets a memfd of its own:
+//! the kernel then keeps the file offset in the open file description, as
+//! for a real file (see "the kernel's offset is the offset" in the crate
+//! docs), and bytes written to it around the library can be moved into
+//! the file (stray.rs). A file opened for reading gets a dup of one
+//! read-only, sealed memfd that all of them share ([`template`]): making
+//! and closing a memfd costs 5-9 us on these VMs, more than the rest of an
+//! open, read and close of a small file through the library, and a dup
+//! 0.4 us. Its offset is then the placeholder's own ([`own_offset`],
+//! moved under the description's `io` lock, shared by its dups as the
+//! kernel's would be); a fork or exec converts it first (below), so no
+//! other process shares it. Calls around the library read end of file
+//! from it and cannot write it (EBADF), as with a real read-only file.
 //!
 //! Whatever the library does not serve itself is asked of the real file:
 //! before exec (execve & co., posix_spawn, system, popen), mmap, locks,
@@ -37,7 +45,7 @@ use crate::walk::{locate_open, lookup, posix, w, walk_parent, W};
 use libc::{c_char, c_int};
 use peregrine::sync::Mutex;
 use peregrine_dfs::{now_ns, File, Node, Stat, DIR_TIME_TICK_NS};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, Ordering};
 use std::sync::Arc;
 
 /// What a placeholder stands for.
@@ -57,6 +65,9 @@ pub(crate) struct Placeholder {
     /// The bytes written through it, while they are all the file holds
     /// (made by this open, small, no one else's change: data_cache.rs).
     image: Mutex<Option<Image>>,
+    /// Opened for reading: the file offset, which the shared memfd behind
+    /// the descriptor cannot keep ([`template`]). None: the memfd's own.
+    offset: Option<AtomicI64>,
 }
 
 impl Placeholder {
@@ -86,6 +97,108 @@ impl Placeholder {
 /// The live placeholder behind a tracked descriptor, if it is one.
 pub(crate) fn of(s: &Shared) -> Option<&Placeholder> {
     s.ph.as_deref().filter(|p| p.live())
+}
+
+/// The file offset of a live read-only placeholder, which the library
+/// keeps (None: the kernel's offset of the descriptor is the offset). The
+/// caller holds `s.io`, under which a placeholder is converted.
+pub(crate) fn own_offset(s: &Shared) -> Option<&AtomicI64> {
+    of(s).and_then(|p| p.offset.as_ref())
+}
+
+/// The memfd every read-only placeholder is a dup of (-1: none yet, or
+/// the program closed it).
+static TEMPLATE: AtomicI32 = AtomicI32::new(-1);
+
+/// The shared memfd of read-only placeholders: empty, sealed against
+/// growth and writes, open read-only where /proc allows (so writes around
+/// the library fail with EBADF, as on a read-only file), close-on-exec,
+/// and kept at descriptor 700 or above, out of the program's way.
+fn template() -> c_int {
+    let t = TEMPLATE.load(Ordering::Acquire);
+    if t >= 0 {
+        return t;
+    }
+    // SAFETY: memfd_create with a static name; fcntl, openat and close on
+    // our own descriptors with raw system calls or the real functions.
+    let made = unsafe {
+        let m = libc::memfd_create(
+            c"peregrine-il".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        if m < 0 {
+            return -1;
+        }
+        let seals =
+            libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+        r_fcntl()(m, libc::F_ADD_SEALS, seals as libc::c_ulong);
+        let path = format!("/proc/self/fd/{m}\0");
+        let ro = libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        ) as c_int;
+        let src = if ro >= 0 {
+            libc::syscall(libc::SYS_close, m);
+            ro
+        } else {
+            m
+        };
+        let hi = r_fcntl()(src, libc::F_DUPFD_CLOEXEC, 700);
+        if hi >= 0 {
+            libc::syscall(libc::SYS_close, src);
+            hi
+        } else {
+            src
+        }
+    };
+    match TEMPLATE.compare_exchange(-1, made, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => made,
+        Err(other) => {
+            // SAFETY: ours, made just now; another thread's is kept.
+            unsafe { libc::syscall(libc::SYS_close, made) };
+            other
+        }
+    }
+}
+
+/// The program closes descriptor `fd`, or dup2s onto it: if it is the
+/// template's, a new one is made on the next read-only open.
+pub(crate) fn fd_taken(fd: c_int) {
+    if fd >= 0 && TEMPLATE.load(Ordering::Relaxed) == fd {
+        let _ = TEMPLATE.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// A new descriptor for a placeholder opened with `flags` (-1 and errno
+/// if none can be made): the lowest free number, as open(2) gives.
+fn placeholder_fd(flags: c_int) -> c_int {
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    if flags & libc::O_ACCMODE != libc::O_RDONLY {
+        let mfd = if cloexec { libc::MFD_CLOEXEC } else { 0 };
+        // SAFETY: memfd_create with a static name.
+        return unsafe { libc::memfd_create(c"peregrine-il".as_ptr(), mfd) };
+    }
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    for _ in 0..2 {
+        let t = template();
+        if t < 0 {
+            return -1;
+        }
+        // SAFETY: the real fcntl on our own descriptor.
+        let fd = unsafe { r_fcntl()(t, cmd, 0) };
+        if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EBADF) {
+            return fd;
+        }
+        // Closed behind our back (close_range, closefrom): make another.
+        let _ = TEMPLATE.compare_exchange(t, -1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    -1
 }
 
 const FLAGS_SERVED: c_int = libc::O_ACCMODE
@@ -237,13 +350,7 @@ pub(crate) unsafe fn open_at(
 
 /// A placeholder descriptor for `node` (-1 and errno if none can be made).
 fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_int) -> c_int {
-    let mfd = if flags & libc::O_CLOEXEC != 0 {
-        libc::MFD_CLOEXEC
-    } else {
-        0
-    };
-    // SAFETY: memfd_create with a static name.
-    let fd = unsafe { libc::memfd_create(c"peregrine-il".as_ptr(), mfd) };
+    let fd = placeholder_fd(flags);
     if fd < 0 {
         return -1;
     }
@@ -283,6 +390,7 @@ fn make(ns: &crate::ns::Ns, node: Node, created: bool, path: Vec<u8>, flags: c_i
             created,
             converted: AtomicBool::new(false),
             image: Mutex::new(if created { Image::new_file() } else { None }),
+            offset: (acc == libc::O_RDONLY).then(|| AtomicI64::new(0)),
         })),
     };
     if created {
@@ -503,7 +611,10 @@ fn convert(s: &Arc<Shared>) -> Result<(), c_int> {
     }
     // SAFETY: real calls on descriptors of this process.
     unsafe {
-        let off = r_lseek()(first, 0, libc::SEEK_CUR);
+        let off = match &p.offset {
+            Some(o) => o.load(Ordering::Relaxed),
+            None => r_lseek()(first, 0, libc::SEEK_CUR),
+        };
         r_lseek()(k, off.max(0), libc::SEEK_SET);
         // The kernel may hold attributes or pages of the file from before
         // the library's writes. Only files made by their open are written

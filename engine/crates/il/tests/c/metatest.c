@@ -6,7 +6,8 @@
  *   ns DIR          a fixed sequence of mkdir, rename, renameat2, unlink,
  *                   unlinkat and rmdir calls (with failures) in DIR, the
  *                   errno of each, then what is left (lstat by path)
- *   files DIR       opens that create, read-only opens, dup, fstat,
+ *   files DIR       opens that create, read-only opens (own offsets,
+ *                   seeks, writes around the library), dup, fstat,
  *                   F_GETFL, O_APPEND, fork (a shared offset), exec (an
  *                   inherited descriptor), mmap and a lock on files made
  *                   in DIR; prints what each returns and the files' contents
@@ -22,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -179,6 +182,92 @@ static void show(const char *p)
 	printf("%s: mode %o size %ld [%s]\n", p, s.st_mode, (long)s.st_size, b);
 }
 
+/* Read-only opens of "a" (holding "hello"): each open has its own offset
+ * and its dups share it (the library keeps it: place.rs), through seeks,
+ * a fork, posix_spawn and an exec; writes around the library fail as on a
+ * read-only file; and the library's shared descriptor (700 or the first
+ * free above) closed or replaced behind its back changes none of that. */
+static void read_only_offsets(void)
+{
+	char b[64];
+	int p = open("a", O_RDONLY), q = open("a", O_RDONLY);
+	printf("read p: %zd [%.2s]\n", read(p, b, 2), b);
+	printf("read q: %zd [%.3s]\n", read(q, b, 3), b);
+	printf("read p: %zd [%.3s]\n", read(p, b, 3), b);
+	printf("read p at end: %zd\n", read(p, b, 3));
+	printf("tell q: %ld\n", (long)lseek(q, 0, SEEK_CUR));
+	printf("SEEK_END-1 p: %ld\n", (long)lseek(p, -1, SEEK_END));
+	printf("read p: %zd [%.1s]\n", read(p, b, 5), b);
+	errno = 0;
+	long r = lseek(p, -10, SEEK_CUR);
+	printf("SEEK_CUR-10 p: %ld errno %d\n", r, errno);
+	printf("SEEK_DATA 1 p: %ld\n", (long)lseek(p, 1, SEEK_DATA));
+	int fl = fcntl(q, F_GETFL);
+	printf("F_SETFL nonblock q: %d\n", fcntl(q, F_SETFL, fl | O_NONBLOCK));
+	printf("read q: %zd [%.2s]\n", read(q, b, 5), b);
+	errno = 0;
+	r = syscall(SYS_write, p, "x", 1);
+	printf("raw write p: %ld errno %d\n", r, errno);
+	errno = 0;
+	r = dprintf(p, "x");
+	printf("dprintf p: %ld errno %d\n", r, errno);
+	close(q);
+	/* fork: the child reads on from the parent's offset, the parent on
+	 * from the child's. */
+	lseek(p, 1, SEEK_SET);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		printf("child reads: %zd [%.2s]\n", read(p, b, 2), b);
+		fflush(stdout);
+		_exit(0);
+	}
+	waitpid(pid, NULL, 0);
+	printf("parent reads: %zd [%.2s]\n", read(p, b, 2), b);
+	close(p);
+	/* exec and posix_spawn: the program inherits the offset. */
+	p = open("a", O_RDONLY);
+	read(p, b, 2);
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		dup2(p, 0);
+		char *argv[] = {"sh", "-c", "echo exec reads: $(cat)", NULL};
+		execvp("sh", argv);
+		_exit(127);
+	}
+	waitpid(pid, NULL, 0);
+	close(p);
+	p = open("a", O_RDONLY);
+	read(p, b, 3);
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, p, 0);
+	char *argv[] = {"sh", "-c", "echo spawn reads: $(cat)", NULL};
+	extern char **environ;
+	fflush(stdout);
+	if (posix_spawnp(&pid, "sh", &fa, NULL, argv, environ) == 0)
+		waitpid(pid, NULL, 0);
+	posix_spawn_file_actions_destroy(&fa);
+	close(p);
+	/* The shared descriptor closed behind the library's back, then
+	 * another file put on its number. */
+	syscall(SYS_close_range, 700, 799, 0);
+	p = open("a", O_RDONLY);
+	printf("after close_range: %zd [%.5s]\n", read(p, b, 5), b);
+	close(p);
+	int w = open("a", O_RDWR);
+	dup2(w, 700);
+	close(w);
+	p = open("a", O_RDONLY);
+	errno = 0;
+	r = syscall(SYS_write, p, "x", 1);
+	printf("raw write after dup2: %ld errno %d\n", r, errno);
+	printf("read after dup2: %zd [%.5s]\n", read(p, b, 5), b);
+	close(p);
+	close(700);
+}
+
 static void cmd_files(const char *dir)
 {
 	char b[64], *m;
@@ -213,6 +302,7 @@ static void cmd_files(const char *dir)
 	printf("write on O_RDONLY: %zd errno %d\n", w, errno);
 	close(fd);
 	close(d);
+	read_only_offsets();
 	printf("open missing: %d\n", open("missing", O_RDONLY) >= 0 ? 0 : errno);
 	printf("open a/x: %d\n", open("a/x", O_RDONLY) >= 0 ? 0 : errno);
 	printf("open missing/x creat: %d\n",
