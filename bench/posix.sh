@@ -322,7 +322,8 @@ for ((r = 1; r <= MD_ROUNDS; r++)); do
   fi
   run_md "mdtest-local-r$r" "$WORK/local-md"
 done
-LOCAL_FS=$(stat -f -c %T "$WORK/local-md")
+# statfs names ext2, ext3 and ext4 alike ("ext2/ext3"); the mount table tells them apart.
+LOCAL_FS=$(findmnt -n -o FSTYPE --target "$WORK/local-md" 2>/dev/null || stat -f -c %T "$WORK/local-md")
 bench_unmount
 engines_stop
 
