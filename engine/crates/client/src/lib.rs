@@ -63,7 +63,7 @@ mod workers;
 pub use batch::{ArrayRead, Completed, ReadQueue};
 pub use client::Client;
 pub use container::Container;
-pub use discard::Discarding;
+pub use discard::{DiscardQueue, Discarding, DISCARD_BATCH, DISCARD_DELAY};
 pub use error::{Error, Result};
 pub use mgmt::Mgmt;
 pub use object::{Object, ObjectAt};

@@ -850,6 +850,7 @@ impl Object {
             sync: self.cont.sync_always(),
             dtx: tx.cloned(),
             conditions: Vec::new(),
+            more: Vec::new(),
         }
     }
 

@@ -190,6 +190,11 @@ impl EngineState {
             // Updates apply at once here: there is nothing to decide.
             Opcode::Ping | Opcode::Flush | Opcode::DtxDecide => ok(None, Vec::new()),
             Opcode::DtxQuery => err(-libc::ENOTSUP, "the test double keeps no transactions"),
+            // As an engine before it: the client punches each object alone.
+            Opcode::Discard => err(
+                -libc::ENOTSUP,
+                "the test double punches one object at a time",
+            ),
             Opcode::ListChanged | Opcode::ListRecords => {
                 err(-libc::ENOTSUP, "the test double does not reintegrate")
             }

@@ -622,3 +622,28 @@ fn shm_falls_back_to_tcp() {
     assert_eq!("TCP".parse::<TransportKind>().unwrap(), TransportKind::Tcp);
     assert!("udp".parse::<TransportKind>().is_err());
 }
+
+#[test]
+fn discards_on_an_engine_without_batched_punches_are_made_one_by_one() {
+    // The test double refuses DISCARD, as engines before it do.
+    let (_fc, _c, cont) = setup(3, "c1");
+    let objs: Vec<Object> = (0..40u64)
+        .map(|i| {
+            let o = cont.object(ObjectId::new(ObjectClass::SX, 0, i)).unwrap();
+            o.update_single(b"d", b"a", b"v").unwrap();
+            o.update_single(b"e", b"a", b"w").unwrap();
+            o
+        })
+        .collect();
+    crate::Discarding::start(objs.clone()).finish().unwrap();
+    for (i, o) in objs.iter().enumerate() {
+        assert!(o.list_dkeys().unwrap().is_empty(), "object {i}");
+    }
+    // Through a queue, settled.
+    let q = crate::DiscardQueue::default();
+    let o = cont.object(ObjectId::new(ObjectClass::S1, 0, 99)).unwrap();
+    o.update_single(b"d", b"a", b"v").unwrap();
+    q.push(o.clone());
+    q.settle().unwrap();
+    assert!(o.list_dkeys().unwrap().is_empty());
+}

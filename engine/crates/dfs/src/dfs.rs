@@ -11,10 +11,10 @@ use crate::{
 };
 use peregrine::sync::{Mutex, MutexGuard};
 use peregrine::{
-    Container, Discarding, Error, Expect, Object, ObjectClass, ObjectId, Result, Transaction,
+    Container, DiscardQueue, Error, Expect, Object, ObjectClass, ObjectId, Result, Transaction,
 };
 use peregrine_proto::mgmt::{ContQueryReq, PoolQueryReq};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,13 +38,10 @@ pub(crate) struct Inner {
     pub(crate) counts: Mutex<HashMap<ObjectId, Arc<CountBatch>>>,
     /// [`RENAME_LEASE_NS`](crate::legacy::RENAME_LEASE_NS); tests shorten it.
     pub(crate) rename_lease_ns: std::sync::atomic::AtomicI64,
-    /// Removed objects whose punches are in flight, oldest first
-    /// ([`Dfs::release_object`]); dropping the last `Dfs` waits for them.
-    pub(crate) discards: Mutex<VecDeque<Discarding>>,
+    /// Removed objects waiting for their punches ([`Dfs::release_object`]);
+    /// dropping the last `Dfs` sends them and waits.
+    pub(crate) discards: DiscardQueue,
 }
-
-/// Removed objects whose punches may be in flight at once, per mount.
-pub const DISCARDS_IN_FLIGHT: usize = 16;
 
 /// A mounted POSIX namespace in one container. Cheap to clone.
 #[derive(Clone)]
@@ -678,39 +675,24 @@ impl Dfs {
 
     /// Punch the object behind a removed entry (files and directories);
     /// no name reaches it, so its shards are punched each on its own, and
-    /// the caller does not wait for them: the punches are sent, and their
-    /// replies read by a later release (up to [`DISCARDS_IN_FLIGHT`] wait)
-    /// or [`Dfs::settle_discards`]. A remover of many files then overlaps
-    /// each file's punches with the next file's removal. An error here is
-    /// this object's (sending); a later failure is retried and then logged
-    /// (the name is gone whatever happens: only space is at stake).
+    /// the caller does not wait for them: the object is queued, and the
+    /// mount's queue sends the punches of up to [`peregrine::DISCARD_BATCH`]
+    /// objects together, at most [`peregrine::DISCARD_DELAY`] later (see
+    /// [`DiscardQueue`]). An error here is this object's (its class); a
+    /// later failure is retried and then logged (the name is gone whatever
+    /// happens: only space is at stake).
     pub fn release_object(&self, e: &Entry) -> Result<()> {
         if !(e.is_file() || e.is_dir()) {
             return Ok(());
         }
-        let d = self.obj(e.oid)?.start_discard()?;
-        let mut q = self.inner.discards.lock();
-        q.push_back(d);
-        while q.len() > DISCARDS_IN_FLIGHT || q.front().is_some_and(|d| d.ready()) {
-            // Dropped: its replies are read, a failure retried, then logged.
-            drop(q.pop_front());
-        }
+        self.inner.discards.push(self.obj(e.oid)?);
         Ok(())
     }
 
-    /// Wait for the punches [`Dfs::release_object`] left in flight; the
-    /// first error among them.
+    /// Send the punches [`Dfs::release_object`] queued and wait for them;
+    /// the first error among them since the last settle.
     pub fn settle_discards(&self) -> Result<()> {
-        let pending = std::mem::take(&mut *self.inner.discards.lock());
-        // Every one is waited for, not only those before a failure.
-        let mut first = Ok(());
-        for d in pending {
-            let r = d.finish();
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
+        self.inner.discards.settle()
     }
 
     /// ENOTDIR unless `e` (named `name`) is a directory, ENOTEMPTY unless it is empty.

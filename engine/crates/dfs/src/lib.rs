@@ -153,12 +153,14 @@
 //!
 //! Removal and the data: an unlink (or rmdir, or a rename over a file)
 //! returns once the name is removed; the object behind it is punched after
-//! (`Dfs::release_object`): the punches are sent, and their replies are
-//! read by later removals, up to `DISCARDS_IN_FLIGHT` waiting, or when the
-//! last handle of the mount drops (the interception library also at exit).
-//! A punch that fails is made again with the retries of a synchronous one,
-//! then logged: no name reaches the object, so only space is at stake. A
-//! client killed with punches in flight may leave their objects unpunched.
+//! (`Dfs::release_object`): the object is queued, and the mount's queue
+//! sends the punches of up to `peregrine::DISCARD_BATCH` objects together,
+//! one request per target, at most `peregrine::DISCARD_DELAY` later, and
+//! everything queued when the last handle of the mount drops (the
+//! interception library also at exit and before an exec). A punch that
+//! fails is made again with the retries of a synchronous one, then logged:
+//! no name reaches the object, so only space is at stake. A client killed
+//! with objects queued or punches in flight leaves those objects unpunched.
 
 mod dfs;
 mod dir;
@@ -174,7 +176,7 @@ mod rename;
 mod times;
 mod xattr;
 
-pub use dfs::{Dfs, DISCARDS_IN_FLIGHT};
+pub use dfs::Dfs;
 pub use dir::{DirEntry, DirHandle};
 pub use entry::{Entry, Move, Xattrs};
 pub use file::{chunk_dkey, File};

@@ -8,7 +8,7 @@ use crate::{
     SB_DKEY, SB_LAYOUT, SB_MAGIC,
 };
 use peregrine::sync::Mutex;
-use peregrine::{Container, Error, ObjectClass, ObjectId, Result};
+use peregrine::{Container, DiscardQueue, Error, ObjectClass, ObjectId, Result};
 use peregrine_proto::oclass::ALL_CLASSES;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -164,7 +164,7 @@ impl Dfs {
                 touches: Mutex::new(HashMap::new()),
                 counts: Mutex::new(HashMap::new()),
                 rename_lease_ns: RENAME_LEASE_NS.into(),
-                discards: Mutex::new(Default::default()),
+                discards: DiscardQueue::default(),
             }),
         })
     }

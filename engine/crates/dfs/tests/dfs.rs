@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use peregrine::DISCARD_BATCH;
 use peregrine_dfs::*;
 use peregrine_proto::mgmt::{ContCreateReq, PoolCreateReq};
 
@@ -313,9 +314,9 @@ fn removed_files_data_is_punched_without_waiting_for_each() {
     let c = cluster(2);
     let fs = mount(&c, "cont", false);
     let root = fs.root();
-    // More files than the punches kept in flight: the oldest are waited
-    // for as new ones go out; the rest when the last handle drops.
-    let n = DISCARDS_IN_FLIGHT as u32 * 2 + 3;
+    // More files than a batch of punches: two go out as they fill, the
+    // rest when the last handle drops.
+    let n = DISCARD_BATCH as u32 * 2 + 3;
     let mut files = Vec::new();
     for i in 0..n {
         let name = format!("f{i}");
@@ -345,6 +346,29 @@ fn removed_files_data_is_punched_without_waiting_for_each() {
     }
     let d = other.container().object(mkdir.oid()).unwrap();
     assert!(d.list_dkeys().unwrap().is_empty());
+}
+
+#[test]
+fn a_lone_removal_is_punched_soon_without_a_settle() {
+    let c = cluster(1);
+    let fs = mount(&c, "cont", false);
+    let root = fs.root();
+    let (node, _) = fs.create(&root, b"lone", 0o644, 0, 0, true).unwrap();
+    fs.open(&node).unwrap().write_at(0, &[7; 50_000]).unwrap();
+    let other = mount(&c, "cont", false);
+    let f = other.open(&node).unwrap();
+    fs.unlink(&root, b"lone").unwrap();
+    // Nothing else is removed and the mount stays: the queue's own
+    // thread sends it once it has waited its delay.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while f.size().unwrap() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a removed file's data is still there after 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(fs);
 }
 
 #[test]

@@ -200,6 +200,7 @@ pub(crate) fn decode_request(f: Frame) -> Result<Option<DataRequest>, FrameError
         Opcode::Update => R::Update(f.message::<data::UpdateReq>("update")?, f.bulk.into()),
         Opcode::Fetch => R::Fetch(f.message::<data::FetchReq>("fetch")?),
         Opcode::Punch => R::Punch(f.message::<data::PunchReq>("punch")?),
+        Opcode::Discard => R::Punch(f.message::<data::PunchReq>("discard")?),
         Opcode::List => R::List(f.message::<data::ListReq>("list")?),
         Opcode::QuerySize => R::QuerySize(f.message::<data::QuerySizeReq>("query-size")?),
         Opcode::Flush => R::Flush(f.message::<data::FlushReq>("flush")?),

@@ -250,6 +250,7 @@ fn punch(p: data::PunchReq) -> Result<vos::PunchReq, Errno> {
     let addr = address(p.addr, OP)?;
     let on = || format!("punch on target {} shard {}", addr.target, addr.shard);
     Ok(vos::PunchReq {
+        more: more(p.more, &p.dkey, p.dtx.is_some() || !p.conditions.is_empty())?,
         epoch: p.epoch,
         dkey: p.dkey,
         akeys: p.akeys,
@@ -258,6 +259,43 @@ fn punch(p: data::PunchReq) -> Result<vos::PunchReq, Errno> {
         conditions: conditions(p.conditions, on)?,
         addr,
     })
+}
+
+/// A discard's further objects (`PunchReq.more`), bounded before any is converted.
+fn more(
+    more: Vec<data::ShardId>,
+    dkey: &[u8],
+    in_tx_or_conditional: bool,
+) -> Result<Vec<vos::ShardId>, Errno> {
+    if more.is_empty() {
+        return Ok(Vec::new());
+    }
+    if more.len() > peregrine_proto::MAX_DISCARD_MORE {
+        return Err(Errno::inval(format!(
+            "discard: {} more objects, at most {} in one request",
+            more.len(),
+            peregrine_proto::MAX_DISCARD_MORE
+        )));
+    }
+    if !dkey.is_empty() || in_tx_or_conditional {
+        return Err(Errno::inval(
+            "discard: more objects only in a whole-object punch without a transaction or conditions",
+        ));
+    }
+    more.into_iter()
+        .map(|s| {
+            let oid = s
+                .oid
+                .ok_or_else(|| Errno::inval("discard: more object without an object id"))?;
+            Ok(vos::ShardId {
+                oid: vos::ObjectId {
+                    hi: oid.hi,
+                    lo: oid.lo,
+                },
+                shard: s.shard,
+            })
+        })
+        .collect()
 }
 
 fn list_changed(l: data::ListChangedReq) -> Result<vos::ListChangedReq, Errno> {

@@ -155,6 +155,21 @@ fn kept() -> Vec<(&'static str, String, Vec<u8>, Want)> {
         req_frame(Opcode::Update, &big_update, b""),
         Want::Err(&["update", "MAX_IO_BYTES"]),
     );
+    let too_many = data::PunchReq {
+        addr: addr(0),
+        more: (0..=peregrine_proto::MAX_DISCARD_MORE as u64)
+            .map(|lo| data::ShardId {
+                oid: Some(data::ObjectId { hi: 1, lo }),
+                shard: 0,
+            })
+            .collect(),
+        ..Default::default()
+    };
+    frame(
+        "regress-discard-over-the-limit",
+        req_frame(Opcode::Discard, &too_many, b""),
+        Want::Err(&["discard", "at most 255"]),
+    );
     for (name, op, msg) in [
         (
             "seed-punch",
@@ -163,6 +178,19 @@ fn kept() -> Vec<(&'static str, String, Vec<u8>, Want)> {
                 addr: addr(0),
                 dkey: b"d".to_vec(),
                 akeys: vec![b"a".to_vec()],
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "seed-discard",
+            Opcode::Discard,
+            data::PunchReq {
+                addr: addr(0),
+                more: vec![data::ShardId {
+                    oid: Some(data::ObjectId { hi: 1, lo: 2 }),
+                    shard: 0,
+                }],
                 ..Default::default()
             }
             .encode_to_vec(),

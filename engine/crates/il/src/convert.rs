@@ -210,11 +210,13 @@ real!(
 /// made fresh in the kernel for the program that runs next. The bytes
 /// this process wrote are no longer served from memory: the program it
 /// starts may change them, and the process read them back once it ends
-/// (a test harness, a build step).
+/// (a test harness, a build step). The data of files it removed is
+/// punched (an exec would leave what waits in the queue unpunched).
 pub(crate) fn hand_over(all: bool) {
     convert_all(all);
     crate::dirs_changed::flush();
     crate::data_cache::clear();
+    crate::ns::settle_discards();
 }
 
 #[no_mangle]

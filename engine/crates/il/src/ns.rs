@@ -65,9 +65,9 @@ pub(crate) enum Slot {
 
 pub(crate) static NSS: Mutex<Vec<((u32, u32), Slot)>> = Mutex::new(Vec::new());
 
-/// At exit: wait for the punches of removed files still in flight (they
-/// were sent; their replies tell a failure, which is retried). Skipped if
-/// another thread holds the table as the process exits.
+/// At exit and before an exec: send the punches of removed files still
+/// queued and wait for them (a failure is retried). Skipped if another
+/// thread holds the table as the process exits.
 pub(crate) fn settle_discards() {
     let Some(t) = NSS.try_lock() else { return };
     for (_, s) in t.iter() {

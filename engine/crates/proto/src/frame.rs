@@ -34,6 +34,9 @@ pub enum Opcode {
     ListRecords = 9,
     DtxDecide = 10,
     DtxQuery = 11,
+    /// A punch whose message may name more objects (`PunchReq.more`):
+    /// engines that do not know the field refuse the opcode.
+    Discard = 12,
 }
 
 impl Opcode {
@@ -50,6 +53,7 @@ impl Opcode {
             9 => Opcode::ListRecords,
             10 => Opcode::DtxDecide,
             11 => Opcode::DtxQuery,
+            12 => Opcode::Discard,
             _ => return None,
         })
     }

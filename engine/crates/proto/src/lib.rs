@@ -49,6 +49,10 @@ pub const DATA_THRESHOLD: usize = 4096;
 /// requests of at most [`frame::MAX_BULK`] bytes (`peregrine::object::MAX_IO`
 /// per array request), so it never meets the limit.
 pub const MAX_IO_BYTES: u64 = frame::MAX_BULK as u64;
+/// Most objects one discard (`PunchReq.more`, besides its address's own)
+/// names: engines refuse more (`-EINVAL`) before converting any, and one
+/// request's WAL records stay a small batch.
+pub const MAX_DISCARD_MORE: usize = 255;
 /// Epoch meaning "the latest committed version".
 pub const EPOCH_LATEST: u64 = u64::MAX;
 

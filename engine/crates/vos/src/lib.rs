@@ -239,8 +239,8 @@ pub use request::{
     check_request, Address, Answer, ChangedKey, Condition, Dtx, DtxDecideReq, DtxPending,
     DtxPendingReq, DtxQueryReq, DtxState, Expect, FetchReq, FetchedValue, FlushReq, Iod, IodKind,
     LastSized, ListChangedReq, ListRecordsReq, ListReq, ObjectId, Polled, PoolAddress, PunchReq,
-    QuerySizeReq, Record, RecordKind, Reply, ReplyArea, ReplyFn, ReplyRef, Request, Source,
-    UpdateReq, ValueKind,
+    QuerySizeReq, Record, RecordKind, Reply, ReplyArea, ReplyFn, ReplyRef, Request, ShardId,
+    Source, UpdateReq, ValueKind,
 };
 pub use stats::{PoolSpace, TargetStats};
 pub use superblock::{format, scan, ScanState, Superblock};

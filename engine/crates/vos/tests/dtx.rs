@@ -70,6 +70,7 @@ fn prepare_punch(st: &Storage, o: &Obj, lo: u64, epoch: u64, dkey: &str) -> Resu
         sync: false,
         dtx: Some(tx(lo)),
         conditions: Vec::new(),
+        more: Vec::new(),
     };
     wait(st, Request::Punch(req)).map(|_| ())
 }

@@ -595,6 +595,7 @@ fn insert_only_is_a_conditional_insert() {
         sync: false,
         dtx: None,
         conditions: Vec::new(),
+        more: Vec::new(),
     }));
     let ri = st.submit(insert_req(&o, 1001, "k0", "inode", b"x"));
     let ru = st.submit({

@@ -10,7 +10,7 @@ pub use answer::{Answer, DtxPending, DtxState, FetchedValue, LastSized, Record, 
 pub use types::{
     Address, ChangedKey, Condition, Dtx, DtxDecideReq, DtxPendingReq, DtxQueryReq, Expect,
     FetchReq, FlushReq, Iod, IodKind, ListChangedReq, ListRecordsReq, ListReq, ObjectId,
-    PoolAddress, PunchReq, QuerySizeReq, UpdateReq, ValueKind,
+    PoolAddress, PunchReq, QuerySizeReq, ShardId, UpdateReq, ValueKind,
 };
 
 /// One data-plane request; the target comes from its address.

@@ -153,6 +153,17 @@ pub struct PunchReq {
     pub sync: bool,
     pub dtx: Option<Dtx>,
     pub conditions: Vec<Condition>,
+    /// More whole objects of `addr`'s container on its target, punched
+    /// alike (discards of removed files): only with an empty `dkey`, no
+    /// `dtx` and no `conditions`.
+    pub more: Vec<ShardId>,
+}
+
+/// One shard of an object, on the target a request names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardId {
+    pub oid: ObjectId,
+    pub shard: u32,
 }
 
 #[derive(Clone, Debug, Default)]

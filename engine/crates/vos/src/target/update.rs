@@ -483,6 +483,9 @@ impl Target {
         if p.dkey.is_empty() && !p.akeys.is_empty() {
             return Err(Errno::inval("punch: akeys given without a dkey"));
         }
+        if !p.more.is_empty() {
+            return self.prepare_discard(pool, cont, obj, p);
+        }
         let tx = dtx::parse(p.dtx.take(), "punch")?;
         if let Some((id, _)) = &tx {
             let key = OpKey {
@@ -524,6 +527,38 @@ impl Target {
                 op: Box::new(op),
             },
         });
+        Ok(Admit::Stage)
+    }
+
+    /// A discard: the whole-object punches of `obj` and of `p.more`, all in
+    /// the open batch (the engine checked their shape and number).
+    fn prepare_discard(
+        &mut self,
+        pool: Uuid,
+        cont: Uuid,
+        obj: ObjKey,
+        p: PunchReq,
+    ) -> Result<Admit, Errno> {
+        if !p.dkey.is_empty() || p.dtx.is_some() || !p.conditions.is_empty() {
+            return Err(Errno::inval(
+                "discard: more objects only in a whole-object punch without a transaction or conditions",
+            ));
+        }
+        let more = p.more.iter().map(|s| ObjKey {
+            hi: s.oid.hi,
+            lo: s.oid.lo,
+            shard: s.shard,
+        });
+        for obj in std::iter::once(obj).chain(more) {
+            self.commit.open.ops.push(WalOp::Punch {
+                pool,
+                cont,
+                obj,
+                dkey: Vec::new(),
+                akeys: Vec::new(),
+                epoch: p.epoch,
+            });
+        }
         Ok(Admit::Stage)
     }
 }

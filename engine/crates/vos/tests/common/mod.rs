@@ -301,6 +301,7 @@ pub fn punch(st: &Storage, o: &Obj, epoch: u64, dkey: &str, akeys: &[&str]) -> R
         sync: false,
         dtx: None,
         conditions: Vec::new(),
+        more: Vec::new(),
     };
     wait(st, Request::Punch(req)).map(|_| ())
 }

@@ -94,6 +94,7 @@ pub(crate) fn punch_req(
         sync: false,
         dtx: dtx.map(tx),
         conditions: conds,
+        more: Vec::new(),
     })
 }
 
