@@ -71,13 +71,6 @@ struct Gathered {
     objs: Vec<usize>,
 }
 
-impl Object {
-    /// [`Object::discard`], started: see [`Discarding::start`].
-    pub fn start_discard(&self) -> Discarding {
-        Discarding::start(vec![self.clone()])
-    }
-}
-
 impl Discarding {
     /// [`Object::discard`] of each of `objs` (objects nothing names any
     /// more), started: the punches of their live shards are sent, one
