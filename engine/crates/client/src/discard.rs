@@ -126,11 +126,6 @@ impl Discarding {
         }
     }
 
-    /// Whether every punch is answered: [`Discarding::finish`] would not wait.
-    pub fn ready(&self) -> bool {
-        self.sent.iter().all(|s| s.started.ready())
-    }
-
     /// Wait for the punches' replies. The objects of a request that failed
     /// (a pool map changed since, an engine restarting, one that does not
     /// know DISCARD) are discarded again each alone, with the retries of
@@ -244,6 +239,18 @@ struct QueueState {
     failed: Option<Error>,
 }
 
+impl QueueState {
+    /// The oldest `n` objects queued (at most), counted in `sending` until
+    /// [`send`] has sent them.
+    fn take(&mut self, n: usize) -> Vec<Object> {
+        let n = self.queued.len().min(n);
+        let batch: Vec<Object> = self.queued.drain(..n).collect();
+        self.oldest = (!self.queued.is_empty()).then(Instant::now);
+        self.sending += 1;
+        batch
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         let mut st = self.st.lock();
@@ -293,9 +300,7 @@ impl DiscardQueue {
             if spawned.is_err() {
                 // No thread: send it here, and try again next time.
                 st.flusher = false;
-                let batch = std::mem::take(&mut st.queued);
-                st.oldest = None;
-                st.sending += 1;
+                let batch = st.take(usize::MAX);
                 drop(st);
                 send(sh, batch);
                 return;
@@ -316,9 +321,7 @@ impl DiscardQueue {
         while !st.queued.is_empty() || st.sending > 0 {
             if !st.flusher && !st.queued.is_empty() {
                 // Nobody serves it (no thread could be started): send here.
-                let batch = std::mem::take(&mut st.queued);
-                st.oldest = None;
-                st.sending += 1;
+                let batch = st.take(usize::MAX);
                 drop(st);
                 send(sh, batch);
                 st = sh.lock();
@@ -365,10 +368,7 @@ fn flusher(sh: &Shared) {
                 .wait_for(&mut st, due.saturating_duration_since(Instant::now()));
             continue;
         }
-        let n = st.queued.len().min(DISCARD_BATCH);
-        let batch: Vec<Object> = st.queued.drain(..n).collect();
-        st.oldest = (!st.queued.is_empty()).then(Instant::now);
-        st.sending += 1;
+        let batch = st.take(DISCARD_BATCH);
         drop(st);
         send(sh, batch);
         st = sh.lock();
