@@ -610,10 +610,38 @@ impl Dfs {
         n: &Node,
         epoch: u64,
     ) -> Result<Option<Entry>> {
+        match self.unlink_if_written_at_deferred(parent, n, epoch)? {
+            Some(e) => Ok(Some(e)),
+            None => self.unlink_deferred(parent, &n.name),
+        }
+    }
+
+    /// Remove `n`, and punch its data, only if its entry is still the
+    /// version the caller wrote at `epoch`, in one round trip: true if
+    /// removed; false if nothing changed (the entry was rewritten,
+    /// replaced, moved or removed since, or is not a plain file): the
+    /// caller then looks at what the name holds now. A caller that has
+    /// not read the entry lately can trust `n` this way: a removal by it
+    /// happens only while it is exactly what the caller wrote.
+    pub fn unlink_if_written_at(&self, parent: &Node, n: &Node, epoch: u64) -> Result<bool> {
+        match self.unlink_if_written_at_deferred(parent, n, epoch)? {
+            Some(e) => self.release_object(&e).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// [`Dfs::unlink_if_written_at`] that leaves the data: the removed
+    /// entry, None if nothing was removed.
+    fn unlink_if_written_at_deferred(
+        &self,
+        parent: &Node,
+        n: &Node,
+        epoch: u64,
+    ) -> Result<Option<Entry>> {
         let e = &n.entry;
         let plain = e.is_file() && !e.linked && e.moving.is_none() && e.from.is_none();
         if !plain || n.parent != parent.oid() {
-            return self.unlink_deferred(parent, &n.name);
+            return Ok(None);
         }
         check_name(&n.name)?;
         self.check_rw()?;
@@ -630,10 +658,9 @@ impl Dfs {
                 self.touch_dir(parent);
                 Ok(Some(e.clone()))
             }
-            // Nothing was stored: the entry is no longer that version.
-            Err(x) if x.code == -libc::EBUSY || x.code == -libc::EINVAL => {
-                self.unlink_deferred(parent, &n.name)
-            }
+            // Nothing was stored: the entry is no longer that version (or
+            // an engine that does not know the condition).
+            Err(x) if x.code == -libc::EBUSY || x.code == -libc::EINVAL => Ok(None),
             Err(x) => Err(x),
         }
     }

@@ -46,18 +46,20 @@ static BORN: Mutex<Option<Names>> = Mutex::new(None);
 const BORN_MAX: usize = 1 << 16;
 
 /// What this process knows of a name it made.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Made {
     oid: ObjectId,
-    /// The epoch of the entry's version its create wrote, while nothing
-    /// here is known to have rewritten the entry: its unlink then skips
-    /// reading the entry ([`peregrine_dfs::Dfs::unlink_written_at`]).
-    written_at: Option<u64>,
+    /// The epoch of the entry's version its create wrote, and that entry,
+    /// while nothing here is known to have rewritten it: its unlink then
+    /// reads neither the cache nor the entry, and is conditional on that
+    /// version ([`peregrine_dfs::Dfs::unlink_if_written_at`]). The node is
+    /// the one the cache holds while it does (BORN_MAX of them at most).
+    written_at: Option<(u64, Arc<Node>)>,
 }
 
 /// `n` was made through the library by this process; `written_at`: the
 /// epoch of the entry's version it wrote, if it knows it.
-pub(crate) fn born(n: &Node, written_at: Option<u64>) {
+pub(crate) fn born(n: &Arc<Node>, written_at: Option<u64>) {
     let mut g = BORN.lock();
     let m = g.get_or_insert_with(HashMap::new);
     if m.len() >= BORN_MAX {
@@ -65,7 +67,7 @@ pub(crate) fn born(n: &Node, written_at: Option<u64>) {
     }
     let made = Made {
         oid: n.oid(),
-        written_at,
+        written_at: written_at.map(|e| (e, n.clone())),
     };
     m.insert((n.parent, n.name.clone()), made);
 }
@@ -104,12 +106,17 @@ pub(crate) fn kernel_knows(oid: ObjectId) {
 /// Was `n` made here (and is it still that object), and not opened on
 /// the kernel path since? What is known of it, if so.
 fn born_here(n: &Node) -> Option<Made> {
+    made_here(n.parent, &n.name).filter(|m| m.oid == n.oid())
+}
+
+/// What is known of the name `name` in `dir` if this process made it
+/// and has not opened it on the kernel path since.
+fn made_here(dir: ObjectId, name: &[u8]) -> Option<Made> {
     let made = BORN
         .lock()
         .as_ref()
-        .and_then(|m| m.get(&(n.parent, n.name.clone())).copied())
-        .filter(|m| m.oid == n.oid())?;
-    let seen = SEEN.lock().as_ref().is_some_and(|s| s.contains(&n.oid()));
+        .and_then(|m| m.get(&(dir, name.to_vec())).cloned())?;
+    let seen = SEEN.lock().as_ref().is_some_and(|s| s.contains(&made.oid));
     (!seen).then_some(made)
 }
 
@@ -293,6 +300,7 @@ unsafe fn mkdir_at(d: c_int, p: *const c_char, mode: libc::mode_t) -> Option<c_i
         dirs_touched(loc, &[dir.oid()]);
         match made {
             Ok(n) => {
+                let n = Arc::new(n);
                 cache::put_dent(loc.ns.key(), n.clone());
                 born(&n, None);
                 W::Ok(())
@@ -314,6 +322,11 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
             return W::Fall;
         }
         let dir = at.dir();
+        if !dir_too {
+            if let Some(r) = remove_unread(loc, &cred, dir, name) {
+                return r;
+            }
+        }
         // The store checks the entry again as it removes it.
         let Some(n) = w!(lookup_identity(&loc.ns, dir, name)) else {
             return W::Err(libc::ENOENT);
@@ -337,19 +350,43 @@ unsafe fn remove_at(d: c_int, p: *const c_char, dir_too: bool) -> Option<c_int> 
                 return W::Fall;
             }
             match made.written_at {
-                Some(epoch) => loc.ns.dfs.unlink_written_at(dir, &n, epoch),
+                Some((epoch, _)) => loc.ns.dfs.unlink_written_at(dir, &n, epoch),
                 None => loc.ns.dfs.unlink(dir, name),
             }
         };
-        dirs_touched(loc, &[dir.oid()]);
-        cache::drop_dent(dir.oid(), name);
-        cache::entry_changed(n.oid());
-        unborn(dir.oid(), name);
-        match r {
-            Ok(()) => W::Ok(()),
-            Err(e) => W::Err(changed_err(&e)),
-        }
+        removed(loc, dir, name, n.oid(), r)
     })
+}
+
+/// Unlink of a file this process made whose version it knows, without a
+/// lookup (the cache's entry may have expired: a removal a second after
+/// the create would read the entry first): the removal is conditional on
+/// that version, so that another client's change since (a rewrite,
+/// chmod, rename or replacement) leaves it undone. None: not such a
+/// file, or not that version any more: the caller looks the name up.
+fn remove_unread(loc: &Loc, cred: &Cred, dir: &Node, name: &[u8]) -> Option<W<()>> {
+    let (epoch, n) = made_here(dir.oid(), name)?.written_at?;
+    if !may_remove(cred, dir, Some(&n)) || loc.ns.read_only() || open_here(loc, &n) {
+        return None;
+    }
+    let r = match loc.ns.dfs.unlink_if_written_at(dir, &n, epoch) {
+        Ok(false) => return None,
+        r => r.map(|_| ()),
+    };
+    Some(removed(loc, dir, name, n.oid(), r))
+}
+
+/// After a served removal of `name` (object `oid`) in `dir`, which
+/// happened or may have: what this process knows of it goes.
+fn removed(loc: &Loc, dir: &Node, name: &[u8], oid: ObjectId, r: peregrine::Result<()>) -> W<()> {
+    dirs_touched(loc, &[dir.oid()]);
+    cache::drop_dent(dir.oid(), name);
+    cache::entry_changed(oid);
+    unborn(dir.oid(), name);
+    match r {
+        Ok(()) => W::Ok(()),
+        Err(e) => W::Err(changed_err(&e)),
+    }
 }
 
 unsafe fn rename_at(
@@ -414,7 +451,7 @@ unsafe fn rename_at(
                 name: dname.clone(),
                 entry: src.entry.clone(),
             };
-            born(&moved, None);
+            born(&Arc::new(moved), None);
         }
         cache::drop_dent(sp.oid(), sname);
         cache::drop_dent(dp.oid(), dname);

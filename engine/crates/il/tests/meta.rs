@@ -490,6 +490,53 @@ print(); sys.stdout.flush()
     assert_eq!(sh(&m2.dir, "ls; cat kept"), "first\nkept\nbytes of moved");
 }
 
+/// As above, but past the library's cache bound, so that the removals
+/// find no cached entry and trust the version each create wrote without
+/// reading it (nsops.rs, `remove_unread`): the file nobody touched is
+/// removed; the one another client renamed away is not there (ENOENT) and
+/// keeps its bytes; the one it replaced is removed (the new file: what
+/// the name holds now), and so is the one it changed the mode of.
+#[test]
+fn removals_of_own_files_past_the_cache_bound_see_other_clients_changes() {
+    let Some((_c, m, m2)) = two_mounts() else {
+        return;
+    };
+    let py = r#"
+import os, sys, time
+names = ("mine", "moved", "replaced", "chmodded")
+for name in ("first",) + names:
+    with open(name, "x") as f:
+        f.write("bytes of " + name)
+print("ready"); sys.stdout.flush()
+sys.stdin.readline()
+time.sleep(float(sys.argv[1]))
+for name in names:
+    try:
+        os.unlink(name); print(name, "removed", end=" ")
+    except FileNotFoundError:
+        print(name, "ENOENT", end=" ")
+print(); sys.stdout.flush()
+"#;
+    let wait = format!("{}", (TTL + Duration::from_millis(300)).as_secs_f64());
+    let mut p = Asked::start("python3", &["-c", py, &wait], &m.dir);
+    sh(
+        &m2.dir,
+        "mv moved kept && rm replaced && echo new > replaced && chmod 600 chmodded",
+    );
+    assert_eq!(
+        p.ask(),
+        "mine removed moved ENOENT replaced removed chmodded removed"
+    );
+    let r = p.finish();
+    // The replaced name is another client's file: its removal is the
+    // kernel's (nsops.rs: removals of names made here only).
+    assert!(
+        r.path_creates >= 4 && r.unlinks >= 3 && r.path_fallbacks >= 1,
+        "served by the library: {r:?}"
+    );
+    assert_eq!(sh(&m2.dir, "ls; cat kept"), "first\nkept\nbytes of moved");
+}
+
 /// A mount over the Peregrine mount, and its removal, change what a path
 /// names at once: the library rereads the mount table on the next call
 /// after the kernel's change (its watch of /proc/self/mountinfo), not

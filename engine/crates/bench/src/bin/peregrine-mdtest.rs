@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! peregrine-mdtest --dir DIR [--threads 4] [--procs 1] [--items 1000]
-//!     [--sizes 0,3901] [--layout unique,shared] [--json-out FILE]
+//!     [--sizes 0,3901] [--layout unique,shared] [--gap-ms 0] [--json-out FILE]
 //! ```
 //!
 //! For each file size and each directory layout it runs four phases, one
@@ -14,6 +14,10 @@
 //! `-u`); `shared`: all threads create their files in one directory. A
 //! phase is timed from the first thread's start (all leave one barrier
 //! together) to the last thread's end; ops/s = files / that time.
+//! `--gap-ms` waits that long between two phases (untimed): the phases
+//! after it then find what a cache kept older than its bound (the
+//! library's and the kernel's, a second by default), as a program that
+//! removes its files a while after it made them does.
 //!
 //! `--procs P` runs the threads in P worker processes (this program again,
 //! `--threads` threads each, P x threads workers in all), as mdtest runs
@@ -32,7 +36,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Barrier;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -59,6 +63,9 @@ struct Args {
     /// Worker processes, each running --threads threads.
     #[arg(long, default_value_t = 1)]
     procs: usize,
+    /// Milliseconds to wait between two phases (not timed).
+    #[arg(long, default_value_t = 0)]
+    gap_ms: u64,
     /// Write the results as JSON.
     #[arg(long, value_name = "FILE")]
     json_out: Option<PathBuf>,
@@ -226,6 +233,7 @@ fn run_procs(
     threads: usize,
     procs: usize,
     items: usize,
+    gap: Duration,
 ) -> Result<Vec<(u128, u128)>> {
     let exe = std::env::current_exe()?;
     let mut kids = vec![];
@@ -261,7 +269,10 @@ fn run_procs(
         Ok(l)
     };
     let mut spans = vec![];
-    for _ in 0..PHASES.len() {
+    for op in 0..PHASES.len() {
+        if op > 0 {
+            std::thread::sleep(gap);
+        }
         for o in outs.iter_mut() {
             let l = line(o)?;
             if l.trim() != "ready" {
@@ -340,6 +351,7 @@ fn run_one(
     threads: usize,
     procs: usize,
     items: usize,
+    gap: Duration,
 ) -> Result<Run> {
     let base = root.join(format!("{layout}.{size}"));
     fs::create_dir(&base).with_context(|| format!("mkdir {}", base.display()))?;
@@ -350,9 +362,15 @@ fn run_one(
         }
     }
     let spans = if procs > 1 {
-        run_procs(&base, size, layout, threads, procs, items)?
+        run_procs(&base, size, layout, threads, procs, items, gap)?
     } else {
-        let (mut go, mut done) = (|_: usize| Ok(()), |_: usize, _: (u128, u128)| Ok(()));
+        let mut go = |op: usize| {
+            if op > 0 {
+                std::thread::sleep(gap);
+            }
+            Ok(())
+        };
+        let mut done = |_: usize, _: (u128, u128)| Ok(());
         let job = Job {
             base: &base,
             size,
@@ -398,7 +416,8 @@ fn main() -> Result<()> {
     let mut runs = vec![];
     for &size in &a.sizes {
         for layout in &a.layout {
-            let r = run_one(&root, size, layout, a.threads, a.procs, a.items);
+            let gap = Duration::from_millis(a.gap_ms);
+            let r = run_one(&root, size, layout, a.threads, a.procs, a.items, gap);
             let r = match r {
                 Ok(r) => r,
                 Err(e) => {

@@ -41,20 +41,38 @@ pub fn artifact(name: &str, pkg: &str) -> PathBuf {
     p
 }
 
-/// The library, rebuilt when older than any of its sources (`cargo test`
-/// builds the test harness, not the cdylib).
+/// The library, rebuilt when older than any of its sources or those of
+/// the crates of this workspace it is built from (`cargo test` builds the
+/// test harness, not the cdylib).
 pub fn il_so() -> PathBuf {
     let p = target_dir().join("libperegrine_il.so");
-    let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let newest = fs::read_dir(&src)
-        .unwrap()
-        .filter_map(|e| mtime(&e.ok()?.path()))
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let newest = ["il", "dfs", "client", "proto", "isal"]
+        .iter()
+        .filter_map(|c| newest_in(&crates.join(c).join("src")))
         .max();
     if p.exists() && mtime(&p) < newest {
         let _ = fs::remove_file(&p);
     }
     artifact("libperegrine_il.so", "peregrine-il")
+}
+
+fn mtime(p: &Path) -> Option<std::time::SystemTime> {
+    fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The latest change of a file under `dir`.
+fn newest_in(dir: &Path) -> Option<std::time::SystemTime> {
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            match p.is_dir() {
+                true => newest_in(&p),
+                false => mtime(&p),
+            }
+        })
+        .max()
 }
 
 pub fn mounted(dir: &Path) -> bool {
