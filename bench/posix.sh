@@ -21,7 +21,7 @@
 #
 #   bench/posix.sh [--size 1GiB] [--secs 10] [--rounds 8] [--device-size 8GiB] [--sparse]
 #                  [--dir /var/tmp] [--items 1000] [--threads 4] [--procs 1] [--md-sizes 0,3901]
-#                  [--md-layout unique,shared] [--md-rounds 1] [--md-only] [--no-build] [--no-raw]
+#                  [--md-layout unique,shared] [--md-rounds 1] [--md-gap-ms 0] [--md-only] [--no-build] [--no-raw]
 #                  [--io-uring on|off|auto]
 #
 # The mount takes the kernel's requests over FUSE over io_uring where the kernel has it (the
@@ -34,6 +34,8 @@
 # each cell's median and, over several rounds, its range: one run on this VM varies by
 # half). --md-only skips fio (the metadata table alone). The metadata goal:
 #   bench/posix.sh --md-only --procs 2 --threads 1 --items 5000 --md-sizes 3901 --md-layout unique --md-rounds 5
+# --md-gap-ms waits that long between mdtest's phases (peregrine-mdtest --gap-ms): past the
+# library's and the kernel's cache bounds (1000 ms), each phase finds no cached entry.
 #
 # Needs fio, fuse3 (hack/install-deps.sh installs them), python3 (for the table), /dev/fuse,
 # and a filesystem with O_DIRECT for --dir (not tmpfs).
@@ -58,6 +60,7 @@ MD_SIZES=0,3901
 MD_LAYOUT=unique,shared
 MD_ONLY=0
 MD_ROUNDS=1
+MD_GAP_MS=0
 RAW=1
 
 while (($#)); do
@@ -74,6 +77,7 @@ while (($#)); do
     --md-layout) MD_LAYOUT=$2; shift 2 ;;
     --md-only) MD_ONLY=1; shift ;;
     --md-rounds) MD_ROUNDS=$2; shift 2 ;;
+    --md-gap-ms) MD_GAP_MS=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --no-raw) RAW=0; shift ;;
     --sparse) DEVICE_WRITTEN=0; shift ;;
@@ -88,6 +92,7 @@ want_positive --items "$ITEMS"
 want_positive --threads "$THREADS"
 want_positive --procs "$PROCS"
 want_positive --md-rounds "$MD_ROUNDS"
+[[ $MD_GAP_MS =~ ^[0-9]+$ ]] || die "--md-gap-ms wants whole milliseconds, got $MD_GAP_MS"
 ((MD_ONLY)) && RAW=0
 
 bench_build peregrine-engine peregrine-cli peregrine-bench peregrine-fuse peregrine-il \
@@ -302,7 +307,7 @@ run_md() {
   echo "==> peregrine-mdtest ($name) in $dir: $PROCS processes x $THREADS threads x $ITEMS files"
   # Its own table goes to a file; the summary below repeats it.
   env "$@" "$MDTEST" --dir "$dir" --threads "$THREADS" --procs "$PROCS" --items "$ITEMS" \
-    --sizes "$MD_SIZES" --layout "$MD_LAYOUT" --json-out "$WORK/$name.json" \
+    --sizes "$MD_SIZES" --layout "$MD_LAYOUT" --gap-ms "$MD_GAP_MS" --json-out "$WORK/$name.json" \
     >"$WORK/$name.out" 2>"$WORK/$name.err" || { cat "$WORK/$name.err" >&2; die "mdtest ($name) failed"; }
 }
 mkdir -p "$WORK/local-md"
