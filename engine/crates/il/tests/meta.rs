@@ -455,6 +455,28 @@ print("%.3f" % (time.monotonic() - t0)); sys.stdout.flush()
     assert!(r.cached_reads >= 1, "kept before the change: {r:?}");
 }
 
+/// Arguments: seconds to wait, then names. Makes `first` and the named
+/// files, prints `ready`, waits for a line, sleeps that long, then
+/// unlinks the named files and says for each whether it was removed or
+/// not there.
+const REMOVE_OWN_PY: &str = r#"
+import os, sys, time
+wait, names = float(sys.argv[1]), sys.argv[2:]
+# The first create goes through the kernel (it tells the library the mount).
+for name in ["first"] + names:
+    with open(name, "x") as f:
+        f.write("bytes of " + name)
+print("ready"); sys.stdout.flush()
+sys.stdin.readline()
+time.sleep(wait)
+for name in names:
+    try:
+        os.unlink(name); print(name, "removed", end=" ")
+    except FileNotFoundError:
+        print(name, "ENOENT", end=" ")
+print(); sys.stdout.flush()
+"#;
+
 /// A process removes files it made through the library (an unlink that
 /// trusts the version its create wrote, without reading the entry): the
 /// one nobody touched is removed; the one another client renamed away
@@ -464,22 +486,11 @@ fn removals_of_own_files_leave_what_another_client_moved() {
     let Some((_c, m, m2)) = two_mounts() else {
         return;
     };
-    let py = r#"
-import os, sys
-# The first create goes through the kernel (it tells the library the mount).
-for name in ("first", "mine", "moved"):
-    with open(name, "x") as f:
-        f.write("bytes of " + name)
-print("ready"); sys.stdout.flush()
-sys.stdin.readline()
-for name in ("mine", "moved"):
-    try:
-        os.unlink(name); print(name, "removed", end=" ")
-    except FileNotFoundError:
-        print(name, "ENOENT", end=" ")
-print(); sys.stdout.flush()
-"#;
-    let mut p = Asked::start("python3", &["-c", py], &m.dir);
+    let mut p = Asked::start(
+        "python3",
+        &["-c", REMOVE_OWN_PY, "0", "mine", "moved"],
+        &m.dir,
+    );
     sh(&m2.dir, "mv moved kept");
     assert_eq!(p.ask(), "mine removed moved ENOENT");
     let r = p.finish();
@@ -501,24 +512,10 @@ fn removals_of_own_files_past_the_cache_bound_see_other_clients_changes() {
     let Some((_c, m, m2)) = two_mounts() else {
         return;
     };
-    let py = r#"
-import os, sys, time
-names = ("mine", "moved", "replaced", "chmodded")
-for name in ("first",) + names:
-    with open(name, "x") as f:
-        f.write("bytes of " + name)
-print("ready"); sys.stdout.flush()
-sys.stdin.readline()
-time.sleep(float(sys.argv[1]))
-for name in names:
-    try:
-        os.unlink(name); print(name, "removed", end=" ")
-    except FileNotFoundError:
-        print(name, "ENOENT", end=" ")
-print(); sys.stdout.flush()
-"#;
     let wait = format!("{}", (TTL + Duration::from_millis(300)).as_secs_f64());
-    let mut p = Asked::start("python3", &["-c", py, &wait], &m.dir);
+    let names = ["mine", "moved", "replaced", "chmodded"];
+    let args = [&["-c", REMOVE_OWN_PY, &wait][..], &names].concat();
+    let mut p = Asked::start("python3", &args, &m.dir);
     sh(
         &m2.dir,
         "mv moved kept && rm replaced && echo new > replaced && chmod 600 chmodded",

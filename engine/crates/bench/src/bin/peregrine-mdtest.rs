@@ -414,9 +414,9 @@ fn main() -> Result<()> {
     let root = a.dir.join(format!("mdtest.{}", std::process::id()));
     fs::create_dir(&root).with_context(|| format!("mkdir {}", root.display()))?;
     let mut runs = vec![];
+    let gap = Duration::from_millis(a.gap_ms);
     for &size in &a.sizes {
         for layout in &a.layout {
-            let gap = Duration::from_millis(a.gap_ms);
             let r = run_one(&root, size, layout, a.threads, a.procs, a.items, gap);
             let r = match r {
                 Ok(r) => r,
