@@ -124,7 +124,7 @@
 //!   exception: a small file (up to 64 KiB) this process created and wrote
 //!   through a placeholder is read back from its memory within
 //!   `PEREGRINE_IL_CACHE_MS` of its close, as a local file from the page
-//!   cache (`data_cache.rs`; `PEREGRINE_IL_DATA_CACHE_MB`, default 16, 0
+//!   cache (`data_cache.rs`; `PEREGRINE_IL_DATA_CACHE_MB`, default 64, 0
 //!   off). Its own later changes (writes and truncates through the library,
 //!   any kernel-path write, fallocate, splice, mmap, a spawned program)
 //!   drop what is kept at once; another process's rewrite of such a file is read within the
