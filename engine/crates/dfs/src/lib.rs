@@ -230,6 +230,14 @@ pub fn now_ns() -> i64 {
     }
 }
 
+/// 64 bits from the operating system, for values no other client (or
+/// mount) may draw too: a forked child's thread RNG may hand out the bytes
+/// it buffered before the fork, the same in every child.
+fn unique_u64() -> u64 {
+    use rand::RngCore;
+    rand::rngs::OsRng.next_u64()
+}
+
 fn show(name: &[u8]) -> String {
     String::from_utf8_lossy(name).into_owned()
 }

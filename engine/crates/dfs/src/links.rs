@@ -115,7 +115,7 @@ impl Dfs {
         };
         loop {
             let mut mine = now_ns().to_le_bytes().to_vec();
-            mine.extend_from_slice(&rand::random::<u64>().to_le_bytes());
+            mine.extend_from_slice(&crate::unique_u64().to_le_bytes());
             let held = match o.insert_single(COUNT_DKEY, SUBDIRS_LOCK, &mine) {
                 Ok(_) => None,
                 Err(e) if e.code == -libc::EEXIST => Some(()),

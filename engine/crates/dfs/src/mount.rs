@@ -139,7 +139,7 @@ impl Dfs {
             )));
         }
         let oid_hi = loop {
-            let h: u64 = rand::random::<u64>() & 0x00FF_FFFF_FFFF_FFFF;
+            let h: u64 = crate::unique_u64() & 0x00FF_FFFF_FFFF_FFFF;
             if h != 0 {
                 break h;
             }
