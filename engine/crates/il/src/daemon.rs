@@ -3,9 +3,10 @@
 //! FUSE daemon, which has one, for the pool map and the container's
 //! description (`PEREGRINE_IOC_GET_CONT`, include/peregrine_fuse.h) on an
 //! open file of the mount: first on the file being opened ([`prime`]),
-//! later (pool-map refreshes) on any tracked descriptor of the container.
-//! A container with no open descriptor left cannot refresh its map: its
-//! calls fail and the caller falls back to the kernel path.
+//! later (pool-map refreshes) on any tracked descriptor of the container,
+//! or, with none open (a process that only creates and removes files
+//! through the library holds none between calls), on the root directory
+//! of a mount of it, opened for the question.
 
 use crate::handle::Handle;
 use crate::real::ioctl_raw;
@@ -120,7 +121,29 @@ impl DaemonSource {
                 Err(e) => last = e,
             }
         }
+        for root in crate::mounts::peregrine_points().iter().take(TRIES) {
+            let fd = crate::ns::sys_open(root, libc::O_RDONLY | libc::O_DIRECTORY);
+            if fd < 0 {
+                continue;
+            }
+            let got = fetch(fd, stale);
+            // SAFETY: our own descriptor.
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+            match got {
+                // Another container's mount answers about that one.
+                Ok(d) if self.describes(&d) => return Ok(d),
+                Ok(_) => {}
+                Err(e) => last = e,
+            }
+        }
         Err(last)
+    }
+
+    /// Whether description `d` is of this source's container.
+    fn describes(&self, d: &[u8]) -> bool {
+        handoff::decode(d).is_ok_and(|(map, info)| {
+            map.uuid == uuid_str(&self.key.0) && info.uuid == uuid_str(&self.key.1)
+        })
     }
 }
 

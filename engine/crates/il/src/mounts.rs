@@ -313,6 +313,28 @@ pub(crate) fn by_dev(dev: (u32, u32)) -> Option<Mnt> {
         .find_map(|p| p.pg.as_ref().filter(|g| g.dev == dev).cloned())
 }
 
+/// The paths of the Peregrine mount points, the latest mounted first.
+pub(crate) fn peregrine_points() -> Vec<Vec<u8>> {
+    let mut m = MOUNTS.lock();
+    m.fresh();
+    m.points
+        .iter()
+        .rev()
+        .filter(|p| p.pg.is_some())
+        .map(|p| {
+            let mut path = Vec::new();
+            for c in &p.comps {
+                path.push(b'/');
+                path.extend_from_slice(c);
+            }
+            if path.is_empty() {
+                path.push(b'/');
+            }
+            path
+        })
+        .collect()
+}
+
 /// The mount of `path` (components): the longest mount point that is a
 /// prefix of it, the latest of equal ones (mounted on top); with the
 /// number of components the mount point takes, if it is a Peregrine mount.

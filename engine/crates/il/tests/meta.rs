@@ -267,8 +267,13 @@ impl Asked {
 
     /// Its answer to one `go`, trimmed.
     fn ask(&mut self) -> String {
+        self.say("go")
+    }
+
+    /// Its answer to one line of input, trimmed.
+    fn say(&mut self, input: &str) -> String {
         use std::io::{BufRead, Write};
-        self.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        writeln!(self.stdin.as_mut().unwrap(), "{input}").unwrap();
         let mut line = String::new();
         self.out.read_line(&mut line).unwrap();
         line.trim().to_string()
@@ -719,4 +724,125 @@ fn listings_through_an_engine_outage_match_the_kernel() {
     assert_same(&got, &during, "listing after rank 2's return, rank 1 down");
     std::thread::sleep(TTL + Duration::from_millis(200));
     assert_same(&sh(&m.dir, &cmd), &during, "kernel listing, rank 1 down");
+}
+
+/// Creates the named files through the library (and "first", through the
+/// kernel, which tells the library the mount), then answers each line:
+/// `rm NAME...` unlinks them, `cat NAME...` reads them, each with what
+/// came of it.
+const OUTAGE_PY: &str = r#"
+import os, sys
+for name in ["first"] + sys.argv[1:]:
+    with open(name, "x") as f:
+        f.write("bytes of " + name)
+print("ready"); sys.stdout.flush()
+for line in sys.stdin:
+    cmd, *names = line.split()
+    for name in names:
+        try:
+            if cmd == "rm":
+                os.unlink(name); print(name, "removed", end=" ")
+            else:
+                print(name, open(name).read().replace(" ", "_"), end=" ")
+        except FileNotFoundError:
+            print(name, "ENOENT", end=" ")
+    print(); sys.stdout.flush()
+"#;
+
+/// Restart engine `rank` and wait until the pool has every target back.
+fn back(c: &mut Cluster, rank: usize) {
+    c.restart(rank);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while targets_out(c) != Some(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank {rank} not reintegrated; logs:\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Removals of a process's own files that trust the version its create
+/// wrote (one round trip, no lookup: nsops.rs `remove_unread`), made
+/// while an engine of a replicated pool is down, and after it came back
+/// with another one down: every name removed stays removed, every other
+/// one keeps its bytes, seen by the kernel and through the library with
+/// each of those engines down in turn (2 copies on 3 engines: unless
+/// both copies are on the two ranks that never go down together, one
+/// of these reads finds only a copy that was away for some removals and
+/// was copied back).
+#[test]
+fn removals_of_own_files_through_engine_outages_hold() {
+    if !fuse_ok() || !have("python3") {
+        eprintln!("SKIP: needs /dev/fuse and python3");
+        return;
+    }
+    let mut c = Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 512,
+            scm_mib: 64,
+        },
+        600,
+        "RP_2G1",
+        "crc32c",
+    );
+    let m = Mount::start(&c, &c.dir.path().join("mnt"));
+    let names: Vec<String> = (1..=30).map(|i| format!("o{i}")).collect();
+    let list = |r: std::ops::Range<usize>| names[r].join(" ");
+    let removed = |r: std::ops::Range<usize>| {
+        names[r]
+            .iter()
+            .map(|n| format!("{n} removed"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let args: Vec<&str> = ["-c", OUTAGE_PY]
+        .into_iter()
+        .chain(names.iter().map(String::as_str))
+        .collect();
+    let mut p = Asked::start("python3", &args, &m.dir);
+    // Past the cache's bound each time: the removals read no entry.
+    let past_bound = || std::thread::sleep(TTL + Duration::from_millis(300));
+
+    c.engines[2].kill9();
+    past_bound();
+    assert_eq!(p.say(&format!("rm {}", list(0..10))), removed(0..10));
+    back(&mut c, 2);
+
+    c.engines[1].kill9();
+    past_bound();
+    assert_eq!(p.say(&format!("rm {}", list(10..20))), removed(10..20));
+    assert_eq!(
+        p.say(&format!("rm {}", list(0..2))),
+        "o1 ENOENT o2 ENOENT",
+        "a second removal of a name removed"
+    );
+    back(&mut c, 1);
+    let r = p.finish();
+    assert!(
+        r.path_creates >= 30 && r.unlinks >= 20,
+        "served by the library: {r:?}"
+    );
+
+    let want: String = ["first"]
+        .into_iter()
+        .chain(names[20..].iter().map(String::as_str))
+        .map(|n| format!("{n}: bytes of {n}\n"))
+        .collect();
+    let cat = "for f in $(ls | sort -V); do printf '%s: ' $f; cat $f; echo; done";
+    // Rank 0 runs the management service: it stays up.
+    for rank in [2, 1] {
+        c.engines[rank].kill9();
+        past_bound();
+        assert_eq!(sh(&m.dir, cat), want, "the kernel, rank {rank} down");
+        let (got, r) = il_sh(&m.dir, cat);
+        assert_eq!(got, want, "the library, rank {rank} down");
+        assert!(r.readdirs >= 1, "listed through the library: {r:?}");
+        if rank == 2 {
+            back(&mut c, 2);
+        }
+    }
 }
