@@ -653,12 +653,41 @@ fn opens_fork_and_exec_match_the_kernel() {
     assert!(!m.log().contains("panicked"), "daemon log: {}", m.log());
 }
 
+/// Three engines of one target each, a pool with 2 copies of everything.
+fn replicated_cluster() -> Cluster {
+    Cluster::with_pool(
+        ClusterSpec {
+            engines: 3,
+            targets: 1,
+            device_mib: 512,
+            scm_mib: 64,
+        },
+        600,
+        "RP_2G1",
+        "crc32c",
+    )
+}
+
 /// Targets of pool "pool" not up-and-in, by the management service.
 fn targets_out(c: &Cluster) -> Option<u32> {
     let mut m = c.mgmt();
     let req = peregrine_proto::mgmt::PoolQueryReq { id: "pool".into() };
     let p = c.rt.block_on(m.pool_query(req)).ok()?.into_inner();
     Some(p.disabled_targets + p.reintegrating_targets)
+}
+
+/// Restart engine `rank` and wait until the pool has every target back.
+fn back(c: &mut Cluster, rank: usize) {
+    c.restart(rank);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while targets_out(c) != Some(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank {rank} not reintegrated; logs:\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Listings through the library while an engine of a replicated pool is
@@ -670,17 +699,7 @@ fn listings_through_an_engine_outage_match_the_kernel() {
     if !fuse_ok() {
         return;
     }
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 512,
-            scm_mib: 64,
-        },
-        600,
-        "RP_2G1",
-        "crc32c",
-    );
+    let mut c = replicated_cluster();
     let m = Mount::start(&c, &c.dir.path().join("mnt"));
     let tmp = c.dir.path().join("local");
     fs::create_dir_all(&tmp).unwrap();
@@ -709,16 +728,7 @@ fn listings_through_an_engine_outage_match_the_kernel() {
     let (got, _) = il_sh(&m.dir, &cmd);
     assert_same(&got, &during, "listing of what changed with rank 2 down");
 
-    c.restart(2);
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while targets_out(&c) != Some(0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "rank 2 not reintegrated; logs:\n{}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    back(&mut c, 2);
     c.engines[1].kill9();
     let (got, _) = il_sh(&m.dir, &cmd);
     assert_same(&got, &during, "listing after rank 2's return, rank 1 down");
@@ -749,20 +759,6 @@ for line in sys.stdin:
     print(); sys.stdout.flush()
 "#;
 
-/// Restart engine `rank` and wait until the pool has every target back.
-fn back(c: &mut Cluster, rank: usize) {
-    c.restart(rank);
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while targets_out(c) != Some(0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "rank {rank} not reintegrated; logs:\n{}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Removals of a process's own files that trust the version its create
 /// wrote (one round trip, no lookup: nsops.rs `remove_unread`), made
 /// while an engine of a replicated pool is down, and after it came back
@@ -778,17 +774,7 @@ fn removals_of_own_files_through_engine_outages_hold() {
         eprintln!("SKIP: needs /dev/fuse and python3");
         return;
     }
-    let mut c = Cluster::with_pool(
-        ClusterSpec {
-            engines: 3,
-            targets: 1,
-            device_mib: 512,
-            scm_mib: 64,
-        },
-        600,
-        "RP_2G1",
-        "crc32c",
-    );
+    let mut c = replicated_cluster();
     let m = Mount::start(&c, &c.dir.path().join("mnt"));
     let names: Vec<String> = (1..=30).map(|i| format!("o{i}")).collect();
     let list = |r: std::ops::Range<usize>| names[r].join(" ");
