@@ -764,10 +764,12 @@ for line in sys.stdin:
 /// while an engine of a replicated pool is down, and after it came back
 /// with another one down: every name removed stays removed, every other
 /// one keeps its bytes, seen by the kernel and through the library with
-/// each of those engines down in turn (2 copies on 3 engines: unless
-/// both copies are on the two ranks that never go down together, one
-/// of these reads finds only a copy that was away for some removals and
-/// was copied back).
+/// each of those engines down in turn, and by the process itself during
+/// the second outage. (2 copies on 3 engines; rank 0, which runs the
+/// management service, stays up. When the copies are on ranks 1 and 2,
+/// each final read finds only a copy that was away for some removals and
+/// was copied back; otherwise rank 0's copy, which saw them all, may
+/// answer.)
 #[test]
 fn removals_of_own_files_through_engine_outages_hold() {
     if !fuse_ok() || !have("python3") {
@@ -806,6 +808,7 @@ fn removals_of_own_files_through_engine_outages_hold() {
         "o1 ENOENT o2 ENOENT",
         "a second removal of a name removed"
     );
+    assert_eq!(p.say("cat o21 o30"), "o21 bytes_of_o21 o30 bytes_of_o30");
     back(&mut c, 1);
     let r = p.finish();
     assert!(
@@ -819,7 +822,6 @@ fn removals_of_own_files_through_engine_outages_hold() {
         .map(|n| format!("{n}: bytes of {n}\n"))
         .collect();
     let cat = "for f in $(ls | sort -V); do printf '%s: ' $f; cat $f; echo; done";
-    // Rank 0 runs the management service: it stays up.
     for rank in [2, 1] {
         c.engines[rank].kill9();
         past_bound();
