@@ -712,8 +712,10 @@ fn mmap_is_coherent_with_the_library() {
 /// Python's worker pools do): each child connects on its own, starts its
 /// own commit thread while the parent's waits, writes, exits and reports;
 /// every one finishes within the bound and its file reads back on the
-/// kernel path. (The hang this guards against, in the locks themselves, is
-/// pinned down by peregrine-client's tests/fork.rs.)
+/// kernel path, each with its own bytes (children that drew one object-id
+/// prefix from the RNG state they inherited shared their files' objects).
+/// (The hang this guards against, in the locks themselves, is pinned down
+/// by peregrine-client's tests/fork.rs.)
 #[test]
 fn children_forked_with_a_connection_open_write_and_exit() {
     if !Path::new("/dev/fuse").exists() || !have("python3") {
@@ -725,7 +727,8 @@ fn children_forked_with_a_connection_open_write_and_exit() {
     let py = format!(
         r#"
 import os, sys, time
-with open("seed", "w") as f: f.write("parent")
+# Held open across the forks: each child mounts the container through it.
+seed = open("seed", "w"); seed.write("parent"); seed.flush()
 for i in range({CHILDREN}):
     pid = os.fork()
     if pid == 0:
