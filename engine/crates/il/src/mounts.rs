@@ -148,16 +148,21 @@ impl AbsPath {
 
     /// The path of its first `n` components, `/` before each.
     pub(crate) fn prefix(&self, n: usize) -> Vec<u8> {
-        let mut v = Vec::new();
-        for i in 0..n {
-            v.push(b'/');
-            v.extend_from_slice(self.comp(i));
-        }
-        if v.is_empty() {
-            v.push(b'/');
-        }
-        v
+        joined((0..n).map(|i| self.comp(i)))
     }
+}
+
+/// The absolute path of these components, `/` before each (`/` if none).
+fn joined<'a>(comps: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut v = Vec::new();
+    for c in comps {
+        v.push(b'/');
+        v.extend_from_slice(c);
+    }
+    if v.is_empty() {
+        v.push(b'/');
+    }
+    v
 }
 
 /// `user_id` of a FUSE mount's super options unless `allow_other`.
@@ -321,17 +326,7 @@ pub(crate) fn peregrine_points() -> Vec<Vec<u8>> {
         .iter()
         .rev()
         .filter(|p| p.pg.is_some())
-        .map(|p| {
-            let mut path = Vec::new();
-            for c in &p.comps {
-                path.push(b'/');
-                path.extend_from_slice(c);
-            }
-            if path.is_empty() {
-                path.push(b'/');
-            }
-            path
-        })
+        .map(|p| joined(p.comps.iter().map(Vec::as_slice)))
         .collect()
 }
 
